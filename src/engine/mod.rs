@@ -1,0 +1,364 @@
+//! The engine boundary: bindgen FFI to the pinned, patched llama.cpp and a small safe wrapper.
+//!
+//! Only this room calls into llama.cpp. It loads models, tokenizes, decodes, hands out logits
+//! rows, captures routes through the eval callback, and quantizes.
+
+pub mod pin;
+mod routes;
+
+pub use routes::{RouteEvent, RouteRecorder};
+
+use anyhow::{anyhow, bail, Result};
+use serde::Serialize;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::{Mutex, Once};
+
+#[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
+pub mod sys {
+    include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+}
+
+/// What identifies the engine this binary was built with.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineIdentity {
+    pub package: &'static str,
+    pub version: &'static str,
+    pub checksum: &'static str,
+    pub tree_sha256: &'static str,
+    pub patches: Vec<PatchId>,
+    pub cmake_options: Vec<&'static str>,
+    pub build_key: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PatchId {
+    pub name: &'static str,
+    pub sha256: &'static str,
+}
+
+pub fn identity() -> EngineIdentity {
+    let split = |s: &'static str| s.split(';').filter(|x| !x.is_empty());
+    EngineIdentity {
+        package: env!("SOVEREIGN_PIN_PACKAGE"),
+        version: env!("SOVEREIGN_PIN_VERSION"),
+        checksum: env!("SOVEREIGN_PIN_CHECKSUM"),
+        tree_sha256: env!("SOVEREIGN_TREE_SHA256"),
+        patches: split(env!("SOVEREIGN_PATCHES"))
+            .map(|p| {
+                let (name, sha256) = p.split_once('=').unwrap_or((p, ""));
+                PatchId { name, sha256 }
+            })
+            .collect(),
+        cmake_options: split(env!("SOVEREIGN_CMAKE_OPTIONS")).collect(),
+        build_key: env!("SOVEREIGN_ENGINE_KEY"),
+    }
+}
+
+/// CPU features the ggml CPU backend was compiled to use.
+pub fn cpu_features() -> Vec<&'static str> {
+    let probes: &[(&str, unsafe extern "C" fn() -> i32)] = &[
+        ("sse3", sys::ggml_cpu_has_sse3),
+        ("ssse3", sys::ggml_cpu_has_ssse3),
+        ("avx", sys::ggml_cpu_has_avx),
+        ("avx2", sys::ggml_cpu_has_avx2),
+        ("f16c", sys::ggml_cpu_has_f16c),
+        ("fma", sys::ggml_cpu_has_fma),
+        ("bmi2", sys::ggml_cpu_has_bmi2),
+        ("avx512", sys::ggml_cpu_has_avx512),
+        ("avx512_vnni", sys::ggml_cpu_has_avx512_vnni),
+        ("avx512_bf16", sys::ggml_cpu_has_avx512_bf16),
+    ];
+    init();
+    // SAFETY: argument-free queries of compile-time flags.
+    probes.iter().filter(|(_, f)| unsafe { f() } != 0).map(|(n, _)| *n).collect()
+}
+
+/// The engine's own block size and bytes per block of a ggml type (for cross-checks).
+pub fn ggml_type_layout(ty: u32) -> (u64, u64) {
+    // SAFETY: pure table lookups; callers pass ids below GGML_TYPE_COUNT.
+    unsafe { (sys::ggml_blck_size(ty) as u64, sys::ggml_type_size(ty) as u64) }
+}
+
+static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+const LOG_KEEP: usize = 40;
+
+unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: llama.cpp passes a NUL-terminated string valid for this call.
+    let line = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    if std::env::var_os("SOVEREIGN_ENGINE_LOG").is_some() {
+        eprint!("{line}");
+    }
+    if level >= sys::ggml_log_level_GGML_LOG_LEVEL_WARN || level == sys::ggml_log_level_GGML_LOG_LEVEL_CONT {
+        let mut log = LOG.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() >= LOG_KEEP {
+            log.remove(0);
+        }
+        log.push(line.trim_end().to_string());
+    }
+}
+
+/// The engine's last warnings and errors, for error messages.
+fn last_log() -> String {
+    let log = LOG.lock().unwrap_or_else(|e| e.into_inner());
+    log.iter().rev().find(|l| !l.is_empty()).cloned().unwrap_or_default()
+}
+
+/// Initializes the backend once per process and routes llama.cpp's log through us.
+pub fn init() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| unsafe {
+        sys::llama_log_set(Some(log_callback), std::ptr::null_mut());
+        sys::llama_backend_init();
+    });
+}
+
+fn cstring(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| anyhow!("{}: path contains NUL", p.display()))
+}
+
+pub struct Model {
+    ptr: NonNull<sys::llama_model>,
+}
+
+// SAFETY: a llama_model is immutable after load and used from one thread at a time here.
+unsafe impl Send for Model {}
+
+impl Model {
+    /// Loads a model whose file was already validated by `gguf`. Weights stay on the CPU, the
+    /// plain CPU buffer type is used for every tensor (no repacking), and the file is mapped.
+    pub fn load(path: &Path) -> Result<Model> {
+        init();
+        let c = cstring(path)?;
+        // SAFETY: default params are plain data; the path outlives the call.
+        let ptr = unsafe {
+            let mut p = sys::llama_model_default_params();
+            p.n_gpu_layers = 0;
+            p.use_extra_bufts = false;
+            p.load_mode = sys::llama_load_mode_LLAMA_LOAD_MODE_MMAP;
+            sys::llama_model_load_from_file(c.as_ptr(), p)
+        };
+        NonNull::new(ptr)
+            .map(|ptr| Model { ptr })
+            .ok_or_else(|| anyhow!("{}: llama.cpp could not load the model: {}", path.display(), last_log()))
+    }
+
+    fn vocab(&self) -> *const sys::llama_vocab {
+        // SAFETY: the model is alive.
+        unsafe { sys::llama_model_get_vocab(self.ptr.as_ptr()) }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        // SAFETY: the vocab belongs to the live model.
+        unsafe { sys::llama_vocab_n_tokens(self.vocab()) as usize }
+    }
+
+    pub fn is_eog(&self, token: i32) -> bool {
+        // SAFETY: as above.
+        unsafe { sys::llama_vocab_is_eog(self.vocab(), token) }
+    }
+
+    pub fn tokenize(&self, text: &[u8], add_special: bool) -> Result<Vec<i32>> {
+        let len = i32::try_from(text.len()).map_err(|_| anyhow!("prompt too long"))?;
+        let mut out = vec![0i32; text.len() + 8];
+        for _ in 0..2 {
+            // SAFETY: buffers are valid for the lengths passed.
+            let n = unsafe {
+                sys::llama_tokenize(
+                    self.vocab(),
+                    text.as_ptr() as *const c_char,
+                    len,
+                    out.as_mut_ptr(),
+                    out.len() as i32,
+                    add_special,
+                    false,
+                )
+            };
+            if n >= 0 {
+                out.truncate(n as usize);
+                return Ok(out);
+            }
+            out.resize((-n) as usize, 0);
+        }
+        bail!("tokenization failed")
+    }
+
+    /// The bytes a token stands for (byte tokens give raw bytes; control tokens give none).
+    pub fn token_bytes(&self, token: i32) -> Vec<u8> {
+        let mut buf = vec![0u8; 64];
+        loop {
+            // SAFETY: buffer valid for its length.
+            let n = unsafe {
+                sys::llama_token_to_piece(self.vocab(), token, buf.as_mut_ptr() as *mut c_char, buf.len() as i32, 0, false)
+            };
+            if n >= 0 {
+                buf.truncate(n as usize);
+                return buf;
+            }
+            buf.resize((-n) as usize, 0);
+        }
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: contexts borrow the model, so none is alive here.
+        unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// Execution parameters that change kernels or numerics: fixed and recorded for every arm.
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct ExecParams {
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub threads: i32,
+    pub flash_attn: bool,
+}
+
+pub struct Context<'m> {
+    ptr: NonNull<sys::llama_context>,
+    model: &'m Model,
+    params: ExecParams,
+    // Boxed so the callback's user-data pointer stays valid while the context lives.
+    routes: Option<Box<RouteRecorder>>,
+    n_past: i32,
+}
+
+impl<'m> Context<'m> {
+    pub fn new(model: &'m Model, params: ExecParams, capture_routes: bool) -> Result<Context<'m>> {
+        let mut routes = capture_routes.then(|| Box::new(RouteRecorder::default()));
+        // SAFETY: params are plain data; the recorder outlives the context (dropped after it).
+        let ptr = unsafe {
+            let mut p = sys::llama_context_default_params();
+            p.n_ctx = params.n_ctx;
+            p.n_batch = params.n_batch;
+            p.n_ubatch = params.n_ubatch;
+            p.n_seq_max = 1;
+            p.n_threads = params.threads;
+            p.n_threads_batch = params.threads;
+            p.flash_attn_type = if params.flash_attn {
+                sys::llama_flash_attn_type_LLAMA_FLASH_ATTN_TYPE_ENABLED
+            } else {
+                sys::llama_flash_attn_type_LLAMA_FLASH_ATTN_TYPE_DISABLED
+            };
+            p.no_perf = true;
+            if let Some(r) = routes.as_mut() {
+                p.cb_eval = Some(routes::eval_callback);
+                p.cb_eval_user_data = (&mut **r) as *mut RouteRecorder as *mut c_void;
+            }
+            sys::llama_init_from_model(model.ptr.as_ptr(), p)
+        };
+        let ptr = NonNull::new(ptr).ok_or_else(|| anyhow!("llama.cpp could not create a context: {}", last_log()))?;
+        Ok(Context { ptr, model, params, routes, n_past: 0 })
+    }
+
+    pub fn params(&self) -> ExecParams {
+        self.params
+    }
+
+    /// Decodes `tokens` at the next positions; with `all_logits` every row gets logits,
+    /// otherwise only the last. Returns the number of logits rows produced.
+    pub fn decode(&mut self, tokens: &[i32], all_logits: bool) -> Result<usize> {
+        if tokens.is_empty() {
+            bail!("nothing to decode");
+        }
+        if self.n_past as usize + tokens.len() > self.params.n_ctx as usize {
+            bail!("context of {} tokens exceeded", self.params.n_ctx);
+        }
+        let mut rows = 0;
+        for chunk in tokens.chunks(self.params.n_batch as usize) {
+            let n = chunk.len() as i32;
+            // SAFETY: the batch is allocated for n tokens with one sequence id each and freed below.
+            let rc = unsafe {
+                let mut b = sys::llama_batch_init(n, 0, 1);
+                for (i, &t) in chunk.iter().enumerate() {
+                    *b.token.add(i) = t;
+                    *b.pos.add(i) = self.n_past + i as i32;
+                    *b.n_seq_id.add(i) = 1;
+                    **b.seq_id.add(i) = 0;
+                    *b.logits.add(i) = i8::from(all_logits || i + 1 == chunk.len());
+                }
+                b.n_tokens = n;
+                let rc = sys::llama_decode(self.ptr.as_ptr(), b);
+                sys::llama_batch_free(b);
+                rc
+            };
+            if rc != 0 {
+                bail!("llama_decode failed with status {rc}: {}", last_log());
+            }
+            self.n_past += n;
+            rows = if all_logits { rows + chunk.len() } else { 1 };
+        }
+        Ok(rows)
+    }
+
+    /// The logits row `i` of the last decode (negative counts from the end).
+    pub fn logits(&self, i: i32) -> Result<&[f32]> {
+        let n = self.model.n_vocab();
+        // SAFETY: llama.cpp returns null for an invalid index, else a row of n_vocab floats
+        // that stays valid until the next decode (which needs &mut self).
+        let p = unsafe { sys::llama_get_logits_ith(self.ptr.as_ptr(), i) };
+        if p.is_null() {
+            bail!("no logits row {i}");
+        }
+        Ok(unsafe { std::slice::from_raw_parts(p, n) })
+    }
+
+    pub fn n_past(&self) -> i32 {
+        self.n_past
+    }
+
+    pub fn take_routes(&mut self) -> Vec<RouteEvent> {
+        self.routes.as_mut().map(|r| r.take()).unwrap_or_default()
+    }
+
+    pub fn route_k(&self) -> Option<usize> {
+        self.routes.as_ref().and_then(|r| r.k())
+    }
+}
+
+impl Drop for Context<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by llama_init_from_model; the route recorder is dropped after this.
+        unsafe { sys::llama_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// Quantization targets offered by `model quantize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuantType {
+    F16,
+    Q8_0,
+    Q4_0,
+    #[value(name = "q4_k_m")]
+    Q4KM,
+}
+
+pub fn quantize(input: &Path, output: &Path, ty: QuantType, threads: i32) -> Result<()> {
+    init();
+    let (i, o) = (cstring(input)?, cstring(output)?);
+    let ftype = match ty {
+        QuantType::F16 => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_F16,
+        QuantType::Q8_0 => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_Q8_0,
+        QuantType::Q4_0 => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_Q4_0,
+        QuantType::Q4KM => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    };
+    // SAFETY: params are plain data; paths outlive the call.
+    let rc = unsafe {
+        let mut p = sys::llama_model_quantize_default_params();
+        p.ftype = ftype;
+        p.nthread = threads;
+        sys::llama_model_quantize(i.as_ptr(), o.as_ptr(), &p)
+    };
+    if rc != 0 {
+        bail!("{}: quantization failed: {}", input.display(), last_log());
+    }
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! One generate run: greedy decoding through the engine with every oracle surface recorded.
+
+use crate::engine::{Context, ExecParams, Model, RouteEvent};
+use crate::identity::build_identity;
+use crate::inventory::Inventory;
+use crate::record::Staging;
+use anyhow::{bail, Result};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+pub struct GenerateSpec {
+    pub model: PathBuf,
+    pub prompt: Vec<u8>,
+    pub n_predict: u32,
+    pub exec: ExecParams,
+    pub ignore_eos: bool,
+    pub record: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Timing {
+    pub load_s: f64,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelIdentity {
+    pub file: String,
+    pub sha256: String,
+    pub bytes: u64,
+    pub architecture: String,
+    pub t_repr_bytes: u64,
+    pub expert_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Params {
+    n_predict: u32,
+    ignore_eos: bool,
+    experts: &'static str,
+    sampling: &'static str,
+    #[serde(flatten)]
+    exec: ExecParams,
+}
+
+#[derive(Debug, Serialize)]
+struct Counts {
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    logits_rows: usize,
+    n_vocab: usize,
+    route_events: usize,
+    route_k: usize,
+    stop: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub record: PathBuf,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub timing: Timing,
+    pub response: String,
+    pub routes: Vec<RouteEvent>,
+    pub digests: Vec<(String, String)>,
+}
+
+/// Index of the largest value; the first one on ties. NaN never wins.
+pub fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] || row[best].is_nan() {
+            best = i;
+        }
+    }
+    best
+}
+
+fn f32_bytes(rows: &[f32]) -> Vec<u8> {
+    rows.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+pub fn run(spec: &GenerateSpec) -> Result<Summary> {
+    let inv = Inventory::of(&spec.model)?;
+    if spec.prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let staging = Staging::new(&spec.record)?;
+    let model_id = ModelIdentity {
+        file: inv.file.clone(),
+        sha256: crate::util::sha256_file(&spec.model)?,
+        bytes: inv.file_bytes,
+        architecture: inv.architecture.clone(),
+        t_repr_bytes: inv.t_repr_bytes,
+        expert_bytes: inv.expert_bytes,
+    };
+
+    let t0 = Instant::now();
+    let model = Model::load(&spec.model)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let n_vocab = model.n_vocab();
+    let prompt = model.tokenize(&spec.prompt, true)?;
+    if prompt.is_empty() {
+        bail!("the prompt tokenized to nothing");
+    }
+    let need = prompt.len() + spec.n_predict as usize;
+    if need > spec.exec.n_ctx as usize {
+        bail!("prompt ({} tokens) + --n-predict {} exceeds the context of {}", prompt.len(), spec.n_predict, spec.exec.n_ctx);
+    }
+    let mut ctx = Context::new(&model, spec.exec, true)?;
+
+    let mut logits: Vec<f32> = Vec::with_capacity(need * n_vocab);
+    let t1 = Instant::now();
+    let rows = ctx.decode(&prompt, true)?;
+    for i in 0..rows {
+        logits.extend_from_slice(ctx.logits(i as i32)?);
+    }
+    let prefill_s = t1.elapsed().as_secs_f64();
+
+    let t2 = Instant::now();
+    let mut generated: Vec<i32> = Vec::with_capacity(spec.n_predict as usize);
+    let mut response = Vec::new();
+    let mut stop = "n_predict";
+    while generated.len() < spec.n_predict as usize {
+        let next = argmax(&logits[logits.len() - n_vocab..]) as i32;
+        if !spec.ignore_eos && model.is_eog(next) {
+            stop = "end_of_generation";
+            break;
+        }
+        generated.push(next);
+        response.extend(model.token_bytes(next));
+        if generated.len() == spec.n_predict as usize {
+            break;
+        }
+        ctx.decode(&[next], true)?;
+        logits.extend_from_slice(ctx.logits(-1)?);
+    }
+    let decode_s = t2.elapsed().as_secs_f64();
+    let routes = ctx.take_routes();
+    let k = ctx.route_k().unwrap_or(0);
+    drop(ctx);
+
+    let mut staging = staging;
+    let tokens: Vec<u8> = prompt.iter().chain(&generated).flat_map(|t| t.to_le_bytes()).collect();
+    staging.surface("prompt", "prompt.bin", &spec.prompt, 1, false)?;
+    staging.surface("tokens", "tokens.bin", &tokens, 4, false)?;
+    staging.surface("logits", "logits.bin", &f32_bytes(&logits), n_vocab as u64 * 4, true)?;
+    staging.surface("response", "response.bin", &response, 1, false)?;
+    let route_bytes: Vec<u8> = routes
+        .iter()
+        .flat_map(|e| {
+            [e.ubatch, e.row, e.pos, e.layer]
+                .into_iter()
+                .flat_map(u32::to_le_bytes)
+                .chain(e.experts.iter().flat_map(|x| x.to_le_bytes()))
+                .collect::<Vec<u8>>()
+        })
+        .collect();
+    staging.surface("routes", "routes.bin", &route_bytes, 16 + 4 * k as u64, false)?;
+
+    let decode_steps = generated.len().saturating_sub(1);
+    let timing = Timing {
+        load_s,
+        prefill_s,
+        decode_s,
+        prefill_tokens_per_s: prompt.len() as f64 / prefill_s.max(1e-9),
+        decode_tokens_per_s: decode_steps as f64 / decode_s.max(1e-9),
+    };
+    let counts = Counts {
+        prompt_tokens: prompt.len(),
+        generated_tokens: generated.len(),
+        logits_rows: logits.len() / n_vocab,
+        n_vocab,
+        route_events: routes.len(),
+        route_k: k,
+        stop,
+    };
+    let digests = staging.surfaces().iter().map(|(k, s)| (k.clone(), s.sha256.clone())).collect();
+    let record = serde_json::json!({
+        "format": "sovereign.generate/1",
+        "model": model_id,
+        "build": build_identity()?,
+        "params": Params {
+            n_predict: spec.n_predict,
+            ignore_eos: spec.ignore_eos,
+            experts: "resident",
+            sampling: "greedy (first maximum)",
+            exec: spec.exec,
+        },
+        "counts": counts,
+        "timing": timing,
+        "surfaces": staging.surfaces(),
+    });
+    let dir = staging.commit(&record)?;
+    Ok(Summary {
+        record: dir,
+        prompt_tokens: prompt.len(),
+        generated_tokens: generated.len(),
+        timing,
+        response: String::from_utf8_lossy(&response).into_owned(),
+        routes,
+        digests,
+    })
+}
+
+/// Per layer: how many distinct experts were selected, and the most-used one's share.
+pub fn route_summary(routes: &[RouteEvent]) -> Vec<(u32, usize, usize, f64)> {
+    let mut per: std::collections::BTreeMap<u32, std::collections::BTreeMap<i32, usize>> = Default::default();
+    for e in routes {
+        let m = per.entry(e.layer).or_default();
+        for &x in &e.experts {
+            *m.entry(x).or_default() += 1;
+        }
+    }
+    per.into_iter()
+        .map(|(layer, m)| {
+            let total: usize = m.values().sum();
+            let top = m.values().copied().max().unwrap_or(0);
+            (layer, m.len(), total, top as f64 / total.max(1) as f64)
+        })
+        .collect()
+}

@@ -1,0 +1,249 @@
+//! Validating GGUF reader: header, metadata and tensor directory; tensor data stays on disk.
+
+use super::{GgmlType, Value, DEFAULT_ALIGNMENT, MAGIC};
+use anyhow::{anyhow, bail, Context, Result};
+use std::collections::{BTreeMap, HashSet};
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+
+/// Limits that keep a hostile header from making us allocate without bound.
+const MAX_STRING: u64 = 1 << 24;
+const MAX_DIMS: u32 = 4;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub ggml_type: GgmlType,
+    /// ggml order: dims[0] is the contiguous dimension.
+    pub dims: Vec<u64>,
+    /// Offset relative to the start of the data section, as stored.
+    pub rel_offset: u64,
+    /// Absolute offset in the file.
+    pub offset: u64,
+    /// Payload bytes.
+    pub bytes: u64,
+}
+
+impl TensorInfo {
+    pub fn end(&self) -> u64 {
+        self.offset + self.bytes
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Gguf {
+    pub path: PathBuf,
+    pub version: u32,
+    pub file_len: u64,
+    pub alignment: u64,
+    pub data_offset: u64,
+    pub metadata: BTreeMap<String, Value>,
+    /// In file order of the tensor directory.
+    pub tensors: Vec<TensorInfo>,
+}
+
+impl Gguf {
+    /// Reads and validates `path`. The error names the file and the first problem found.
+    pub fn open(path: &Path) -> Result<Gguf> {
+        Self::open_inner(path).with_context(|| path.display().to_string())
+    }
+
+    fn open_inner(path: &Path) -> Result<Gguf> {
+        let file = File::open(path).map_err(|e| anyhow!("cannot open: {e}"))?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            bail!("not a regular file");
+        }
+        let file_len = meta.len();
+        let mut r = Cursor { inner: BufReader::with_capacity(1 << 16, file), pos: 0, len: file_len };
+
+        let mut magic = [0u8; 4];
+        r.exact(&mut magic).map_err(|_| anyhow!("not a GGUF file (shorter than its magic)"))?;
+        if magic != MAGIC {
+            bail!("not a GGUF file (magic {:02x?}, expected \"GGUF\")", magic);
+        }
+        let version = r.u32()?;
+        if !(2..=3).contains(&version) {
+            bail!("unsupported GGUF version {version} (2 and 3 are supported)");
+        }
+        let n_tensors = r.u64()?;
+        let n_kv = r.u64()?;
+        // Each entry needs at least a few bytes: bound the counts by the file size.
+        if n_tensors > file_len / 8 || n_kv > file_len / 8 {
+            bail!("header claims {n_tensors} tensors and {n_kv} metadata entries: more than the file can hold");
+        }
+
+        let mut metadata = BTreeMap::new();
+        for i in 0..n_kv {
+            let key = r.string().with_context(|| format!("metadata entry {i}"))?;
+            let ty = r.u32()?;
+            let value = r.value(ty, 0).with_context(|| format!("metadata `{key}`"))?;
+            if metadata.insert(key.clone(), value).is_some() {
+                bail!("duplicate metadata key `{key}`");
+            }
+        }
+        let alignment = match metadata.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(v) => {
+                let a = v.as_u64().ok_or_else(|| anyhow!("general.alignment is not an integer"))?;
+                if a == 0 || !a.is_power_of_two() {
+                    bail!("general.alignment {a} is not a power of two");
+                }
+                a
+            }
+        };
+
+        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut names = HashSet::new();
+        for i in 0..n_tensors {
+            let name = r.string().with_context(|| format!("tensor {i}"))?;
+            let n_dims = r.u32()?;
+            if n_dims == 0 || n_dims > MAX_DIMS {
+                bail!("tensor `{name}` has {n_dims} dimensions (1 to {MAX_DIMS} allowed)");
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                let d = r.u64()?;
+                if d == 0 || d > i64::MAX as u64 {
+                    bail!("tensor `{name}` has dimension {d}");
+                }
+                dims.push(d);
+            }
+            let ggml_type = GgmlType(r.u32()?);
+            if !ggml_type.is_known() {
+                bail!("tensor `{name}` has unknown type id {}", ggml_type.0);
+            }
+            let rel_offset = r.u64()?;
+            if rel_offset % alignment != 0 {
+                bail!("tensor `{name}` offset {rel_offset} is not aligned to {alignment}");
+            }
+            let bytes = ggml_type.tensor_bytes(&dims).ok_or_else(|| {
+                anyhow!("tensor `{name}` shape {dims:?} does not fit type {ggml_type} (block size)")
+            })?;
+            if !names.insert(name.clone()) {
+                bail!("duplicate tensor `{name}`");
+            }
+            tensors.push(TensorInfo { name, ggml_type, dims, rel_offset, offset: 0, bytes });
+        }
+        let data_offset = r.pos.div_ceil(alignment) * alignment;
+        for t in &mut tensors {
+            t.offset = data_offset
+                .checked_add(t.rel_offset)
+                .ok_or_else(|| anyhow!("tensor `{}` offset overflows", t.name))?;
+            let end = t.offset.checked_add(t.bytes).ok_or_else(|| anyhow!("tensor `{}` size overflows", t.name))?;
+            if end > file_len {
+                bail!(
+                    "truncated: tensor `{}` ends at byte {end} but the file has {file_len} bytes",
+                    t.name
+                );
+            }
+        }
+        let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
+        by_offset.sort_by_key(|t| t.offset);
+        for w in by_offset.windows(2) {
+            if w[0].end() > w[1].offset {
+                bail!("tensors `{}` and `{}` overlap", w[0].name, w[1].name);
+            }
+        }
+        Ok(Gguf { path: path.to_path_buf(), version, file_len, alignment, data_offset, metadata, tensors })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+
+    pub fn architecture(&self) -> Result<&str> {
+        self.get("general.architecture")
+            .and_then(Value::as_str)
+            .ok_or_else(|| anyhow!("{}: no general.architecture", self.path.display()))
+    }
+
+    /// `{arch}.{key}` as an unsigned integer.
+    pub fn arch_u64(&self, key: &str) -> Option<u64> {
+        let arch = self.architecture().ok()?;
+        self.get(&format!("{arch}.{key}")).and_then(Value::as_u64)
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+struct Cursor {
+    inner: BufReader<File>,
+    pos: u64,
+    len: u64,
+}
+
+impl Cursor {
+    fn exact(&mut self, buf: &mut [u8]) -> Result<()> {
+        if self.pos + buf.len() as u64 > self.len {
+            bail!("truncated: header needs byte {} but the file has {} bytes", self.pos + buf.len() as u64, self.len);
+        }
+        self.inner.read_exact(buf)?;
+        self.pos += buf.len() as u64;
+        Ok(())
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut b = [0u8; N];
+        self.exact(&mut b)?;
+        Ok(b)
+    }
+
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn string(&mut self) -> Result<String> {
+        let n = self.u64()?;
+        if n > MAX_STRING || self.pos + n > self.len {
+            bail!("string of {n} bytes runs past the end of the file");
+        }
+        let mut b = vec![0u8; n as usize];
+        self.exact(&mut b)?;
+        String::from_utf8(b).map_err(|_| anyhow!("string is not UTF-8"))
+    }
+
+    fn value(&mut self, ty: u32, depth: u32) -> Result<Value> {
+        Ok(match ty {
+            0 => Value::U8(self.array::<1>()?[0]),
+            1 => Value::I8(self.array::<1>()?[0] as i8),
+            2 => Value::U16(u16::from_le_bytes(self.array()?)),
+            3 => Value::I16(i16::from_le_bytes(self.array()?)),
+            4 => Value::U32(self.u32()?),
+            5 => Value::I32(i32::from_le_bytes(self.array()?)),
+            6 => Value::F32(f32::from_le_bytes(self.array()?)),
+            7 => match self.array::<1>()?[0] {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => bail!("bool value {b}"),
+            },
+            8 => Value::Str(self.string()?),
+            9 => {
+                if depth > 0 {
+                    bail!("nested arrays are not supported");
+                }
+                let elem = self.u32()?;
+                let n = self.u64()?;
+                if n > self.len - self.pos {
+                    bail!("array of {n} elements runs past the end of the file");
+                }
+                let mut v = Vec::with_capacity(n.min(1 << 20) as usize);
+                for _ in 0..n {
+                    v.push(self.value(elem, depth + 1)?);
+                }
+                Value::Array(v)
+            }
+            10 => Value::U64(self.u64()?),
+            11 => Value::I64(i64::from_le_bytes(self.array()?)),
+            12 => Value::F64(f64::from_le_bytes(self.array()?)),
+            t => bail!("unknown value type {t}"),
+        })
+    }
+}

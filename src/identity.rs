@@ -1,0 +1,35 @@
+//! The identity of this build: what `build-info` prints and every record carries.
+
+use crate::engine::{self, EngineIdentity};
+use anyhow::Result;
+use serde::Serialize;
+use std::sync::OnceLock;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildIdentity {
+    pub sovereign_version: &'static str,
+    pub engine: EngineIdentity,
+    /// SHA-256 of the running executable.
+    pub binary_sha256: String,
+    /// CPU features the engine's kernels were compiled for.
+    pub cpu_features: Vec<&'static str>,
+    pub target: &'static str,
+}
+
+pub fn build_identity() -> Result<BuildIdentity> {
+    static BINARY: OnceLock<String> = OnceLock::new();
+    let binary_sha256 = match BINARY.get() {
+        Some(d) => d.clone(),
+        None => {
+            let d = crate::util::sha256_file(&std::env::current_exe()?)?;
+            BINARY.get_or_init(|| d).clone()
+        }
+    };
+    Ok(BuildIdentity {
+        sovereign_version: env!("CARGO_PKG_VERSION"),
+        engine: engine::identity(),
+        binary_sha256,
+        cpu_features: engine::cpu_features(),
+        target: std::env::consts::ARCH,
+    })
+}

@@ -1,0 +1,186 @@
+//! Inventory of a model: tensors, T_repr, and the logical expert objects of its MoE layers.
+
+use crate::gguf::Gguf;
+use anyhow::{bail, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+pub const T_REPR_RULE: &str =
+    "sum of the payload bytes of every tensor in the GGUF data section; header, metadata and alignment padding excluded";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Tensor {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub ggml_type: String,
+    pub shape: Vec<u64>,
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+/// One contiguous byte range of the model file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, PartialOrd, Ord)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Extent {
+    pub fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+}
+
+/// The weights of one expert of one layer: the unit the Plan moves.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExpertObject {
+    pub layer: u32,
+    pub expert: u32,
+    /// (role, extent), role being `gate`, `up`, `down` or `gate_up`.
+    pub extents: Vec<(String, Extent)>,
+}
+
+impl ExpertObject {
+    pub fn bytes(&self) -> u64 {
+        self.extents.iter().map(|(_, e)| e.len).sum()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MoeLayer {
+    pub layer: u32,
+    pub experts: u32,
+    /// Role → tensor name.
+    pub tensors: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Inventory {
+    pub file: String,
+    pub architecture: String,
+    pub file_bytes: u64,
+    pub data_offset: u64,
+    pub alignment: u64,
+    pub t_repr_bytes: u64,
+    pub t_repr_rule: &'static str,
+    pub expert_bytes: u64,
+    pub non_expert_bytes: u64,
+    pub expert_used_count: Option<u64>,
+    pub tensors: Vec<Tensor>,
+    pub moe_layers: Vec<MoeLayer>,
+    pub objects: Vec<ExpertObject>,
+    pub extent_duplicates: u64,
+    pub extent_overlaps: u64,
+}
+
+/// Parses an expert tensor name: `blk.L.ffn_ROLE_exps.weight`.
+fn expert_role(name: &str) -> Option<(u32, &str)> {
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let role = rest.strip_prefix("ffn_")?.strip_suffix("_exps.weight")?;
+    matches!(role, "gate" | "up" | "down" | "gate_up").then_some(())?;
+    Some((layer.parse().ok()?, role))
+}
+
+impl Inventory {
+    /// Validates the file and builds its inventory. A model without expert tensors is refused.
+    pub fn of(path: &Path) -> Result<Inventory> {
+        let g = Gguf::open(path)?;
+        let inv = Self::from_gguf(&g)?;
+        if inv.objects.is_empty() {
+            bail!(
+                "{}: architecture `{}` has no Mixture-of-Experts expert tensors (blk.N.ffn_*_exps)",
+                path.display(),
+                inv.architecture
+            );
+        }
+        Ok(inv)
+    }
+
+    pub fn from_gguf(g: &Gguf) -> Result<Inventory> {
+        let architecture = g.architecture()?.to_string();
+        let mut layers: BTreeMap<u32, MoeLayer> = BTreeMap::new();
+        let mut objects: BTreeMap<(u32, u32), ExpertObject> = BTreeMap::new();
+        let mut expert_bytes = 0;
+        for t in &g.tensors {
+            let Some((layer, role)) = expert_role(&t.name) else { continue };
+            if t.dims.len() != 3 {
+                bail!("{}: expert tensor `{}` is not three-dimensional", g.path.display(), t.name);
+            }
+            let n = t.dims[2];
+            let entry = layers.entry(layer).or_insert_with(|| MoeLayer {
+                layer,
+                experts: n as u32,
+                tensors: BTreeMap::new(),
+            });
+            if u64::from(entry.experts) != n {
+                bail!("{}: `{}` has {n} experts, other tensors of layer {layer} have {}", g.path.display(), t.name, entry.experts);
+            }
+            entry.tensors.insert(role.to_string(), t.name.clone());
+            let per = t.bytes / n;
+            for e in 0..n as u32 {
+                let ext = Extent { offset: t.offset + u64::from(e) * per, len: per };
+                objects
+                    .entry((layer, e))
+                    .or_insert_with(|| ExpertObject { layer, expert: e, extents: Vec::new() })
+                    .extents
+                    .push((role.to_string(), ext));
+            }
+            expert_bytes += t.bytes;
+        }
+        let objects: Vec<ExpertObject> = objects.into_values().collect();
+        let mut all: Vec<Extent> = objects.iter().flat_map(|o| o.extents.iter().map(|(_, e)| *e)).collect();
+        all.sort();
+        let (mut duplicates, mut overlaps) = (0, 0);
+        for w in all.windows(2) {
+            if w[0] == w[1] {
+                duplicates += 1;
+            } else if w[0].end() > w[1].offset {
+                overlaps += 1;
+            }
+        }
+        let t_repr_bytes: u64 = g.tensors.iter().map(|t| t.bytes).sum();
+        Ok(Inventory {
+            file: g.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            architecture,
+            file_bytes: g.file_len,
+            data_offset: g.data_offset,
+            alignment: g.alignment,
+            t_repr_bytes,
+            t_repr_rule: T_REPR_RULE,
+            expert_bytes,
+            non_expert_bytes: t_repr_bytes - expert_bytes,
+            expert_used_count: g.arch_u64("expert_used_count"),
+            tensors: g
+                .tensors
+                .iter()
+                .map(|t| Tensor {
+                    name: t.name.clone(),
+                    ggml_type: t.ggml_type.name().to_string(),
+                    shape: t.dims.clone(),
+                    offset: t.offset,
+                    bytes: t.bytes,
+                })
+                .collect(),
+            moe_layers: layers.into_values().collect(),
+            objects,
+            extent_duplicates: duplicates,
+            extent_overlaps: overlaps,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_names() {
+        assert_eq!(expert_role("blk.12.ffn_up_exps.weight"), Some((12, "up")));
+        assert_eq!(expert_role("blk.0.ffn_gate_up_exps.weight"), Some((0, "gate_up")));
+        assert_eq!(expert_role("blk.0.ffn_up_shexp.weight"), None);
+        assert_eq!(expert_role("blk.0.ffn_gate_inp.weight"), None);
+        assert_eq!(expert_role("blk.x.ffn_up_exps.weight"), None);
+    }
+}

@@ -1,0 +1,11 @@
+//! sovereign: LLM inference beyond full memory residency, with proof of what happened.
+
+pub mod engine;
+pub mod forge;
+pub mod generate;
+pub mod gguf;
+pub mod identity;
+pub mod inventory;
+pub mod oracle;
+pub mod record;
+pub mod util;

@@ -1,0 +1,105 @@
+//! Run records: a directory of raw surfaces and `record.json` with their digests.
+//!
+//! A record is written into `DIR.partial` and renamed into place only when complete, so a
+//! crash never leaves a half-written record under its final name; an existing record is never
+//! overwritten.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+pub const RECORD_FILE: &str = "record.json";
+
+/// One raw surface: a file of the record and how to index into it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Surface {
+    pub file: String,
+    pub sha256: String,
+    pub bytes: u64,
+    /// Bytes of one element (a logits row, a route event, a token); 1 for plain bytes.
+    pub unit_bytes: u64,
+    /// SHA-256 of every unit, for surfaces where a unit is a row worth certifying alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unit_sha256: Vec<String>,
+}
+
+pub struct Staging {
+    final_dir: PathBuf,
+    dir: PathBuf,
+    surfaces: BTreeMap<String, Surface>,
+}
+
+impl Staging {
+    pub fn new(final_dir: &Path) -> Result<Staging> {
+        if final_dir.exists() {
+            bail!("{}: already exists; records are write-once", final_dir.display());
+        }
+        let mut name = final_dir.file_name().context("record path has no name")?.to_os_string();
+        name.push(".partial");
+        let dir = final_dir.with_file_name(name);
+        if dir.exists() {
+            fs::remove_dir_all(&dir).with_context(|| format!("removing stale {}", dir.display()))?;
+        }
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Staging { final_dir: final_dir.to_path_buf(), dir, surfaces: BTreeMap::new() })
+    }
+
+    /// Writes a surface; with `unit_digests` each `unit_bytes` slice also gets its SHA-256.
+    pub fn surface(&mut self, name: &str, file: &str, bytes: &[u8], unit_bytes: u64, unit_digests: bool) -> Result<()> {
+        let path = self.dir.join(file);
+        let mut f = BufWriter::new(File::create(&path).with_context(|| format!("creating {}", path.display()))?);
+        f.write_all(bytes)?;
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        let unit_sha256 = if unit_digests && unit_bytes > 0 {
+            bytes.chunks(unit_bytes as usize).map(|c| hex::encode(Sha256::digest(c))).collect()
+        } else {
+            Vec::new()
+        };
+        self.surfaces.insert(
+            name.to_string(),
+            Surface {
+                file: file.to_string(),
+                sha256: hex::encode(Sha256::digest(bytes)),
+                bytes: bytes.len() as u64,
+                unit_bytes,
+                unit_sha256,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn surfaces(&self) -> &BTreeMap<String, Surface> {
+        &self.surfaces
+    }
+
+    /// Writes `record.json` and renames the directory into place.
+    pub fn commit<T: Serialize>(self, record: &T) -> Result<PathBuf> {
+        let path = self.dir.join(RECORD_FILE);
+        let mut f = File::create(&path)?;
+        serde_json::to_writer_pretty(&mut f, record)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        fs::rename(&self.dir, &self.final_dir)
+            .with_context(|| format!("renaming {} into place", self.dir.display()))?;
+        if let Some(parent) = self.final_dir.parent() {
+            if let Ok(d) = File::open(if parent.as_os_str().is_empty() { Path::new(".") } else { parent }) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(self.final_dir)
+    }
+}
+
+/// Reads a record's `record.json` as loose JSON plus its surfaces.
+pub fn load(dir: &Path) -> Result<(serde_json::Value, BTreeMap<String, Surface>)> {
+    let path = dir.join(RECORD_FILE);
+    let text = fs::read_to_string(&path).with_context(|| format!("{}: not a record", dir.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
+    let surfaces = serde_json::from_value(v.get("surfaces").cloned().unwrap_or_default())
+        .with_context(|| format!("{}: bad `surfaces`", path.display()))?;
+    Ok((v, surfaces))
+}
