@@ -335,7 +335,9 @@ impl Drop for Context<'_> {
 #[serde(rename_all = "snake_case")]
 pub enum QuantType {
     F16,
+    #[value(name = "q8_0")]
     Q8_0,
+    #[value(name = "q4_0")]
     Q4_0,
     #[value(name = "q4_k_m")]
     Q4KM,

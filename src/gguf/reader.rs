@@ -203,7 +203,7 @@ impl Cursor {
     fn string(&mut self) -> Result<String> {
         let n = self.u64()?;
         if n > MAX_STRING || self.pos + n > self.len {
-            bail!("string of {n} bytes runs past the end of the file");
+            bail!("truncated: string of {n} bytes runs past the end of the file");
         }
         let mut b = vec![0u8; n as usize];
         self.exact(&mut b)?;
@@ -232,7 +232,7 @@ impl Cursor {
                 let elem = self.u32()?;
                 let n = self.u64()?;
                 if n > self.len - self.pos {
-                    bail!("array of {n} elements runs past the end of the file");
+                    bail!("truncated: array of {n} elements runs past the end of the file");
                 }
                 let mut v = Vec::with_capacity(n.min(1 << 20) as usize);
                 for _ in 0..n {

@@ -1,0 +1,35 @@
+# Two commands for a fresh machine: `make demo` (the main job end to end) and `make test`.
+SHELL   := /bin/bash
+CARGO   ?= cargo
+BIN     := target/release/sovereign
+MODELS  := models
+RESULTS := results
+
+.PHONY: deps build demo test clean
+
+deps:
+	@scripts/deps.sh
+
+build: deps
+	$(CARGO) build --release --locked
+
+# Forge the `small` model, generate twice with every surface recorded, show digests and routes,
+# and prove the two runs identical.
+demo: build
+	@mkdir -p $(MODELS) $(RESULTS)
+	$(BIN) build-info
+	$(BIN) model forge --preset small --seed 7 --out $(MODELS)/small.gguf
+	$(BIN) inventory $(MODELS)/small.gguf | head -6
+	@rm -rf $(RESULTS)/demo-a $(RESULTS)/demo-b
+	$(BIN) generate --model $(MODELS)/small.gguf --prompt-file campaigns/prompts/demo.txt \
+		--n-predict 64 --threads 2 --record $(RESULTS)/demo-a
+	$(BIN) generate --model $(MODELS)/small.gguf --prompt-file campaigns/prompts/demo.txt \
+		--n-predict 64 --threads 2 --record $(RESULTS)/demo-b --json > /dev/null
+	$(BIN) compare $(RESULTS)/demo-a $(RESULTS)/demo-b
+
+test: deps
+	$(CARGO) test --locked
+
+clean:
+	$(CARGO) clean
+	rm -rf $(MODELS)

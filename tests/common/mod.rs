@@ -1,0 +1,70 @@
+//! Shared helpers for integration tests: the built binary and forged models.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sovereign"))
+}
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn run(args: &[&str]) -> Run {
+    let out: Output = bin().args(args).output().expect("spawn sovereign");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+pub fn ok(args: &[&str]) -> Run {
+    let r = run(args);
+    assert_eq!(r.code, 0, "sovereign {args:?} failed:\n{}\n{}", r.stdout, r.stderr);
+    r
+}
+
+/// A small forged qwen3moe model (fast to generate and run).
+pub fn forge(dir: &Path, name: &str, seed: u64, extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    let seed = seed.to_string();
+    let mut args = vec!["model", "forge", "--preset", "tiny", "--seed", &seed, "--out", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ok(&args);
+    out
+}
+
+pub fn generate(model: &Path, prompt: &str, n: u32, record: &Path, extra: &[&str]) -> Run {
+    let n = n.to_string();
+    let mut args = vec![
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--n-predict",
+        &n,
+        "--threads",
+        "2",
+        "--record",
+        record.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// A bad-input run: exit code 2, one line on stderr, no panic, naming what it should.
+pub fn assert_one_line_error(r: &Run, needles: &[&str]) {
+    assert_eq!(r.code, 2, "expected exit 2, got {}: {}{}", r.code, r.stdout, r.stderr);
+    assert!(!r.stderr.contains("panicked"), "panic: {}", r.stderr);
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {:?}", r.stderr);
+    for n in needles {
+        assert!(lines[0].contains(n), "error line {:?} does not mention {n:?}", lines[0]);
+    }
+}
