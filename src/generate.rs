@@ -1,6 +1,6 @@
 //! One generate run: greedy decoding through the engine with every oracle surface recorded.
 
-use crate::engine::{Context, ExecParams, Model, RouteEvent};
+use crate::engine::{Context, ExecParams, ExpertSource, Model, RouteEvent};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::record::Staging;
@@ -41,7 +41,7 @@ pub struct ModelIdentity {
 struct Params {
     n_predict: u32,
     ignore_eos: bool,
-    experts: &'static str,
+    experts: serde_json::Value,
     sampling: &'static str,
     #[serde(flatten)]
     exec: ExecParams,
@@ -85,6 +85,14 @@ fn f32_bytes(rows: &[f32]) -> Vec<u8> {
 }
 
 pub fn run(spec: &GenerateSpec) -> Result<Summary> {
+    run_with(spec, |_| Ok(None))
+}
+
+/// A run whose experts come from the source `make_source` builds for the model (None: resident).
+pub fn run_with(
+    spec: &GenerateSpec,
+    make_source: impl FnOnce(&Inventory) -> Result<Option<Box<dyn ExpertSource>>>,
+) -> Result<Summary> {
     let inv = Inventory::of(&spec.model)?;
     if spec.prompt.is_empty() {
         bail!("the prompt is empty");
@@ -99,8 +107,10 @@ pub fn run(spec: &GenerateSpec) -> Result<Summary> {
         expert_bytes: inv.expert_bytes,
     };
 
+    let source = make_source(&inv)?;
+    let experts = source.as_ref().map_or(serde_json::json!("resident"), |s| s.describe());
     let t0 = Instant::now();
-    let model = Model::load(&spec.model)?;
+    let model = Model::load_with(&spec.model, source)?;
     let load_s = t0.elapsed().as_secs_f64();
     let n_vocab = model.n_vocab();
     let prompt = model.tokenize(&spec.prompt, true)?;
@@ -143,6 +153,7 @@ pub fn run(spec: &GenerateSpec) -> Result<Summary> {
     let routes = ctx.take_routes();
     let k = ctx.route_k().unwrap_or(0);
     drop(ctx);
+    let source_report = model.with_source(|s| s.finish()).transpose()?;
 
     let mut staging = staging;
     let tokens: Vec<u8> = prompt.iter().chain(&generated).flat_map(|t| t.to_le_bytes()).collect();
@@ -187,12 +198,13 @@ pub fn run(spec: &GenerateSpec) -> Result<Summary> {
         "params": Params {
             n_predict: spec.n_predict,
             ignore_eos: spec.ignore_eos,
-            experts: "resident",
+            experts,
             sampling: "greedy (first maximum)",
             exec: spec.exec,
         },
         "counts": counts,
         "timing": timing,
+        "experts": source_report,
         "surfaces": staging.surfaces(),
     });
     let dir = staging.commit(&record)?;

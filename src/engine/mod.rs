@@ -3,10 +3,13 @@
 //! Only this room calls into llama.cpp. It loads models, tokenizes, decodes, hands out logits
 //! rows, captures routes through the eval callback, and quantizes.
 
+mod experts;
 pub mod pin;
 mod routes;
 
+pub use experts::ExpertSource;
 pub use routes::{RouteEvent, RouteRecorder};
+use experts::Bridge;
 
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
@@ -123,6 +126,8 @@ fn cstring(p: &Path) -> Result<CString> {
 
 pub struct Model {
     ptr: NonNull<sys::llama_model>,
+    // Owned through a raw pointer: llama.cpp holds it and calls back into it; freed after the model.
+    bridge: Option<NonNull<Bridge>>,
 }
 
 // SAFETY: a llama_model is immutable after load and used from one thread at a time here.
@@ -132,19 +137,51 @@ impl Model {
     /// Loads a model whose file was already validated by `gguf`. Weights stay on the CPU, the
     /// plain CPU buffer type is used for every tensor (no repacking), and the file is mapped.
     pub fn load(path: &Path) -> Result<Model> {
+        Self::load_with(path, None)
+    }
+
+    /// With an expert source, llama.cpp loads everything but the MoE expert weights, which the
+    /// source serves into slot pools; the file is read, not mapped, so expert bytes never enter
+    /// the process through a mapping.
+    pub fn load_with(path: &Path, source: Option<Box<dyn ExpertSource>>) -> Result<Model> {
         init();
         let c = cstring(path)?;
-        // SAFETY: default params are plain data; the path outlives the call.
+        let bridge = source.map(|s| NonNull::from(Box::leak(Bridge::new(s))));
+        // SAFETY: default params are plain data; the path and the bridge outlive the call.
         let ptr = unsafe {
             let mut p = sys::llama_model_default_params();
             p.n_gpu_layers = 0;
             p.use_extra_bufts = false;
             p.load_mode = sys::llama_load_mode_LLAMA_LOAD_MODE_MMAP;
+            if let Some(b) = bridge {
+                p.expert_source = &(*b.as_ptr()).c;
+                p.load_mode = sys::llama_load_mode_LLAMA_LOAD_MODE_NONE;
+            }
             sys::llama_model_load_from_file(c.as_ptr(), p)
         };
-        NonNull::new(ptr)
-            .map(|ptr| Model { ptr })
-            .ok_or_else(|| anyhow!("{}: llama.cpp could not load the model: {}", path.display(), last_log()))
+        match NonNull::new(ptr) {
+            Some(ptr) => Ok(Model { ptr, bridge }),
+            None => {
+                // SAFETY: llama.cpp dropped every reference to the bridge when the load failed.
+                let why = bridge
+                    .and_then(|b| unsafe { Box::from_raw(b.as_ptr()) }.error)
+                    .unwrap_or_else(last_log);
+                bail!("{}: llama.cpp could not load the model: {why}", path.display())
+            }
+        }
+    }
+
+    /// The expert source's first error, if it reported one.
+    pub fn expert_error(&self) -> Option<String> {
+        // SAFETY: no decode runs while the caller holds only &Model between decodes.
+        self.bridge.and_then(|b| unsafe { (*b.as_ptr()).error.clone() })
+    }
+
+    /// Access to the expert source between decodes.
+    pub fn with_source<R>(&self, f: impl FnOnce(&mut dyn ExpertSource) -> R) -> Option<R> {
+        // SAFETY: callbacks only run inside llama.cpp calls, which need a &mut Context that
+        // cannot be alive while this closure borrows the model.
+        self.bridge.map(|b| f(unsafe { &mut *(*b.as_ptr()).source }))
     }
 
     fn vocab(&self) -> *const sys::llama_vocab {
@@ -206,8 +243,14 @@ impl Model {
 
 impl Drop for Model {
     fn drop(&mut self) {
-        // SAFETY: contexts borrow the model, so none is alive here.
-        unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+        // SAFETY: contexts borrow the model, so none is alive here; the bridge is freed only
+        // after llama.cpp released the slot pools that point into the source's memory.
+        unsafe {
+            sys::llama_model_free(self.ptr.as_ptr());
+            if let Some(b) = self.bridge.take() {
+                drop(Box::from_raw(b.as_ptr()));
+            }
+        }
     }
 }
 
@@ -290,7 +333,10 @@ impl<'m> Context<'m> {
                 rc
             };
             if rc != 0 {
-                bail!("llama_decode failed with status {rc}: {}", last_log());
+                match self.model.expert_error() {
+                    Some(e) => bail!("llama_decode failed closed (status {rc}): expert source: {e}"),
+                    None => bail!("llama_decode failed with status {rc}: {}", last_log()),
+                }
             }
             self.n_past += n;
             rows = if all_logits { rows + chunk.len() } else { 1 };

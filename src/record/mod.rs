@@ -31,6 +31,16 @@ pub struct Staging {
     final_dir: PathBuf,
     dir: PathBuf,
     surfaces: BTreeMap<String, Surface>,
+    committed: bool,
+}
+
+/// A run that ends without committing leaves nothing behind.
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
 }
 
 impl Staging {
@@ -45,7 +55,7 @@ impl Staging {
             fs::remove_dir_all(&dir).with_context(|| format!("removing stale {}", dir.display()))?;
         }
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Staging { final_dir: final_dir.to_path_buf(), dir, surfaces: BTreeMap::new() })
+        Ok(Staging { final_dir: final_dir.to_path_buf(), dir, surfaces: BTreeMap::new(), committed: false })
     }
 
     /// Writes a surface; with `unit_digests` each `unit_bytes` slice also gets its SHA-256.
@@ -77,7 +87,7 @@ impl Staging {
     }
 
     /// Writes `record.json` and renames the directory into place.
-    pub fn commit<T: Serialize>(self, record: &T) -> Result<PathBuf> {
+    pub fn commit<T: Serialize>(mut self, record: &T) -> Result<PathBuf> {
         let path = self.dir.join(RECORD_FILE);
         let mut f = File::create(&path)?;
         serde_json::to_writer_pretty(&mut f, record)?;
@@ -85,12 +95,13 @@ impl Staging {
         f.sync_all()?;
         fs::rename(&self.dir, &self.final_dir)
             .with_context(|| format!("renaming {} into place", self.dir.display()))?;
+        self.committed = true;
         if let Some(parent) = self.final_dir.parent() {
             if let Ok(d) = File::open(if parent.as_os_str().is_empty() { Path::new(".") } else { parent }) {
                 let _ = d.sync_all();
             }
         }
-        Ok(self.final_dir)
+        Ok(self.final_dir.clone())
     }
 }
 

@@ -1,0 +1,101 @@
+//! The expert-source boundary (patches/0001-expert-source.patch): llama.cpp asks an
+//! [`ExpertSource`] for slot-pool memory at load, and to make experts resident during decode.
+
+use super::sys;
+use anyhow::Result;
+use std::ffi::{c_char, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// What owns the expert weights when they are not loaded by llama.cpp.
+pub trait ExpertSource: Send {
+    /// Slots per MoE layer.
+    fn n_slots(&self) -> u32;
+    /// Memory for the pool of expert tensor `name` of `layer`: `n_slots` slots of `slot_bytes`,
+    /// 32-byte aligned at least, valid and unmoved until the model is dropped.
+    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32) -> Result<*mut u8>;
+    /// Make group `pass` of the distinct experts in `ids` resident; `slots[i]` gets the slot of
+    /// `ids[i]`, or -1 when that expert belongs to another group.
+    fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()>;
+    /// The slots of (layer, pass) are no longer read.
+    fn release(&mut self, layer: u32, pass: u32) -> Result<()>;
+    /// What this source is, for records (`plan zero, 4 slots, source P`).
+    fn describe(&self) -> serde_json::Value;
+    /// Closes the source after the run and reports its telemetry and closure.
+    fn finish(&mut self) -> Result<serde_json::Value>;
+}
+
+/// The source as llama.cpp sees it, plus the first error it reported (for the decode's error).
+pub(super) struct Bridge {
+    pub source: Box<dyn ExpertSource>,
+    pub error: Option<String>,
+    pub c: sys::llama_expert_source,
+}
+
+impl Bridge {
+    pub fn new(source: Box<dyn ExpertSource>) -> Box<Bridge> {
+        let n_slots = source.n_slots();
+        let mut b = Box::new(Bridge {
+            source,
+            error: None,
+            c: sys::llama_expert_source {
+                user: std::ptr::null_mut(),
+                n_slots,
+                pool: Some(pool_cb),
+                acquire: Some(acquire_cb),
+                release: Some(release_cb),
+            },
+        });
+        b.c.user = (&mut *b) as *mut Bridge as *mut c_void;
+        b
+    }
+
+    fn fail(&mut self, what: String) {
+        if self.error.is_none() {
+            self.error = Some(what);
+        }
+    }
+}
+
+/// Runs a callback body without letting a panic cross into C; failures are kept in the bridge.
+fn guarded(user: *mut c_void, f: impl FnOnce(&mut Bridge) -> Result<()>) -> bool {
+    // SAFETY: `user` is the Bridge registered with llama.cpp; it outlives the model, and
+    // llama.cpp calls back one at a time from the compute thread.
+    let bridge = unsafe { &mut *(user as *mut Bridge) };
+    match catch_unwind(AssertUnwindSafe(|| f(bridge))) {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            bridge.fail(format!("{e:#}"));
+            false
+        }
+        Err(_) => {
+            bridge.fail("expert source panicked".into());
+            false
+        }
+    }
+}
+
+unsafe extern "C" fn pool_cb(user: *mut c_void, il: i32, name: *const c_char, slot_bytes: usize, n_slots: u32) -> *mut c_void {
+    let mut out = std::ptr::null_mut();
+    guarded(user, |b| {
+        // SAFETY: llama.cpp passes a NUL-terminated tensor name.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        out = b.source.pool(il as u32, &name, slot_bytes, n_slots)? as *mut c_void;
+        Ok(())
+    });
+    out
+}
+
+unsafe extern "C" fn acquire_cb(user: *mut c_void, il: i32, pass: i32, ids: *const i32, n_ids: i64, slots: *mut i32) -> i32 {
+    let ok = guarded(user, |b| {
+        // SAFETY: both arrays hold n_ids entries for the duration of the call.
+        let (ids, slots) = unsafe {
+            (std::slice::from_raw_parts(ids, n_ids as usize), std::slice::from_raw_parts_mut(slots, n_ids as usize))
+        };
+        b.source.acquire(il as u32, pass as u32, ids, slots)
+    });
+    if ok { 0 } else { 1 }
+}
+
+unsafe extern "C" fn release_cb(user: *mut c_void, il: i32, pass: i32) -> i32 {
+    if guarded(user, |b| b.source.release(il as u32, pass as u32)) { 0 } else { 1 }
+}
