@@ -36,6 +36,20 @@ enum Command {
     },
     /// Greedy generation with every oracle surface recorded.
     Generate(GenerateArgs),
+    /// Cold O_DIRECT read bandwidth by block size x queue depth (io_uring); the best cell is the
+    /// device ceiling.
+    Envelope {
+        #[arg(long)]
+        file: PathBuf,
+        /// Bytes read per cell (each cell reads its own region of the file where it fits).
+        #[arg(long, default_value_t = 64 << 20)]
+        bytes_per_cell: u64,
+        /// Write the cells as CSV here.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Compare two records surface by surface; exit 0 only if every surface is exact.
     Compare {
         a: PathBuf,
@@ -198,6 +212,27 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Generate(a) => return generate_cmd(a),
+        Command::Envelope { file, bytes_per_cell, csv, json } => {
+            let e = sovereign::envelope::measure_envelope(
+                &file,
+                bytes_per_cell,
+                sovereign::envelope::BLOCK_SIZES,
+                sovereign::envelope::DEPTHS,
+            )?;
+            if let Some(out) = csv {
+                std::fs::write(&out, sovereign::envelope::to_csv(&e)).with_context(|| format!("{}", out.display()))?;
+            }
+            if json {
+                print_json(&e)?;
+            } else {
+                println!("{:>9} {:>6} {:>10} {:>10}", "block", "depth", "MiB/s", "IOPS");
+                for c in &e.cells {
+                    println!("{:>9} {:>6} {:>10.1} {:>10.0}", c.block_bytes, c.depth, c.mib_per_s, c.iops);
+                }
+                let c = &e.ceiling;
+                println!("ceiling: {:.1} MiB/s at block {} depth {}", c.mib_per_s, c.block_bytes, c.depth);
+            }
+        }
         Command::Compare { a, b, json } => {
             let cmp = oracle::compare(&a, &b)?;
             let exact = cmp.iter().all(|c| c.is_exact());

@@ -183,7 +183,7 @@ pub fn forge(arch: Arch, dims: Dims, seed: u64, out: &Path) -> Result<Forged> {
     }
 
     let eos = tokenizer::EOS as usize;
-    w.write(out, |_, t, buf| {
+    let sha256 = w.write(out, |_, t, buf| {
         let vals: &mut [f32] = bytemuck_f32(buf);
         let kind = t.name.rsplit('.').nth(1).unwrap_or("");
         let fan_in = t.dims[0] as f32;
@@ -205,7 +205,6 @@ pub fn forge(arch: Arch, dims: Dims, seed: u64, out: &Path) -> Result<Forged> {
         }
     })?;
     let bytes = std::fs::metadata(out)?.len();
-    let sha256 = crate::util::sha256_file(out)?;
     Ok(Forged { arch, seed, dims, bytes, sha256 })
 }
 

@@ -4,6 +4,7 @@
 
 use super::{GgmlType, Value, DEFAULT_ALIGNMENT, MAGIC};
 use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -80,24 +81,30 @@ impl GgufWriter {
         (h, offsets)
     }
 
-    /// Writes the file; `fill(i, spec, buf)` fills tensor `i`'s payload (`buf` has its size).
-    pub fn write(&self, path: &Path, mut fill: impl FnMut(usize, &TensorSpec, &mut [u8])) -> Result<()> {
+    /// Writes the file and returns its SHA-256 (hashed as written, not reread);
+    /// `fill(i, spec, buf)` fills tensor `i`'s payload (`buf` has its size).
+    pub fn write(&self, path: &Path, mut fill: impl FnMut(usize, &TensorSpec, &mut [u8])) -> Result<String> {
         let tmp = path.with_extension("partial");
+        let mut hash = Sha256::new();
         let res = (|| -> Result<()> {
             let mut out = BufWriter::with_capacity(1 << 22, File::create(&tmp)?);
+            let mut put = |out: &mut BufWriter<File>, bytes: &[u8]| -> Result<()> {
+                hash.update(bytes);
+                Ok(out.write_all(bytes)?)
+            };
             let (header, offsets) = self.layout();
-            out.write_all(&header)?;
+            put(&mut out, &header)?;
             let mut written = 0u64;
             let mut buf = Vec::new();
             for (i, t) in self.tensors.iter().enumerate() {
                 if written != offsets[i] {
-                    out.write_all(&vec![0u8; (offsets[i] - written) as usize])?;
+                    put(&mut out, &vec![0u8; (offsets[i] - written) as usize])?;
                     written = offsets[i];
                 }
                 buf.clear();
                 buf.resize(t.bytes() as usize, 0);
                 fill(i, t, &mut buf);
-                out.write_all(&buf)?;
+                put(&mut out, &buf)?;
                 written += buf.len() as u64;
             }
             out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
@@ -110,7 +117,8 @@ impl GgufWriter {
         if path.is_dir() {
             bail!("{} is a directory", path.display());
         }
-        fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
+        fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+        Ok(hex::encode(hash.finalize()))
     }
 }
 

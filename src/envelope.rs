@@ -1,0 +1,168 @@
+//! The storage read envelope: cold O_DIRECT reads through io_uring by block size and queue
+//! depth. O_DIRECT keeps the page cache from posing as the device; the best cell is the device
+//! ceiling that performance reports are compared against.
+
+use anyhow::{bail, Context, Result};
+use io_uring::{opcode, types, IoUring};
+use serde::Serialize;
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::time::Instant;
+
+pub const ALIGN: usize = 4096;
+pub const BLOCK_SIZES: &[usize] = &[4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
+pub const DEPTHS: &[usize] = &[1, 2, 4, 8, 16, 32];
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub block_bytes: usize,
+    pub depth: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub mib_per_s: f64,
+    pub iops: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Envelope {
+    pub file_bytes: u64,
+    pub bytes_per_cell: u64,
+    pub cells: Vec<Cell>,
+    pub ceiling: Cell,
+}
+
+/// An aligned buffer for O_DIRECT.
+struct Aligned {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = Layout::from_size_align(len.max(ALIGN), ALIGN).expect("layout");
+        // SAFETY: non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of memory");
+        Aligned { ptr, layout }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout.
+        unsafe { dealloc(self.ptr, self.layout) }
+    }
+}
+
+pub fn open_direct(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("{}: cannot open with O_DIRECT", path.display()))
+}
+
+/// Reads `bytes` from `start` in `block`-sized reads with at most `depth` in flight.
+fn measure(file: &File, file_len: u64, start: u64, bytes: u64, block: usize, depth: usize) -> Result<Cell> {
+    let mut ring = IoUring::new(depth.next_power_of_two() as u32).context("io_uring unavailable")?;
+    let bufs: Vec<Aligned> = (0..depth).map(|_| Aligned::new(block)).collect();
+    let usable = file_len / ALIGN as u64 * ALIGN as u64;
+    let n_reads = (bytes / block as u64).max(1);
+    let fd = types::Fd(file.as_raw_fd());
+    let (mut next, mut done, mut in_flight, mut read) = (0u64, 0u64, 0usize, 0u64);
+    let mut free: Vec<usize> = (0..depth).collect();
+    let t = Instant::now();
+    while done < n_reads {
+        while in_flight < depth && next < n_reads {
+            let slot = free.pop().expect("a free buffer while below depth");
+            let span = usable.saturating_sub(block as u64).max(ALIGN as u64);
+            let off = (start + next * block as u64) % span / ALIGN as u64 * ALIGN as u64;
+            let sqe = opcode::Read::new(fd, bufs[slot].ptr, block as u32).offset(off).build().user_data(slot as u64);
+            // SAFETY: the buffer stays alive and untouched until its completion is reaped.
+            unsafe { ring.submission().push(&sqe).context("submission queue full")? };
+            next += 1;
+            in_flight += 1;
+        }
+        ring.submit_and_wait(1)?;
+        let completions: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        for (slot, res) in completions {
+            if res < 0 {
+                bail!("read failed: {}", std::io::Error::from_raw_os_error(-res));
+            }
+            read += res as u64;
+            free.push(slot as usize);
+            in_flight -= 1;
+            done += 1;
+        }
+    }
+    let seconds = t.elapsed().as_secs_f64();
+    Ok(Cell {
+        block_bytes: block,
+        depth,
+        bytes: read,
+        seconds,
+        mib_per_s: read as f64 / (1 << 20) as f64 / seconds.max(1e-9),
+        iops: done as f64 / seconds.max(1e-9),
+    })
+}
+
+/// Measures every block size × depth cell, each over its own region of the file when it is
+/// large enough, so no cell rereads what another just read.
+pub fn measure_envelope(path: &Path, bytes_per_cell: u64, blocks: &[usize], depths: &[usize]) -> Result<Envelope> {
+    let file = open_direct(path)?;
+    let file_len = file.metadata()?.len();
+    if file_len < (4 << 20) {
+        bail!("{}: {} bytes is too small to measure (need at least 4 MiB)", path.display(), file_len);
+    }
+    let mut cells = Vec::new();
+    let mut start = 0u64;
+    for &block in blocks {
+        for &depth in depths {
+            let cell = measure(&file, file_len, start, bytes_per_cell, block, depth)
+                .with_context(|| format!("{}: block {block} depth {depth}", path.display()))?;
+            start += bytes_per_cell;
+            cells.push(cell);
+        }
+    }
+    let ceiling = cells
+        .iter()
+        .max_by(|a, b| a.mib_per_s.total_cmp(&b.mib_per_s))
+        .cloned()
+        .context("no cells")?;
+    Ok(Envelope { file_bytes: file_len, bytes_per_cell, cells, ceiling })
+}
+
+/// CSV of the envelope cells.
+pub fn to_csv(e: &Envelope) -> String {
+    let mut s = String::from("block_bytes,depth,bytes,seconds,mib_per_s,iops\n");
+    for c in &e.cells {
+        s.push_str(&format!("{},{},{},{:.6},{:.1},{:.1}\n", c.block_bytes, c.depth, c.bytes, c.seconds, c.mib_per_s, c.iops));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn envelope_reads_every_byte_it_claims() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("data");
+        let mut f = File::create(&p).unwrap();
+        f.write_all(&vec![7u8; 8 << 20]).unwrap();
+        f.sync_all().unwrap();
+        let e = measure_envelope(&p, 1 << 20, &[4096, 65536], &[1, 4]).unwrap();
+        assert_eq!(e.cells.len(), 4);
+        for c in &e.cells {
+            assert_eq!(c.bytes, 1 << 20, "{c:?}");
+            assert!(c.mib_per_s > 0.0);
+        }
+        assert!(e.cells.iter().all(|c| c.mib_per_s <= e.ceiling.mib_per_s));
+        assert_eq!(to_csv(&e).lines().count(), 5);
+    }
+}
