@@ -14,9 +14,9 @@ struct Model {
     inv: Inventory,
 }
 
-/// `--preset tiny` (3 layers, 16 experts, top-4, F32 experts of 256 KiB per role), forged once
-/// per test process into a temporary directory that is removed when the fixture is built by a
-/// later process (the file is deterministic, so its copy is kept under target/ for reuse).
+/// `--preset tiny` (3 layers, 16 experts, top-4, F32 experts of 256 KiB per role), seed 7.
+/// Forged once into `target/plan-test/` through a temporary file renamed into place, and
+/// reused by later runs: the tests compare slots with the bytes of that very file.
 fn model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
     MODEL.get_or_init(|| {
