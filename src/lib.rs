@@ -8,5 +8,7 @@ pub mod gguf;
 pub mod identity;
 pub mod inventory;
 pub mod oracle;
+pub mod plan;
 pub mod record;
+pub mod source;
 pub mod util;

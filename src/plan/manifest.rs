@@ -1,0 +1,316 @@
+//! The immutable half of the Plan: objects → source extents, covering reads, windows, slots.
+
+use crate::inventory::{Extent, Inventory};
+use crate::source::{Covering, ALIGN};
+use anyhow::{anyhow, bail, Result};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
+
+/// A logical expert object: model semantics, not file layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ObjectId {
+    pub layer: u32,
+    pub expert: u32,
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.layer, self.expert)
+    }
+}
+
+impl FromStr for ObjectId {
+    type Err = anyhow::Error;
+
+    /// `L/E`, e.g. `3/17`.
+    fn from_str(s: &str) -> Result<ObjectId> {
+        let (l, e) = s.trim().split_once('/').ok_or_else(|| anyhow!("`{s}`: an object is LAYER/EXPERT"))?;
+        let parse = |x: &str| x.trim().parse::<u32>().map_err(|_| anyhow!("`{s}`: an object is LAYER/EXPERT"));
+        Ok(ObjectId { layer: parse(l)?, expert: parse(e)? })
+    }
+}
+
+/// The role of one extent inside an expert bundle. Declaration order is role order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Gate,
+    Up,
+    GateUp,
+    Down,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Gate, Role::Up, Role::GateUp, Role::Down];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Gate => "gate",
+            Role::Up => "up",
+            Role::GateUp => "gate_up",
+            Role::Down => "down",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Role {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Role> {
+        Role::ALL.into_iter().find(|r| r.name() == s).ok_or_else(|| anyhow!("`{s}` is not an expert role"))
+    }
+}
+
+/// One extent of an object and where it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ExtentPlan {
+    pub role: Role,
+    /// Logical bytes in the model file.
+    pub extent: Extent,
+    /// The aligned read that covers it.
+    pub covering: Covering,
+    /// Where the covering read starts inside a window (a multiple of [`ALIGN`]).
+    pub window_offset: u64,
+}
+
+impl ExtentPlan {
+    pub fn padding(&self) -> u64 {
+        self.covering.padding(self.extent.len)
+    }
+
+    /// Where the logical bytes lie inside the window.
+    pub fn window_range(&self) -> std::ops::Range<usize> {
+        let start = (self.window_offset + self.covering.head) as usize;
+        start..start + self.extent.len as usize
+    }
+}
+
+/// One object: its extents in role order, logical and physical sizes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ObjectPlan {
+    pub id: ObjectId,
+    pub extents: Vec<ExtentPlan>,
+    pub logical_bytes: u64,
+    /// Sum of the covering reads: also the window bytes the bundle needs.
+    pub physical_bytes: u64,
+    pub padding_bytes: u64,
+}
+
+/// One MoE layer: its slots and their per-role sizes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LayerPlan {
+    pub layer: u32,
+    pub n_experts: u32,
+    /// Slots of this layer: the requested count clamped to `n_experts`.
+    pub n_slots: u32,
+    /// Roles in role order with the bytes of one slot's region of that role (= the extent
+    /// length of that role, identical for every expert of the layer).
+    pub roles: Vec<(Role, u64)>,
+    /// Experts of this layer named by the pin policy.
+    pub pinned: Vec<u32>,
+    #[serde(skip)]
+    first_object: usize,
+}
+
+impl LayerPlan {
+    pub fn bytes_per_slot(&self, role: Role) -> Option<u64> {
+        self.roles.iter().find(|(r, _)| *r == role).map(|&(_, b)| b)
+    }
+
+    /// Bytes of one slot over all roles.
+    pub fn slot_bytes(&self) -> u64 {
+        self.roles.iter().map(|&(_, b)| b).sum()
+    }
+
+    /// Slots available to objects that are not pinned: at least 1 (checked by the manifest).
+    pub fn capacity(&self) -> u32 {
+        self.n_slots - self.pinned.len() as u32
+    }
+
+    /// Slot compatibility: any slot of a layer holds any object of that layer, and nothing else.
+    pub fn compatible(&self, object: ObjectId, slot: u32) -> bool {
+        object.layer == self.layer && object.expert < self.n_experts && slot < self.n_slots
+    }
+}
+
+/// The immutable manifest.
+#[derive(Debug, Clone, Serialize)]
+pub struct Manifest {
+    pub alignment: u64,
+    pub requested_slots: u32,
+    /// Window size W: the largest bundle with every extent at its own aligned window offset.
+    pub window_size: u64,
+    pub layers: Vec<LayerPlan>,
+    pub objects: Vec<ObjectPlan>,
+    pub pinned: Vec<ObjectId>,
+    /// Logical bytes of every managed object.
+    pub managed_bytes: u64,
+    #[serde(skip)]
+    layer_index: BTreeMap<u32, usize>,
+}
+
+impl Manifest {
+    /// Builds the manifest of `inv` with `n_slots` slots per MoE layer.
+    ///
+    /// `n_slots` must be at least 1; a layer with fewer experts gets `n_experts` slots (clamped:
+    /// more slots than objects could never be filled). Every object of a layer must have the
+    /// same role set — `gate, up, down` or `gate_up, down` — with the same extent length per
+    /// role. `pinned` objects must exist, be distinct, and leave at least one unpinned slot per
+    /// layer.
+    pub fn new(inv: &Inventory, n_slots: u32, pinned: &[ObjectId]) -> Result<Manifest> {
+        if n_slots == 0 {
+            bail!("a Plan needs at least one slot per layer");
+        }
+        if inv.moe_layers.is_empty() || inv.objects.is_empty() {
+            bail!("{}: no MoE expert objects to manage", inv.file);
+        }
+        let mut by_layer: BTreeMap<u32, Vec<&crate::inventory::ExpertObject>> = BTreeMap::new();
+        for o in &inv.objects {
+            by_layer.entry(o.layer).or_default().push(o);
+        }
+        let mut layers = Vec::new();
+        let mut objects = Vec::new();
+        let mut layer_index = BTreeMap::new();
+        for ml in &inv.moe_layers {
+            let mut objs = by_layer.remove(&ml.layer).unwrap_or_default();
+            objs.sort_by_key(|o| o.expert);
+            if objs.len() != ml.experts as usize || objs.iter().enumerate().any(|(i, o)| o.expert != i as u32) {
+                bail!(
+                    "layer {}: expected experts 0..{}, the inventory has {} objects",
+                    ml.layer,
+                    ml.experts,
+                    objs.len()
+                );
+            }
+            let first_object = objects.len();
+            let mut roles: Option<Vec<(Role, u64)>> = None;
+            for o in objs {
+                let plan = object_plan(o)?;
+                let these: Vec<(Role, u64)> = plan.extents.iter().map(|e| (e.role, e.extent.len)).collect();
+                match &roles {
+                    None => roles = Some(these),
+                    Some(r) if *r != these => bail!(
+                        "object {}: roles/sizes {:?} differ from the layer's {:?}: slots would not be compatible",
+                        plan.id,
+                        these,
+                        r
+                    ),
+                    Some(_) => {}
+                }
+                objects.push(plan);
+            }
+            layer_index.insert(ml.layer, layers.len());
+            layers.push(LayerPlan {
+                layer: ml.layer,
+                n_experts: ml.experts,
+                n_slots: n_slots.min(ml.experts),
+                roles: roles.unwrap_or_default(),
+                pinned: Vec::new(),
+                first_object,
+            });
+        }
+        if let Some((l, _)) = by_layer.into_iter().next() {
+            bail!("inventory objects of layer {l} belong to no MoE layer");
+        }
+        let mut seen = BTreeSet::new();
+        for p in pinned {
+            let Some(&li) = layer_index.get(&p.layer) else {
+                bail!("pinned object {p}: layer {} is not a MoE layer", p.layer)
+            };
+            let lp = &mut layers[li];
+            if p.expert >= lp.n_experts {
+                bail!("pinned object {p}: layer {} has {} experts", p.layer, lp.n_experts);
+            }
+            if !seen.insert(*p) {
+                bail!("pinned object {p} named twice");
+            }
+            lp.pinned.push(p.expert);
+            if lp.pinned.len() as u32 >= lp.n_slots {
+                bail!(
+                    "layer {}: {} pinned objects leave none of its {} slots to the others",
+                    p.layer,
+                    lp.pinned.len(),
+                    lp.n_slots
+                );
+            }
+        }
+        let window_size = objects.iter().map(|o| o.physical_bytes).max().unwrap_or(0);
+        let managed_bytes = objects.iter().map(|o| o.logical_bytes).sum();
+        Ok(Manifest {
+            alignment: ALIGN,
+            requested_slots: n_slots,
+            window_size,
+            layers,
+            objects,
+            pinned: seen.into_iter().collect(),
+            managed_bytes,
+            layer_index,
+        })
+    }
+
+    /// Index of a MoE layer in `layers`.
+    pub fn layer_index(&self, layer: u32) -> Option<usize> {
+        self.layer_index.get(&layer).copied()
+    }
+
+    pub fn layer(&self, layer: u32) -> Option<&LayerPlan> {
+        self.layer_index(layer).map(|i| &self.layers[i])
+    }
+
+    pub fn object(&self, id: ObjectId) -> Option<&ObjectPlan> {
+        let lp = self.layer(id.layer)?;
+        (id.expert < lp.n_experts).then(|| &self.objects[lp.first_object + id.expert as usize])
+    }
+
+    pub fn is_pinned(&self, id: ObjectId) -> bool {
+        self.layer(id.layer).is_some_and(|lp| lp.pinned.contains(&id.expert))
+    }
+
+    /// The MoE layer that follows `layer`, if any.
+    pub fn next_layer(&self, layer: u32) -> Option<u32> {
+        self.layer_index.range(layer + 1..).next().map(|(&l, _)| l)
+    }
+}
+
+fn object_plan(o: &crate::inventory::ExpertObject) -> Result<ObjectPlan> {
+    let id = ObjectId { layer: o.layer, expert: o.expert };
+    let mut ext: Vec<(Role, Extent)> = Vec::new();
+    for (name, e) in &o.extents {
+        let role: Role = name.parse()?;
+        if ext.iter().any(|(r, _)| *r == role) {
+            bail!("object {id}: role `{role}` appears twice");
+        }
+        if e.len == 0 {
+            bail!("object {id}: role `{role}` has an empty extent");
+        }
+        ext.push((role, *e));
+    }
+    ext.sort_by_key(|(r, _)| *r);
+    let roles: Vec<Role> = ext.iter().map(|(r, _)| *r).collect();
+    if roles != [Role::Gate, Role::Up, Role::Down] && roles != [Role::GateUp, Role::Down] {
+        bail!("object {id}: roles {roles:?} are neither gate, up, down nor gate_up, down");
+    }
+    let mut window_offset = 0;
+    let mut extents = Vec::new();
+    for (role, extent) in ext {
+        let covering = Covering::of(extent.offset, extent.len);
+        extents.push(ExtentPlan { role, extent, covering, window_offset });
+        window_offset += covering.len;
+    }
+    let logical_bytes = extents.iter().map(|e| e.extent.len).sum();
+    Ok(ObjectPlan {
+        id,
+        extents,
+        logical_bytes,
+        physical_bytes: window_offset,
+        padding_bytes: window_offset - logical_bytes,
+    })
+}

@@ -1,0 +1,848 @@
+//! The Plan: an immutable [`Manifest`] (objects → extents, covering reads, windows, slots,
+//! stable addresses) and the mutable state that decides which bytes those addresses denote.
+//!
+//! The engine calls, from one thread inside graph compute:
+//! - [`Plan::pool`] once per (layer, role) at load time: a stable 4096-aligned base address;
+//!   slot `s` of role `r` of layer `L` lives at `pool(L, r) + s * bytes_per_slot(L, r)`.
+//! - [`Plan::acquire`] after a MoE layer's router, [`Plan::release`] after the layer, once per
+//!   pass (group); a pass whose acquire wrote only -1 has nothing to release.
+//! - [`Plan::reset`] between requests, [`Plan::shutdown`] at the end.
+//!
+//! Publication: a slot's bytes become visible (DeviceReady, then InUse) only after every extent
+//! of its bundle was read into a window, every completion was validated (ticket, object,
+//! extent, window, epoch, generation, byte count), and the window was copied into the slot.
+//! Fail closed: the first error fails the Plan; every later acquire and reset returns an error.
+//! Release and shutdown still work on a failed Plan, so that consumers balance and the source
+//! drains; a failed Plan's interrupted windows are left as they were and reported.
+
+mod lifecycle;
+mod manifest;
+mod policy;
+mod table;
+mod telemetry;
+
+pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
+pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
+pub use policy::{PolicySpec, ReplacementPolicy, Retain};
+pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};
+pub use telemetry::{Closure, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
+
+use crate::source::{AlignedBuf, Completion, ReadRequest, Source, SourceError};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::fmt;
+
+/// Why a Plan operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanError {
+    /// The Plan failed earlier; it accepts no more work.
+    Failed {
+        reason: String,
+    },
+    /// The Plan was shut down.
+    Closed,
+    UnknownLayer {
+        layer: u32,
+    },
+    SlotsLength {
+        ids: usize,
+        slots: usize,
+    },
+    ExpertOutOfRange {
+        layer: u32,
+        index: usize,
+        id: i32,
+        n_experts: u32,
+    },
+    /// A group member found neither a Vacant slot nor a Recyclable one to evict.
+    NoSlot {
+        object: ObjectId,
+    },
+    /// A completion was refused before anything became visible.
+    Rejected {
+        kind: RejectKind,
+        ticket: u64,
+        detail: String,
+    },
+    Lifecycle(LifecycleError),
+    Slot(SlotError),
+    Source(SourceError),
+    NoOutstandingAcquire {
+        layer: u32,
+        pass: u32,
+    },
+    ConsumersLive {
+        consumers: u64,
+    },
+    OutstandingWork {
+        detail: String,
+    },
+    /// A pool request that disagrees with the manifest.
+    PoolMismatch {
+        detail: String,
+    },
+    Config {
+        detail: String,
+    },
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::Failed { reason } => write!(f, "plan failed earlier: {reason}"),
+            PlanError::Closed => write!(f, "plan is shut down"),
+            PlanError::UnknownLayer { layer } => write!(f, "layer {layer} is not a managed MoE layer"),
+            PlanError::SlotsLength { ids, slots } => write!(f, "{ids} expert ids but {slots} slot entries"),
+            PlanError::ExpertOutOfRange { layer, index, id, n_experts } => {
+                write!(f, "layer {layer}: expert id {id} at index {index} is outside [0, {n_experts})")
+            }
+            PlanError::NoSlot { object } => write!(f, "object {object}: no Vacant or Recyclable slot"),
+            PlanError::Rejected { kind, ticket, detail } => {
+                write!(f, "completion of ticket {ticket} rejected ({}): {detail}", kind.name())
+            }
+            PlanError::Lifecycle(e) => write!(f, "{e}"),
+            PlanError::Slot(e) => write!(f, "{e}"),
+            PlanError::Source(e) => write!(f, "{e}"),
+            PlanError::NoOutstandingAcquire { layer, pass } => {
+                write!(f, "release of layer {layer} pass {pass} without an outstanding acquire")
+            }
+            PlanError::ConsumersLive { consumers } => write!(f, "{consumers} consumers are still live"),
+            PlanError::OutstandingWork { detail } => write!(f, "outstanding work: {detail}"),
+            PlanError::PoolMismatch { detail } => write!(f, "pool request refused: {detail}"),
+            PlanError::Config { detail } => write!(f, "{detail}"),
+        }
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+impl From<SlotError> for PlanError {
+    fn from(e: SlotError) -> Self {
+        match e {
+            SlotError::Lifecycle(l) => PlanError::Lifecycle(l),
+            SlotError::ConsumersLive { consumers } => PlanError::ConsumersLive { consumers },
+            e => PlanError::Slot(e),
+        }
+    }
+}
+
+impl From<LifecycleError> for PlanError {
+    fn from(e: LifecycleError) -> Self {
+        PlanError::Lifecycle(e)
+    }
+}
+
+impl From<SourceError> for PlanError {
+    fn from(e: SourceError) -> Self {
+        PlanError::Source(e)
+    }
+}
+
+/// One submitted read: what its completion must match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    pub id: u64,
+    pub object: ObjectId,
+    pub extent: u32,
+    pub slot: u32,
+    pub generation: u64,
+    pub epoch: u64,
+    pub window: u32,
+}
+
+/// A bundle being assembled in a window.
+struct Bundle {
+    object: ObjectId,
+    slot: u32,
+    version: Version,
+    received: Vec<bool>,
+    remaining: usize,
+}
+
+struct Pool {
+    role: Role,
+    bytes_per_slot: u64,
+    buf: AlignedBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Status {
+    Running,
+    Failed(String),
+    Closed,
+}
+
+/// A consumer taken on a slot: (layer index, slot, version).
+type Hold = (usize, u32, Version);
+
+pub struct Plan {
+    manifest: Manifest,
+    /// Per layer index, one pool per role in role order.
+    pools: Vec<Vec<Pool>>,
+    table: SlotTable,
+    windows: Vec<WindowState>,
+    source: Box<dyn Source>,
+    policy: Box<dyn ReplacementPolicy>,
+    tickets: HashMap<u64, Ticket>,
+    next_ticket: u64,
+    /// Outstanding acquire events per (layer, pass), innermost last.
+    events: HashMap<(u32, u32), Vec<Vec<Hold>>>,
+    /// Consumers held by prefetch, per layer index, until that layer's next acquire.
+    holds: Vec<Vec<Hold>>,
+    /// Consumers taken by the acquire in progress (released if it fails).
+    taking: Vec<Hold>,
+    status: Status,
+    tel: Telemetry,
+    sem: BTreeSet<ObjectId>,
+    sched: BTreeSet<ObjectId>,
+}
+
+impl Plan {
+    /// A Plan over `manifest` with the policy `spec` (whose pins must be the manifest's).
+    pub fn new(manifest: Manifest, spec: &PolicySpec, source: Box<dyn Source>) -> Result<Plan, PlanError> {
+        let policy = spec.build(&manifest).map_err(|e| PlanError::Config { detail: format!("{e:#}") })?;
+        Plan::with_policy(manifest, policy, source)
+    }
+
+    /// A Plan with any policy. Allocates every slot pool now; addresses never move.
+    pub fn with_policy(
+        manifest: Manifest,
+        policy: Box<dyn ReplacementPolicy>,
+        source: Box<dyn Source>,
+    ) -> Result<Plan, PlanError> {
+        let config = |detail: String| PlanError::Config { detail };
+        if source.n_windows() == 0 {
+            return Err(config("the source has no windows".into()));
+        }
+        if source.window_size() < manifest.window_size {
+            return Err(config(format!(
+                "source windows of {} bytes are smaller than the manifest's window {}",
+                source.window_size(),
+                manifest.window_size
+            )));
+        }
+        let mut pools = Vec::new();
+        for lp in &manifest.layers {
+            let mut ps = Vec::new();
+            for &(role, bytes_per_slot) in &lp.roles {
+                let buf = AlignedBuf::new(bytes_per_slot * u64::from(lp.n_slots))
+                    .map_err(|e| config(format!("layer {} {role} pool: {e:#}", lp.layer)))?;
+                ps.push(Pool { role, bytes_per_slot, buf });
+            }
+            pools.push(ps);
+        }
+        let shape: Vec<(u32, u32, u32)> = manifest.layers.iter().map(|l| (l.layer, l.n_experts, l.n_slots)).collect();
+        let n_layers = manifest.layers.len();
+        let tel = Telemetry {
+            policy: policy.describe(),
+            generations: manifest.layers.iter().map(|l| (l.layer, 0)).collect(),
+            ..Default::default()
+        };
+        Ok(Plan {
+            windows: vec![WindowState::Free; source.n_windows() as usize],
+            table: SlotTable::new(&shape),
+            manifest,
+            pools,
+            source,
+            policy,
+            tickets: HashMap::new(),
+            next_ticket: 1,
+            events: HashMap::new(),
+            holds: vec![Vec::new(); n_layers],
+            taking: Vec::new(),
+            status: Status::Running,
+            tel,
+            sem: BTreeSet::new(),
+            sched: BTreeSet::new(),
+        })
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.table.epoch()
+    }
+
+    /// The error that failed the Plan, if it failed.
+    pub fn failure(&self) -> Option<&str> {
+        match &self.status {
+            Status::Failed(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn window_states(&self) -> &[WindowState] {
+        &self.windows
+    }
+
+    /// The slots of a MoE layer.
+    pub fn slots(&self, layer: u32) -> Option<Vec<SlotCell>> {
+        let li = self.manifest.layer_index(layer)?;
+        Some(self.table.snapshot().layers.swap_remove(li).slots)
+    }
+
+    /// Tickets submitted and not yet completed.
+    pub fn active_tickets(&self) -> usize {
+        self.tickets.len()
+    }
+
+    /// The stable base address of the (layer, role) pool. Refuses, without failing the Plan,
+    /// any request whose role, bytes per slot or slot count disagrees with the manifest.
+    pub fn pool(&self, layer: u32, role: Role, bytes_per_slot: u64, n_slots: u32) -> Result<*mut u8, PlanError> {
+        let mismatch = |detail: String| PlanError::PoolMismatch { detail };
+        let li = self.manifest.layer_index(layer).ok_or_else(|| mismatch(format!("layer {layer} is not managed")))?;
+        let lp = &self.manifest.layers[li];
+        let pool = self.pools[li]
+            .iter()
+            .find(|p| p.role == role)
+            .ok_or_else(|| mismatch(format!("layer {layer} has no {role} role")))?;
+        if pool.bytes_per_slot != bytes_per_slot || lp.n_slots != n_slots {
+            return Err(mismatch(format!(
+                "layer {layer} {role}: asked {n_slots} slots of {bytes_per_slot} bytes, the manifest has {} of {}",
+                lp.n_slots, pool.bytes_per_slot
+            )));
+        }
+        Ok(pool.buf.as_ptr())
+    }
+
+    /// The bytes of `slot`'s region of `role` (whatever its state: read-only inspection).
+    pub fn slot_bytes(&self, layer: u32, role: Role, slot: u32) -> Option<&[u8]> {
+        let li = self.manifest.layer_index(layer)?;
+        if slot >= self.manifest.layers[li].n_slots {
+            return None;
+        }
+        let p = self.pools[li].iter().find(|p| p.role == role)?;
+        let start = (u64::from(slot) * p.bytes_per_slot) as usize;
+        Some(&p.buf.as_slice()[start..start + p.bytes_per_slot as usize])
+    }
+
+    /// Makes group `pass` of this event's distinct experts resident and writes, for each id,
+    /// its slot (or -1 when its expert belongs to another group).
+    ///
+    /// Groups: distinct experts in order of first appearance, cut whenever a group holds the
+    /// layer's unpinned capacity (`n_slots` minus its pinned objects); pinned experts join the
+    /// current group without counting, since their slots are reserved. Without pins a group is
+    /// `n_slots` experts. Each resident object gets one consumer per acquire.
+    pub fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
+        slots.fill(-1);
+        self.running()?;
+        let r = self.acquire_event(layer, pass, ids, slots);
+        if let Err(e) = &r {
+            slots.fill(-1);
+            for (li, slot, v) in std::mem::take(&mut self.taking) {
+                if self.table.release(li, slot, v).is_ok() {
+                    self.tel.consumer_drops += 1;
+                }
+            }
+            self.fail(e);
+        }
+        r
+    }
+
+    /// Drops the consumers taken by the latest outstanding acquire of (layer, pass).
+    pub fn release(&mut self, layer: u32, pass: u32) -> Result<(), PlanError> {
+        if self.status == Status::Closed {
+            return Err(PlanError::Closed);
+        }
+        let r = self.release_event(layer, pass);
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
+    }
+
+    /// Advances the epoch, after checking that no consumer is live and no read is in flight.
+    /// Completions still queued in the source carry the old epoch: they are drained, counted
+    /// and never made visible. Prefetch holds are released first.
+    pub fn reset(&mut self) -> Result<(), PlanError> {
+        self.running()?;
+        let r = self.reset_inner();
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
+    }
+
+    /// Drains the source, releases prefetch holds and closes the Plan, reporting its ledger.
+    /// Refused (and the Plan failed) while an engine consumer is live; release, then shut down.
+    pub fn shutdown(&mut self) -> Result<Closure, PlanError> {
+        if self.status == Status::Closed {
+            return Err(PlanError::Closed);
+        }
+        let r = self.shutdown_inner();
+        match &r {
+            Ok(_) => {}
+            Err(e) => self.fail(e),
+        }
+        r
+    }
+
+    /// The counters so far.
+    pub fn telemetry(&self) -> Telemetry {
+        let mut t = self.tel.clone();
+        t.epoch = self.table.epoch();
+        t.u_sched = Union {
+            objects: self.sched.len() as u64,
+            bytes: self.sched.iter().filter_map(|o| self.manifest.object(*o)).map(|o| o.logical_bytes).sum(),
+        };
+        let mut extents: Vec<(u64, u64)> = self
+            .sem
+            .iter()
+            .filter_map(|o| self.manifest.object(*o))
+            .flat_map(|o| o.extents.iter().map(|e| (e.extent.offset, e.extent.len)))
+            .collect();
+        extents.sort();
+        let (mut duplicates, mut overlaps) = (0, 0);
+        for w in extents.windows(2) {
+            if w[0] == w[1] {
+                duplicates += 1;
+            } else if w[0].0 + w[0].1 > w[1].0 {
+                overlaps += 1;
+            }
+        }
+        t.u_sem_lb = SemanticUnion {
+            objects: self.sem.len() as u64,
+            extents: extents.len() as u64,
+            bytes: extents.iter().map(|e| e.1).sum(),
+            duplicates,
+            overlaps,
+        };
+        t
+    }
+
+    /// The ledger now (what shutdown returns).
+    pub fn closure(&self) -> Closure {
+        let snap = self.table.snapshot();
+        Closure {
+            epoch: snap.epoch,
+            active_tickets: self.tickets.len() as u64,
+            windows_free: self.windows.iter().filter(|w| **w == WindowState::Free).count() as u32,
+            windows_total: self.windows.len() as u32,
+            consumers_live: snap.consumers(),
+            consumer_takes: self.tel.consumer_takes,
+            consumer_drops: self.tel.consumer_drops,
+            source_outstanding: self.source.outstanding() as u64,
+            drained_completions: self.tel.drained_completions,
+            slots: Closure::slot_states(snap.layers.iter().flat_map(|l| l.slots.iter().map(|c| &c.state))),
+            failed: match &self.status {
+                Status::Failed(r) => Some(r.clone()),
+                _ => None,
+            },
+            source: self.source.stats(),
+        }
+    }
+
+    fn running(&self) -> Result<(), PlanError> {
+        match &self.status {
+            Status::Running => Ok(()),
+            Status::Failed(reason) => Err(PlanError::Failed { reason: reason.clone() }),
+            Status::Closed => Err(PlanError::Closed),
+        }
+    }
+
+    fn fail(&mut self, e: &PlanError) {
+        if self.status == Status::Running {
+            self.status = Status::Failed(e.to_string());
+        }
+    }
+
+    fn acquire_event(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
+        let li = self.manifest.layer_index(layer).ok_or(PlanError::UnknownLayer { layer })?;
+        if slots.len() != ids.len() {
+            return Err(PlanError::SlotsLength { ids: ids.len(), slots: slots.len() });
+        }
+        let (n_experts, capacity) = {
+            let lp = &self.manifest.layers[li];
+            (lp.n_experts, lp.capacity())
+        };
+        let mut seen = vec![false; n_experts as usize];
+        let mut distinct = Vec::new();
+        for (index, &id) in ids.iter().enumerate() {
+            if id < 0 || id as u32 >= n_experts {
+                return Err(PlanError::ExpertOutOfRange { layer, index, id, n_experts });
+            }
+            if !std::mem::replace(&mut seen[id as usize], true) {
+                distinct.push(id as u32);
+            }
+        }
+        self.tel.acquires += 1;
+        if pass == 0 {
+            self.sem.extend(distinct.iter().map(|&expert| ObjectId { layer, expert }));
+            self.policy.observe(layer, &distinct);
+        }
+        let pinned = |e: u32| self.manifest.is_pinned(ObjectId { layer, expert: e });
+        let group = groups(&distinct, capacity, pinned).into_iter().nth(pass as usize).unwrap_or_default();
+        if group.is_empty() {
+            return Ok(());
+        }
+
+        // Hits first, so that no object of this group can be chosen as a victim below.
+        let mut misses = Vec::new();
+        for &expert in &group {
+            let object = ObjectId { layer, expert };
+            self.tel.object_requests += 1;
+            let Some(slot) = self.table.find(li, expert) else {
+                misses.push(object);
+                continue;
+            };
+            let before = self.table.cell(li, slot)?;
+            let v = self.table.consume(li, slot, object)?;
+            self.tel.consumer_takes += 1;
+            self.taking.push((li, slot, v));
+            self.tel.hits += 1;
+            if self.holds[li].iter().any(|h| h.1 == slot && h.2 == v) {
+                self.tel.prefetch_hits += 1;
+            }
+            if before.state == SlotState::Recyclable && !self.manifest.is_pinned(object) {
+                self.policy.reused(object);
+            }
+        }
+        let mut loads = Vec::new();
+        for &object in &misses {
+            self.tel.misses += 1;
+            let slot = self.claim_slot(li, object)?;
+            let v = self.begin_load(li, slot, object)?;
+            loads.push((object, slot, v));
+        }
+        self.load(li, &loads)?;
+        for &(object, slot, _) in &loads {
+            let v = self.table.consume(li, slot, object)?;
+            self.tel.consumer_takes += 1;
+            self.taking.push((li, slot, v));
+        }
+        // Prefetch holds of this layer end at its acquire: used ones stay InUse.
+        for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
+            self.drop_consumer(hli, slot, v)?;
+        }
+        if pass == 0 {
+            if let Some(next) = self.manifest.next_layer(layer) {
+                self.prefetch(next)?;
+            }
+        }
+        let mut slot_of = vec![-1i32; n_experts as usize];
+        for &(_, slot, v) in &self.taking {
+            let object = self.table.cell(li, slot)?.object.expect("a consumed slot holds an object");
+            debug_assert_eq!(self.table.cell(li, slot)?.version(), v);
+            slot_of[object.expert as usize] = slot as i32;
+        }
+        for (s, &id) in slots.iter_mut().zip(ids) {
+            *s = slot_of[id as usize];
+        }
+        let taken = std::mem::take(&mut self.taking);
+        self.events.entry((layer, pass)).or_default().push(taken);
+        Ok(())
+    }
+
+    /// A slot for a miss: the lowest Vacant one, else the policy's victim (Recyclable, never
+    /// pinned, never in use: the table refuses anything else).
+    fn claim_slot(&mut self, li: usize, object: ObjectId) -> Result<u32, PlanError> {
+        if let Some(slot) = self.table.vacant(li) {
+            return Ok(slot);
+        }
+        let victim = self.policy.victim(object.layer).ok_or(PlanError::NoSlot { object })?;
+        self.evict(li, victim)
+    }
+
+    fn evict(&mut self, li: usize, victim: ObjectId) -> Result<u32, PlanError> {
+        if self.manifest.is_pinned(victim) || victim.layer != self.manifest.layers[li].layer {
+            return Err(PlanError::Config { detail: format!("the policy named {victim}, which it may not evict") });
+        }
+        let slot = self
+            .table
+            .find(li, victim.expert)
+            .ok_or_else(|| PlanError::Config { detail: format!("the policy named {victim}, which is not resident") })?;
+        self.table.evict(li, slot)?;
+        self.policy.evicted(victim);
+        self.tel.recycles += 1;
+        Ok(slot)
+    }
+
+    fn begin_load(&mut self, li: usize, slot: u32, object: ObjectId) -> Result<Version, PlanError> {
+        let v = self.table.begin_load(li, slot, object)?;
+        *self.tel.generations.entry(object.layer).or_default() += 1;
+        Ok(v)
+    }
+
+    /// Loads the next layer's predicted experts into its Vacant slots, each held by one
+    /// prefetch consumer until that layer's next acquire. Evicts nothing.
+    fn prefetch(&mut self, next: u32) -> Result<(), PlanError> {
+        let Some(nli) = self.manifest.layer_index(next) else { return Ok(()) };
+        if !self.holds[nli].is_empty() {
+            return Ok(());
+        }
+        let (n_experts, capacity) = (self.manifest.layers[nli].n_experts, self.manifest.layers[nli].capacity());
+        let mut loads = Vec::new();
+        for expert in self.policy.prefetch(next).into_iter().take(capacity as usize) {
+            if expert >= n_experts || self.table.find(nli, expert).is_some() {
+                continue;
+            }
+            let Some(slot) = self.table.vacant(nli) else { break };
+            let object = ObjectId { layer: next, expert };
+            let v = self.begin_load(nli, slot, object)?;
+            loads.push((object, slot, v));
+        }
+        self.load(nli, &loads)?;
+        for (object, slot, _) in loads {
+            let v = self.table.consume(nli, slot, object)?;
+            self.tel.consumer_takes += 1;
+            self.tel.prefetch_loads += 1;
+            self.holds[nli].push((nli, slot, v));
+        }
+        Ok(())
+    }
+
+    /// Reads, validates, copies and publishes the bundles of `jobs` (slots already Loading).
+    fn load(&mut self, li: usize, jobs: &[(ObjectId, u32, Version)]) -> Result<(), PlanError> {
+        let mut pending: VecDeque<_> = jobs.iter().copied().collect();
+        let mut inflight: HashMap<u32, Bundle> = HashMap::new();
+        loop {
+            while !pending.is_empty() {
+                let Some(w) = self.windows.iter().position(|s| *s == WindowState::Free) else { break };
+                let (object, slot, version) = pending.pop_front().expect("not empty");
+                self.submit_bundle(w as u32, object, slot, version)?;
+                let n = self.manifest.object(object).expect("manifest object").extents.len();
+                inflight.insert(w as u32, Bundle { object, slot, version, received: vec![false; n], remaining: n });
+            }
+            if inflight.is_empty() {
+                if pending.is_empty() {
+                    return Ok(());
+                }
+                return Err(PlanError::OutstandingWork { detail: "no window is Free".into() });
+            }
+            let c = self.source.wait()?;
+            self.accept(li, c, &mut inflight)?;
+        }
+    }
+
+    fn submit_bundle(&mut self, w: u32, object: ObjectId, slot: u32, version: Version) -> Result<(), PlanError> {
+        self.windows[w as usize].step(w, WindowTransition::BeginRead)?;
+        let n = self.manifest.object(object).expect("manifest object").extents.len();
+        for i in 0..n {
+            let e = self.manifest.object(object).expect("manifest object").extents[i];
+            let id = self.next_ticket;
+            self.next_ticket += 1;
+            let t = Ticket {
+                id,
+                object,
+                extent: i as u32,
+                slot,
+                generation: version.generation,
+                epoch: version.epoch,
+                window: w,
+            };
+            self.source.submit(ReadRequest {
+                ticket: id,
+                object,
+                extent: i as u32,
+                offset: e.extent.offset,
+                len: e.extent.len,
+                window: w,
+                window_offset: e.window_offset,
+                epoch: version.epoch,
+                generation: version.generation,
+            })?;
+            self.tickets.insert(id, t);
+            self.tel.q_run.reads += 1;
+            self.tel.q_run.logical_bytes += e.extent.len;
+            self.tel.q_run.physical_bytes += e.covering.len;
+            self.tel.q_run.padding_bytes += e.padding();
+        }
+        Ok(())
+    }
+
+    fn reject(&mut self, kind: RejectKind, ticket: u64, detail: String) -> PlanError {
+        *self.tel.rejections.entry(kind.name().to_string()).or_default() += 1;
+        PlanError::Rejected { kind, ticket, detail }
+    }
+
+    /// Validates one completion; publishes its bundle when it was the last extent.
+    fn accept(&mut self, li: usize, c: Completion, inflight: &mut HashMap<u32, Bundle>) -> Result<(), PlanError> {
+        let Some(t) = self.tickets.remove(&c.ticket) else {
+            return Err(self.reject(RejectKind::UnknownTicket, c.ticket, format!("{c:?}")));
+        };
+        if c.object != t.object {
+            return Err(self.reject(
+                RejectKind::WrongObject,
+                t.id,
+                format!("completion names {}, ticket {}", c.object, t.object),
+            ));
+        }
+        if c.extent != t.extent {
+            return Err(self.reject(RejectKind::WrongExtent, t.id, format!("extent {} for {}", c.extent, t.extent)));
+        }
+        if c.window != t.window {
+            return Err(self.reject(RejectKind::WrongWindow, t.id, format!("window {} for {}", c.window, t.window)));
+        }
+        let epoch = self.table.epoch();
+        if c.epoch != t.epoch || t.epoch != epoch {
+            return Err(self.reject(
+                RejectKind::StaleEpoch,
+                t.id,
+                format!("completion epoch {}, ticket epoch {}, current {epoch}", c.epoch, t.epoch),
+            ));
+        }
+        let cell = self.table.cell(li, t.slot)?;
+        let bundle = inflight.get_mut(&t.window).filter(|b| b.object == t.object && b.slot == t.slot);
+        if c.generation != t.generation
+            || cell.generation != t.generation
+            || cell.state != SlotState::Loading
+            || bundle.is_none()
+        {
+            return Err(self.reject(
+                RejectKind::StaleGeneration,
+                t.id,
+                format!("completion generation {}, ticket {}, slot {:?}", c.generation, t.generation, cell.version()),
+            ));
+        }
+        let len = self.manifest.object(t.object).expect("manifest object").extents[t.extent as usize].extent.len;
+        match c.result {
+            Err(errno) => return Err(self.reject(RejectKind::IoError, t.id, format!("errno {errno}"))),
+            Ok(n) if n < len => return Err(self.reject(RejectKind::ShortRead, t.id, format!("{n} of {len} bytes"))),
+            Ok(n) if n > len => return Err(self.reject(RejectKind::LongRead, t.id, format!("{n} of {len} bytes"))),
+            Ok(_) => {}
+        }
+        let b = bundle.expect("checked");
+        b.received[t.extent as usize] = true;
+        b.remaining -= 1;
+        if b.remaining == 0 {
+            let b = inflight.remove(&t.window).expect("present");
+            debug_assert!(b.received.iter().all(|&r| r));
+            self.publish(li, t.window, b)?;
+        }
+        Ok(())
+    }
+
+    /// HostReady → Copying → Free, the copy into the slot, then DeviceReady.
+    fn publish(&mut self, li: usize, w: u32, b: Bundle) -> Result<(), PlanError> {
+        self.windows[w as usize].step(w, WindowTransition::Assembled)?;
+        self.windows[w as usize].step(w, WindowTransition::BeginCopy)?;
+        let op = self.manifest.object(b.object).expect("manifest object");
+        let window = self.source.window(w);
+        for (e, pool) in op.extents.iter().zip(&self.pools[li]) {
+            assert_eq!(e.role, pool.role, "pools are in role order");
+            let src = &window[e.window_range()];
+            assert_eq!(src.len() as u64, pool.bytes_per_slot);
+            // SAFETY: the destination is slot `b.slot`'s region of this pool, inside the
+            // allocation (slot < n_slots); the slot is Loading, so no consumer reads it; the
+            // window is the source's own memory, disjoint from every pool.
+            unsafe {
+                let dst = pool.buf.as_ptr().add((u64::from(b.slot) * pool.bytes_per_slot) as usize);
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+            }
+        }
+        let (logical, object) = (op.logical_bytes, op.id);
+        self.windows[w as usize].step(w, WindowTransition::CopyDone)?;
+        self.table.publish(li, b.slot, b.version)?;
+        self.tel.loads += 1;
+        self.tel.bytes_copied += logical;
+        self.sched.insert(object);
+        Ok(())
+    }
+
+    fn release_event(&mut self, layer: u32, pass: u32) -> Result<(), PlanError> {
+        let stack = self.events.get_mut(&(layer, pass));
+        let Some(event) = stack.and_then(|s| s.pop()) else {
+            return Err(PlanError::NoOutstandingAcquire { layer, pass });
+        };
+        if self.events.get(&(layer, pass)).is_some_and(Vec::is_empty) {
+            self.events.remove(&(layer, pass));
+        }
+        self.tel.releases += 1;
+        for (li, slot, v) in event {
+            self.drop_consumer(li, slot, v)?;
+        }
+        Ok(())
+    }
+
+    /// One consumer fewer; a slot left Recyclable goes to the policy (pinned ones stay).
+    fn drop_consumer(&mut self, li: usize, slot: u32, v: Version) -> Result<(), PlanError> {
+        let state = self.table.release(li, slot, v)?;
+        self.tel.consumer_drops += 1;
+        if state != SlotState::Recyclable {
+            return Ok(());
+        }
+        let object = self.table.cell(li, slot)?.object.expect("a Recyclable slot holds an object");
+        if self.manifest.is_pinned(object) {
+            return Ok(());
+        }
+        for victim in self.policy.released(object) {
+            let vli = self.manifest.layer_index(victim.layer).ok_or(PlanError::UnknownLayer { layer: victim.layer })?;
+            self.evict(vli, victim)?;
+        }
+        Ok(())
+    }
+
+    fn release_holds(&mut self) -> Result<(), PlanError> {
+        for li in 0..self.holds.len() {
+            for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
+                self.drop_consumer(hli, slot, v)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn reset_inner(&mut self) -> Result<(), PlanError> {
+        self.release_holds()?;
+        let consumers = self.table.consumers();
+        if consumers > 0 {
+            return Err(PlanError::ConsumersLive { consumers });
+        }
+        let busy = self.windows.iter().filter(|w| **w != WindowState::Free).count();
+        if !self.tickets.is_empty() || busy > 0 {
+            return Err(PlanError::OutstandingWork {
+                detail: format!("{} active tickets, {busy} windows not Free", self.tickets.len()),
+            });
+        }
+        self.table.reset()?;
+        self.tel.resets += 1;
+        self.drain()
+    }
+
+    /// Takes every queued completion out of the source; none becomes visible.
+    fn drain(&mut self) -> Result<(), PlanError> {
+        while self.source.outstanding() > 0 {
+            let c = self.source.wait()?;
+            self.tickets.remove(&c.ticket);
+            self.tel.drained_completions += 1;
+        }
+        Ok(())
+    }
+
+    fn shutdown_inner(&mut self) -> Result<Closure, PlanError> {
+        self.drain()?;
+        self.release_holds()?;
+        let consumers = self.table.consumers();
+        if consumers > 0 {
+            return Err(PlanError::ConsumersLive { consumers });
+        }
+        let closure = self.closure();
+        self.status = Status::Closed;
+        Ok(closure)
+    }
+}
+
+/// Splits distinct experts into groups with at most `capacity` unpinned members each.
+fn groups(distinct: &[u32], capacity: u32, pinned: impl Fn(u32) -> bool) -> Vec<Vec<u32>> {
+    let mut out = Vec::new();
+    let (mut cur, mut n) = (Vec::new(), 0);
+    for &e in distinct {
+        if !pinned(e) {
+            if n == capacity {
+                out.push(std::mem::take(&mut cur));
+                n = 0;
+            }
+            n += 1;
+        }
+        cur.push(e);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+#[cfg(test)]
+mod model;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,147 @@
+//! What the Plan reports: request and cache counters, traffic Q_run, the scheduler union
+//! U_sched and the semantic-demand lower bound U_sem^LB.
+
+use super::lifecycle::SlotState;
+use crate::source::SourceStats;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Why a completion was refused before anything became visible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectKind {
+    /// No active ticket has this id (never issued, or already completed).
+    UnknownTicket,
+    WrongObject,
+    WrongExtent,
+    WrongWindow,
+    /// The ticket's epoch is not the current one.
+    StaleEpoch,
+    /// The ticket's generation is not the slot's loading generation.
+    StaleGeneration,
+    /// The read failed with an errno.
+    IoError,
+    /// Fewer logical bytes than the extent.
+    ShortRead,
+    /// More logical bytes than the extent (object-size disagreement).
+    LongRead,
+}
+
+impl RejectKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectKind::UnknownTicket => "unknown_ticket",
+            RejectKind::WrongObject => "wrong_object",
+            RejectKind::WrongExtent => "wrong_extent",
+            RejectKind::WrongWindow => "wrong_window",
+            RejectKind::StaleEpoch => "stale_epoch",
+            RejectKind::StaleGeneration => "stale_generation",
+            RejectKind::IoError => "io_error",
+            RejectKind::ShortRead => "short_read",
+            RejectKind::LongRead => "long_read",
+        }
+    }
+}
+
+/// Cumulative traffic: every read the Plan submitted, rereads included.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Traffic {
+    pub reads: u64,
+    pub logical_bytes: u64,
+    /// Covering aligned reads (what a direct source reads).
+    pub physical_bytes: u64,
+    pub padding_bytes: u64,
+}
+
+/// A deduplicated set of objects and its logical bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Union {
+    pub objects: u64,
+    pub bytes: u64,
+}
+
+/// U_sem^LB: the union of the extents of every object the router selected at least once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SemanticUnion {
+    pub objects: u64,
+    pub extents: u64,
+    pub bytes: u64,
+    /// Identical extents counted twice: must be 0.
+    pub duplicates: u64,
+    /// Overlapping extents: must be 0.
+    pub overlaps: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Telemetry {
+    pub policy: String,
+    pub epoch: u64,
+    pub acquires: u64,
+    pub releases: u64,
+    pub resets: u64,
+    /// Resident-object requests: one per object of each acquired group.
+    pub object_requests: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Hits on objects a prefetch loaded.
+    pub prefetch_hits: u64,
+    /// Evictions of a loaded object (Recyclable → Vacant).
+    pub recycles: u64,
+    /// Bundles published (demand and prefetch).
+    pub loads: u64,
+    pub prefetch_loads: u64,
+    pub bytes_copied: u64,
+    pub consumer_takes: u64,
+    pub consumer_drops: u64,
+    pub rejections: BTreeMap<String, u64>,
+    /// Completions drained by reset or shutdown (never made visible).
+    pub drained_completions: u64,
+    /// Per MoE layer, the generations its slots started (loads begun).
+    pub generations: BTreeMap<u32, u64>,
+    pub q_run: Traffic,
+    pub u_sched: Union,
+    pub u_sem_lb: SemanticUnion,
+}
+
+/// The terminal ledger of a Plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Closure {
+    pub epoch: u64,
+    /// Tickets submitted whose completion never came back: must be 0.
+    pub active_tickets: u64,
+    pub windows_free: u32,
+    pub windows_total: u32,
+    pub consumers_live: u64,
+    pub consumer_takes: u64,
+    pub consumer_drops: u64,
+    pub source_outstanding: u64,
+    pub drained_completions: u64,
+    pub slots: BTreeMap<String, u64>,
+    /// The error that failed the Plan, if any.
+    pub failed: Option<String>,
+    pub source: SourceStats,
+}
+
+impl Closure {
+    /// Balanced tickets, windows, consumers and source, and no failure.
+    pub fn is_clean(&self) -> bool {
+        self.balanced() && self.failed.is_none()
+    }
+
+    /// Balanced tickets, windows, consumers and source (a failed Plan can be balanced).
+    pub fn balanced(&self) -> bool {
+        self.active_tickets == 0
+            && self.windows_free == self.windows_total
+            && self.consumers_live == 0
+            && self.consumer_takes == self.consumer_drops
+            && self.source_outstanding == 0
+    }
+
+    pub(crate) fn slot_states<'a>(cells: impl Iterator<Item = &'a SlotState>) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for s in cells {
+            *m.entry(format!("{s:?}")).or_insert(0) += 1;
+        }
+        m
+    }
+}

@@ -1,0 +1,699 @@
+//! The Plan against a real forged model and the buffered source; faults through a tampering
+//! source wrapped around it.
+
+use super::*;
+use crate::forge::{forge, Arch, Preset};
+use crate::inventory::Inventory;
+use crate::source::{BufferedSource, SourceStats};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+struct Model {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    inv: Inventory,
+}
+
+/// `--preset tiny` (3 layers, 16 experts, top-4, F32 experts of 256 KiB per role), seed 7.
+/// Forged once into `target/plan-test/` through a temporary file renamed into place, and
+/// reused by later runs: the tests compare slots with the bytes of that very file.
+fn model() -> &'static Model {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/plan-test");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tiny-seed7.gguf");
+        if !path.exists() {
+            let tmp = tempfile::Builder::new().suffix(".gguf").tempfile_in(&dir).unwrap();
+            forge(Arch::Qwen3moe, Preset::Tiny.dims(), 7, tmp.path()).unwrap();
+            tmp.persist(&path).unwrap();
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let inv = Inventory::of(&path).unwrap();
+        Model { path, bytes, inv }
+    })
+}
+
+fn obj(layer: u32, expert: u32) -> ObjectId {
+    ObjectId { layer, expert }
+}
+
+fn plan_with(policy: &str, n_slots: u32, n_windows: u32, fault: Fault) -> Plan {
+    let m = model();
+    let spec: PolicySpec = policy.parse().unwrap();
+    let manifest = Manifest::new(&m.inv, n_slots, &spec.pinned).unwrap();
+    let inner = BufferedSource::open(&m.path, n_windows, manifest.window_size).unwrap();
+    Plan::new(manifest, &spec, Box::new(Tamper::new(inner, fault))).unwrap()
+}
+
+fn plan(policy: &str, n_slots: u32) -> Plan {
+    plan_with(policy, n_slots, 1, Fault::None)
+}
+
+/// Acquires and returns the slots written.
+fn acq(p: &mut Plan, layer: u32, pass: u32, ids: &[i32]) -> Result<Vec<i32>, PlanError> {
+    let mut slots = vec![i32::MIN; ids.len()];
+    p.acquire(layer, pass, ids, &mut slots)?;
+    Ok(slots)
+}
+
+/// Every role region of `slot` holds exactly the file bytes of `object`'s extents.
+fn assert_holds(p: &Plan, slot: u32, object: ObjectId) {
+    let m = model();
+    let op = p.manifest().object(object).unwrap();
+    for e in &op.extents {
+        let want = &m.bytes[e.extent.offset as usize..e.extent.end() as usize];
+        let got = p.slot_bytes(object.layer, e.role, slot).unwrap();
+        assert!(got == want, "layer {} slot {slot} role {}: bytes are not those of {object}", object.layer, e.role);
+    }
+    let cell = p.slots(object.layer).unwrap()[slot as usize];
+    assert_eq!(cell.object, Some(object));
+    assert!(matches!(cell.state, SlotState::InUse | SlotState::Recyclable | SlotState::DeviceReady), "{cell:?}");
+}
+
+/// Checks the slots an acquire wrote against the group it should have made resident.
+fn assert_group(p: &Plan, layer: u32, ids: &[i32], slots: &[i32], group: &[u32]) {
+    let mut seen: HashMap<i32, i32> = HashMap::new();
+    for (&id, &s) in ids.iter().zip(slots) {
+        if group.contains(&(id as u32)) {
+            assert!(s >= 0, "expert {id} of the group got no slot");
+            assert_holds(p, s as u32, obj(layer, id as u32));
+            assert_eq!(*seen.entry(id).or_insert(s), s, "expert {id} got two slots");
+        } else {
+            assert_eq!(s, -1, "expert {id} is not in this group");
+        }
+    }
+    let mut distinct: Vec<i32> = seen.values().copied().collect();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), seen.len(), "two experts share a slot");
+    assert_eq!(seen.len(), group.len());
+}
+
+// ---------------------------------------------------------------------------------------------
+// A source that tampers with the completions of the buffered source.
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    None,
+    /// The k-th completion carries this epoch.
+    Epoch {
+        at: u64,
+        epoch: u64,
+    },
+    /// The k-th completion names another object.
+    Object {
+        at: u64,
+    },
+    /// The k-th completion has this outcome.
+    Outcome {
+        at: u64,
+        result: Result<u64, i32>,
+    },
+    /// The k-th completion names another generation.
+    Generation {
+        at: u64,
+    },
+    /// All queued completions come back in reverse order.
+    Reverse,
+    /// A copy of the k-th completion comes back at the next wait.
+    LateDuplicate {
+        at: u64,
+    },
+}
+
+struct Tamper {
+    inner: BufferedSource,
+    fault: Fault,
+    seen: u64,
+    reversed: VecDeque<Completion>,
+    late: Option<Completion>,
+}
+
+impl Tamper {
+    fn new(inner: BufferedSource, fault: Fault) -> Tamper {
+        Tamper { inner, fault, seen: 0, reversed: VecDeque::new(), late: None }
+    }
+}
+
+impl Source for Tamper {
+    fn n_windows(&self) -> u32 {
+        self.inner.n_windows()
+    }
+
+    fn window_size(&self) -> u64 {
+        self.inner.window_size()
+    }
+
+    fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError> {
+        self.inner.submit(req)
+    }
+
+    fn wait(&mut self) -> Result<Completion, SourceError> {
+        if self.fault == Fault::Reverse {
+            if self.reversed.is_empty() {
+                while self.inner.outstanding() > 0 {
+                    let c = self.inner.wait()?;
+                    self.reversed.push_front(c);
+                }
+            }
+            return self.reversed.pop_front().ok_or(SourceError::NothingOutstanding);
+        }
+        if let Some(c) = self.late.take() {
+            return Ok(c);
+        }
+        let mut c = self.inner.wait()?;
+        let k = self.seen;
+        self.seen += 1;
+        match self.fault {
+            Fault::Epoch { at, epoch } if at == k => c.epoch = epoch,
+            Fault::Object { at } if at == k => c.object.expert ^= 1,
+            Fault::Outcome { at, result } if at == k => c.result = result,
+            Fault::Generation { at } if at == k => c.generation += 1,
+            Fault::LateDuplicate { at } if at == k => self.late = Some(c),
+            _ => {}
+        }
+        Ok(c)
+    }
+
+    fn outstanding(&self) -> usize {
+        self.inner.outstanding() + self.reversed.len() + usize::from(self.late.is_some())
+    }
+
+    fn window(&self, w: u32) -> &[u8] {
+        self.inner.window(w)
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.inner.stats()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manifest
+
+#[test]
+fn manifest_of_forged_tiny() {
+    let m = model();
+    let man = Manifest::new(&m.inv, 4, &[]).unwrap();
+    let role_bytes = 256 * 256 * 4;
+    assert_eq!(man.layers.len(), 3);
+    assert_eq!(man.objects.len(), 48);
+    for (i, lp) in man.layers.iter().enumerate() {
+        assert_eq!((lp.layer, lp.n_experts, lp.n_slots, lp.capacity()), (i as u32, 16, 4, 4));
+        assert_eq!(lp.roles, vec![(Role::Gate, role_bytes), (Role::Up, role_bytes), (Role::Down, role_bytes)]);
+        assert!(lp.compatible(obj(i as u32, 15), 3));
+        assert!(!lp.compatible(obj(i as u32, 16), 0) && !lp.compatible(obj(i as u32, 0), 4));
+        assert!(!lp.compatible(obj(i as u32 + 1, 0), 0));
+    }
+    assert_eq!(man.next_layer(0), Some(1));
+    assert_eq!(man.next_layer(2), None);
+    let mut max_physical = 0;
+    for inv_o in &m.inv.objects {
+        let o = man.object(obj(inv_o.layer, inv_o.expert)).unwrap();
+        // Same extents as the inventory, in role order.
+        let mut want: Vec<(Role, crate::inventory::Extent)> =
+            inv_o.extents.iter().map(|(r, e)| (r.parse().unwrap(), *e)).collect();
+        want.sort_by_key(|(r, _)| *r);
+        let got: Vec<(Role, crate::inventory::Extent)> = o.extents.iter().map(|e| (e.role, e.extent)).collect();
+        assert_eq!(got, want);
+        assert_eq!(o.logical_bytes, 3 * role_bytes);
+        let mut window_offset = 0;
+        for e in &o.extents {
+            let c = e.covering;
+            assert_eq!(c.offset % 4096, 0);
+            assert_eq!(c.len % 4096, 0);
+            assert!(c.offset <= e.extent.offset && e.extent.end() <= c.offset + c.len);
+            assert!(c.offset + 4096 > e.extent.offset, "covering read starts a whole block early");
+            assert!(c.offset + c.len < e.extent.end() + 4096, "covering read ends a whole block late");
+            assert_eq!(c.head, e.extent.offset - c.offset);
+            assert_eq!(e.window_offset, window_offset);
+            window_offset += c.len;
+        }
+        assert_eq!(o.physical_bytes, window_offset);
+        assert_eq!(o.padding_bytes, o.physical_bytes - o.logical_bytes);
+        max_physical = max_physical.max(o.physical_bytes);
+    }
+    assert_eq!(man.window_size, max_physical);
+    assert_eq!(man.managed_bytes, m.inv.expert_bytes);
+}
+
+#[test]
+fn manifest_validates_its_inputs() {
+    let m = model();
+    assert!(Manifest::new(&m.inv, 0, &[]).is_err());
+    // Clamped: no more slots than experts.
+    assert_eq!(Manifest::new(&m.inv, 100, &[]).unwrap().layers[0].n_slots, 16);
+    // Pins: must exist, once, and leave an unpinned slot.
+    let man = Manifest::new(&m.inv, 3, &[obj(1, 2), obj(0, 5)]).unwrap();
+    assert_eq!(man.pinned, vec![obj(0, 5), obj(1, 2)]);
+    assert_eq!(man.layers[1].capacity(), 2);
+    assert!(man.is_pinned(obj(1, 2)) && !man.is_pinned(obj(1, 3)));
+    assert!(Manifest::new(&m.inv, 3, &[obj(7, 0)]).is_err());
+    assert!(Manifest::new(&m.inv, 3, &[obj(0, 16)]).is_err());
+    assert!(Manifest::new(&m.inv, 3, &[obj(0, 1), obj(0, 1)]).is_err());
+    assert!(Manifest::new(&m.inv, 2, &[obj(0, 1), obj(0, 2)]).is_err());
+    // A role of another size in one object: slots would not be compatible.
+    let mut inv = m.inv.clone();
+    inv.objects[5].extents[0].1.len -= 4;
+    assert!(Manifest::new(&inv, 4, &[]).is_err());
+    // gate_up with gate: not a bundle.
+    let mut inv = m.inv.clone();
+    for o in &mut inv.objects {
+        o.extents[0].0 = "gate_up".into();
+    }
+    let roles: Vec<&str> = m.inv.objects[0].extents.iter().map(|(r, _)| r.as_str()).collect();
+    assert!(roles.contains(&"gate") && roles.contains(&"up"));
+    assert!(Manifest::new(&inv, 4, &[]).is_err());
+    // A missing expert.
+    let mut inv = m.inv.clone();
+    inv.objects.remove(3);
+    assert!(Manifest::new(&inv, 4, &[]).is_err());
+}
+
+#[test]
+fn pools_are_stable_aligned_and_refuse_disagreement() {
+    let mut p = plan("zero", 4);
+    let bps = 256 * 256 * 4;
+    let base = p.pool(1, Role::Up, bps, 4).unwrap();
+    assert_eq!(base as usize % 4096, 0);
+    let gate = p.pool(1, Role::Gate, bps, 4).unwrap();
+    assert_ne!(base, gate);
+    for bad in [
+        p.pool(1, Role::Up, bps + 1, 4),
+        p.pool(1, Role::Up, bps, 5),
+        p.pool(1, Role::GateUp, bps, 4),
+        p.pool(9, Role::Up, bps, 4),
+    ] {
+        assert!(matches!(bad, Err(PlanError::PoolMismatch { .. })), "{bad:?}");
+    }
+    assert!(p.failure().is_none());
+    let slots = acq(&mut p, 1, 0, &[3, 9]).unwrap();
+    // The slot's region is at base + s * bytes_per_slot.
+    let s = slots[0] as u64;
+    assert_eq!(
+        p.slot_bytes(1, Role::Up, s as u32).unwrap().as_ptr(),
+        base.wrapping_add((s * bps) as usize) as *const u8
+    );
+    p.release(1, 0).unwrap();
+    assert_eq!(p.pool(1, Role::Up, bps, 4).unwrap(), base);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Acquire / release
+
+#[test]
+fn acquire_publishes_the_file_bytes_of_each_object() {
+    let mut p = plan_with("zero", 4, 2, Fault::None);
+    // Two tokens, top-4, with a repeat: distinct 3, 5, 7, 9.
+    let ids = [3, 5, 7, 9, 5, 3, 9, 7];
+    let slots = acq(&mut p, 0, 0, &ids).unwrap();
+    assert_group(&p, 0, &ids, &slots, &[3, 5, 7, 9]);
+    // One consumer per object per event, whatever the number of rows.
+    for c in p.slots(0).unwrap() {
+        assert_eq!((c.state, c.consumers), (SlotState::InUse, 1));
+    }
+    let t = p.telemetry();
+    assert_eq!((t.object_requests, t.hits, t.misses, t.loads), (4, 0, 4, 4));
+    let obj_bytes = 3 * 256 * 256 * 4;
+    assert_eq!(t.bytes_copied, 4 * obj_bytes);
+    assert_eq!(t.q_run.logical_bytes, 4 * obj_bytes);
+    assert_eq!(t.q_run.reads, 12);
+    let physical: u64 = [3, 5, 7, 9].iter().map(|&e| p.manifest().object(obj(0, e)).unwrap().physical_bytes).sum();
+    assert_eq!(t.q_run.physical_bytes, physical);
+    assert_eq!(t.q_run.padding_bytes, physical - 4 * obj_bytes);
+    assert_eq!(t.generations[&0], 4);
+    p.release(0, 0).unwrap();
+    for c in p.slots(0).unwrap() {
+        assert_eq!(c.state, SlotState::Vacant, "zero keeps nothing");
+    }
+    assert_eq!(p.telemetry().recycles, 4);
+    let closure = p.shutdown().unwrap();
+    assert!(closure.is_clean(), "{closure:?}");
+    assert_eq!(closure.source.physical_bytes, physical);
+    assert_eq!((closure.source.submissions, closure.source.completions), (12, 12));
+    assert!(matches!(p.acquire(0, 0, &[1], &mut [0]), Err(PlanError::Closed)));
+}
+
+#[test]
+fn groups_serve_more_distinct_experts_than_slots() {
+    let mut p = plan("zero", 2);
+    let ids = [4, 1, 4, 6, 2, 1, 8, 6];
+    // Distinct in order of first appearance: 4, 1, 6, 2, 8 → [4, 1], [6, 2], [8].
+    for (pass, group) in [(0, vec![4, 1]), (1, vec![6, 2]), (2, vec![8])] {
+        let slots = acq(&mut p, 2, pass, &ids).unwrap();
+        assert_group(&p, 2, &ids, &slots, &group);
+        p.release(2, pass).unwrap();
+    }
+    let slots = acq(&mut p, 2, 3, &ids).unwrap();
+    assert!(slots.iter().all(|&s| s == -1));
+    assert!(matches!(p.release(2, 3), Err(PlanError::NoOutstandingAcquire { layer: 2, pass: 3 })));
+    let t = p.telemetry();
+    assert_eq!((t.object_requests, t.misses, t.loads), (5, 5, 5));
+    assert_eq!(t.u_sem_lb.objects, 5);
+}
+
+#[test]
+fn held_consumers_are_never_evicted() {
+    let mut p = plan("lru:2", 2);
+    acq(&mut p, 0, 0, &[1, 2]).unwrap();
+    // The next group needs slots; both hold consumers of the first.
+    let before = p.slots(0).unwrap();
+    let err = acq(&mut p, 0, 1, &[1, 2, 3]).unwrap_err();
+    assert_eq!(err, PlanError::NoSlot { object: obj(0, 3) });
+    assert_eq!(p.slots(0).unwrap(), before, "a failed acquire touched slots in use");
+    assert!(p.failure().is_some());
+    assert!(matches!(acq(&mut p, 0, 0, &[1]), Err(PlanError::Failed { .. })));
+    // Release still balances a failed Plan, and shutdown reports it.
+    p.release(0, 0).unwrap();
+    let c = p.shutdown().unwrap();
+    assert!(c.balanced() && c.failed.is_some(), "{c:?}");
+}
+
+#[test]
+fn the_same_layer_acquired_twice_counts_two_consumers() {
+    let mut p = plan("lru:4", 4);
+    let a = acq(&mut p, 1, 0, &[5, 6]).unwrap();
+    let b = acq(&mut p, 1, 0, &[6, 5]).unwrap();
+    assert_eq!(a, vec![b[1], b[0]]);
+    let cell = p.slots(1).unwrap()[a[0] as usize];
+    assert_eq!((cell.state, cell.consumers), (SlotState::InUse, 2));
+    p.release(1, 0).unwrap();
+    assert_eq!(p.slots(1).unwrap()[a[0] as usize].state, SlotState::InUse);
+    p.release(1, 0).unwrap();
+    assert_eq!(p.slots(1).unwrap()[a[0] as usize].state, SlotState::Recyclable);
+    assert!(p.release(1, 0).is_err());
+}
+
+#[test]
+fn lru_hits_keep_slot_and_generation_and_evict_least_recent() {
+    let mut p = plan("lru:3", 3);
+    let mut slot_of = HashMap::new();
+    for e in [1, 2, 3] {
+        let s = acq(&mut p, 0, 0, &[e]).unwrap()[0];
+        slot_of.insert(e, s);
+        p.release(0, 0).unwrap();
+    }
+    let gen_before: Vec<u64> = p.slots(0).unwrap().iter().map(|c| c.generation).collect();
+    // 2 is a hit: same slot, same generation, Recyclable → InUse.
+    let s = acq(&mut p, 0, 0, &[2, 2]).unwrap();
+    assert_eq!(s, vec![slot_of[&2]; 2]);
+    assert_eq!(p.slots(0).unwrap()[s[0] as usize].generation, gen_before[s[0] as usize]);
+    assert_holds(&p, s[0] as u32, obj(0, 2));
+    p.release(0, 0).unwrap();
+    // 4 misses: the least recently used is 1.
+    let s = acq(&mut p, 0, 0, &[4]).unwrap();
+    assert_eq!(s[0], slot_of[&1]);
+    assert_holds(&p, s[0] as u32, obj(0, 4));
+    p.release(0, 0).unwrap();
+    assert_holds(&p, slot_of[&2] as u32, obj(0, 2));
+    assert_holds(&p, slot_of[&3] as u32, obj(0, 3));
+    let t = p.telemetry();
+    assert_eq!((t.hits, t.misses, t.recycles, t.loads), (1, 4, 1, 4));
+    assert_eq!(t.u_sched, Union { objects: 4, bytes: 4 * 3 * 256 * 256 * 4 });
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
+fn zero_never_hits_across_events() {
+    let mut p = plan("zero", 4);
+    for _ in 0..3 {
+        let ids = [7, 8, 7, 9];
+        let slots = acq(&mut p, 1, 0, &ids).unwrap();
+        assert_group(&p, 1, &ids, &slots, &[7, 8, 9]);
+        p.release(1, 0).unwrap();
+        assert!(p.slots(1).unwrap().iter().all(|c| c.state == SlotState::Vacant));
+    }
+    let t = p.telemetry();
+    assert_eq!((t.hits, t.misses, t.loads, t.recycles), (0, 9, 9, 9));
+    assert_eq!(t.u_sched.objects, 3);
+    assert_eq!(t.u_sem_lb.objects, 3);
+    assert_eq!(t.q_run.logical_bytes, 9 * 3 * 256 * 256 * 4, "rereads count in Q_run");
+}
+
+#[test]
+fn pinned_objects_are_never_evicted() {
+    let mut p = plan("pin:0/1", 3);
+    acq(&mut p, 0, 0, &[1, 2]).unwrap();
+    p.release(0, 0).unwrap();
+    let pinned_slot = p.slots(0).unwrap().iter().position(|c| c.object == Some(obj(0, 1))).unwrap();
+    let gen = p.slots(0).unwrap()[pinned_slot].generation;
+    // Others: zero. Capacity for unpinned objects is 2, so [3, 4, 5, 6] takes two passes.
+    let ids = [3, 4, 5, 6];
+    for (pass, group) in [(0, [3, 4]), (1, [5, 6])] {
+        let slots = acq(&mut p, 0, pass, &ids).unwrap();
+        assert_group(&p, 0, &ids, &slots, &group);
+        p.release(0, pass).unwrap();
+    }
+    // A pinned expert rides along in a full group without taking an unpinned slot.
+    let ids = [7, 1, 8];
+    let slots = acq(&mut p, 0, 0, &ids).unwrap();
+    assert_group(&p, 0, &ids, &slots, &[7, 1, 8]);
+    assert_eq!(slots[1], pinned_slot as i32);
+    p.release(0, 0).unwrap();
+    let cell = p.slots(0).unwrap()[pinned_slot];
+    assert_eq!((cell.object, cell.generation, cell.state), (Some(obj(0, 1)), gen, SlotState::Recyclable));
+    let t = p.telemetry();
+    assert_eq!(t.hits, 1);
+    assert_eq!(t.loads, 1 + 1 + 4 + 2);
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
+fn prefetch_loads_the_next_layer_early() {
+    let mut p = plan("zero+prefetch", 4);
+    let token = |p: &mut Plan, l1: &[i32]| {
+        for (layer, ids) in [(0, &[1, 2][..]), (1, l1), (2, &[5, 6][..])] {
+            let slots = acq(p, layer, 0, ids).unwrap();
+            let group: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+            assert_group(p, layer, ids, &slots, &group);
+            p.release(layer, 0).unwrap();
+        }
+    };
+    token(&mut p, &[3, 4]);
+    assert_eq!(p.telemetry().prefetch_loads, 0, "nothing to predict yet");
+    token(&mut p, &[3, 4]);
+    let t = p.telemetry();
+    // Layer 0's acquire prefetched layer 1's {3, 4}, layer 1's prefetched layer 2's {5, 6}.
+    assert_eq!((t.prefetch_loads, t.prefetch_hits), (4, 4));
+    assert_eq!((t.hits, t.misses), (4, 8));
+    // A wrong prediction is released and recycled at the next acquire of its layer.
+    token(&mut p, &[9, 10]);
+    let t = p.telemetry();
+    assert_eq!((t.prefetch_loads, t.prefetch_hits), (8, 6));
+    assert!(p.slots(1).unwrap().iter().all(|c| c.state == SlotState::Vacant));
+    // Layer 0's acquire leaves layer 1's prediction {9, 10} held; shutdown lets it go.
+    acq(&mut p, 0, 0, &[1, 2]).unwrap();
+    p.release(0, 0).unwrap();
+    let held: Vec<_> = p.slots(1).unwrap().into_iter().filter(|c| c.state == SlotState::InUse).collect();
+    assert_eq!(held.len(), 2);
+    let c = p.shutdown().unwrap();
+    assert!(c.is_clean(), "{c:?}");
+    assert!(p.slots(1).unwrap().iter().all(|c| c.state == SlotState::Vacant), "shutdown released the holds");
+}
+
+#[test]
+fn semantic_union_counts_router_selections_on_pass_zero() {
+    let mut p = plan("lru:2", 2);
+    let ids = [0, 1, 2, 1];
+    acq(&mut p, 0, 0, &ids).unwrap();
+    p.release(0, 0).unwrap();
+    acq(&mut p, 0, 1, &ids).unwrap();
+    p.release(0, 1).unwrap();
+    acq(&mut p, 2, 0, &[15]).unwrap();
+    p.release(2, 0).unwrap();
+    let t = p.telemetry();
+    let per = 3 * 256 * 256 * 4;
+    assert_eq!(t.u_sem_lb, SemanticUnion { objects: 4, extents: 12, bytes: 4 * per, duplicates: 0, overlaps: 0 });
+    let json = serde_json::to_value(&t).unwrap();
+    for key in [
+        "hits",
+        "misses",
+        "recycles",
+        "loads",
+        "bytes_copied",
+        "rejections",
+        "generations",
+        "q_run",
+        "u_sched",
+        "u_sem_lb",
+    ] {
+        assert!(json.get(key).is_some(), "telemetry lacks {key}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rejections and fail-closed behaviour
+
+/// After a rejected completion: Failed, nothing published, later acquires refused, and a
+/// shutdown that drains the source and reports the interrupted window.
+fn assert_failed_closed(mut p: Plan, err: PlanError, kind: RejectKind, layer: u32) {
+    assert!(matches!(&err, PlanError::Rejected { kind: k, .. } if *k == kind), "{err:?}");
+    assert!(p.failure().is_some());
+    assert_eq!(p.telemetry().rejections.get(kind.name()), Some(&1));
+    for c in p.slots(layer).unwrap() {
+        assert!(matches!(c.state, SlotState::Vacant | SlotState::Loading), "published after a rejection: {c:?}");
+        assert_eq!(c.consumers, 0);
+    }
+    assert!(matches!(acq(&mut p, layer, 0, &[0]), Err(PlanError::Failed { .. })));
+    assert!(matches!(p.reset(), Err(PlanError::Failed { .. })));
+    let c = p.shutdown().unwrap();
+    assert_eq!((c.active_tickets, c.source_outstanding, c.consumers_live), (0, 0, 0), "{c:?}");
+    assert_eq!(c.windows_free + 1, c.windows_total, "the interrupted window is retained: {c:?}");
+    assert!(c.failed.is_some() && !c.is_clean());
+}
+
+#[test]
+fn stale_epoch_completion_is_rejected() {
+    let mut p = plan_with("zero", 4, 1, Fault::Epoch { at: 4, epoch: 0 });
+    acq(&mut p, 0, 0, &[1]).unwrap();
+    p.release(0, 0).unwrap();
+    p.reset().unwrap();
+    assert_eq!(p.epoch(), 1);
+    // Completions 3..5 are object 2's; the second of them claims epoch 0.
+    let err = acq(&mut p, 0, 0, &[2]).unwrap_err();
+    // Object 2 took object 1's old slot; nothing was copied over object 1's bytes.
+    let slot = p.slots(0).unwrap().iter().position(|c| c.object == Some(obj(0, 2))).unwrap();
+    let m = model();
+    for e in &p.manifest().object(obj(0, 1)).unwrap().extents {
+        let old = &m.bytes[e.extent.offset as usize..e.extent.end() as usize];
+        assert!(p.slot_bytes(0, e.role, slot as u32).unwrap() == old, "bytes were copied");
+    }
+    assert_failed_closed(p, err, RejectKind::StaleEpoch, 0);
+}
+
+#[test]
+fn wrong_object_completion_is_rejected_before_any_copy() {
+    let mut p = plan_with("zero", 4, 1, Fault::Object { at: 0 });
+    let err = acq(&mut p, 1, 0, &[6, 7]).unwrap_err();
+    assert_eq!(p.telemetry().bytes_copied, 0);
+    for s in 0..4 {
+        for r in [Role::Gate, Role::Up, Role::Down] {
+            assert!(p.slot_bytes(1, r, s).unwrap().iter().all(|&b| b == 0));
+        }
+    }
+    assert_failed_closed(p, err, RejectKind::WrongObject, 1);
+}
+
+#[test]
+fn short_failed_and_stale_generation_extents_fail_the_bundle() {
+    // The third extent (down) of the second object: two whole extents were already accepted.
+    for (fault, kind) in [
+        (Fault::Outcome { at: 5, result: Ok(100) }, RejectKind::ShortRead),
+        (Fault::Outcome { at: 5, result: Err(libc::EIO) }, RejectKind::IoError),
+        (Fault::Outcome { at: 5, result: Ok(1 << 30) }, RejectKind::LongRead),
+        (Fault::Generation { at: 5 }, RejectKind::StaleGeneration),
+    ] {
+        let mut p = plan_with("zero", 4, 1, fault);
+        let err = acq(&mut p, 2, 0, &[10, 11]).unwrap_err();
+        // The first object was published, then its consumer rolled back with the failed event.
+        let t = p.telemetry();
+        assert_eq!(t.loads, 1, "{kind:?}");
+        let cells = p.slots(2).unwrap();
+        assert!(cells.iter().any(|c| c.object == Some(obj(2, 11)) && c.state == SlotState::Loading));
+        assert!(cells.iter().all(|c| c.consumers == 0));
+        let c = p.closure();
+        assert_eq!(c.consumer_takes, c.consumer_drops);
+        // Layer 2 now holds one published object (10) and a Loading 11: check 10 directly.
+        let s10 = cells.iter().position(|c| c.object == Some(obj(2, 10))).unwrap() as u32;
+        assert_holds(&p, s10, obj(2, 10));
+        assert!(matches!(&err, PlanError::Rejected { kind: k, .. } if *k == kind), "{err:?}");
+        assert!(matches!(acq(&mut p, 2, 0, &[10]), Err(PlanError::Failed { .. })));
+        let c = p.shutdown().unwrap();
+        assert_eq!(c.windows_free + 1, c.windows_total);
+        assert_eq!(c.active_tickets, 0);
+    }
+}
+
+#[test]
+fn out_of_range_ids_fail_the_plan_before_any_read() {
+    for bad in [16, -1, i32::MAX] {
+        let mut p = plan("zero", 4);
+        let err = acq(&mut p, 0, 0, &[1, 2, bad, 3]).unwrap_err();
+        assert_eq!(err, PlanError::ExpertOutOfRange { layer: 0, index: 2, id: bad, n_experts: 16 });
+        assert!(p.failure().is_some());
+        assert_eq!(p.telemetry().q_run.reads, 0);
+        assert!(matches!(acq(&mut p, 0, 0, &[1]), Err(PlanError::Failed { .. })));
+        assert!(p.shutdown().unwrap().balanced());
+    }
+    let mut p = plan("zero", 4);
+    assert_eq!(acq(&mut p, 3, 0, &[1]).unwrap_err(), PlanError::UnknownLayer { layer: 3 });
+    let mut p = plan("zero", 4);
+    assert_eq!(p.acquire(0, 0, &[1, 2], &mut [0]).unwrap_err(), PlanError::SlotsLength { ids: 2, slots: 1 });
+}
+
+#[test]
+fn out_of_order_completions_are_legal() {
+    let mut p = plan_with("zero", 4, 4, Fault::Reverse);
+    let ids = [12, 13, 14, 15];
+    let slots = acq(&mut p, 1, 0, &ids).unwrap();
+    assert_group(&p, 1, &ids, &slots, &[12, 13, 14, 15]);
+    p.release(1, 0).unwrap();
+    let c = p.shutdown().unwrap();
+    assert!(c.is_clean(), "{c:?}");
+    assert_eq!(c.source.peak_outstanding, 12, "all four bundles were in flight together");
+}
+
+#[test]
+fn reset_drains_late_completions_and_refuses_live_consumers() {
+    // A copy of an old completion is still queued in the source when the request ends.
+    let mut p = plan_with("lru:4", 4, 1, Fault::LateDuplicate { at: 5 });
+    acq(&mut p, 0, 0, &[4, 5]).unwrap();
+    p.release(0, 0).unwrap();
+    assert_eq!(p.closure().source_outstanding, 1);
+    p.reset().unwrap();
+    let c = p.closure();
+    assert_eq!((c.drained_completions, c.source_outstanding, c.epoch), (1, 0, 1));
+    // Retained objects survive the reset; new loads carry the new epoch.
+    let s = acq(&mut p, 0, 0, &[4, 6]).unwrap();
+    assert_holds(&p, s[0] as u32, obj(0, 4));
+    assert_holds(&p, s[1] as u32, obj(0, 6));
+    assert_eq!(p.slots(0).unwrap()[s[1] as usize].epoch, 1);
+    assert_eq!(p.telemetry().hits, 1);
+    // Reset while the engine holds a consumer: refused, and the Plan fails closed.
+    assert_eq!(p.reset().unwrap_err(), PlanError::ConsumersLive { consumers: 2 });
+    assert!(p.failure().is_some());
+    p.release(0, 0).unwrap();
+    assert!(p.shutdown().unwrap().balanced());
+}
+
+#[test]
+fn a_late_completion_during_an_acquire_is_rejected() {
+    let mut p = plan_with("zero", 4, 1, Fault::LateDuplicate { at: 2 });
+    acq(&mut p, 0, 0, &[4]).unwrap();
+    p.release(0, 0).unwrap();
+    let err = acq(&mut p, 0, 0, &[5]).unwrap_err();
+    assert_failed_closed(p, err, RejectKind::UnknownTicket, 0);
+}
+
+#[test]
+fn shutdown_with_a_live_consumer_is_refused_then_balanced() {
+    let mut p = plan("zero", 4);
+    acq(&mut p, 0, 0, &[1, 2]).unwrap();
+    assert_eq!(p.shutdown().unwrap_err(), PlanError::ConsumersLive { consumers: 2 });
+    p.release(0, 0).unwrap();
+    let c = p.shutdown().unwrap();
+    assert!(c.balanced(), "{c:?}");
+    assert_eq!((c.consumer_takes, c.consumer_drops), (2, 2));
+    assert_eq!(p.shutdown().unwrap_err(), PlanError::Closed);
+}
+
+#[test]
+fn release_without_acquire_fails_the_plan() {
+    let mut p = plan("zero", 4);
+    assert_eq!(p.release(1, 0).unwrap_err(), PlanError::NoOutstandingAcquire { layer: 1, pass: 0 });
+    assert!(matches!(acq(&mut p, 1, 0, &[1]), Err(PlanError::Failed { .. })));
+}
+
+#[test]
+fn policy_and_source_must_fit_the_manifest() {
+    let m = model();
+    let man = Manifest::new(&m.inv, 2, &[]).unwrap();
+    let small = BufferedSource::open(&m.path, 1, man.window_size - 4096).unwrap();
+    assert!(Plan::new(man.clone(), &"zero".parse().unwrap(), Box::new(small)).is_err());
+    let w = man.window_size;
+    let src = || Box::new(BufferedSource::open(&m.path, 1, w).unwrap());
+    assert!(Plan::new(man.clone(), &"lru:3".parse().unwrap(), src()).is_err());
+    assert!(Plan::new(man.clone(), &"pin:0/1".parse().unwrap(), src()).is_err(), "pins not in the manifest");
+    assert!(Plan::new(man, &"lru:2".parse().unwrap(), src()).is_ok());
+}

@@ -1,0 +1,404 @@
+//! The source boundary: reads of model-file extents into a fixed set of aligned host windows.
+//!
+//! A source owns its windows and its file; it never decides what is visible. The Plan submits
+//! one [`ReadRequest`] per extent, takes [`Completion`]s back with [`Source::wait`], validates
+//! them and only then copies bytes out of the window. The Plan does not know which source it
+//! has: this module holds the trait and P, the buffered source; the direct sources (D, F) and
+//! fault plans live behind the same trait.
+//!
+//! Placement contract, the same for every source: a request reads the covering aligned range
+//! ([`Covering`]) of its logical extent into window `window` starting at `window_offset` (a
+//! multiple of [`ALIGN`]); the logical bytes therefore lie at
+//! `window_offset + covering.head .. + len`. A completion's `Ok(n)` is the number of *logical*
+//! bytes of the extent that were delivered: `n < len` is a short read, for the Plan to reject.
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::VecDeque;
+use std::fmt;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::ptr::NonNull;
+
+/// Alignment of direct I/O: file offsets, lengths, window offsets and buffer addresses.
+pub const ALIGN: u64 = 4096;
+
+pub fn align_down(x: u64) -> u64 {
+    x & !(ALIGN - 1)
+}
+
+pub fn align_up(x: u64) -> u64 {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+/// The covering aligned read of a logical extent `[offset, offset + len)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Covering {
+    /// Physical (aligned) file offset: `align_down(offset)`.
+    pub offset: u64,
+    /// Physical length: `align_up(offset + len) - align_down(offset)`.
+    pub len: u64,
+    /// Bytes of padding before the logical extent: `offset - align_down(offset)`.
+    pub head: u64,
+}
+
+impl Covering {
+    pub fn of(offset: u64, len: u64) -> Covering {
+        let start = align_down(offset);
+        Covering { offset: start, len: align_up(offset + len) - start, head: offset - start }
+    }
+
+    /// Physical bytes that are not logical bytes.
+    pub fn padding(&self, logical_len: u64) -> u64 {
+        self.len - logical_len
+    }
+}
+
+/// One read of one extent of one object, tagged with everything the Plan will check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ReadRequest {
+    pub ticket: u64,
+    pub object: crate::plan::ObjectId,
+    /// Index of the extent inside the object's bundle (role order).
+    pub extent: u32,
+    /// Logical file offset and length of the extent.
+    pub offset: u64,
+    pub len: u64,
+    pub window: u32,
+    /// Where the covering read starts inside the window (a multiple of [`ALIGN`]).
+    pub window_offset: u64,
+    pub epoch: u64,
+    pub generation: u64,
+}
+
+/// What came back for one request: the tags present at submission and the outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Completion {
+    pub ticket: u64,
+    pub object: crate::plan::ObjectId,
+    pub extent: u32,
+    pub window: u32,
+    pub epoch: u64,
+    pub generation: u64,
+    /// Logical bytes delivered, or an errno.
+    pub result: Result<u64, i32>,
+}
+
+impl Completion {
+    /// The completion of `req` with the given outcome: every tag copied from the request.
+    pub fn of(req: &ReadRequest, result: Result<u64, i32>) -> Completion {
+        Completion {
+            ticket: req.ticket,
+            object: req.object,
+            extent: req.extent,
+            window: req.window,
+            epoch: req.epoch,
+            generation: req.generation,
+            result,
+        }
+    }
+}
+
+/// Counters every source keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SourceStats {
+    pub submissions: u64,
+    pub completions: u64,
+    /// Logical bytes delivered into windows.
+    pub logical_bytes: u64,
+    /// Bytes actually read from the file (covering reads).
+    pub physical_bytes: u64,
+    /// `physical_bytes - logical_bytes`.
+    pub padding_bytes: u64,
+    /// Completions that carried an errno.
+    pub failed: u64,
+    /// Most requests outstanding at once.
+    pub peak_outstanding: u64,
+}
+
+/// A request the source refuses outright (nothing was read, no completion will come).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceError {
+    NoSuchWindow {
+        window: u32,
+        n_windows: u32,
+    },
+    MisalignedWindowOffset {
+        window_offset: u64,
+    },
+    OutsideWindow {
+        window: u32,
+        window_offset: u64,
+        len: u64,
+        window_size: u64,
+    },
+    /// `wait` with nothing outstanding.
+    NothingOutstanding,
+}
+
+impl fmt::Display for SourceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SourceError::NoSuchWindow { window, n_windows } => {
+                write!(f, "source: window {window} does not exist ({n_windows} windows)")
+            }
+            SourceError::MisalignedWindowOffset { window_offset } => {
+                write!(f, "source: window offset {window_offset} is not a multiple of {ALIGN}")
+            }
+            SourceError::OutsideWindow { window, window_offset, len, window_size } => write!(
+                f,
+                "source: a covering read of {len} bytes at offset {window_offset} of window {window} \
+                 overflows the window ({window_size} bytes)"
+            ),
+            SourceError::NothingOutstanding => write!(f, "source: wait with no request outstanding"),
+        }
+    }
+}
+
+impl std::error::Error for SourceError {}
+
+/// The service that moves extents of the model file into host windows.
+pub trait Source: Send {
+    fn n_windows(&self) -> u32;
+    fn window_size(&self) -> u64;
+    /// Starts one read. On `Ok` exactly one completion for it will be returned by `wait`.
+    fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError>;
+    /// The next completion, blocking; completions may come in any order.
+    fn wait(&mut self) -> Result<Completion, SourceError>;
+    /// Requests submitted whose completion was not yet returned by `wait`.
+    fn outstanding(&self) -> usize;
+    fn window(&self, w: u32) -> &[u8];
+    fn stats(&self) -> SourceStats;
+}
+
+/// Checks a request against the window geometry; returns its covering read.
+pub fn check_request(req: &ReadRequest, n_windows: u32, window_size: u64) -> Result<Covering, SourceError> {
+    if req.window >= n_windows {
+        return Err(SourceError::NoSuchWindow { window: req.window, n_windows });
+    }
+    if req.window_offset % ALIGN != 0 {
+        return Err(SourceError::MisalignedWindowOffset { window_offset: req.window_offset });
+    }
+    let cov = Covering::of(req.offset, req.len);
+    if req.window_offset.checked_add(cov.len).is_none_or(|end| end > window_size) {
+        return Err(SourceError::OutsideWindow {
+            window: req.window,
+            window_offset: req.window_offset,
+            len: cov.len,
+            window_size,
+        });
+    }
+    Ok(cov)
+}
+
+/// A zeroed heap buffer aligned to [`ALIGN`], allocated once, freed on drop; it never moves.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the buffer is plain owned memory; access goes through &self / &mut self.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    pub fn new(len: u64) -> Result<AlignedBuf> {
+        if len == 0 {
+            bail!("an aligned buffer needs at least one byte");
+        }
+        let size = usize::try_from(align_up(len)).context("buffer size")?;
+        let layout = Layout::from_size_align(size, ALIGN as usize).context("buffer layout")?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(ptr) else { bail!("cannot allocate {size} aligned bytes") };
+        Ok(AlignedBuf { ptr, layout })
+    }
+
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes, initialized (zeroed) at allocation.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// P: synchronous `pread` through the page cache. `submit` performs the covering read at once
+/// and queues its completion; `wait` returns queued completions in submission order.
+pub struct BufferedSource {
+    file: File,
+    windows: Vec<AlignedBuf>,
+    window_size: u64,
+    queue: VecDeque<Completion>,
+    stats: SourceStats,
+}
+
+impl BufferedSource {
+    /// Opens `path` and allocates `n_windows` windows of `window_size` bytes (rounded up to
+    /// [`ALIGN`]); nothing else is allocated afterwards.
+    pub fn open(path: &Path, n_windows: u32, window_size: u64) -> Result<BufferedSource> {
+        if n_windows == 0 {
+            bail!("a source needs at least one window");
+        }
+        let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+        let window_size = align_up(window_size);
+        let windows = (0..n_windows).map(|_| AlignedBuf::new(window_size)).collect::<Result<_>>()?;
+        Ok(BufferedSource { file, windows, window_size, queue: VecDeque::new(), stats: SourceStats::default() })
+    }
+}
+
+/// Reads `buf.len()` bytes at `offset`, stopping early only at end of file.
+fn read_full(file: &File, buf: &mut [u8], offset: u64) -> Result<u64, i32> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    }
+    Ok(done as u64)
+}
+
+impl Source for BufferedSource {
+    fn n_windows(&self) -> u32 {
+        self.windows.len() as u32
+    }
+
+    fn window_size(&self) -> u64 {
+        self.window_size
+    }
+
+    fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError> {
+        let cov = check_request(&req, self.n_windows(), self.window_size)?;
+        let start = req.window_offset as usize;
+        let window = &mut self.windows[req.window as usize];
+        let read = read_full(&self.file, &mut window.as_mut_slice()[start..start + cov.len as usize], cov.offset);
+        self.stats.submissions += 1;
+        let result = match read {
+            Ok(phys) => {
+                let logical = phys.saturating_sub(cov.head).min(req.len);
+                self.stats.physical_bytes += phys;
+                self.stats.logical_bytes += logical;
+                self.stats.padding_bytes += phys - logical;
+                Ok(logical)
+            }
+            Err(errno) => {
+                self.stats.failed += 1;
+                Err(errno)
+            }
+        };
+        self.queue.push_back(Completion::of(&req, result));
+        self.stats.peak_outstanding = self.stats.peak_outstanding.max(self.queue.len() as u64);
+        Ok(())
+    }
+
+    fn wait(&mut self) -> Result<Completion, SourceError> {
+        let c = self.queue.pop_front().ok_or(SourceError::NothingOutstanding)?;
+        self.stats.completions += 1;
+        Ok(c)
+    }
+
+    fn outstanding(&self) -> usize {
+        self.queue.len()
+    }
+
+    fn window(&self, w: u32) -> &[u8] {
+        self.windows[w as usize].as_slice()
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::ObjectId;
+    use std::io::Write;
+
+    #[test]
+    fn covering_reads() {
+        assert_eq!(Covering::of(0, 4096), Covering { offset: 0, len: 4096, head: 0 });
+        assert_eq!(Covering::of(100, 10), Covering { offset: 0, len: 4096, head: 100 });
+        assert_eq!(Covering::of(4000, 200), Covering { offset: 0, len: 8192, head: 4000 });
+        assert_eq!(Covering::of(8192, 1), Covering { offset: 8192, len: 4096, head: 0 });
+        assert_eq!(Covering::of(5000, 4096).padding(4096), 4096);
+    }
+
+    fn req(offset: u64, len: u64, window: u32, window_offset: u64) -> ReadRequest {
+        ReadRequest {
+            ticket: 7,
+            object: ObjectId { layer: 1, expert: 2 },
+            extent: 0,
+            offset,
+            len,
+            window,
+            window_offset,
+            epoch: 3,
+            generation: 4,
+        }
+    }
+
+    #[test]
+    fn buffered_reads_place_bytes_and_count_padding() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let mut s = BufferedSource::open(f.path(), 2, 3 * 4096).unwrap();
+        assert_eq!((s.n_windows(), s.window_size()), (2, 3 * 4096));
+        s.submit(req(5000, 3000, 1, 4096)).unwrap();
+        assert_eq!(s.outstanding(), 1);
+        let c = s.wait().unwrap();
+        assert_eq!(c.result, Ok(3000));
+        assert_eq!((c.ticket, c.window, c.epoch, c.generation), (7, 1, 3, 4));
+        let head = (5000 - 4096) as usize;
+        assert_eq!(&s.window(1)[4096 + head..4096 + head + 3000], &data[5000..8000]);
+        let st = s.stats();
+        // [5000, 8000) is covered by [4096, 8192).
+        assert_eq!((st.logical_bytes, st.physical_bytes, st.padding_bytes), (3000, 4096, 1096));
+        // A covering read past the end of the file is short physically, complete logically.
+        s.submit(req(19_000, 1000, 0, 0)).unwrap();
+        assert_eq!(s.wait().unwrap().result, Ok(1000));
+        // Past the end of the file: short.
+        s.submit(req(19_500, 1000, 0, 0)).unwrap();
+        assert_eq!(s.wait().unwrap().result, Ok(500));
+        assert_eq!(s.wait(), Err(SourceError::NothingOutstanding));
+    }
+
+    #[test]
+    fn buffered_refuses_bad_geometry() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let mut s = BufferedSource::open(f.path(), 1, 4096).unwrap();
+        assert_eq!(s.submit(req(0, 10, 1, 0)), Err(SourceError::NoSuchWindow { window: 1, n_windows: 1 }));
+        assert_eq!(s.submit(req(0, 10, 0, 100)), Err(SourceError::MisalignedWindowOffset { window_offset: 100 }));
+        assert!(matches!(s.submit(req(4000, 200, 0, 0)), Err(SourceError::OutsideWindow { len: 8192, .. })));
+        assert_eq!(s.outstanding(), 0);
+        assert_eq!(s.stats().submissions, 0);
+    }
+}
