@@ -205,6 +205,7 @@ pub fn run_with(
         "counts": counts,
         "timing": timing,
         "experts": source_report,
+        "process": { "vm_hwm_bytes": crate::util::vm_hwm_bytes() },
         "surfaces": staging.surfaces(),
     });
     let dir = staging.commit(&record)?;

@@ -8,6 +8,7 @@ use sovereign::generate::{self, GenerateSpec};
 use sovereign::identity::build_identity;
 use sovereign::inventory::Inventory;
 use sovereign::oracle::{self, Outcome};
+use sovereign::plan::engine::{PlanOptions, PlanSource, SourceKind};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -97,6 +98,12 @@ enum ModelCommand {
     },
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Experts {
+    Resident,
+    Plan,
+}
+
 #[derive(Args)]
 struct GenerateArgs {
     #[arg(long)]
@@ -120,9 +127,25 @@ struct GenerateArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     ignore_eos: bool,
-    /// How experts are held; only `resident` (stock llama.cpp path) exists in this build.
-    #[arg(long, default_value = "resident", value_parser = ["resident"])]
-    experts: String,
+    /// `resident`: llama.cpp loads every expert (stock path). `plan`: experts are served from
+    /// storage through a bounded slot pool.
+    #[arg(long, value_enum, default_value_t = Experts::Resident)]
+    experts: Experts,
+    /// Slots per MoE layer (plan).
+    #[arg(long, default_value_t = 8)]
+    slots: u32,
+    /// Replacement policy (plan): `zero`, `lru:K`, `pin:L/E,...`, combined with `+`, and
+    /// `+prefetch` for next-layer prefetch.
+    #[arg(long, default_value = "zero")]
+    policy: String,
+    /// How expert bytes are read (plan): p = buffered pread, d = blocking O_DIRECT with one
+    /// window, f = io_uring O_DIRECT with --windows windows and --depth reads in flight.
+    #[arg(long, value_enum, default_value_t = SourceKind::F)]
+    source: SourceKind,
+    #[arg(long, default_value_t = 8)]
+    windows: u32,
+    #[arg(long, default_value_t = 8)]
+    depth: u32,
     /// Record directory (must not exist).
     #[arg(long)]
     record: PathBuf,
@@ -285,7 +308,18 @@ fn generate_cmd(a: GenerateArgs) -> Result<ExitCode> {
         ignore_eos: a.ignore_eos,
         record: a.record.clone(),
     };
-    let s = generate::run(&spec)?;
+    let plan = (a.experts == Experts::Plan).then(|| PlanOptions {
+        slots: a.slots,
+        policy: a.policy.clone(),
+        source: a.source,
+        windows: a.windows,
+        depth: a.depth,
+    });
+    let model = a.model.clone();
+    let s = generate::run_with(&spec, move |inv| match plan {
+        None => Ok(None),
+        Some(o) => Ok(Some(Box::new(PlanSource::new(&model, inv, o)?) as Box<dyn sovereign::engine::ExpertSource>)),
+    })?;
     if a.json {
         print_json(&serde_json::json!({
             "record": s.record,

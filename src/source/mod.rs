@@ -22,6 +22,10 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::ptr::NonNull;
 
+pub mod uring;
+
+pub use uring::UringSource;
+
 /// Alignment of direct I/O: file offsets, lengths, window offsets and buffer addresses.
 pub const ALIGN: u64 = 4096;
 
@@ -116,6 +120,15 @@ pub struct SourceStats {
     pub failed: u64,
     /// Most requests outstanding at once.
     pub peak_outstanding: u64,
+    /// Read latency: bucket i counts reads that took [2^i, 2^(i+1)) microseconds.
+    pub latency_us_log2: [u64; 32],
+}
+
+impl SourceStats {
+    pub fn record_latency(&mut self, took: std::time::Duration) {
+        let micros = (took.as_micros() as u64).max(1);
+        self.latency_us_log2[(63 - micros.leading_zeros() as usize).min(31)] += 1;
+    }
 }
 
 /// A request the source refuses outright (nothing was read, no completion will come).
@@ -248,6 +261,7 @@ impl Drop for AlignedBuf {
 
 /// P: synchronous `pread` through the page cache. `submit` performs the covering read at once
 /// and queues its completion; `wait` returns queued completions in submission order.
+/// D is the same reader over an `O_DIRECT` descriptor with one window ([`BufferedSource::open_direct`]).
 pub struct BufferedSource {
     file: File,
     windows: Vec<AlignedBuf>,
@@ -264,6 +278,15 @@ impl BufferedSource {
             bail!("a source needs at least one window");
         }
         let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+        Self::with_file(file, n_windows, window_size)
+    }
+
+    /// D: blocking `O_DIRECT` reads into one aligned window; the page cache never holds them.
+    pub fn open_direct(path: &Path, window_size: u64) -> Result<BufferedSource> {
+        Self::with_file(crate::envelope::open_direct(path)?, 1, window_size)
+    }
+
+    fn with_file(file: File, n_windows: u32, window_size: u64) -> Result<BufferedSource> {
         let window_size = align_up(window_size);
         let windows = (0..n_windows).map(|_| AlignedBuf::new(window_size)).collect::<Result<_>>()?;
         Ok(BufferedSource { file, windows, window_size, queue: VecDeque::new(), stats: SourceStats::default() })
@@ -297,7 +320,9 @@ impl Source for BufferedSource {
         let cov = check_request(&req, self.n_windows(), self.window_size)?;
         let start = req.window_offset as usize;
         let window = &mut self.windows[req.window as usize];
+        let t = std::time::Instant::now();
         let read = read_full(&self.file, &mut window.as_mut_slice()[start..start + cov.len as usize], cov.offset);
+        self.stats.record_latency(t.elapsed());
         self.stats.submissions += 1;
         let result = match read {
             Ok(phys) => {

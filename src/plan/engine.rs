@@ -1,0 +1,164 @@
+//! The Plan as the engine's expert source: pools, acquire and release through the patched
+//! llama.cpp boundary, with the source chosen at run time (P, D or F).
+
+use super::{Manifest, Plan, PolicySpec, Role};
+use crate::engine::ExpertSource;
+use crate::inventory::Inventory;
+use crate::source::{BufferedSource, Source, UringSource};
+use anyhow::{anyhow, bail, Result};
+use clap::ValueEnum;
+use serde::Serialize;
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How expert bytes are read (seed 000 §5.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// Buffered pread through the page cache.
+    P,
+    /// Blocking O_DIRECT, one window.
+    D,
+    /// io_uring O_DIRECT, N registered windows, bounded depth.
+    F,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanOptions {
+    pub slots: u32,
+    pub policy: String,
+    pub source: SourceKind,
+    pub windows: u32,
+    pub depth: u32,
+}
+
+pub struct PlanSource {
+    plan: Plan,
+    options: PlanOptions,
+    n_slots: u32,
+    /// (layer, pass) acquires that took consumers and so must be released.
+    served: HashSet<(u32, u32)>,
+    /// Time the engine spent blocked in acquire: the exposed source wait.
+    wait: Duration,
+    acquire_calls: u64,
+    uring_registered: Option<bool>,
+}
+
+impl PlanSource {
+    pub fn new(model: &Path, inv: &Inventory, options: PlanOptions) -> Result<PlanSource> {
+        let policy: PolicySpec = options.policy.parse()?;
+        let manifest = Manifest::new(inv, options.slots, &policy.pinned)?;
+        let n_slots = manifest.layers.first().map(|l| l.n_slots).ok_or_else(|| anyhow!("no MoE layer"))?;
+        if manifest.layers.iter().any(|l| l.n_slots != n_slots) {
+            bail!("layers with different expert counts need per-layer slot counts, which the engine does not take");
+        }
+        let w = manifest.window_size;
+        let (source, registered): (Box<dyn Source>, Option<bool>) = match options.source {
+            SourceKind::P => (Box::new(BufferedSource::open(model, options.windows, w)?), None),
+            SourceKind::D => (Box::new(BufferedSource::open_direct(model, w)?), None),
+            SourceKind::F => {
+                let s = UringSource::open(model, options.windows, w, options.depth)?;
+                let r = s.registered();
+                (Box::new(s), Some(r))
+            }
+        };
+        let plan = Plan::new(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
+        Ok(PlanSource {
+            plan,
+            options,
+            n_slots,
+            served: HashSet::new(),
+            wait: Duration::ZERO,
+            acquire_calls: 0,
+            uring_registered: registered,
+        })
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+}
+
+fn role_of(name: &str) -> Result<Role> {
+    let role = name
+        .split('.')
+        .nth(2)
+        .and_then(|r| r.strip_prefix("ffn_"))
+        .and_then(|r| r.strip_suffix("_exps"))
+        .ok_or_else(|| anyhow!("`{name}` is not an expert weight"))?;
+    role.parse()
+}
+
+impl ExpertSource for PlanSource {
+    fn n_slots(&self) -> u32 {
+        self.n_slots
+    }
+
+    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32) -> Result<*mut u8> {
+        Ok(self.plan.pool(layer, role_of(name)?, slot_bytes as u64, n_slots)?)
+    }
+
+    fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
+        let t = Instant::now();
+        let r = self.plan.acquire(layer, pass, ids, slots);
+        self.wait += t.elapsed();
+        self.acquire_calls += 1;
+        r?;
+        if slots.iter().any(|&s| s >= 0) {
+            self.served.insert((layer, pass));
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, layer: u32, pass: u32) -> Result<()> {
+        // The graph sizes its passes for the worst case; a pass past the last group got nothing.
+        if self.served.remove(&(layer, pass)) {
+            self.plan.release(layer, pass)?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mode": "plan",
+            "slots": self.n_slots,
+            "policy": self.plan.telemetry().policy,
+            "source": self.options.source,
+            "windows": self.plan.window_states().len(),
+            "window_bytes": self.plan.manifest().window_size,
+            "depth": if self.options.source == SourceKind::F { Some(self.options.depth) } else { None },
+        })
+    }
+
+    fn finish(&mut self) -> Result<serde_json::Value> {
+        let closure = self.plan.shutdown().map_err(|e| anyhow!("{e}"))?;
+        let tel = self.plan.telemetry();
+        let m = self.plan.manifest();
+        let windows = self.plan.window_states().len() as u64;
+        let meta = std::mem::size_of::<Plan>() as u64;
+        Ok(serde_json::json!({
+            "manifest": {
+                "objects": m.objects.len(),
+                "managed_bytes": m.managed_bytes,
+                "window_bytes": m.window_size,
+                "slots_per_layer": self.n_slots,
+                "slot_pool_bytes": m.layers.iter().map(|l| l.slot_bytes() * u64::from(l.n_slots)).sum::<u64>(),
+            },
+            "telemetry": tel,
+            "closure": closure,
+            "clean_closure": closure.is_clean(),
+            "exposed_source_wait_s": self.wait.as_secs_f64(),
+            "acquire_calls": self.acquire_calls,
+            "uring_registered_buffers": self.uring_registered,
+            // Seed 000 eq. (5): M_source <= N_w * W + M_queue + M_meta, with our values.
+            "m_source_bound": {
+                "n_windows": windows,
+                "window_bytes": m.window_size,
+                "windows_bytes": windows * m.window_size,
+                "queue_entries": if self.options.source == SourceKind::F { self.options.depth } else { 1 },
+                "plan_struct_bytes": meta,
+            },
+        }))
+    }
+}
