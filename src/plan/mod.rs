@@ -499,6 +499,11 @@ impl Plan {
                 self.policy.reused(object);
             }
         }
+        // Prefetch holds of this layer end at its acquire, before misses claim slots: used ones
+        // stay InUse through the consumer just taken, unused ones become Recyclable victims.
+        for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
+            self.drop_consumer(hli, slot, v)?;
+        }
         let mut loads = Vec::new();
         for &object in &misses {
             self.tel.misses += 1;
@@ -511,10 +516,6 @@ impl Plan {
             let v = self.table.consume(li, slot, object)?;
             self.tel.consumer_takes += 1;
             self.taking.push((li, slot, v));
-        }
-        // Prefetch holds of this layer end at its acquire: used ones stay InUse.
-        for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
-            self.drop_consumer(hli, slot, v)?;
         }
         if pass == 0 {
             if let Some(next) = self.manifest.next_layer(layer) {
