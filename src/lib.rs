@@ -6,6 +6,7 @@ pub mod generate;
 pub mod gguf;
 pub mod identity;
 pub mod inventory;
+pub mod observe;
 pub mod oracle;
 pub mod record;
 pub mod util;
