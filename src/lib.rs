@@ -7,6 +7,7 @@ pub mod generate;
 pub mod gguf;
 pub mod identity;
 pub mod inventory;
+pub mod observe;
 pub mod oracle;
 pub mod plan;
 pub mod record;

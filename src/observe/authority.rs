@@ -1,0 +1,274 @@
+//! The authority vector (seed 000 §2.1: boundary and grade per memory tier, with margins) and
+//! the admission predicate (§5.3: positive margin below the limit and zero limit events, plus
+//! zero OOM, zero OOM kills, zero swap and zero foreign compute processes).
+//!
+//! Both are pure functions of what was observed, so the grading is testable without a cgroup.
+
+use super::gpu::GpuAudit;
+use super::HostReport;
+use serde::Serialize;
+
+/// How strongly a number bounds a tier. The grades are not comparable on one scale.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "grade", rename_all = "snake_case")]
+pub enum Grade {
+    /// Enforced by the kernel (cgroup limit).
+    HardLimit,
+    /// A capacity that cannot be exceeded (board size, host MemTotal).
+    PhysicalCeiling,
+    /// A kernel-kept high-water mark of an instrumented boundary.
+    HighWaterMark,
+    /// Periodic samples: an audit, not a bound between samples.
+    SampledAudit,
+    NotObserved {
+        reason: String,
+    },
+}
+
+/// One memory tier.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TierAuthority {
+    /// The authority of `boundary`.
+    pub grade: Grade,
+    /// Bytes; None only when not observed.
+    pub boundary: Option<u64>,
+    /// The observed peak and how it was observed.
+    pub peak: Option<u64>,
+    pub peak_grade: Grade,
+    /// boundary − peak (signed); None where there is no independent boundary.
+    pub margin: Option<i64>,
+    /// The physical ceiling, recorded separately from the boundary (host MemTotal, board size).
+    pub ceiling: Option<u64>,
+    pub ceiling_margin: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AuthorityVector {
+    pub host: TierAuthority,
+    pub gpu: TierAuthority,
+}
+
+fn diff(a: u64, b: u64) -> i64 {
+    (a as i128 - b as i128).clamp(i64::MIN as i128, i64::MAX as i128) as i64
+}
+
+/// Host: hard limit when one was set, else the instrumented high-water mark itself; MemTotal as
+/// the physical ceiling. GPU: the declared allowance as a sampled audit, else the board size as
+/// a physical ceiling; not observed without NVML.
+pub fn authority(host: &HostReport, gpu: &GpuAudit, gpu_declared: Option<u64>) -> AuthorityVector {
+    let (peak, peak_grade) = match host.kernel_peak {
+        Some(p) => (p, Grade::HighWaterMark),
+        None => (host.sampled_peak, Grade::SampledAudit),
+    };
+    let host_tier = TierAuthority {
+        grade: if host.limit.is_some() { Grade::HardLimit } else { peak_grade.clone() },
+        boundary: Some(host.limit.unwrap_or(peak)),
+        peak: Some(peak),
+        peak_grade,
+        margin: host.limit.map(|l| diff(l, peak)),
+        ceiling: host.mem_total,
+        ceiling_margin: host.mem_total.map(|t| diff(t, peak)),
+    };
+    let gpu_tier = match gpu {
+        GpuAudit::NotObserved { reason } => {
+            let g = Grade::NotObserved { reason: reason.clone() };
+            TierAuthority {
+                grade: g.clone(),
+                boundary: None,
+                peak: None,
+                peak_grade: g,
+                margin: None,
+                ceiling: None,
+                ceiling_margin: None,
+            }
+        }
+        GpuAudit::Observed(o) => {
+            let (grade, boundary) = match gpu_declared {
+                Some(d) => (Grade::SampledAudit, d),
+                None => (Grade::PhysicalCeiling, o.total),
+            };
+            TierAuthority {
+                grade,
+                boundary: Some(boundary),
+                peak: Some(o.used_peak),
+                peak_grade: Grade::SampledAudit,
+                margin: Some(diff(boundary, o.used_peak)),
+                ceiling: Some(o.total),
+                ceiling_margin: Some(diff(o.total, o.used_peak)),
+            }
+        }
+    };
+    AuthorityVector { host: host_tier, gpu: gpu_tier }
+}
+
+/// One conjunct of the admission predicate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Conjunct {
+    pub name: String,
+    pub passed: bool,
+    pub value: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Admission {
+    pub admitted: bool,
+    pub conjuncts: Vec<Conjunct>,
+    /// `name: value` of every failed conjunct, e.g. `limit events: 33481`.
+    pub failed: Vec<String>,
+}
+
+/// Evaluates the predicate. A run without a hard host limit cannot show a positive margin below
+/// one and is not admitted. Without a GPU and without a declared GPU allowance the GPU
+/// conjuncts hold vacuously (said so in their value); with a declared allowance they need an
+/// observation.
+pub fn admission(host: &HostReport, gpu: &GpuAudit, auth: &AuthorityVector, gpu_declared: Option<u64>) -> Admission {
+    let mut c = Vec::new();
+    let mut push = |name: &str, passed: bool, value: String| c.push(Conjunct { name: name.to_string(), passed, value });
+
+    match (host.limit, auth.host.margin) {
+        (Some(l), Some(m)) => push("host margin", m > 0, format!("{m} bytes below the {l}-byte limit")),
+        _ => push("host margin", false, "no hard host limit (accounting-only run)".to_string()),
+    }
+    push("limit events", host.limit_events == 0, host.limit_events.to_string());
+    match host.oom_events {
+        Some(n) => push("oom events", n == 0 && !host.under_oom_seen, n.to_string()),
+        None => push(
+            "oom events",
+            !host.under_oom_seen,
+            if host.under_oom_seen {
+                "under_oom seen".into()
+            } else {
+                "under_oom never seen (v1 keeps no count)".into()
+            },
+        ),
+    }
+    push("oom kills", host.oom_kills == 0, host.oom_kills.to_string());
+    match host.swap.peak {
+        Some(p) => push("swap", p == 0, format!("{p} bytes")),
+        None => push("swap", false, format!("not observed ({})", host.swap.note)),
+    }
+    match gpu {
+        GpuAudit::Observed(o) => {
+            let pids: Vec<String> = o.foreign.iter().map(|f| f.pid.to_string()).collect();
+            let mut uniq = pids.clone();
+            uniq.sort();
+            uniq.dedup();
+            let v =
+                if uniq.is_empty() { "0".to_string() } else { format!("{} (pids {})", uniq.len(), uniq.join(", ")) };
+            push("foreign compute processes", uniq.is_empty(), v);
+            if gpu_declared.is_some() {
+                let m = auth.gpu.margin.unwrap_or(0);
+                push("gpu margin", m > 0, format!("{m} bytes below the declared allowance"));
+            }
+        }
+        GpuAudit::NotObserved { reason } => {
+            let declared = gpu_declared.is_some();
+            let v = if declared {
+                format!("not observed ({reason})")
+            } else {
+                format!("none declared; GPU not observed ({reason})")
+            };
+            push("foreign compute processes", !declared, v.clone());
+            if declared {
+                push("gpu margin", false, v);
+            }
+        }
+    }
+    let failed: Vec<String> = c.iter().filter(|x| !x.passed).map(|x| format!("{}: {}", x.name, x.value)).collect();
+    Admission { admitted: failed.is_empty(), conjuncts: c, failed }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::gpu::{ForeignProcess, GpuObservation};
+    use crate::observe::{HostReport, SwapReport};
+
+    const GIB: u64 = 1 << 30;
+
+    fn host(limit: Option<u64>, peak: u64, events: u64) -> HostReport {
+        HostReport {
+            limit,
+            kernel_peak: Some(peak),
+            sampled_peak: peak - 4096,
+            limit_events: events,
+            mem_total: Some(16_667_594_752),
+            swap: SwapReport { accounted: true, peak: Some(0), end: Some(0), events: None, note: String::new() },
+            ..HostReport::default()
+        }
+    }
+
+    fn board(used_peak: u64, foreign: Vec<u32>) -> GpuAudit {
+        GpuAudit::Observed(GpuObservation {
+            boards: vec![],
+            total: 25_769_803_776,
+            samples: 10,
+            interval_ms: 50.0,
+            used_start: 0,
+            used_peak,
+            used_end: 0,
+            used_peak_per_board: vec![used_peak],
+            run_processes: vec![],
+            foreign: foreign
+                .into_iter()
+                .map(|pid| ForeignProcess { pid, board: 0, comm: None, cgroup: "/".into(), max_used: None, samples: 1 })
+                .collect(),
+            foreign_max_concurrent: 0,
+            sample_errors: 0,
+            last_error: None,
+        })
+    }
+
+    /// The seed's P cell: it reaches the 11 GiB ceiling and advances memory.max 33,481 times.
+    #[test]
+    fn seed_p_cell_fails_d_cell_passes() {
+        let p = host(Some(11 * GIB), 11 * GIB, 33481);
+        let g = board(20 * GIB, vec![]);
+        let a = authority(&p, &g, Some(23 * GIB));
+        assert_eq!(a.host.grade, Grade::HardLimit);
+        assert_eq!(a.host.margin, Some(0));
+        assert_eq!(a.gpu.grade, Grade::SampledAudit);
+        assert_eq!(a.gpu.margin, Some(3 * GIB as i64));
+        assert_eq!(a.gpu.ceiling, Some(25_769_803_776));
+        let adm = admission(&p, &g, &a, Some(23 * GIB));
+        assert!(!adm.admitted);
+        assert!(adm.failed.contains(&"limit events: 33481".to_string()), "{:?}", adm.failed);
+
+        let d = host(Some(11 * GIB), 9 * GIB, 0);
+        let a = authority(&d, &g, Some(23 * GIB));
+        let adm = admission(&d, &g, &a, Some(23 * GIB));
+        assert!(adm.admitted, "{:?}", adm.failed);
+        assert_eq!(a.host.margin, Some(2 * GIB as i64));
+    }
+
+    #[test]
+    fn foreign_swap_oom_and_no_limit_fail() {
+        let d = host(Some(11 * GIB), 9 * GIB, 0);
+        let g = board(20 * GIB, vec![4242]);
+        let adm = admission(&d, &g, &authority(&d, &g, None), None);
+        assert_eq!(adm.failed, vec!["foreign compute processes: 1 (pids 4242)".to_string()]);
+
+        let mut h = host(Some(11 * GIB), 9 * GIB, 0);
+        h.swap.peak = Some(8192);
+        h.oom_kills = 1;
+        h.oom_events = Some(1);
+        let g = GpuAudit::NotObserved { reason: "NVML unavailable: x".into() };
+        let a = authority(&h, &g, None);
+        assert_eq!(a.gpu.grade, Grade::NotObserved { reason: "NVML unavailable: x".into() });
+        assert_eq!(a.gpu.boundary, None);
+        let adm = admission(&h, &g, &a, None);
+        assert_eq!(adm.failed, vec!["oom events: 1", "oom kills: 1", "swap: 8192 bytes"]);
+        // A declared GPU allowance that cannot be audited fails.
+        let adm = admission(&d, &g, &authority(&d, &g, Some(GIB)), Some(GIB));
+        assert_eq!(adm.failed.len(), 2);
+
+        let free = host(None, 9 * GIB, 0);
+        let a = authority(&free, &g, None);
+        assert_eq!(a.host.grade, Grade::HighWaterMark);
+        assert_eq!(a.host.boundary, Some(9 * GIB));
+        assert_eq!(a.host.margin, None);
+        assert_eq!(a.host.ceiling_margin, Some(16_667_594_752 - 9 * GIB as i64));
+        let adm = admission(&free, &g, &a, None);
+        assert_eq!(adm.failed, vec!["host margin: no hard host limit (accounting-only run)"]);
+    }
+}

@@ -1,0 +1,280 @@
+//! Whole-board GPU audit through NVML (`nvml-wrapper`, which loads `libnvidia-ml.so.1` at run
+//! time): board used memory (total − free) and the compute processes on every board, with
+//! those outside the run's cgroup marked foreign. GPU memory is audited, not partitioned.
+//!
+//! Where NVML or a GPU is absent the result is [`GpuAudit::NotObserved`] with NVML's reason —
+//! never a zero that was not measured.
+
+use super::cgroup::{membership_path, Version};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::Nvml;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fs;
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Board {
+    pub index: u32,
+    pub name: Option<String>,
+    pub uuid: Option<String>,
+    pub total: u64,
+}
+
+/// A compute process on a board that is not in the run's cgroup.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ForeignProcess {
+    pub pid: u32,
+    pub board: u32,
+    pub comm: Option<String>,
+    /// Its memory cgroup, or why it could not be read (then it counts as foreign).
+    pub cgroup: String,
+    pub max_used: Option<u64>,
+    pub samples: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GpuObservation {
+    pub boards: Vec<Board>,
+    /// Sum of board sizes.
+    pub total: u64,
+    pub samples: u64,
+    pub interval_ms: f64,
+    /// Used memory (total − free) summed over boards: first sample, sampled maximum, last.
+    pub used_start: u64,
+    pub used_peak: u64,
+    pub used_end: u64,
+    /// Maximum per board.
+    pub used_peak_per_board: Vec<u64>,
+    /// Compute processes of the run seen on a board.
+    pub run_processes: Vec<u32>,
+    pub foreign: Vec<ForeignProcess>,
+    pub foreign_max_concurrent: u32,
+    pub sample_errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum GpuAudit {
+    NotObserved { reason: String },
+    Observed(GpuObservation),
+}
+
+/// Whether a pid belongs to the run: its memory cgroup is the run cgroup or below it.
+#[derive(Clone, Debug)]
+pub struct Membership {
+    pub version: Version,
+    pub rel: String,
+}
+
+impl Membership {
+    /// `Ok(true)` inside, `Ok(false)` outside with its cgroup, `Err` when unreadable.
+    pub fn classify(&self, pid: u32) -> Result<(bool, String), String> {
+        let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| format!("/proc/{pid}/cgroup: {e}"))?;
+        let p = membership_path(&text, self.version)
+            .ok_or_else(|| format!("/proc/{pid}/cgroup: no memory hierarchy line"))?;
+        let inside = p == self.rel || p.starts_with(&format!("{}/", self.rel.trim_end_matches('/')));
+        Ok((inside, p))
+    }
+}
+
+/// Why the GPU cannot be observed here, or None when NVML sees at least one board.
+pub fn probe() -> Option<String> {
+    match Nvml::init() {
+        Err(e) => Some(format!("NVML unavailable: {e}")),
+        Ok(n) => match n.device_count() {
+            Ok(0) => Some("NVML reports zero devices".to_string()),
+            Ok(_) => None,
+            Err(e) => Some(format!("NVML device count: {e}")),
+        },
+    }
+}
+
+pub struct GpuSampler {
+    stop: Sender<()>,
+    handle: JoinHandle<GpuAudit>,
+}
+
+impl GpuSampler {
+    pub fn start(interval: Duration, membership: Membership) -> GpuSampler {
+        let (stop, rx) = mpsc::channel::<()>();
+        let handle = std::thread::Builder::new()
+            .name("observe-gpu".into())
+            .spawn(move || {
+                let nvml = match Nvml::init() {
+                    Ok(n) => n,
+                    Err(e) => return GpuAudit::NotObserved { reason: format!("NVML unavailable: {e}") },
+                };
+                let count = match nvml.device_count() {
+                    Ok(0) => return GpuAudit::NotObserved { reason: "NVML reports zero devices".to_string() },
+                    Ok(n) => n,
+                    Err(e) => return GpuAudit::NotObserved { reason: format!("NVML device count: {e}") },
+                };
+                let mut st = State::new(interval, membership);
+                loop {
+                    st.sample(&nvml, count);
+                    match rx.recv_timeout(interval) {
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        _ => break,
+                    }
+                }
+                st.sample(&nvml, count);
+                st.finish()
+            })
+            .expect("spawning the GPU sampler thread");
+        GpuSampler { stop, handle }
+    }
+
+    pub fn stop(self) -> GpuAudit {
+        let _ = self.stop.send(());
+        self.handle
+            .join()
+            .unwrap_or_else(|_| GpuAudit::NotObserved { reason: "GPU sampler thread panicked".to_string() })
+    }
+}
+
+struct State {
+    membership: Membership,
+    obs: GpuObservation,
+    /// pid → inside the run? (with its cgroup text)
+    class: BTreeMap<u32, Result<(bool, String), String>>,
+    foreign: BTreeMap<(u32, u32), ForeignProcess>,
+    run: std::collections::BTreeSet<u32>,
+}
+
+impl State {
+    fn new(interval: Duration, membership: Membership) -> State {
+        State {
+            membership,
+            obs: GpuObservation {
+                boards: Vec::new(),
+                total: 0,
+                samples: 0,
+                interval_ms: interval.as_secs_f64() * 1e3,
+                used_start: 0,
+                used_peak: 0,
+                used_end: 0,
+                used_peak_per_board: Vec::new(),
+                run_processes: Vec::new(),
+                foreign: Vec::new(),
+                foreign_max_concurrent: 0,
+                sample_errors: 0,
+                last_error: None,
+            },
+            class: BTreeMap::new(),
+            foreign: BTreeMap::new(),
+            run: Default::default(),
+        }
+    }
+
+    fn error(&mut self, e: String) {
+        self.obs.sample_errors += 1;
+        self.obs.last_error = Some(e);
+    }
+
+    fn sample(&mut self, nvml: &Nvml, count: u32) {
+        let mut used = Vec::with_capacity(count as usize);
+        let mut foreign_now = 0u32;
+        for i in 0..count {
+            let dev = match nvml.device_by_index(i) {
+                Ok(d) => d,
+                Err(e) => return self.error(format!("device {i}: {e}")),
+            };
+            let mem = match dev.memory_info() {
+                Ok(m) => m,
+                Err(e) => return self.error(format!("device {i} memory_info: {e}")),
+            };
+            if self.obs.boards.len() < count as usize {
+                self.obs.boards.push(Board {
+                    index: i,
+                    name: dev.name().ok(),
+                    uuid: dev.uuid().ok(),
+                    total: mem.total,
+                });
+            }
+            used.push(mem.total.saturating_sub(mem.free));
+            let procs = match dev.running_compute_processes() {
+                Ok(p) => p,
+                Err(e) => return self.error(format!("device {i} running_compute_processes: {e}")),
+            };
+            for p in procs {
+                let membership = &self.membership;
+                let class = self.class.entry(p.pid).or_insert_with(|| membership.classify(p.pid)).clone();
+                let bytes = match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                };
+                match class {
+                    Ok((true, _)) => {
+                        self.run.insert(p.pid);
+                    }
+                    other => {
+                        foreign_now += 1;
+                        let cgroup = match other {
+                            Ok((_, c)) => c,
+                            Err(e) => format!("unreadable: {e}"),
+                        };
+                        let f = self.foreign.entry((p.pid, i)).or_insert_with(|| ForeignProcess {
+                            pid: p.pid,
+                            board: i,
+                            comm: fs::read_to_string(format!("/proc/{}/comm", p.pid))
+                                .ok()
+                                .map(|s| s.trim().to_string()),
+                            cgroup,
+                            max_used: None,
+                            samples: 0,
+                        });
+                        f.samples += 1;
+                        f.max_used = f.max_used.max(bytes);
+                    }
+                }
+            }
+        }
+        let sum: u64 = used.iter().sum();
+        if self.obs.samples == 0 {
+            self.obs.used_start = sum;
+            self.obs.total = self.obs.boards.iter().map(|b| b.total).sum();
+            self.obs.used_peak_per_board = vec![0; used.len()];
+        }
+        for (m, u) in self.obs.used_peak_per_board.iter_mut().zip(&used) {
+            *m = (*m).max(*u);
+        }
+        self.obs.samples += 1;
+        self.obs.used_peak = self.obs.used_peak.max(sum);
+        self.obs.used_end = sum;
+        self.obs.foreign_max_concurrent = self.obs.foreign_max_concurrent.max(foreign_now);
+    }
+
+    fn finish(mut self) -> GpuAudit {
+        if self.obs.samples == 0 {
+            let why = self.obs.last_error.unwrap_or_else(|| "no sample completed".to_string());
+            return GpuAudit::NotObserved { reason: format!("NVML sampling failed: {why}") };
+        }
+        self.obs.run_processes = self.run.into_iter().collect();
+        self.obs.foreign = self.foreign.into_values().collect();
+        GpuAudit::Observed(self.obs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_by_memory_cgroup() {
+        let me = std::process::id();
+        let text = fs::read_to_string("/proc/self/cgroup").unwrap();
+        for v in [Version::V1, Version::V2] {
+            let Some(own) = membership_path(&text, v) else { continue };
+            let inside = Membership { version: v, rel: own.clone() };
+            assert_eq!(inside.classify(me).unwrap(), (true, own.clone()));
+            let run = Membership { version: v, rel: format!("{}/sovereign-1-0", own.trim_end_matches('/')) };
+            assert_eq!(run.classify(me).unwrap(), (false, own.clone()));
+            assert!(run.classify(999_999_999).is_err(), "an unreadable pid is reported, then counted foreign");
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! Resource observation: what bounded each memory tier of a run, and with what authority.
+//!
+//! [`run_contained`] runs one command as its own process tree inside a fresh memory cgroup
+//! below the harness's own (entered before exec, so everything it touches is charged there),
+//! optionally under a hard limit with swap off, while two samplers watch it: the cgroup and
+//! /proc of its processes, and NVML's whole-board view. It returns what the kernel kept (limit,
+//! high-water mark, limit events, OOM, swap, memory.stat split), the GPU audit, the /proc
+//! counters, the authority vector and the admission predicate (seed 000 §2.1, §5.3).
+//! A low RSS proves nothing: buffered reads charge page cache to the cgroup while RSS stays low,
+//! which is why the host tier is the cgroup's charge, not the processes' RSS.
+//!
+//! This room observes and grades; it does not decide what a failed predicate means for a
+//! campaign.
+
+pub mod authority;
+pub mod cgroup;
+pub mod gpu;
+pub mod procs;
+
+use anyhow::{anyhow, bail, Result};
+use authority::{Admission, AuthorityVector};
+use cgroup::{Counters, Stale, StatSplit, Version};
+use gpu::{GpuAudit, GpuSampler, Membership};
+use procs::{Io, ProcCounters, TreeSampler};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use authority::{Conjunct, Grade, TierAuthority};
+pub use cgroup::{SetupError, SetupErrorKind};
+
+/// What a run may use and how often it is sampled.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ContainSpec {
+    /// Hard host limit in bytes (the whole process tree, page cache included); None: the run
+    /// still gets its own cgroup, for accounting only.
+    pub memory_max: Option<u64>,
+    /// Declared GPU allowance in bytes, audited against whole-board use.
+    pub gpu_declared: Option<u64>,
+    /// Period of the cgroup, /proc and NVML samplers.
+    pub sample_interval: Duration,
+}
+
+impl Default for ContainSpec {
+    fn default() -> Self {
+        ContainSpec { memory_max: None, gpu_declared: None, sample_interval: Duration::from_millis(50) }
+    }
+}
+
+/// How the direct child ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RunStatus {
+    Exited { code: i32 },
+    Signaled { signal: i32, name: String, core_dumped: bool },
+}
+
+impl RunStatus {
+    pub fn success(&self) -> bool {
+        matches!(self, RunStatus::Exited { code: 0 })
+    }
+
+    fn from_wait(status: libc::c_int) -> RunStatus {
+        if libc::WIFSIGNALED(status) {
+            let signal = libc::WTERMSIG(status);
+            RunStatus::Signaled { signal, name: signal_name(signal), core_dumped: libc::WCOREDUMP(status) }
+        } else {
+            RunStatus::Exited { code: libc::WEXITSTATUS(status) }
+        }
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    let n = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    n.to_string()
+}
+
+/// Swap of the run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SwapReport {
+    /// Whether the cgroup accounts swap (v1 memsw files, v2 `memory.swap.current`).
+    pub accounted: bool,
+    /// Largest swap seen (sampled, and v2 `memory.swap.peak` where kept); `Some(0)` also when
+    /// swap is not accounted but the host has none configured.
+    pub peak: Option<u64>,
+    pub end: Option<u64>,
+    /// v2 `memory.swap.events` max + fail.
+    pub events: Option<u64>,
+    pub note: String,
+}
+
+/// The host tier: the run cgroup's charge.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HostReport {
+    pub hierarchy: Option<Version>,
+    /// Filesystem path of the run's cgroup (removed afterwards; see `removed`).
+    pub cgroup: String,
+    pub requested_limit: Option<u64>,
+    /// The limit as the kernel read it back; None: no limit.
+    pub limit: Option<u64>,
+    pub swap_control: String,
+    /// Kernel high-water mark (v1 `memory.max_usage_in_bytes`, v2 `memory.peak`), if kept.
+    pub kernel_peak: Option<u64>,
+    /// Largest sampled usage (v1 `memory.usage_in_bytes`, v2 `memory.current`).
+    pub sampled_peak: u64,
+    pub end_usage: u64,
+    /// Times a charge hit the limit (v1 failcnt of memory + memsw, v2 `memory.events` max).
+    pub limit_events: u64,
+    pub limit_event_files: BTreeMap<String, u64>,
+    /// v2 `memory.events` oom; None on v1 (no count kept).
+    pub oom_events: Option<u64>,
+    /// v1 `under_oom` seen in any sample or at the end.
+    pub under_oom_seen: bool,
+    pub oom_kills: u64,
+    pub swap: SwapReport,
+    /// memory.stat split at the sample of largest usage, and after the run.
+    pub stat_at_peak: Option<StatSplit>,
+    pub stat_end: Option<StatSplit>,
+    /// Host MemTotal, the physical ceiling.
+    pub mem_total: Option<u64>,
+    pub samples: u64,
+    /// Processes still in the cgroup after the direct child exited, killed by the harness.
+    pub stragglers_killed: u32,
+    /// Cgroups of dead harnesses removed before this run.
+    pub stale_removed: Vec<Stale>,
+    pub removed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cleanup_error: Option<String>,
+}
+
+/// Everything observed of one contained run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ContainedRun {
+    pub status: RunStatus,
+    pub wall_s: f64,
+    pub host: HostReport,
+    pub gpu: GpuAudit,
+    pub procs: ProcCounters,
+    pub authority: AuthorityVector,
+    pub admission: Admission,
+}
+
+/// What the host sampler thread saw.
+#[derive(Default)]
+struct HostSamples {
+    samples: u64,
+    sampled_peak: u64,
+    stat_at_peak: Option<StatSplit>,
+    swap_peak: Option<u64>,
+    under_oom_seen: bool,
+    tree: TreeSampler,
+}
+
+impl HostSamples {
+    fn sample(&mut self, dir: &std::path::Path, v: Version) {
+        let c: Counters = cgroup::read_counters(dir, v);
+        if self.samples == 0 || c.usage > self.sampled_peak {
+            self.sampled_peak = c.usage;
+            self.stat_at_peak = cgroup::read_stat(dir, v);
+        }
+        if let Some(s) = c.swap {
+            self.swap_peak = Some(self.swap_peak.unwrap_or(0).max(s));
+        }
+        self.under_oom_seen |= c.under_oom;
+        self.tree.sample(&cgroup::read_pids(dir));
+        self.samples += 1;
+    }
+}
+
+struct HostSampler {
+    stop: Sender<()>,
+    handle: JoinHandle<HostSamples>,
+}
+
+impl HostSampler {
+    fn start(dir: PathBuf, v: Version, interval: Duration) -> Result<HostSampler> {
+        let (stop, rx) = mpsc::channel::<()>();
+        let handle = std::thread::Builder::new().name("observe-host".into()).spawn(move || {
+            let mut s = HostSamples::default();
+            loop {
+                s.sample(&dir, v);
+                match rx.recv_timeout(interval) {
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    _ => break,
+                }
+            }
+            s.sample(&dir, v);
+            s
+        })?;
+        Ok(HostSampler { stop, handle })
+    }
+
+    fn stop(self) -> HostSamples {
+        let _ = self.stop.send(());
+        self.handle.join().unwrap_or_default()
+    }
+}
+
+/// Waits for the direct child to exit, reads its /proc counters while it is a zombie, then reaps
+/// it with wait4 for its status and rusage.
+fn wait_child(pid: u32) -> Result<(RunStatus, Option<Io>, libc::rusage)> {
+    loop {
+        // SAFETY: plain waitid on our own child; siginfo is written by the kernel.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if r == 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            bail!("waiting for child {pid}: {e}");
+        }
+    }
+    let io = procs::read_io(pid);
+    let mut status: libc::c_int = 0;
+    // SAFETY: as above; rusage is plain data.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        let r = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut ru) };
+        if r == pid as libc::pid_t {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if r < 0 && e.raw_os_error() != Some(libc::EINTR) {
+            bail!("reaping child {pid}: {e}");
+        }
+    }
+    Ok((RunStatus::from_wait(status), io, ru))
+}
+
+/// Removes run cgroups left by harnesses that were killed; [`run_contained`] does this at start.
+pub fn cleanup_stale() -> Result<Vec<Stale>> {
+    let h = cgroup::prepare()?;
+    Ok(cgroup::cleanup_stale(&h))
+}
+
+/// Runs `cmd` as its own process tree in a new memory cgroup below ours, limited to
+/// `spec.memory_max` with swap off, and returns what bounded each tier.
+///
+/// Errors (one line each, saying what to do) when no run cgroup can be made: no memory
+/// controller, no permission, or a v2 subtree without delegation. The child's stdio should be
+/// inherited, null or files: pipes are closed by the harness once the child has started.
+/// The cgroup is removed afterwards, also when the child crashes or leaves processes behind.
+pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRun> {
+    if spec.sample_interval.is_zero() {
+        bail!("sample interval must be positive");
+    }
+    let h = cgroup::prepare()?;
+    let stale_removed = cgroup::cleanup_stale(&h);
+    let mut cg = cgroup::RunCgroup::create(&h)?;
+    let setting = cg.set_limit(spec.memory_max)?;
+    let procs_file = cg.open_procs()?;
+    let fd = procs_file.as_raw_fd();
+    // SAFETY: the hook only calls getpid and write (async-signal-safe); the fd stays open in
+    // the parent until spawn returns and is close-on-exec, so the command never inherits it.
+    unsafe {
+        cmd.pre_exec(move || cgroup::join_fd(fd));
+    }
+    let host_sampler = HostSampler::start(cg.path.clone(), cg.version, spec.sample_interval)?;
+    let gpu_sampler = GpuSampler::start(spec.sample_interval, Membership { version: cg.version, rel: cg.rel.clone() });
+    let t0 = Instant::now();
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            host_sampler.stop();
+            gpu_sampler.stop();
+            return Err(anyhow!("cannot start {:?} in cgroup {}: {e}", cmd.get_program(), cg.path.display()));
+        }
+    };
+    drop(procs_file);
+    let pid = child.id();
+    drop(child);
+    let (status, child_io, ru) = wait_child(pid)?;
+    let wall_s = t0.elapsed().as_secs_f64();
+
+    // Stragglers: count their I/O, then kill them.
+    let mut io = child_io.unwrap_or_default();
+    for p in cg.pids() {
+        if let Some(i) = procs::read_io(p) {
+            io.add(&i);
+        }
+    }
+    let stragglers_killed = cg.kill_all();
+    let hs = host_sampler.stop();
+    let gpu = gpu_sampler.stop();
+    let end: Counters = cg.counters();
+    let stat_end = cg.stat();
+    let cleanup = cg.remove();
+
+    let swap_total = procs::meminfo("SwapTotal");
+    let swap = if end.swap.is_some() || hs.swap_peak.is_some() {
+        let peak = [hs.swap_peak, end.swap, end.swap_peak].into_iter().flatten().max();
+        SwapReport { accounted: true, peak, end: end.swap, events: end.swap_events, note: setting.swap_control.clone() }
+    } else if swap_total == Some(0) {
+        SwapReport {
+            accounted: false,
+            peak: Some(0),
+            end: Some(0),
+            events: None,
+            note: "swap not accounted; no swap configured (SwapTotal 0)".into(),
+        }
+    } else {
+        SwapReport {
+            accounted: false,
+            peak: None,
+            end: None,
+            events: None,
+            note: "swap not accounted by this kernel and swap is configured".into(),
+        }
+    };
+    let host = HostReport {
+        hierarchy: Some(cg.version),
+        cgroup: cg.path.display().to_string(),
+        requested_limit: spec.memory_max,
+        limit: setting.limit,
+        swap_control: setting.swap_control,
+        kernel_peak: end.peak,
+        sampled_peak: hs.sampled_peak.max(end.usage),
+        end_usage: end.usage,
+        limit_events: end.limit_events,
+        limit_event_files: end.limit_event_files,
+        oom_events: end.oom_events,
+        under_oom_seen: hs.under_oom_seen || end.under_oom,
+        oom_kills: end.oom_kills,
+        swap,
+        stat_at_peak: hs.stat_at_peak,
+        stat_end,
+        mem_total: procs::meminfo("MemTotal"),
+        samples: hs.samples,
+        stragglers_killed,
+        stale_removed,
+        removed: cleanup.is_ok(),
+        cleanup_error: cleanup.err(),
+    };
+    let maxrss_wait4 = (ru.ru_maxrss.max(0) as u64) * 1024;
+    let procs = ProcCounters {
+        read_bytes: io.read_bytes,
+        rchar: io.rchar,
+        write_bytes: io.write_bytes,
+        wchar: io.wchar,
+        rss_hwm: hs.tree.hwm(),
+        maxrss_wait4,
+        processes_seen: hs.tree.per_pid.len() + usize::from(!hs.tree.per_pid.contains_key(&pid)),
+        final_read: child_io.is_some(),
+    };
+    let authority = authority::authority(&host, &gpu, spec.gpu_declared);
+    let admission = authority::admission(&host, &gpu, &authority, spec.gpu_declared);
+    Ok(ContainedRun { status, wall_s, host, gpu, procs, authority, admission })
+}
