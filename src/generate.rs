@@ -110,8 +110,14 @@ pub fn run_with(
     let source = make_source(&inv)?;
     let experts = source.as_ref().map_or(serde_json::json!("resident"), |s| s.describe());
     let t0 = Instant::now();
+    let served = source.is_some();
     let model = Model::load_with(&spec.model, source)?;
     let load_s = t0.elapsed().as_secs_f64();
+    if served {
+        // llama.cpp read the non-expert tensors through the page cache; those pages are not
+        // the run's working set, so give them back rather than keep them charged.
+        crate::util::drop_file_cache(&spec.model)?;
+    }
     let n_vocab = model.n_vocab();
     let prompt = model.tokenize(&spec.prompt, true)?;
     if prompt.is_empty() {
@@ -236,4 +242,50 @@ pub fn route_summary(routes: &[RouteEvent]) -> Vec<(u32, usize, usize, f64)> {
             (layer, m.len(), total, top as f64 / total.max(1) as f64)
         })
         .collect()
+}
+
+/// A generate run as its own process tree under a hard memory limit: the child (this binary,
+/// `child_args`) writes its record inside ours; we add what bounded each memory tier and the
+/// admission outcome, then commit. A child that dies still leaves a record of how it died.
+pub fn run_contained(
+    record: &std::path::Path,
+    child_args: impl FnOnce(&std::path::Path) -> Vec<std::ffi::OsString>,
+    spec: &crate::observe::ContainSpec,
+    cache_protocol: &str,
+) -> Result<(serde_json::Value, PathBuf)> {
+    use anyhow::Context as _;
+    let staging = Staging::new(record)?;
+    let cell = staging.dir().join("cell");
+    let log_path = staging.dir().join("cell.log");
+    let log = std::fs::File::create(&log_path)?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(child_args(&cell)).stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    let run = crate::observe::run_contained(cmd, spec)?;
+    let mut rec: serde_json::Value = match std::fs::read_to_string(cell.join(crate::record::RECORD_FILE)) {
+        Ok(text) => {
+            for entry in std::fs::read_dir(&cell)? {
+                let entry = entry?;
+                std::fs::rename(entry.path(), staging.dir().join(entry.file_name()))?;
+            }
+            std::fs::remove_dir(&cell)?;
+            serde_json::from_str(&text).context("the cell's record.json")?
+        }
+        Err(_) => {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            serde_json::json!({
+                "format": "sovereign.generate/1",
+                "outcome": "failed",
+                "error": log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output"),
+                "build": build_identity()?,
+                "surfaces": {},
+            })
+        }
+    };
+    if rec.get("outcome").is_none() {
+        rec["outcome"] = serde_json::json!(if run.status.success() { "completed" } else { "failed" });
+    }
+    rec["resources"] = serde_json::to_value(&run)?;
+    rec["cache_protocol"] = serde_json::json!(cache_protocol);
+    let dir = staging.commit(&rec)?;
+    Ok((rec, dir))
 }

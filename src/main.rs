@@ -146,6 +146,24 @@ struct GenerateArgs {
     windows: u32,
     #[arg(long, default_value_t = 8)]
     depth: u32,
+    /// Run as its own process tree in a memory cgroup with this hard limit (bytes, or with a
+    /// K/M/G suffix, binary), swap off; the record then states what bounded each memory tier
+    /// and whether the run is admitted (positive margin, zero limit events, no OOM, no swap).
+    #[arg(long, value_parser = parse_bytes)]
+    memory_max: Option<u64>,
+    /// Run in its own cgroup for accounting even without a limit.
+    #[arg(long)]
+    contain: bool,
+    /// Declared GPU allowance (bytes or K/M/G), audited against whole-board use.
+    #[arg(long, value_parser = parse_bytes)]
+    gpu_declared: Option<u64>,
+    /// Sampling period of the cgroup, /proc and NVML observers, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    sample_ms: u64,
+    /// A contained run normally starts cold (the model's pages dropped from the page cache, so
+    /// the run is charged for its own reads); keep them instead.
+    #[arg(long)]
+    warm_cache: bool,
     /// Record directory (must not exist).
     #[arg(long)]
     record: PathBuf,
@@ -285,6 +303,68 @@ fn run(cli: Cli) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Bytes, optionally with a binary K, M, G or T suffix (`11G`, `512M`, `1048576`).
+fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let (num, mul) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let mul = match t[i..].to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+                "" => 1u64,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                other => return Err(format!("unknown size suffix `{other}` (use K, M, G or T)")),
+            };
+            (&t[..i], mul)
+        }
+        None => (t, 1),
+    };
+    num.trim().parse::<u64>().ok().and_then(|n| n.checked_mul(mul)).ok_or_else(|| format!("`{s}` is not a byte count"))
+}
+
+/// The same run as a child process writing its record to `record`.
+fn child_args(a: &GenerateArgs, record: &Path) -> Vec<std::ffi::OsString> {
+    let mut v: Vec<std::ffi::OsString> = vec!["generate".into(), "--model".into(), a.model.clone().into()];
+    match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => v.extend(["--prompt".into(), p.into()]),
+        (None, Some(f)) => v.extend(["--prompt-file".into(), f.clone().into()]),
+        (None, None) => {}
+    }
+    for (k, val) in [
+        ("--n-predict", a.n_predict.to_string()),
+        ("--threads", a.threads.to_string()),
+        ("--ctx", a.ctx.to_string()),
+        ("--batch", a.batch.to_string()),
+    ] {
+        v.extend([k.into(), val.into()]);
+    }
+    for (on, flag) in [(a.flash_attn, "--flash-attn"), (a.ignore_eos, "--ignore-eos")] {
+        if on {
+            v.push(flag.into());
+        }
+    }
+    if a.experts == Experts::Plan {
+        let source = match a.source {
+            SourceKind::P => "p",
+            SourceKind::D => "d",
+            SourceKind::F => "f",
+        };
+        for (k, val) in [
+            ("--experts", "plan".to_string()),
+            ("--slots", a.slots.to_string()),
+            ("--policy", a.policy.clone()),
+            ("--source", source.to_string()),
+            ("--windows", a.windows.to_string()),
+            ("--depth", a.depth.to_string()),
+        ] {
+            v.extend([k.into(), val.into()]);
+        }
+    }
+    v.extend(["--record".into(), record.into(), "--json".into()]);
+    v
+}
+
 fn read_prompt(a: &GenerateArgs) -> Result<Vec<u8>> {
     match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => Ok(p.as_bytes().to_vec()),
@@ -299,6 +379,9 @@ fn generate_cmd(a: GenerateArgs) -> Result<ExitCode> {
     }
     if a.batch < 1 {
         bail!("--batch must be at least 1");
+    }
+    if a.memory_max.is_some() || a.contain {
+        return generate_contained(&a);
     }
     let spec = GenerateSpec {
         model: a.model.clone(),
@@ -345,6 +428,53 @@ fn generate_cmd(a: GenerateArgs) -> Result<ExitCode> {
         println!("  layer {layer:>3}: {distinct:>4} distinct experts over {total:>6} selections, busiest {:.1}%", top * 100.0);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn generate_contained(a: &GenerateArgs) -> Result<ExitCode> {
+    // Refuse bad input here, before any cgroup is made.
+    sovereign::inventory::Inventory::of(&a.model)?;
+    read_prompt(a)?;
+    let spec = sovereign::observe::ContainSpec {
+        memory_max: a.memory_max,
+        gpu_declared: a.gpu_declared,
+        sample_interval: std::time::Duration::from_millis(a.sample_ms.max(1)),
+    };
+    let cache = if a.warm_cache {
+        "warm: page cache left as found"
+    } else {
+        sovereign::util::drop_file_cache(&a.model)?;
+        "cold: model file dropped from the page cache (POSIX_FADV_DONTNEED) before the run"
+    };
+    let (rec, dir) = generate::run_contained(&a.record, |cell| child_args(a, cell), &spec, cache)?;
+    let res = &rec["resources"];
+    if a.json {
+        print_json(&serde_json::json!({
+            "record": dir,
+            "outcome": rec["outcome"],
+            "admission": res["admission"],
+            "authority": res["authority"],
+            "digests": rec["surfaces"].as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v["sha256"].clone())).collect::<serde_json::Map<_, _>>()),
+        }))?;
+    } else {
+        println!("record    {}", display(&dir));
+        println!("outcome   {}", rec["outcome"].as_str().unwrap_or("?"));
+        if let Some(e) = rec["error"].as_str() {
+            println!("error     {e}");
+        }
+        let host = &res["host"];
+        println!(
+            "host      limit {} bytes, kernel peak {} bytes, limit events {}, OOM kills {}",
+            host["limit"], host["kernel_peak"], host["limit_events"], host["oom_kills"]
+        );
+        println!("authority host {} / gpu {}", res["authority"]["host"]["grade"], res["authority"]["gpu"]["grade"]);
+        let adm = &res["admission"];
+        println!(
+            "admission {}{}",
+            if adm["admitted"] == true { "admitted" } else { "NOT admitted" },
+            adm["failed"].as_array().filter(|f| !f.is_empty()).map(|f| format!(": {}", f.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", "))).unwrap_or_default()
+        );
+    }
+    Ok(if rec["outcome"] == "completed" { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 fn display(p: &Path) -> String {

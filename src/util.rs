@@ -6,8 +6,45 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-/// SHA-256 of a file, hex, read in large blocks.
+/// SHA-256 of a file, hex, read in large blocks with O_DIRECT where the file system allows it,
+/// so that hashing a model does not fill (and charge) the page cache with its bytes.
 pub fn sha256_file(path: &Path) -> Result<String> {
+    match sha256_file_direct(path) {
+        Ok(d) => Ok(d),
+        Err(_) => sha256_file_buffered(path),
+    }
+}
+
+fn sha256_file_direct(path: &Path) -> Result<String> {
+    use std::os::unix::fs::FileExt;
+    const BLOCK: usize = 4 << 20;
+    let f = crate::envelope::open_direct(path)?;
+    let len = f.metadata()?.len();
+    let layout = std::alloc::Layout::from_size_align(BLOCK, 4096)?;
+    // SAFETY: non-zero size; freed below.
+    let ptr = unsafe { std::alloc::alloc(layout) };
+    anyhow::ensure!(!ptr.is_null(), "out of memory");
+    // SAFETY: ptr is valid for BLOCK bytes until dealloc.
+    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, BLOCK) };
+    let mut h = Sha256::new();
+    let mut off = 0u64;
+    let res = (|| -> Result<()> {
+        while off < len {
+            let n = f.read_at(buf, off)?;
+            anyhow::ensure!(n > 0, "{}: unexpected end of file", path.display());
+            let n = n.min((len - off) as usize);
+            h.update(&buf[..n]);
+            off += n as u64;
+        }
+        Ok(())
+    })();
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(ptr, layout) };
+    res?;
+    Ok(hex::encode(h.finalize()))
+}
+
+fn sha256_file_buffered(path: &Path) -> Result<String> {
     let mut f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -32,4 +69,18 @@ pub fn vm_hwm_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// Drops a file's clean pages from the page cache, so the next reader pays (and is charged for)
+/// the reads itself. Returns whether the kernel accepted the advice.
+pub fn drop_file_cache(path: &Path) -> Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    f.sync_all().ok();
+    // SAFETY: plain advice on an open descriptor.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        anyhow::bail!("{}: posix_fadvise(DONTNEED) failed: {}", path.display(), std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
 }

@@ -82,6 +82,11 @@ impl Staging {
         Ok(())
     }
 
+    /// The staging directory (files placed here become part of the record at commit).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn surfaces(&self) -> &BTreeMap<String, Surface> {
         &self.surfaces
     }
