@@ -130,36 +130,76 @@ pub fn run_with(
     let mut ctx = Context::new(&model, spec.exec, true)?;
 
     let mut logits: Vec<f32> = Vec::with_capacity(need * n_vocab);
-    let t1 = Instant::now();
-    let rows = ctx.decode(&prompt, true)?;
-    for i in 0..rows {
-        logits.extend_from_slice(ctx.logits(i as i32)?);
-    }
-    let prefill_s = t1.elapsed().as_secs_f64();
-
-    let t2 = Instant::now();
     let mut generated: Vec<i32> = Vec::with_capacity(spec.n_predict as usize);
     let mut response = Vec::new();
     let mut stop = "n_predict";
-    while generated.len() < spec.n_predict as usize {
-        let next = argmax(&logits[logits.len() - n_vocab..]) as i32;
-        if !spec.ignore_eos && model.is_eog(next) {
-            stop = "end_of_generation";
-            break;
+    let (mut prefill_s, mut decode_s) = (0.0, 0.0);
+    let decoded = (|| -> Result<()> {
+        let t1 = Instant::now();
+        let rows = ctx.decode(&prompt, true)?;
+        for i in 0..rows {
+            logits.extend_from_slice(ctx.logits(i as i32)?);
         }
-        generated.push(next);
-        response.extend(model.token_bytes(next));
-        if generated.len() == spec.n_predict as usize {
-            break;
+        prefill_s = t1.elapsed().as_secs_f64();
+        let t2 = Instant::now();
+        while generated.len() < spec.n_predict as usize {
+            let next = argmax(&logits[logits.len() - n_vocab..]) as i32;
+            if !spec.ignore_eos && model.is_eog(next) {
+                stop = "end_of_generation";
+                break;
+            }
+            generated.push(next);
+            response.extend(model.token_bytes(next));
+            if generated.len() == spec.n_predict as usize {
+                break;
+            }
+            ctx.decode(&[next], true)?;
+            logits.extend_from_slice(ctx.logits(-1)?);
         }
-        ctx.decode(&[next], true)?;
-        logits.extend_from_slice(ctx.logits(-1)?);
-    }
-    let decode_s = t2.elapsed().as_secs_f64();
+        decode_s = t2.elapsed().as_secs_f64();
+        Ok(())
+    })();
     let routes = ctx.take_routes();
     let k = ctx.route_k().unwrap_or(0);
     drop(ctx);
-    let source_report = model.with_source(|s| s.finish()).transpose()?;
+    let source_report = model.with_source(|s| s.finish());
+    if let Err(e) = decoded {
+        // Fail closed, and keep the evidence: nothing of the failed step is accepted, and the
+        // record says what failed and how the source closed.
+        let record = serde_json::json!({
+            "format": "sovereign.generate/1",
+            "outcome": "failed",
+            "error": format!("{e:#}"),
+            "model": model_id,
+            "build": build_identity()?,
+            "params": Params {
+                n_predict: spec.n_predict,
+                ignore_eos: spec.ignore_eos,
+                experts,
+                sampling: "greedy (first maximum)",
+                exec: spec.exec,
+            },
+            "counts": Counts {
+                prompt_tokens: prompt.len(),
+                generated_tokens: 0,
+                logits_rows: 0,
+                n_vocab,
+                route_events: 0,
+                route_k: k,
+                stop: "failed",
+            },
+            "experts": match source_report {
+                Some(Ok(r)) => r,
+                Some(Err(f)) => serde_json::json!({ "finish_error": format!("{f:#}") }),
+                None => serde_json::Value::Null,
+            },
+            "process": { "vm_hwm_bytes": crate::util::vm_hwm_bytes() },
+            "surfaces": {},
+        });
+        let dir = staging.commit(&record)?;
+        return Err(e.context(format!("run failed closed; record {}", dir.display())));
+    }
+    let source_report = source_report.transpose()?;
 
     let mut staging = staging;
     let tokens: Vec<u8> = prompt.iter().chain(&generated).flat_map(|t| t.to_le_bytes()).collect();
@@ -208,6 +248,7 @@ pub fn run_with(
             sampling: "greedy (first maximum)",
             exec: spec.exec,
         },
+        "outcome": "completed",
         "counts": counts,
         "timing": timing,
         "experts": source_report,

@@ -1,7 +1,7 @@
 //! The `sovereign` command line.
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use sovereign::engine::{self, ExecParams, QuantType};
 use sovereign::forge::{self, Arch, Overrides, Preset};
 use sovereign::generate::{self, GenerateSpec};
@@ -9,6 +9,7 @@ use sovereign::identity::build_identity;
 use sovereign::inventory::Inventory;
 use sovereign::oracle::{self, Outcome};
 use sovereign::plan::engine::{PlanOptions, PlanSource, SourceKind};
+use sovereign::source::fault::FaultCell;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -48,6 +49,17 @@ enum Command {
         /// Write the cells as CSV here.
         #[arg(long)]
         csv: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a record against the validator of its fault cell (seed 000 Table 7); recoverable
+    /// cells are compared with the no-fault control record.
+    FaultCheck {
+        #[arg(long, value_enum)]
+        cell: FaultCell,
+        record: PathBuf,
+        #[arg(long)]
+        control: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -146,6 +158,10 @@ struct GenerateArgs {
     windows: u32,
     #[arg(long, default_value_t = 8)]
     depth: u32,
+    /// Deterministic fault cell (plan): fatal cells must fail closed with nothing accepted,
+    /// recoverable ones must stay exact against the no-fault control.
+    #[arg(long, value_enum, default_value_t = FaultCell::None)]
+    fault: FaultCell,
     /// Run as its own process tree in a memory cgroup with this hard limit (bytes, or with a
     /// K/M/G suffix, binary), swap off; the record then states what bounded each memory tier
     /// and whether the run is admitted (positive margin, zero limit events, no OOM, no swap).
@@ -253,6 +269,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Generate(a) => return generate_cmd(a),
+        Command::FaultCheck { cell, record, control, json } => {
+            let v = sovereign::oracle::fault::validate(cell, &record, control.as_deref())?;
+            if json {
+                print_json(&v)?;
+            } else {
+                for c in &v.checks {
+                    println!("{} {:<36} {}", if c.passed { "ok  " } else { "FAIL" }, c.name, c.detail);
+                }
+                println!("{:?} ({:?}: {}): {}", v.cell, v.expect, v.invariant, if v.passed { "passes" } else { "FAILS" });
+            }
+            if !v.passed {
+                return Ok(ExitCode::from(1));
+            }
+        }
         Command::Envelope { file, bytes_per_cell, csv, json } => {
             let e = sovereign::envelope::measure_envelope(
                 &file,
@@ -360,6 +390,10 @@ fn child_args(a: &GenerateArgs, record: &Path) -> Vec<std::ffi::OsString> {
         ] {
             v.extend([k.into(), val.into()]);
         }
+        if a.fault != FaultCell::None {
+            let cell = a.fault.to_possible_value().map(|p| p.get_name().to_string()).unwrap_or_default();
+            v.extend(["--fault".into(), cell.into()]);
+        }
     }
     v.extend(["--record".into(), record.into(), "--json".into()]);
     v
@@ -397,6 +431,7 @@ fn generate_cmd(a: GenerateArgs) -> Result<ExitCode> {
         source: a.source,
         windows: a.windows,
         depth: a.depth,
+        fault: a.fault,
     });
     let model = a.model.clone();
     let s = generate::run_with(&spec, move |inv| match plan {

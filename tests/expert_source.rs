@@ -205,7 +205,11 @@ fn a_failed_acquire_fails_the_decode_closed() {
         let err = with_source(&m, &rec, PROMPT, 16, 4, Some(fail_at)).unwrap_err();
         let msg = format!("{err:#}");
         assert!(msg.contains("failed closed") && msg.contains(&format!("injected failure at acquire {fail_at}")), "{msg}");
-        assert!(!rec.exists(), "a failed run leaves no record");
-        assert!(!dir.path().join(format!("f{fail_at}.partial")).exists(), "nor a partial one");
+        // The failure is on record, with nothing accepted; no partial directory is left.
+        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
+        assert_eq!(r["outcome"], "failed");
+        assert_eq!(r["counts"]["logits_rows"], 0);
+        assert!(!rec.join("logits.bin").exists());
+        assert!(!dir.path().join(format!("f{fail_at}.partial")).exists());
     }
 }

@@ -1,5 +1,7 @@
 //! Exactness oracle: compares the raw surfaces of two records byte for byte.
 
+pub mod fault;
+
 use crate::record::{self, Surface};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;

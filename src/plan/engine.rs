@@ -4,6 +4,7 @@
 use super::{Manifest, Plan, PolicySpec, Role};
 use crate::engine::ExpertSource;
 use crate::inventory::Inventory;
+use crate::source::fault::{FaultCell, FaultySource};
 use crate::source::{BufferedSource, Source, UringSource};
 use anyhow::{anyhow, bail, Result};
 use clap::ValueEnum;
@@ -31,6 +32,7 @@ pub struct PlanOptions {
     pub source: SourceKind,
     pub windows: u32,
     pub depth: u32,
+    pub fault: FaultCell,
 }
 
 pub struct PlanSource {
@@ -43,6 +45,11 @@ pub struct PlanSource {
     wait: Duration,
     acquire_calls: u64,
     uring_registered: Option<bool>,
+    /// held_consumer: the deferred release and what was seen of its slots while it was held.
+    held: Option<(u32, u32, Vec<(u32, u64)>)>,
+    /// Evidence of the ownership-level cells, for their validators.
+    fault_log: Vec<String>,
+    fault_fired: u64,
 }
 
 impl PlanSource {
@@ -63,6 +70,7 @@ impl PlanSource {
                 (Box::new(s), Some(r))
             }
         };
+        let source = FaultySource::wrap(source, options.fault);
         let plan = Plan::new(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
         Ok(PlanSource {
             plan,
@@ -72,11 +80,60 @@ impl PlanSource {
             wait: Duration::ZERO,
             acquire_calls: 0,
             uring_registered: registered,
+            held: None,
+            fault_log: Vec::new(),
+            fault_fired: 0,
         })
     }
 
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+}
+
+impl PlanSource {
+    /// (slot, generation) of every InUse slot of `layer`.
+    fn in_use(&self, layer: u32) -> Vec<(u32, u64)> {
+        self.plan
+            .slots(layer)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.state == super::SlotState::InUse)
+            .map(|(i, c)| (i as u32, c.generation))
+            .collect()
+    }
+
+    /// Ownership-level fault cells act between events.
+    fn before_acquire(&mut self, layer: u32) -> Result<()> {
+        if let Some((held_layer, pass, slots)) = self.held.take() {
+            if held_layer != layer {
+                // Another layer ran while the consumer was held: its slots must not have moved.
+                let now = self.in_use(held_layer);
+                if slots.iter().any(|s| !now.contains(s)) {
+                    bail!("a held slot was reused before its consumer finished: {slots:?} -> {now:?}");
+                }
+                self.fault_log.push(format!(
+                    "held the consumer of layer {held_layer} pass {pass} ({} slots) while layer {layer} acquired: \
+                     no held slot reused; released",
+                    slots.len()
+                ));
+                self.plan.release(held_layer, pass)?;
+                self.fault_fired += 1;
+            } else {
+                // The same layer needs its slots again at once (another pass): release and hold
+                // a later consumer instead.
+                self.plan.release(held_layer, pass)?;
+            }
+        }
+        if self.options.fault == FaultCell::ResetOutstanding && self.plan.closure().source_outstanding > 0 {
+            let before = self.plan.closure().drained_completions;
+            self.plan.reset().map_err(|e| anyhow!("{e}"))?;
+            let drained = self.plan.closure().drained_completions - before;
+            self.fault_log.push(format!("reset with {drained} outstanding completion(s): drained, epoch {}", self.plan.epoch()));
+            self.fault_fired += 1;
+        }
+        Ok(())
     }
 }
 
@@ -100,6 +157,7 @@ impl ExpertSource for PlanSource {
     }
 
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
+        self.before_acquire(layer)?;
         let t = Instant::now();
         let r = self.plan.acquire(layer, pass, ids, slots);
         self.wait += t.elapsed();
@@ -114,6 +172,12 @@ impl ExpertSource for PlanSource {
     fn release(&mut self, layer: u32, pass: u32) -> Result<()> {
         // The graph sizes its passes for the worst case; a pass past the last group got nothing.
         if self.served.remove(&(layer, pass)) {
+            if self.options.fault == FaultCell::HeldConsumer && self.fault_fired == 0 {
+                // The consumer of this first event keeps its slots past its release point.
+                let held = self.in_use(layer);
+                self.held = Some((layer, pass, held));
+                return Ok(());
+            }
             self.plan.release(layer, pass)?;
         }
         Ok(())
@@ -132,6 +196,21 @@ impl ExpertSource for PlanSource {
     }
 
     fn finish(&mut self) -> Result<serde_json::Value> {
+        if let Some((layer, pass, _)) = self.held.take() {
+            self.plan.release(layer, pass)?;
+        }
+        if self.options.fault == FaultCell::ShutdownLiveConsumer && self.plan.failure().is_none() {
+            // Shut down while a consumer is live: refused, state unchanged; then release.
+            let layer = self.plan.manifest().layers[0].layer;
+            let mut slot = [0i32];
+            self.plan.acquire(layer, 0, &[0], &mut slot)?;
+            match self.plan.shutdown() {
+                Ok(_) => bail!("shutdown with a live consumer was accepted"),
+                Err(e) => self.fault_log.push(format!("shutdown refused: {e}")),
+            }
+            self.plan.release(layer, 0)?;
+            self.fault_fired += 1;
+        }
         let closure = self.plan.shutdown().map_err(|e| anyhow!("{e}"))?;
         let tel = self.plan.telemetry();
         let m = self.plan.manifest();
@@ -151,6 +230,13 @@ impl ExpertSource for PlanSource {
             "exposed_source_wait_s": self.wait.as_secs_f64(),
             "acquire_calls": self.acquire_calls,
             "uring_registered_buffers": self.uring_registered,
+            "fault": {
+                "cell": self.options.fault,
+                "expect": self.options.fault.expect(),
+                "invariant": self.options.fault.invariant(),
+                "fired": self.fault_fired + closure.source.faults_fired,
+                "log": self.fault_log,
+            },
             // Seed 000 eq. (5): M_source <= N_w * W + M_queue + M_meta, with our values.
             "m_source_bound": {
                 "n_windows": windows,

@@ -39,14 +39,18 @@ pub enum WindowTransition {
     BeginCopy,
     /// Copying → Free: the copy completed.
     CopyDone,
+    /// Reading | HostReady → Free: the bundle was abandoned after its reads were drained; its
+    /// bytes were never copied. Only a failed Plan's shutdown takes this step.
+    Discard,
 }
 
 impl WindowTransition {
-    pub const ALL: [WindowTransition; 4] = [
+    pub const ALL: [WindowTransition; 5] = [
         WindowTransition::BeginRead,
         WindowTransition::Assembled,
         WindowTransition::BeginCopy,
         WindowTransition::CopyDone,
+        WindowTransition::Discard,
     ];
 }
 
@@ -63,6 +67,7 @@ impl WindowState {
             (Reading, Assembled) => Some(HostReady),
             (HostReady, BeginCopy) => Some(Copying),
             (Copying, CopyDone) => Some(Free),
+            (Reading | HostReady, Discard) => Some(Free),
             _ => None,
         }
     }
@@ -209,11 +214,13 @@ mod tests {
 
     // The reference: the edges of §3.4 plus the retention reading documented above, written
     // out independently of `next` as data.
-    const WINDOW_EDGES: [(WindowState, WindowTransition, WindowState); 4] = [
+    const WINDOW_EDGES: [(WindowState, WindowTransition, WindowState); 6] = [
         (WindowState::Free, WindowTransition::BeginRead, WindowState::Reading),
         (WindowState::Reading, WindowTransition::Assembled, WindowState::HostReady),
         (WindowState::HostReady, WindowTransition::BeginCopy, WindowState::Copying),
         (WindowState::Copying, WindowTransition::CopyDone, WindowState::Free),
+        (WindowState::Reading, WindowTransition::Discard, WindowState::Free),
+        (WindowState::HostReady, WindowTransition::Discard, WindowState::Free),
     ];
 
     /// Reference slot model: (state, consumers) → (state, consumers).
@@ -329,13 +336,13 @@ mod tests {
 
     #[test]
     fn every_pair_is_decided() {
-        // 4 legal window pairs of 16; 8 legal slot edges, Release split by consumer count.
+        // 6 legal window pairs of 20; 8 legal slot edges, Release split by consumer count.
         let legal = WindowState::ALL
             .iter()
             .flat_map(|s| WindowTransition::ALL.iter().map(move |t| s.next(*t)))
             .filter(Option::is_some)
             .count();
-        assert_eq!(legal, 4);
+        assert_eq!(legal, 6);
         assert_eq!(SlotState::Recyclable.next(0, SlotTransition::Release), None);
         assert_eq!(SlotState::InUse.next(1, SlotTransition::Release), Some((SlotState::Recyclable, 0)));
         assert_eq!(SlotState::InUse.next(3, SlotTransition::Release), Some((SlotState::InUse, 2)));

@@ -366,14 +366,15 @@ impl Plan {
     }
 
     /// Drains the source, releases prefetch holds and closes the Plan, reporting its ledger.
-    /// Refused (and the Plan failed) while an engine consumer is live; release, then shut down.
+    /// Refused while an engine consumer is live (the Plan stays as it was); release, then shut down.
     pub fn shutdown(&mut self) -> Result<Closure, PlanError> {
         if self.status == Status::Closed {
             return Err(PlanError::Closed);
         }
         let r = self.shutdown_inner();
         match &r {
-            Ok(_) => {}
+            // A refused transition leaves the state as it was: release, then shut down.
+            Ok(_) | Err(PlanError::ConsumersLive { .. }) => {}
             Err(e) => self.fail(e),
         }
         r
@@ -817,6 +818,16 @@ impl Plan {
         let consumers = self.table.consumers();
         if consumers > 0 {
             return Err(PlanError::ConsumersLive { consumers });
+        }
+        if matches!(self.status, Status::Failed(_)) {
+            // Every read was drained and nothing of these bundles was copied: the windows go
+            // back to Free, counted, so the source closes with all windows free.
+            for (w, state) in self.windows.iter_mut().enumerate() {
+                if *state != WindowState::Free {
+                    state.step(w as u32, WindowTransition::Discard)?;
+                    self.tel.windows_discarded += 1;
+                }
+            }
         }
         let closure = self.closure();
         self.status = Status::Closed;

@@ -96,6 +96,8 @@ pub struct Telemetry {
     pub rejections: BTreeMap<String, u64>,
     /// Completions drained by reset or shutdown (never made visible).
     pub drained_completions: u64,
+    /// Windows returned to Free by a failed Plan's shutdown, their bundles never copied.
+    pub windows_discarded: u64,
     /// Per MoE layer, the generations its slots started (loads begun).
     pub generations: BTreeMap<u32, u64>,
     pub q_run: Traffic,

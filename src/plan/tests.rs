@@ -539,7 +539,8 @@ fn assert_failed_closed(mut p: Plan, err: PlanError, kind: RejectKind, layer: u3
     assert!(matches!(p.reset(), Err(PlanError::Failed { .. })));
     let c = p.shutdown().unwrap();
     assert_eq!((c.active_tickets, c.source_outstanding, c.consumers_live), (0, 0, 0), "{c:?}");
-    assert_eq!(c.windows_free + 1, c.windows_total, "the interrupted window is retained: {c:?}");
+    assert_eq!(c.windows_free, c.windows_total, "the interrupted window is discarded uncopied: {c:?}");
+    assert_eq!(p.telemetry().windows_discarded, 1);
     assert!(c.failed.is_some() && !c.is_clean());
 }
 
@@ -600,7 +601,8 @@ fn short_failed_and_stale_generation_extents_fail_the_bundle() {
         assert!(matches!(&err, PlanError::Rejected { kind: k, .. } if *k == kind), "{err:?}");
         assert!(matches!(acq(&mut p, 2, 0, &[10]), Err(PlanError::Failed { .. })));
         let c = p.shutdown().unwrap();
-        assert_eq!(c.windows_free + 1, c.windows_total);
+        assert_eq!(c.windows_free, c.windows_total);
+        assert_eq!(p.telemetry().windows_discarded, 1);
         assert_eq!(c.active_tickets, 0);
     }
 }

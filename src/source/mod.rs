@@ -22,6 +22,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::ptr::NonNull;
 
+pub mod fault;
 pub mod uring;
 
 pub use uring::UringSource;
@@ -122,6 +123,8 @@ pub struct SourceStats {
     pub peak_outstanding: u64,
     /// Read latency: bucket i counts reads that took [2^i, 2^(i+1)) microseconds.
     pub latency_us_log2: [u64; 32],
+    /// Completions a deterministic fault cell perturbed (see [`fault`]).
+    pub faults_fired: u64,
 }
 
 impl SourceStats {

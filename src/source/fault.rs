@@ -1,0 +1,181 @@
+//! Deterministic fault plans (seed 000 §5.4, Table 7), built into the normal binary.
+//!
+//! Source-level cells wrap any [`Source`] and perturb exactly one completion, chosen by its
+//! submission index, so a cell fires at the same point on every run. Ownership-level cells
+//! (held consumer, reset with outstanding work, shutdown with a live consumer) are played by
+//! the Plan's engine adapter. A cell that never fired fails its validator.
+
+use super::{Completion, ReadRequest, Source, SourceError, SourceStats};
+use clap::ValueEnum;
+use serde::Serialize;
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum FaultCell {
+    None,
+    ShortRead,
+    Eio,
+    OutOfOrder,
+    StaleCompletion,
+    WrongObject,
+    HeldConsumer,
+    ResetOutstanding,
+    ShutdownLiveConsumer,
+    PartialBundle,
+}
+
+/// What a cell must show (Table 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Expect {
+    /// Exact output and clean closure.
+    Control,
+    /// Zero accepted tokens and logits, nothing invalid published, the source drained.
+    Fatal,
+    /// Exact against the no-fault control on every surface, balanced closure.
+    Recoverable,
+}
+
+impl FaultCell {
+    pub fn expect(self) -> Expect {
+        match self {
+            FaultCell::None => Expect::Control,
+            FaultCell::ShortRead
+            | FaultCell::Eio
+            | FaultCell::StaleCompletion
+            | FaultCell::WrongObject
+            | FaultCell::PartialBundle => Expect::Fatal,
+            FaultCell::OutOfOrder
+            | FaultCell::HeldConsumer
+            | FaultCell::ResetOutstanding
+            | FaultCell::ShutdownLiveConsumer => Expect::Recoverable,
+        }
+    }
+
+    /// The reuse invariant the cell exercises.
+    pub fn invariant(self) -> &'static str {
+        match self {
+            FaultCell::None => "ordinary publication and closure",
+            FaultCell::ShortRead | FaultCell::Eio | FaultCell::PartialBundle => {
+                "publish only after complete valid movement"
+            }
+            FaultCell::StaleCompletion | FaultCell::WrongObject => {
+                "a published version denotes the requested object and epoch"
+            }
+            FaultCell::OutOfOrder => "legal completion order is not overconstrained",
+            FaultCell::HeldConsumer => "no reuse before declared consumers finish",
+            FaultCell::ResetOutstanding | FaultCell::ShutdownLiveConsumer => "drain or invalidate outstanding versions",
+        }
+    }
+
+    fn perturbs_source(self) -> bool {
+        matches!(
+            self,
+            FaultCell::ShortRead
+                | FaultCell::Eio
+                | FaultCell::OutOfOrder
+                | FaultCell::StaleCompletion
+                | FaultCell::WrongObject
+                | FaultCell::PartialBundle
+                | FaultCell::ResetOutstanding
+        )
+    }
+}
+
+pub struct FaultySource {
+    inner: Box<dyn Source>,
+    cell: FaultCell,
+    submitted: u64,
+    /// Completions taken from `inner` and handed out last-first (out of order).
+    held: VecDeque<Completion>,
+    /// Late duplicates: handed out only when nothing else is outstanding, which a Plan never
+    /// waits for; only a reset's or shutdown's drain retires them.
+    late: VecDeque<Completion>,
+    fired: u64,
+}
+
+impl FaultySource {
+    pub fn wrap(inner: Box<dyn Source>, cell: FaultCell) -> Box<dyn Source> {
+        if !cell.perturbs_source() {
+            return inner;
+        }
+        Box::new(FaultySource { inner, cell, submitted: 0, held: VecDeque::new(), late: VecDeque::new(), fired: 0 })
+    }
+}
+
+impl Source for FaultySource {
+    fn n_windows(&self) -> u32 {
+        self.inner.n_windows()
+    }
+
+    fn window_size(&self) -> u64 {
+        self.inner.window_size()
+    }
+
+    fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError> {
+        self.submitted += 1;
+        self.inner.submit(req)
+    }
+
+    fn wait(&mut self) -> Result<Completion, SourceError> {
+        if self.cell == FaultCell::OutOfOrder && self.fired == 0 && self.inner.outstanding() > 1 {
+            // Take every outstanding completion and hand them out last-first, once.
+            while self.inner.outstanding() > 0 {
+                let c = self.inner.wait()?;
+                self.held.push_front(c);
+            }
+            self.fired += 1;
+        }
+        if let Some(c) = self.held.pop_front() {
+            return Ok(c);
+        }
+        if self.inner.outstanding() == 0 {
+            if let Some(c) = self.late.pop_front() {
+                return Ok(c);
+            }
+        }
+        let mut c = self.inner.wait()?;
+        // The first completion (fatal cells fire in the prefill, before any logits exist); a
+        // partial bundle fails the second extent of a bundle.
+        let target = match self.cell {
+            FaultCell::PartialBundle => c.extent == 1,
+            _ => true,
+        };
+        if target && self.fired == 0 {
+            self.fired += 1;
+            match self.cell {
+                FaultCell::ShortRead => {
+                    if let Ok(n) = c.result {
+                        c.result = Ok(n.saturating_sub(1));
+                    }
+                }
+                FaultCell::Eio | FaultCell::PartialBundle => c.result = Err(libc::EIO),
+                FaultCell::StaleCompletion => c.epoch = c.epoch.wrapping_sub(1),
+                FaultCell::WrongObject => c.object.expert = c.object.expert.wrapping_add(1),
+                FaultCell::ResetOutstanding => {
+                    // A late duplicate of this completion stays outstanding: only a reset
+                    // (which must drain it, never publish it) or a stale check can retire it.
+                    self.late.push_back(c);
+                }
+                _ => {}
+            }
+        }
+        Ok(c)
+    }
+
+    fn outstanding(&self) -> usize {
+        self.inner.outstanding() + self.held.len() + self.late.len()
+    }
+
+    fn window(&self, w: u32) -> &[u8] {
+        self.inner.window(w)
+    }
+
+    fn stats(&self) -> SourceStats {
+        let mut s = self.inner.stats();
+        s.faults_fired = self.fired;
+        s
+    }
+}
