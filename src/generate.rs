@@ -128,6 +128,13 @@ pub fn run_with(
         bail!("prompt ({} tokens) + --n-predict {} exceeds the context of {}", prompt.len(), spec.n_predict, spec.exec.n_ctx);
     }
     let mut ctx = Context::new(&model, spec.exec, true)?;
+    let params = serde_json::to_value(Params {
+        n_predict: spec.n_predict,
+        ignore_eos: spec.ignore_eos,
+        experts,
+        sampling: "greedy (first maximum)",
+        exec: spec.exec,
+    })?;
 
     let mut logits: Vec<f32> = Vec::with_capacity(need * n_vocab);
     let mut generated: Vec<i32> = Vec::with_capacity(spec.n_predict as usize);
@@ -172,13 +179,7 @@ pub fn run_with(
             "error": format!("{e:#}"),
             "model": model_id,
             "build": build_identity()?,
-            "params": Params {
-                n_predict: spec.n_predict,
-                ignore_eos: spec.ignore_eos,
-                experts,
-                sampling: "greedy (first maximum)",
-                exec: spec.exec,
-            },
+            "params": params,
             "counts": Counts {
                 prompt_tokens: prompt.len(),
                 generated_tokens: 0,
@@ -241,13 +242,7 @@ pub fn run_with(
         "format": "sovereign.generate/1",
         "model": model_id,
         "build": build_identity()?,
-        "params": Params {
-            n_predict: spec.n_predict,
-            ignore_eos: spec.ignore_eos,
-            experts,
-            sampling: "greedy (first maximum)",
-            exec: spec.exec,
-        },
+        "params": params,
         "outcome": "completed",
         "counts": counts,
         "timing": timing,
