@@ -5,7 +5,7 @@ BIN     := target/release/sovereign
 MODELS  := models
 RESULTS := results
 
-.PHONY: deps build demo test clean
+.PHONY: deps build demo test bench clean
 
 deps:
 	@scripts/deps.sh
@@ -29,6 +29,11 @@ demo: build
 
 test: deps
 	$(CARGO) test --locked
+
+# Stock llama.cpp, P, D, F and F+LRU on the several-GiB bench model under one hard host cap,
+# with the device's read ceiling from the same run (BENCH_CAP, BENCH_OUTPUTS, ... override).
+bench: build
+	scripts/bench.sh
 
 clean:
 	$(CARGO) clean
