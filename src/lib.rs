@@ -1,6 +1,8 @@
 //! sovereign: LLM inference beyond full memory residency, with proof of what happened.
 
+pub mod campaign;
 pub mod engine;
+pub mod export;
 pub mod forge;
 pub mod generate;
 pub mod gguf;
@@ -8,4 +10,5 @@ pub mod identity;
 pub mod inventory;
 pub mod oracle;
 pub mod record;
+pub mod stats;
 pub mod util;
