@@ -273,53 +273,61 @@ fn sigkill_midway_then_resume_seals_every_cell_exactly_once() {
         .unwrap();
     // Kill the runner while a cell is in flight, after at least two cells are sealed.
     let deadline = Instant::now() + Duration::from_secs(120);
-    let in_flight = loop {
+    loop {
         let j = journal(&st.results, "t-kill");
-        let sealed = events(&j, "cell_sealed").len();
-        if let Some(last) = j.last() {
-            if sealed >= 2 && last["event"] == "cell_started" {
-                child.kill().unwrap(); // SIGKILL
-                break last["cell"].as_str().unwrap().to_string();
-            }
+        if events(&j, "cell_sealed").len() >= 2 && j.last().is_some_and(|e| e["event"] == "cell_started") {
+            child.kill().unwrap(); // SIGKILL
+            break;
         }
         assert!(child.try_wait().unwrap().is_none(), "the runner finished before it could be killed mid-cell");
         assert!(Instant::now() < deadline, "timed out waiting for a cell in flight");
         std::thread::sleep(Duration::from_millis(2));
-    };
+    }
     child.wait().unwrap();
+    // The journal as the kill left it: normally the cell is still in flight; if the kill lost a
+    // (microsecond) race with the cell's end, the cell is between sealing events instead.
     let before = journal(&st.results, "t-kill");
+    let last = before.last().unwrap().clone();
+    let in_flight = (last["event"] == "cell_started").then(|| last["cell"].as_str().unwrap().to_string());
     let sealed_before: Vec<String> = events(&before, "cell_sealed").iter().map(|e| e["cell"].as_str().unwrap().to_string()).collect();
-    assert!(!sealed_before.contains(&in_flight));
     // The generate child dies with the runner (PR_SET_PDEATHSIG); give it a moment.
     std::thread::sleep(Duration::from_millis(200));
     let r = ok(&["campaign", "status", s(&st.file), "--results", s(&st.results), "--json"]);
     let v: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["finished"], false);
-    assert_eq!(v["counts"]["interrupted"], 1, "{v}");
-    // What the killed attempt left is not a record.
-    assert_eq!(record_dirs(&st.results).len(), sealed_before.len());
+    if in_flight.is_some() {
+        assert_eq!(v["counts"]["interrupted"], 1, "{v}");
+        // What the killed attempt left is not a record.
+        assert_eq!(record_dirs(&st.results).len(), sealed_before.len());
+    }
 
     let r = ok(&["campaign", "resume", s(&st.file), "--results", s(&st.results), "--json"]);
     let summary: Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(summary["discarded"], 1);
     let j = assert_sealed_exactly_once(&st.results, "t-kill", 9);
-    // The interrupted attempt is journaled as discarded, and only that cell ran twice.
-    let discarded = events(&j, "cell_discarded");
-    assert_eq!(discarded.len(), 1);
-    assert_eq!(discarded[0]["cell"], in_flight.as_str());
-    assert!(discarded[0]["reason"].as_str().unwrap().contains("not an outcome-selected rerun"));
     let resumed_at = j.iter().position(|e| e["event"] == "runner_started" && e["mode"] == "resume").unwrap();
     for e in &j[resumed_at..] {
         if e["event"] == "cell_started" {
             assert!(!sealed_before.contains(&e["cell"].as_str().unwrap().to_string()), "a sealed cell ran again: {e}");
         }
     }
-    let sealed = events(&j, "cell_sealed");
-    let again = sealed.iter().find(|e| e["cell"] == in_flight.as_str()).unwrap();
-    assert_eq!(again["attempt"], 2);
-    let cell: Value = serde_json::from_str(&fs::read_to_string(st.results.join(again["digest"].as_str().unwrap()).join("cell.json")).unwrap()).unwrap();
-    assert_eq!(cell["attempt"], 2);
-    assert!(cell["cell"]["key"] == in_flight.as_str());
+    let discarded = events(&j, "cell_discarded");
+    if let Some(in_flight) = in_flight {
+        // The interrupted attempt is journaled as discarded, and only that cell ran twice.
+        assert_eq!(summary["discarded"], 1);
+        assert_eq!(discarded.len(), 1);
+        assert_eq!(discarded[0]["cell"], in_flight.as_str());
+        assert!(discarded[0]["reason"].as_str().unwrap().contains("not an outcome-selected rerun"));
+        let sealed = events(&j, "cell_sealed");
+        let again = sealed.iter().find(|e| e["cell"] == in_flight.as_str()).unwrap();
+        assert_eq!(again["attempt"], 2);
+        let cell: Value =
+            serde_json::from_str(&fs::read_to_string(st.results.join(again["digest"].as_str().unwrap()).join("cell.json")).unwrap()).unwrap();
+        assert_eq!(cell["attempt"], 2);
+        assert!(cell["cell"]["key"] == in_flight.as_str());
+    } else {
+        eprintln!("the kill landed between a cell's sealing events; checked the recovery path instead");
+        assert!(discarded.is_empty());
+    }
     // No machine paths inside records.
     for d in record_dirs(&st.results) {
         for f in ["record.json", "cell.json"] {
