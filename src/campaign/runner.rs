@@ -791,7 +791,7 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
         let s = run(&c, &Fake { fail_arm: Some("X") }, &opts(&results, RunMode::Run)).unwrap();
         assert_eq!((s.sealed, s.skipped, s.ran), (5, 2, 5));
         let j = journal(&results);
-        let skipped: Vec<&str> = j.iter().filter_map(|e| matches!(e.event, Event::CellSkipped { .. }).then(|| e.event.cell().unwrap())).collect();
+        let skipped: Vec<&str> = j.iter().filter(|e| matches!(e.event, Event::CellSkipped { .. })).filter_map(|e| e.event.cell()).collect();
         assert_eq!(skipped, ["b02-p0-X", "b03-p1-X"]);
         // The failed cell is an outcome: sealed, with only its cell.json, and not rerun.
         let (d, _, _) = sealed_of(&j, "b01-p1-X").pop().unwrap();

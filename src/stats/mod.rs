@@ -104,6 +104,29 @@ pub fn read_pairs_csv(path: &Path, col_a: &str, col_b: &str) -> Result<(Vec<Stri
     Ok((labels, a, b))
 }
 
+impl PairedRatio {
+    /// A table of the pairs and the overall line, for people.
+    pub fn to_text(&self, a: &str, b: &str) -> String {
+        let mut s = format!("{:>6} {:>14} {:>14} {:>10}\n", "pair", a, b, format!("{b}/{a}"));
+        for p in &self.pairs {
+            s += &format!("{:>6} {:>14} {:>14} {:>10.6}\n", p.label, p.a, p.b, p.ratio);
+        }
+        match (self.lo, self.hi) {
+            (Some(lo), Some(hi)) => {
+                s += &format!(
+                    "paired geometric ratio {b}/{a} = {:.6}, {}% paired-log t interval [{lo:.6}, {hi:.6}] (n = {}, df = {})\n",
+                    self.ratio,
+                    self.level * 100.0,
+                    self.n,
+                    self.df
+                )
+            }
+            _ => s += &format!("paired geometric ratio {b}/{a} = {:.6} (n = {}: no interval)\n", self.ratio, self.n),
+        }
+        s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,28 +162,5 @@ mod tests {
         assert!(paired_ratio(&l, &[0.0], &[1.0], 0.95).is_err());
         assert!(paired_ratio(&l, &[1.0], &[1.0], 1.0).is_err());
         assert!(paired_ratio(&[], &[], &[], 0.95).is_err());
-    }
-}
-
-impl PairedRatio {
-    /// A table of the pairs and the overall line, for people.
-    pub fn to_text(&self, a: &str, b: &str) -> String {
-        let mut s = format!("{:>6} {:>14} {:>14} {:>10}\n", "pair", a, b, format!("{b}/{a}"));
-        for p in &self.pairs {
-            s += &format!("{:>6} {:>14} {:>14} {:>10.6}\n", p.label, p.a, p.b, p.ratio);
-        }
-        match (self.lo, self.hi) {
-            (Some(lo), Some(hi)) => {
-                s += &format!(
-                    "paired geometric ratio {b}/{a} = {:.6}, {}% paired-log t interval [{lo:.6}, {hi:.6}] (n = {}, df = {})\n",
-                    self.ratio,
-                    self.level * 100.0,
-                    self.n,
-                    self.df
-                )
-            }
-            _ => s += &format!("paired geometric ratio {b}/{a} = {:.6} (n = {}: no interval)\n", self.ratio, self.n),
-        }
-        s
     }
 }
