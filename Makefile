@@ -5,7 +5,7 @@ BIN     := target/release/sovereign
 MODELS  := models
 RESULTS := results
 
-.PHONY: deps build demo test bench clean
+.PHONY: deps build demo campaign test bench clean
 
 deps:
 	@scripts/deps.sh
@@ -26,6 +26,16 @@ demo: build
 	$(BIN) generate --model $(MODELS)/small.gguf --prompt-file campaigns/prompts/demo.txt \
 		--n-predict 64 --threads 2 --record $(RESULTS)/demo-b --json > /dev/null
 	$(BIN) compare $(RESULTS)/demo-a $(RESULTS)/demo-b
+
+# The shipped exactness campaign on the tiny model, unattended, then its tables, figure and
+# draft claim ledger, verified and replayed. Running it again continues (or does nothing).
+campaign: build
+	@mkdir -p $(MODELS) $(RESULTS)
+	test -f $(MODELS)/tiny.gguf || $(BIN) model forge --preset tiny --seed 1 --out $(MODELS)/tiny.gguf
+	$(BIN) campaign run campaigns/exactness.yaml
+	$(BIN) export --campaign exactness-resident-1 --out $(RESULTS)/export-exactness
+	$(BIN) verify --claim exactness-resident-1 --ledger $(RESULTS)/export-exactness/claims.json
+	$(BIN) replay --claim exactness-resident-1 --ledger $(RESULTS)/export-exactness/claims.json
 
 test: deps
 	$(CARGO) test --locked

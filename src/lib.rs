@@ -1,7 +1,9 @@
 //! sovereign: LLM inference beyond full memory residency, with proof of what happened.
 
+pub mod campaign;
 pub mod engine;
 pub mod envelope;
+pub mod export;
 pub mod forge;
 pub mod generate;
 pub mod gguf;
@@ -12,4 +14,5 @@ pub mod oracle;
 pub mod plan;
 pub mod record;
 pub mod source;
+pub mod stats;
 pub mod util;

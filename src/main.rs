@@ -2,7 +2,11 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use sovereign::campaign;
 use sovereign::engine::{self, ExecParams, QuantType};
+use sovereign::export;
+use sovereign::record::claims;
+use sovereign::stats;
 use sovereign::forge::{self, Arch, Overrides, Preset};
 use sovereign::generate::{self, GenerateSpec};
 use sovereign::identity::build_identity;
@@ -67,6 +71,96 @@ enum Command {
     Compare {
         a: PathBuf,
         b: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Preregistered campaigns: check, run unattended, status, resume.
+    #[command(subcommand)]
+    Campaign(CampaignCommand),
+    /// Re-hash every file of a claim's records and check its assertions offline.
+    Verify(ClaimArgs),
+    /// Recompute a claim's summaries (ratios, intervals, predicates) from raw operands.
+    Replay(ClaimArgs),
+    /// Statistics over tables of measurements.
+    #[command(subcommand)]
+    Stats(StatsCommand),
+    /// Write a campaign's records as CSV tables, a pair-ratio figure and a draft claim ledger.
+    Export {
+        /// Campaign id (as in its file's `id`).
+        #[arg(long)]
+        campaign: String,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "results")]
+        results: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum CampaignCommand {
+    /// Check a campaign file: typos and wrong types as FILE:line:column: message.
+    Check {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Preregister (freeze) the campaign, then run every cell unattended.
+    Run(CampaignRunArgs),
+    /// Continue a preregistered campaign after an interruption.
+    Resume(CampaignRunArgs),
+    /// Show each cell's state from the journal.
+    Status {
+        file: PathBuf,
+        #[arg(long, default_value = "results")]
+        results: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the JSON Schema of campaign files.
+    Schema,
+}
+
+#[derive(Args)]
+struct CampaignRunArgs {
+    file: PathBuf,
+    /// Where records and campaign state live.
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    /// No progress bar, even on a terminal.
+    #[arg(long)]
+    no_progress: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ClaimArgs {
+    #[arg(long)]
+    claim: String,
+    #[arg(long, default_value = sovereign::record::claims::DEFAULT_LEDGER)]
+    ledger: PathBuf,
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum StatsCommand {
+    /// Paired geometric ratio b/a and paired-log Student-t interval (df = n - 1) of two columns.
+    Pairs {
+        #[arg(long)]
+        csv: PathBuf,
+        /// Denominator column.
+        #[arg(long)]
+        a: String,
+        /// Numerator column.
+        #[arg(long)]
+        b: String,
+        #[arg(long, default_value_t = 0.95)]
+        level: f64,
         #[arg(long)]
         json: bool,
     },
@@ -329,6 +423,98 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 return Ok(ExitCode::from(1));
             }
         }
+        Command::Campaign(c) => return campaign_cmd(c),
+        Command::Verify(a) => return claim_cmd(a, "verify"),
+        Command::Replay(a) => return claim_cmd(a, "replay"),
+        Command::Stats(StatsCommand::Pairs { csv, a, b, level, json }) => {
+            let (labels, xa, xb) = stats::read_pairs_csv(&csv, &a, &b)?;
+            let r = stats::paired_ratio(&labels, &xa, &xb, level)?;
+            if json {
+                print_json(&r)?;
+            } else {
+                print!("{}", r.to_text(&a, &b));
+            }
+        }
+        Command::Export { campaign, out, results, json } => {
+            let s = export::export(&results, &campaign, &out)?;
+            if json {
+                print_json(&s)?;
+            } else {
+                println!("{}: {} cells ({} sealed), {} pairs", s.campaign, s.cells, s.sealed, s.pairs);
+                for f in &s.files {
+                    println!("wrote {}", f.display());
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn campaign_cmd(c: CampaignCommand) -> Result<ExitCode> {
+    match c {
+        CampaignCommand::Check { file, json } => {
+            let problems = campaign::check(&file)?;
+            if json {
+                print_json(&serde_json::json!({ "file": file, "ok": problems.is_empty(), "problems": problems }))?;
+            } else if problems.is_empty() {
+                let l = campaign::load(&file)?;
+                println!("{}: ok, campaign {} ({} arms, {} cells), digest {}", file.display(), l.id(), l.spec.arms.len(), campaign::expand(&l.spec).len(), l.digest);
+            }
+            if !problems.is_empty() {
+                for p in &problems {
+                    eprintln!("{p}");
+                }
+                return Ok(ExitCode::from(1));
+            }
+        }
+        CampaignCommand::Run(a) => return campaign_run(a, campaign::RunMode::Run),
+        CampaignCommand::Resume(a) => return campaign_run(a, campaign::RunMode::Resume),
+        CampaignCommand::Status { file, results, json } => {
+            let l = campaign::load(&file)?;
+            let r = campaign::status(&l, &results)?;
+            if json {
+                print_json(&r)?;
+            } else {
+                print!("{}", r.to_text());
+            }
+        }
+        CampaignCommand::Schema => print!("{}", campaign::schema_json()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn campaign_run(a: CampaignRunArgs, mode: campaign::RunMode) -> Result<ExitCode> {
+    let l = campaign::load(&a.file)?;
+    let exec = campaign::ProcessExecutor::current(&l.base)?;
+    let opts = campaign::RunOptions { results: a.results, mode, progress: !a.no_progress && !a.json };
+    let s = campaign::run(&l, &exec, &opts)?;
+    if a.json {
+        print_json(&s)?;
+    } else {
+        println!(
+            "campaign {} ({}): {} cells, {} sealed, {} skipped, {} abandoned; this run: {} ran, {} interrupted attempts discarded",
+            s.campaign, s.digest, s.cells, s.sealed, s.skipped, s.abandoned, s.ran, s.discarded
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn claim_cmd(a: ClaimArgs, verb: &str) -> Result<ExitCode> {
+    let r = if verb == "verify" {
+        claims::verify(&a.ledger, &a.claim, &a.results)?
+    } else {
+        claims::replay(&a.ledger, &a.claim, &a.results)?
+    };
+    if a.json {
+        print_json(&r)?;
+    } else {
+        print!("{}", r.to_text(verb));
+    }
+    if !r.ok {
+        for f in r.failures() {
+            eprintln!("{verb} failed: {f}");
+        }
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -3,6 +3,15 @@
 //! A record is written into `DIR.partial` and renamed into place only when complete, so a
 //! crash never leaves a half-written record under its final name; an existing record is never
 //! overwritten.
+//!
+//! [`seal`] then turns a complete record directory into an immutable one named by its digest
+//! (`results/<digest>`, see `seal.rs`); [`claims`] checks a ledger of claims against sealed
+//! records (`verify`) and recomputes their summaries from raw operands (`replay`).
+
+pub mod claims;
+mod seal;
+
+pub use seal::{finish_modes, prepare_seal, seal, verify_record, FileEntry, Manifest, PreparedSeal, SealedRecord, MANIFEST_FILE, MANIFEST_FORMAT};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};

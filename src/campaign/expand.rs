@@ -1,0 +1,92 @@
+//! Expansion: a campaign becomes the ordered list of cells (arm × block × position) it runs.
+
+use super::spec::{Arm, Blocks, Campaign, ModelSpec, Workload};
+use serde::{Deserialize, Serialize};
+
+/// One cell: a single run of one arm at one place in the schedule. This is what an executor
+/// receives and what `cell.json` inside the sealed record repeats (paths as the campaign wrote
+/// them, never resolved machine paths).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellSpec {
+    /// Position in the whole campaign, from 0.
+    pub index: usize,
+    /// Stable name: `b{block:02}-p{position}-{arm}`.
+    pub key: String,
+    /// 0 for `schedule.lead`, then 1.. for the blocks.
+    pub block: usize,
+    /// Position inside the block, from 0.
+    pub position: usize,
+    /// The block's arms in execution order, joined by `>` (e.g. `D>F`).
+    pub order: String,
+    pub arm: Arm,
+    /// This cell is the oracle arm's.
+    pub is_oracle: bool,
+    pub model: ModelSpec,
+    pub workload: Workload,
+}
+
+/// SplitMix64 (Steele, Lea, Flood 2014): small, fixed and documented, so a seeded schedule
+/// is the same on every machine and in every version.
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// The blocks' arm orders: as written (`preordered`), or one Fisher–Yates permutation per block
+/// drawn from SplitMix64(seed) (index j = next % (i + 1); the bias is below 2^-60).
+pub fn block_orders(blocks: &Blocks) -> Vec<Vec<String>> {
+    match blocks {
+        Blocks::Preordered(b) => b.iter().map(|b| b.iter().map(|a| a.value.clone()).collect()).collect(),
+        Blocks::SeededRandom { seed, count, arms } => {
+            let mut rng = SplitMix64(*seed);
+            (0..*count)
+                .map(|_| {
+                    let mut v: Vec<String> = arms.iter().map(|a| a.value.clone()).collect();
+                    for i in (1..v.len()).rev() {
+                        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+                        v.swap(i, j);
+                    }
+                    v
+                })
+                .collect()
+        }
+    }
+}
+
+/// Every cell of a (validated) campaign in execution order.
+pub fn expand(c: &Campaign) -> Vec<CellSpec> {
+    let mut blocks: Vec<(usize, Vec<String>)> = Vec::new();
+    if !c.schedule.lead.is_empty() {
+        blocks.push((0, c.schedule.lead.iter().map(|a| a.value.clone()).collect()));
+    }
+    for (i, b) in block_orders(&c.schedule.blocks).into_iter().enumerate() {
+        blocks.push((i + 1, b));
+    }
+    let mut cells = Vec::new();
+    for (block, arms) in blocks {
+        let order = arms.join(">");
+        for (position, arm_id) in arms.iter().enumerate() {
+            let arm = c.arms.iter().find(|a| a.id.value == *arm_id).expect("validated: every scheduled arm exists").clone();
+            cells.push(CellSpec {
+                index: cells.len(),
+                key: format!("b{block:02}-p{position}-{arm_id}"),
+                block,
+                position,
+                order: order.clone(),
+                is_oracle: *arm_id == c.oracle.arm.value,
+                arm,
+                model: c.model.clone(),
+                workload: c.workload.clone(),
+            });
+        }
+    }
+    cells
+}

@@ -1,0 +1,298 @@
+//! Campaigns: a YAML file fixes model, workload, build, arms, schedule, oracle, admission
+//! predicate, stop rules and repetition rule; `campaign run` preregisters it (canonical JSON
+//! and its SHA-256, frozen under `results/campaigns/<id>/`), expands it into cells and runs
+//! them unattended, one fresh child process per cell, sealing each outcome as an immutable
+//! record. `campaign resume` continues after any interruption without re-running or losing a
+//! sealed cell.
+//!
+//! Layout of `results/`:
+//! ```text
+//! results/<digest>/                      sealed records (manifest.json, record.json, cell.json, surfaces)
+//! results/campaigns/<id>/campaign.json   frozen canonical campaign; its SHA-256 is the campaign digest
+//! results/campaigns/<id>/campaign.yaml   the file as it was when frozen (comments included)
+//! results/campaigns/<id>/journal.jsonl   the runner's journal (see journal.rs)
+//! results/campaigns/<id>/logs/<cell>.a<N>.log   output of attempt N of a cell
+//! results/campaigns/<id>/staging/        cells in progress (never records)
+//! ```
+
+pub mod admission;
+pub mod executor;
+pub mod expand;
+pub mod journal;
+pub mod runner;
+pub mod spec;
+
+pub use executor::{generate_args, CellExecutor, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry};
+pub use expand::{expand, CellSpec};
+pub use runner::{run, status, RunMode, RunOptions, RunSummary, StatusReport};
+pub use spec::{parse, schema_json, Campaign, Diagnostic};
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+/// A parsed and validated campaign file.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub file: PathBuf,
+    /// Relative paths inside the campaign are taken from here.
+    pub base: PathBuf,
+    pub source: String,
+    pub spec: Campaign,
+    /// Canonical JSON of `spec`.
+    pub canonical: String,
+    /// SHA-256 of `canonical`: the campaign digest.
+    pub digest: String,
+}
+
+impl Loaded {
+    pub fn id(&self) -> &str {
+        &self.spec.id.value
+    }
+}
+
+/// Reads and checks a campaign file; errors are `FILE:line:column: message`, one per line.
+pub fn load(file: &Path) -> Result<Loaded> {
+    let source = std::fs::read_to_string(file).with_context(|| format!("{}: cannot read", file.display()))?;
+    let spec = parse(&source).map_err(|d| {
+        anyhow::anyhow!(d.iter().map(|d| d.render(&file.display().to_string())).collect::<Vec<_>>().join("\n"))
+    })?;
+    let (canonical, digest) = spec::canonical(&spec)?;
+    let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+    Ok(Loaded { file: file.to_path_buf(), base, source, spec, canonical, digest })
+}
+
+/// `campaign check`: the diagnostics of a file (empty: it is well formed).
+pub fn check(file: &Path) -> Result<Vec<String>> {
+    let source = std::fs::read_to_string(file).with_context(|| format!("{}: cannot read", file.display()))?;
+    Ok(match parse(&source) {
+        Ok(_) => Vec::new(),
+        Err(d) => d.iter().map(|d| d.render(&file.display().to_string())).collect(),
+    })
+}
+
+/// Where a campaign keeps its state below the results directory.
+#[derive(Debug, Clone)]
+pub struct CampaignDir {
+    pub root: PathBuf,
+}
+
+impl CampaignDir {
+    pub fn new(results: &Path, id: &str) -> CampaignDir {
+        CampaignDir { root: results.join("campaigns").join(id) }
+    }
+    pub fn campaign_json(&self) -> PathBuf {
+        self.root.join("campaign.json")
+    }
+    pub fn campaign_yaml(&self) -> PathBuf {
+        self.root.join("campaign.yaml")
+    }
+    pub fn journal(&self) -> PathBuf {
+        self.root.join("journal.jsonl")
+    }
+    pub fn lock(&self) -> PathBuf {
+        self.root.join("lock")
+    }
+    pub fn logs(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+    pub fn staging(&self) -> PathBuf {
+        self.root.join("staging")
+    }
+}
+
+/// A frozen campaign read back from `campaign.json`.
+pub fn frozen(results: &Path, id: &str) -> Result<(Campaign, String)> {
+    let dir = CampaignDir::new(results, id);
+    let path = dir.campaign_json();
+    let text = std::fs::read_to_string(&path).with_context(|| format!("campaign `{id}` is not preregistered under {}", results.display()))?;
+    let spec: Campaign = serde_json::from_str(&text).with_context(|| format!("{}: not a campaign", path.display()))?;
+    Ok((spec, crate::util::sha256(text.as_bytes())))
+}
+
+/// Freezes the campaign (first time) or checks that the file still has the frozen digest.
+/// Returns true when this call froze it. A changed file under an existing id is refused.
+pub fn preregister(c: &Loaded, results: &Path) -> Result<bool> {
+    let dir = CampaignDir::new(results, c.id());
+    if dir.campaign_json().exists() {
+        let (_, digest) = frozen(results, c.id())?;
+        if digest != c.digest {
+            bail!(
+                "{}: campaign `{}` was preregistered with digest {digest}, but this file now has digest {}; \
+                 a preregistered campaign cannot change (give the changed campaign a new id)",
+                c.file.display(),
+                c.id(),
+                c.digest
+            );
+        }
+        return Ok(false);
+    }
+    let parent = results.join("campaigns");
+    std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    // Build the frozen directory aside, then rename it into place: a crash leaves either no
+    // campaign or a complete frozen one.
+    let tmp = parent.join(format!(".{}.freezing-{}", c.id(), std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    std::fs::create_dir_all(&tmp)?;
+    crate::util::write_new_durable(&tmp.join("campaign.json"), c.canonical.as_bytes())?;
+    crate::util::write_new_durable(&tmp.join("campaign.yaml"), c.source.as_bytes())?;
+    crate::util::sync_dir(&tmp)?;
+    if let Err(e) = std::fs::rename(&tmp, &dir.root) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        // Another runner froze it first: accept only the same digest.
+        if dir.campaign_json().exists() {
+            return preregister(c, results);
+        }
+        return Err(e).with_context(|| format!("freezing into {}", dir.root.display()));
+    }
+    crate::util::sync_dir(&parent)?;
+    let (mut j, _) = journal::Journal::open(&dir.journal())?;
+    j.append(journal::Event::Preregistered { campaign_sha256: c.digest.clone() })?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) const GOOD: &str = r#"
+id: t
+model:
+  path: m.gguf
+  sha256: "0000000000000000000000000000000000000000000000000000000000000000"
+workload:
+  prompt_file: p.txt
+  prompt_sha256: "0000000000000000000000000000000000000000000000000000000000000000"
+  prompt_tokens: 3
+  outputs: 2
+  ignore_eos: true
+build:
+  engine_tree_sha256: "0000000000000000000000000000000000000000000000000000000000000000"
+  patches: []
+arms:
+  - id: O
+    experts: resident
+    threads: 1
+  - id: D
+    experts: plan
+    slots: 4
+    policy: lru:2
+    source: d
+    windows: 1
+    depth: 1
+    memory_cap_bytes: 1000
+    threads: 1
+  - id: F
+    experts: plan
+    slots: 4
+    policy: zero
+    source: f
+    windows: 8
+    depth: 8
+    fault: short_read
+    threads: 1
+schedule:
+  lead: [O]
+  blocks:
+    preordered:
+      - [D, F]
+      - [F, D]
+oracle:
+  arm: O
+  relation: all_surfaces
+  horizon: 2
+admission:
+  require_exact: true
+  min_headroom_bytes: 1
+  max_limit_events: 0
+stop:
+  arm_after_admission_failure: true
+  campaign_after_oracle_failure: true
+repetition:
+  outcome_selected_reruns: none
+  max_interrupted_attempts: 3
+analysis:
+  pairs:
+    a: D
+    b: F
+    metric: { file: cell.json, pointer: /outcome/wall_s }
+    level: 0.95
+"#;
+
+    fn diag(text: &str) -> Vec<Diagnostic> {
+        parse(text).expect_err("should not parse")
+    }
+
+    #[test]
+    fn good_file_parses_expands_and_round_trips_through_json() {
+        let c = parse(GOOD).unwrap();
+        let cells = expand(&c);
+        let keys: Vec<&str> = cells.iter().map(|c| c.key.as_str()).collect();
+        assert_eq!(keys, ["b00-p0-O", "b01-p0-D", "b01-p1-F", "b02-p0-F", "b02-p1-D"]);
+        assert_eq!(cells[3].order, "F>D");
+        assert!(cells[0].is_oracle && !cells[1].is_oracle);
+        let (json, digest) = spec::canonical(&c).unwrap();
+        let back: Campaign = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(spec::canonical(&back).unwrap().1, digest);
+        // Comments and key order do not change the digest; a value does.
+        let reordered = GOOD.replace("id: t\n", "# a comment\nid: t\n");
+        assert_eq!(spec::canonical(&parse(&reordered).unwrap()).unwrap().1, digest);
+        let changed = GOOD.replace("outputs: 2", "outputs: 3").replace("horizon: 2", "horizon: 3");
+        assert_ne!(spec::canonical(&parse(&changed).unwrap()).unwrap().1, digest);
+    }
+
+    #[test]
+    fn typo_and_wrong_type_have_line_and_column() {
+        let d = diag(&GOOD.replace("    threads: 1\n  - id: D", "    thraeds: 1\n  - id: D"));
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].line, d[0].column), (18, 5), "{d:?}");
+        assert!(d[0].message.contains("thraeds"), "{d:?}");
+        let d = diag(&GOOD.replace("prompt_tokens: 3", "prompt_tokens: three"));
+        assert_eq!((d[0].line, d[0].column), (9, 18), "{d:?}");
+        let d = diag(&GOOD.replace("policy: lru:2", "policy: lru:0"));
+        assert_eq!(d[0].line, 22, "{d:?}");
+        assert!(d[0].message.contains("lru:K"), "{d:?}");
+    }
+
+    #[test]
+    fn semantic_errors_point_at_the_reference() {
+        let d = diag(&GOOD.replace("      - [F, D]", "      - [F, X]"));
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!((d[0].line, d[0].column), (42, 13), "{d:?}");
+        assert!(d[0].message.contains("`X`"));
+        let d = diag(&GOOD.replace("    policy: zero\n", ""));
+        assert!(d.iter().any(|d| d.message.contains("needs `policy`") && d.line == 28), "{d:?}");
+        let d = diag(&GOOD.replace("  lead: [O]\n", ""));
+        assert!(d.iter().any(|d| d.message.contains("must be the first cell")), "{d:?}");
+        let d = diag(&GOOD.replace("  - id: O\n    experts: resident\n", "  - id: O\n    experts: resident\n    slots: 3\n"));
+        assert!(d.iter().any(|d| d.message.contains("`slots` applies only")), "{d:?}");
+    }
+
+    #[test]
+    fn seeded_random_blocks_are_fixed_by_the_seed() {
+        let text = GOOD.replace("    preordered:\n      - [D, F]\n      - [F, D]\n", "    seeded_random: { seed: 42, count: 8, arms: [D, F] }\n");
+        let a = expand(&parse(&text).unwrap());
+        let b = expand(&parse(&text).unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 1 + 16);
+        let orders: Vec<&str> = a[1..].iter().step_by(2).map(|c| c.order.as_str()).collect();
+        assert!(orders.contains(&"D>F") && orders.contains(&"F>D"), "{orders:?}");
+        let other = expand(&parse(&text.replace("seed: 42", "seed: 43")).unwrap());
+        assert_ne!(a.iter().map(|c| &c.order).collect::<Vec<_>>(), other.iter().map(|c| &c.order).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn checked_in_schema_is_current() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/campaign.schema.json");
+        let want = schema_json();
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "{} is stale: regenerate with `cargo run -- campaign schema > schemas/campaign.schema.json`",
+            path.display()
+        );
+    }
+}

@@ -1,0 +1,856 @@
+//! The unattended runner: preregister, recover from the journal, run every unsettled cell in a
+//! fresh child process, seal each outcome, apply the stop rules.
+//!
+//! Crash safety rests on three facts. (1) A cell's staging directory is never a record: only
+//! `seal` makes one, by an atomic rename to `results/<digest>`. (2) The digest is journaled
+//! (`cell_sealing`) before that rename, so after a crash the runner can tell a sealed record
+//! (it exists and verifies) from an unfinished one. (3) Anything else found in staging is an
+//! attempt that never produced an outcome: it is deleted, `cell_discarded` is journaled, and
+//! the cell runs again. Cells that ran and failed are outcomes and are sealed, never rerun.
+
+use super::admission::{self, AdmissionResult, Operands};
+use super::executor::{CellExecutor, CellOutcome, CellStatus};
+use super::expand::{expand, CellSpec};
+use super::journal::{Entry, Event, Journal};
+use super::spec::{Admission, Campaign, Relation};
+use super::{preregister, CampaignDir, Loaded};
+use crate::record::{self, prepare_seal, verify_record};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+pub const CELL_FILE: &str = "cell.json";
+pub const CELL_FORMAT: &str = "sovereign.cell/1";
+
+/// `cell.json`, added by the runner to every record it seals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellDocument {
+    pub format: String,
+    pub campaign: CampaignRef,
+    pub cell: CellSpec,
+    pub attempt: u32,
+    pub outcome: CellOutcome,
+    pub validity: Validity,
+    pub oracle: OracleRef,
+    pub admission_rule: Admission,
+    pub admission: AdmissionResult,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CampaignRef {
+    pub id: String,
+    pub sha256: String,
+}
+
+/// Whether the record matches what the campaign preregistered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Validity {
+    pub valid: bool,
+    pub problems: Vec<String>,
+}
+
+/// The oracle this cell was compared with, and the result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OracleRef {
+    pub arm: String,
+    pub relation: Relation,
+    pub horizon: u32,
+    /// Digest of the oracle's sealed record (None: this is the oracle, or it has no record).
+    pub record: Option<String>,
+    /// None: not compared.
+    pub exact: Option<bool>,
+    /// Surfaces that differ (or are missing), in oracle order.
+    pub differing: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunMode {
+    /// Preregister if needed, then continue.
+    Run,
+    /// The campaign must already be preregistered.
+    Resume,
+}
+
+pub struct RunOptions {
+    pub results: PathBuf,
+    pub mode: RunMode,
+    /// Draw a progress bar (only where stderr is a terminal).
+    pub progress: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    pub campaign: String,
+    pub digest: String,
+    pub preregistered_now: bool,
+    pub cells: usize,
+    pub sealed: usize,
+    pub skipped: usize,
+    pub abandoned: usize,
+    /// Cells run by this invocation.
+    pub ran: usize,
+    pub discarded: usize,
+}
+
+/// What the journal says about one cell so far.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CellState {
+    Pending,
+    Started { attempt: u32, staging: String },
+    Sealing { attempt: u32, digest: String },
+    Sealed { digest: String, status: String, admission: Option<bool> },
+    Skipped { reason: String },
+    Abandoned,
+}
+
+#[derive(Debug, Clone)]
+pub struct CellHistory {
+    pub state: CellState,
+    pub attempts: u32,
+    pub discards: u32,
+}
+
+/// Folds the journal into one history per cell key.
+pub fn histories(entries: &[Entry]) -> BTreeMap<String, CellHistory> {
+    let mut h: BTreeMap<String, CellHistory> = BTreeMap::new();
+    for e in entries {
+        let Some(cell) = e.event.cell() else { continue };
+        let c = h.entry(cell.to_string()).or_insert(CellHistory { state: CellState::Pending, attempts: 0, discards: 0 });
+        match &e.event {
+            Event::CellStarted { attempt, staging, .. } => {
+                c.attempts = c.attempts.max(*attempt);
+                c.state = CellState::Started { attempt: *attempt, staging: staging.clone() };
+            }
+            Event::CellDiscarded { .. } => {
+                c.discards += 1;
+                c.state = CellState::Pending;
+            }
+            Event::CellSealing { attempt, digest, .. } => c.state = CellState::Sealing { attempt: *attempt, digest: digest.clone() },
+            Event::CellSealed { digest, status, admission, .. } => {
+                c.state = CellState::Sealed { digest: digest.clone(), status: status.clone(), admission: *admission }
+            }
+            Event::CellSkipped { reason, .. } => c.state = CellState::Skipped { reason: reason.clone() },
+            Event::CellAbandoned { .. } => c.state = CellState::Abandoned,
+            _ => {}
+        }
+    }
+    h
+}
+
+/// An exclusive lock on the campaign directory, released by the kernel when the runner dies.
+struct Lock(#[allow(dead_code)] fs::File);
+
+fn lock(dir: &CampaignDir) -> Result<Lock> {
+    let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.lock())?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!("campaign `{}` is being run by another process", dir.root.file_name().unwrap_or_default().to_string_lossy());
+    }
+    Ok(Lock(f))
+}
+
+fn is_locked(dir: &CampaignDir) -> bool {
+    match fs::OpenOptions::new().write(true).open(dir.lock()) {
+        // SAFETY: flock on a descriptor we own; released when `f` drops.
+        Ok(f) => unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 },
+        Err(_) => false,
+    }
+}
+
+/// The preregistered identities this build and these files must have before anything runs.
+fn check_identities(c: &Loaded) -> Result<()> {
+    let spec = &c.spec;
+    let model = c.base.join(&spec.model.path);
+    let got = crate::util::sha256_file(&model).with_context(|| format!("model {} (campaign {})", spec.model.path, c.file.display()))?;
+    if got != spec.model.sha256.0 {
+        bail!("model {}: sha256 {got}, but the campaign expects {}", spec.model.path, spec.model.sha256);
+    }
+    let prompt = c.base.join(&spec.workload.prompt_file);
+    let got = crate::util::sha256_file(&prompt).with_context(|| format!("prompt {} (campaign {})", spec.workload.prompt_file, c.file.display()))?;
+    if got != spec.workload.prompt_sha256.0 {
+        bail!("prompt {}: sha256 {got}, but the campaign expects {}", spec.workload.prompt_file, spec.workload.prompt_sha256);
+    }
+    let e = crate::engine::identity();
+    if e.tree_sha256 != spec.build.engine_tree_sha256.0 {
+        bail!("this build's engine tree is {}, but the campaign expects {}", e.tree_sha256, spec.build.engine_tree_sha256);
+    }
+    let have: Vec<(&str, &str)> = e.patches.iter().map(|p| (p.name, p.sha256)).collect();
+    let want: Vec<(&str, &str)> = spec.build.patches.iter().map(|p| (p.name.as_str(), p.sha256.0.as_str())).collect();
+    if have != want {
+        bail!("this build's patch series {:?} differs from the campaign's {:?}", have, want);
+    }
+    Ok(())
+}
+
+/// Checks a completed record against the preregistered identities.
+fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome) -> Validity {
+    let mut problems = Vec::new();
+    if outcome.status == CellStatus::Completed {
+        match record::load(staging) {
+            Ok((v, _)) => {
+                let s = |p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap_or("").to_string();
+                let u = |p: &str| v.pointer(p).and_then(|x| x.as_u64());
+                if s("/model/sha256") != spec.model.sha256.0 {
+                    problems.push(format!("model sha256 {} is not the preregistered {}", s("/model/sha256"), spec.model.sha256));
+                }
+                if s("/build/engine/tree_sha256") != spec.build.engine_tree_sha256.0 {
+                    problems.push("engine tree digest differs from the preregistered one".into());
+                }
+                if u("/counts/prompt_tokens") != Some(spec.workload.prompt_tokens as u64) {
+                    problems.push(format!("{:?} prompt tokens where {} were preregistered", u("/counts/prompt_tokens"), spec.workload.prompt_tokens));
+                }
+                if spec.workload.ignore_eos && u("/counts/generated_tokens") != Some(spec.workload.outputs as u64) {
+                    problems.push(format!("{:?} outputs where {} were preregistered", u("/counts/generated_tokens"), spec.workload.outputs));
+                }
+                if let Some(prompt) = v.pointer("/surfaces/prompt/sha256").and_then(|x| x.as_str()) {
+                    if prompt != spec.workload.prompt_sha256.0 {
+                        problems.push("prompt bytes differ from the preregistered prompt".into());
+                    }
+                }
+            }
+            Err(e) => problems.push(format!("record unreadable: {e:#}")),
+        }
+    }
+    Validity { valid: problems.is_empty(), problems }
+}
+
+/// Exactness of a staged cell against the oracle's sealed record under the relation.
+pub fn exactness(relation: Relation, oracle_dir: &Path, cell_dir: &Path) -> Result<(bool, Vec<String>)> {
+    match relation {
+        Relation::AllSurfaces => {
+            let cmp = crate::oracle::compare(oracle_dir, cell_dir)?;
+            let differing: Vec<String> = cmp.iter().filter(|c| !c.is_exact()).map(|c| c.surface.clone()).collect();
+            Ok((differing.is_empty(), differing))
+        }
+    }
+}
+
+struct Ctx<'a> {
+    c: &'a Loaded,
+    cells: Vec<CellSpec>,
+    dir: CampaignDir,
+    results: PathBuf,
+    journal: Journal,
+    entries: Vec<Entry>,
+    hist: BTreeMap<String, CellHistory>,
+}
+
+impl Ctx<'_> {
+    fn append(&mut self, ev: Event) -> Result<()> {
+        let e = self.journal.append(ev)?;
+        self.entries.push(e);
+        self.hist = histories(&self.entries);
+        Ok(())
+    }
+
+    fn state(&self, key: &str) -> CellState {
+        self.hist.get(key).map(|h| h.state.clone()).unwrap_or(CellState::Pending)
+    }
+
+    /// The oracle's sealed record, if it completed.
+    fn oracle_record(&self) -> Option<String> {
+        self.cells.iter().filter(|c| c.is_oracle).find_map(|c| match self.state(&c.key) {
+            CellState::Sealed { digest, status, .. } if status == "completed" => Some(digest),
+            _ => None,
+        })
+    }
+
+    fn rel(&self, p: &Path) -> String {
+        p.strip_prefix(&self.dir.root).unwrap_or(p).display().to_string()
+    }
+}
+
+fn remove_staging(path: &Path) -> Result<()> {
+    let mut partial = path.as_os_str().to_os_string();
+    partial.push(".partial");
+    for p in [path.to_path_buf(), PathBuf::from(partial)] {
+        if p.exists() {
+            make_writable(&p);
+            fs::remove_dir_all(&p).with_context(|| format!("removing {}", p.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn make_writable(p: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = fs::symlink_metadata(p) {
+        if m.is_dir() {
+            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o755));
+            if let Ok(rd) = fs::read_dir(p) {
+                for e in rd.flatten() {
+                    make_writable(&e.path());
+                }
+            }
+        } else if m.is_file() {
+            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o644));
+        }
+    }
+}
+
+/// Reads `cell.json` of a sealed record.
+pub fn read_cell(dir: &Path) -> Result<CellDocument> {
+    let p = dir.join(CELL_FILE);
+    let text = fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not a cell document", p.display()))
+}
+
+fn sealed_event(cell: &str, attempt: u32, digest: &str, doc: &CellDocument, recovered: bool) -> Event {
+    Event::CellSealed {
+        cell: cell.to_string(),
+        attempt,
+        digest: digest.to_string(),
+        status: doc.outcome.status.name().to_string(),
+        valid: doc.validity.valid,
+        exact: doc.oracle.exact,
+        admission: doc.admission.passed,
+        wall_s: doc.outcome.wall_s,
+        recovered,
+    }
+}
+
+/// Settles what an interrupted runner left: finished seals are recorded, everything else in
+/// staging is discarded.
+fn recover(ctx: &mut Ctx, summary: &mut RunSummary) -> Result<()> {
+    for cell in ctx.cells.clone() {
+        match ctx.state(&cell.key) {
+            CellState::Sealing { attempt, digest } => {
+                let target = ctx.results.join(&digest);
+                let staging = ctx.dir.staging().join(format!("{}.a{attempt}", cell.key));
+                if target.exists() {
+                    let r = verify_record(&target).with_context(|| format!("cell {}: its sealed record does not verify; refusing to continue", cell.key))?;
+                    record::finish_modes(&r.dir)?;
+                    let doc = read_cell(&r.dir)?;
+                    ctx.append(sealed_event(&cell.key, attempt, &digest, &doc, true))?;
+                    continue;
+                }
+                if staging.join(CELL_FILE).is_file() {
+                    let prepared = prepare_seal(&staging)?;
+                    if prepared.digest() == digest {
+                        let r = prepared.finish(&ctx.results)?;
+                        let doc = read_cell(&r.dir)?;
+                        ctx.append(sealed_event(&cell.key, attempt, &digest, &doc, true))?;
+                        continue;
+                    }
+                }
+                remove_staging(&staging)?;
+                ctx.append(Event::CellDiscarded {
+                    cell: cell.key.clone(),
+                    attempt,
+                    reason: "interrupted while sealing and the staged record no longer matches its journaled digest; staging deleted".into(),
+                })?;
+                summary.discarded += 1;
+            }
+            CellState::Started { attempt, staging } => {
+                remove_staging(&ctx.dir.root.join(&staging))?;
+                ctx.append(Event::CellDiscarded {
+                    cell: cell.key.clone(),
+                    attempt,
+                    reason: "interrupted before an outcome was recorded; staging deleted, the cell runs again (not an outcome-selected rerun)".into(),
+                })?;
+                summary.discarded += 1;
+            }
+            _ => {}
+        }
+    }
+    // Anything else under staging belongs to no journaled attempt (e.g. a crash between
+    // creating it and journaling): it can never become a record.
+    if let Ok(rd) = fs::read_dir(ctx.dir.staging()) {
+        for e in rd.flatten() {
+            remove_staging(&e.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// The stop rule that skips a cell, if one does.
+fn stop_reason(ctx: &Ctx, cell: &CellSpec) -> Option<String> {
+    let spec = &ctx.c.spec;
+    for earlier in &ctx.cells[..cell.index] {
+        if let CellState::Sealed { status, admission, .. } = ctx.state(&earlier.key) {
+            if spec.stop.campaign_after_oracle_failure && earlier.is_oracle && status != "completed" {
+                return Some(format!("stop rule: the oracle cell {} failed", earlier.key));
+            }
+            if spec.stop.arm_after_admission_failure && earlier.arm.id.value == cell.arm.id.value && admission == Some(false) {
+                return Some(format!("stop rule: arm `{}` stopped after its first admission failure ({})", cell.arm.id.value, earlier.key));
+            }
+        }
+        if spec.stop.campaign_after_oracle_failure && earlier.is_oracle && ctx.state(&earlier.key) == CellState::Abandoned {
+            return Some(format!("stop rule: the oracle cell {} was abandoned", earlier.key));
+        }
+    }
+    None
+}
+
+fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(String, CellDocument)> {
+    let attempt = ctx.hist.get(&cell.key).map_or(0, |h| h.attempts) + 1;
+    let staging = ctx.dir.staging().join(format!("{}.a{attempt}", cell.key));
+    let log = ctx.dir.logs().join(format!("{}.a{attempt}.log", cell.key));
+    remove_staging(&staging)?;
+    ctx.append(Event::CellStarted { cell: cell.key.clone(), index: cell.index, attempt, staging: ctx.rel(&staging) })?;
+
+    let outcome = exec.run(cell, &staging, &log)?;
+    let mut partial = staging.as_os_str().to_os_string();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    if partial.exists() {
+        make_writable(&partial);
+        fs::remove_dir_all(&partial)?;
+    }
+    if outcome.status == CellStatus::Failed && staging.exists() {
+        // A failed cell's record holds only its cell.json: whatever it half-wrote is not evidence.
+        remove_staging(&staging)?;
+    }
+    fs::create_dir_all(&staging)?;
+
+    let spec = &ctx.c.spec;
+    let validity = validity(spec, &staging, &outcome);
+    let oracle_record = if cell.is_oracle { None } else { ctx.oracle_record() };
+    let (exact, differing) = match (&oracle_record, outcome.status) {
+        (Some(d), CellStatus::Completed) => {
+            let (e, diff) = exactness(spec.oracle.relation, &ctx.results.join(d), &staging)?;
+            (Some(e), diff)
+        }
+        _ => (None, Vec::new()),
+    };
+    let adm = admission::evaluate(
+        &spec.admission,
+        &Operands {
+            status: outcome.status,
+            valid: validity.valid,
+            is_oracle: cell.is_oracle,
+            exact,
+            memory_cap_bytes: cell.arm.memory_cap_bytes,
+            telemetry: &outcome.telemetry,
+        },
+    );
+    let doc = CellDocument {
+        format: CELL_FORMAT.to_string(),
+        campaign: CampaignRef { id: ctx.c.id().to_string(), sha256: ctx.c.digest.clone() },
+        cell: cell.clone(),
+        attempt,
+        outcome,
+        validity,
+        oracle: OracleRef {
+            arm: spec.oracle.arm.value.clone(),
+            relation: spec.oracle.relation,
+            horizon: spec.oracle.horizon,
+            record: oracle_record,
+            exact,
+            differing,
+        },
+        admission_rule: spec.admission.clone(),
+        admission: adm,
+    };
+    let mut text = serde_json::to_string_pretty(&doc)?;
+    text.push('\n');
+    crate::util::write_new_durable(&staging.join(CELL_FILE), text.as_bytes())?;
+    let prepared = prepare_seal(&staging)?;
+    let digest = prepared.digest().to_string();
+    ctx.append(Event::CellSealing { cell: cell.key.clone(), attempt, digest: digest.clone() })?;
+    prepared.finish(&ctx.results)?;
+    ctx.append(sealed_event(&cell.key, attempt, &digest, &doc, false))?;
+    Ok((digest, doc))
+}
+
+/// `campaign run` / `campaign resume`.
+pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<RunSummary> {
+    let cells = expand(&c.spec);
+    let dir = CampaignDir::new(&opts.results, c.id());
+    if opts.mode == RunMode::Resume && !dir.campaign_json().exists() {
+        bail!("campaign `{}` is not preregistered under {}; start it with `campaign run`", c.id(), opts.results.display());
+    }
+    // Refuse what cannot run before anything is frozen.
+    for cell in &cells {
+        exec.preflight(cell)?;
+    }
+    check_identities(c)?;
+    let preregistered_now = preregister(c, &opts.results)?;
+    let _lock = lock(&dir)?;
+    fs::create_dir_all(dir.logs())?;
+    fs::create_dir_all(dir.staging())?;
+    let (journal, entries) = Journal::open(&dir.journal())?;
+    let hist = histories(&entries);
+    let mut ctx = Ctx { c, cells, dir, results: opts.results.clone(), journal, entries, hist };
+    let mut summary = RunSummary {
+        campaign: c.id().to_string(),
+        digest: c.digest.clone(),
+        preregistered_now,
+        cells: ctx.cells.len(),
+        sealed: 0,
+        skipped: 0,
+        abandoned: 0,
+        ran: 0,
+        discarded: 0,
+    };
+    recover(&mut ctx, &mut summary)?;
+    ctx.append(Event::RunnerStarted {
+        pid: std::process::id(),
+        mode: if opts.mode == RunMode::Run { "run" } else { "resume" }.into(),
+        binary_sha256: crate::identity::build_identity()?.binary_sha256,
+        cells: ctx.cells.len(),
+    })?;
+
+    let settled = |s: &CellState| matches!(s, CellState::Sealed { .. } | CellState::Skipped { .. } | CellState::Abandoned);
+    let done = ctx.cells.iter().filter(|c| settled(&ctx.state(&c.key))).count();
+    let pb = indicatif::ProgressBar::with_draw_target(
+        Some(ctx.cells.len() as u64),
+        if opts.progress { indicatif::ProgressDrawTarget::stderr() } else { indicatif::ProgressDrawTarget::hidden() },
+    );
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} cells  {elapsed_precise} elapsed, ETA {eta}  {msg}")
+            .expect("a valid template"),
+    );
+    pb.set_position(done as u64);
+    pb.reset_eta();
+    // One line per settled cell on stderr (stdout carries only the result, e.g. `--json`).
+    let say = |pb: &indicatif::ProgressBar, line: String| {
+        if pb.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            pb.println(line);
+        }
+    };
+
+    for cell in ctx.cells.clone() {
+        if settled(&ctx.state(&cell.key)) {
+            continue;
+        }
+        let n = format!("[{}/{}]", cell.index + 1, ctx.cells.len());
+        if let Some(reason) = stop_reason(&ctx, &cell) {
+            ctx.append(Event::CellSkipped { cell: cell.key.clone(), reason: reason.clone() })?;
+            say(&pb, format!("{n} {} skipped: {reason}", cell.key));
+            pb.inc(1);
+            continue;
+        }
+        let discards = ctx.hist.get(&cell.key).map_or(0, |h| h.discards);
+        if discards >= ctx.c.spec.repetition.max_interrupted_attempts {
+            ctx.append(Event::CellAbandoned {
+                cell: cell.key.clone(),
+                attempts: discards,
+                reason: format!("interrupted {discards} times (repetition.max_interrupted_attempts)"),
+            })?;
+            say(&pb, format!("{n} {} abandoned after {discards} interrupted attempts", cell.key));
+            pb.inc(1);
+            continue;
+        }
+        pb.set_message(format!("running {}", cell.key));
+        let (digest, doc) = run_cell(&mut ctx, exec, &cell)?;
+        summary.ran += 1;
+        let adm = match doc.admission.passed {
+            Some(true) => "admitted",
+            Some(false) => "NOT admitted",
+            None => "admission not evaluated",
+        };
+        let exact = match doc.oracle.exact {
+            Some(true) => ", exact",
+            Some(false) => ", NOT exact",
+            None => "",
+        };
+        say(&pb, format!("{n} {} {} in {:.2} s{exact}, {adm}: sealed {digest}", cell.key, doc.outcome.status.name(), doc.outcome.wall_s));
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    for cell in &ctx.cells {
+        match ctx.state(&cell.key) {
+            CellState::Sealed { .. } => summary.sealed += 1,
+            CellState::Skipped { .. } => summary.skipped += 1,
+            CellState::Abandoned => summary.abandoned += 1,
+            _ => {}
+        }
+    }
+    ctx.append(Event::RunnerFinished { sealed: summary.sealed, skipped: summary.skipped, abandoned: summary.abandoned })?;
+    Ok(summary)
+}
+
+/// One row of `campaign status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CellRow {
+    pub index: usize,
+    pub cell: String,
+    pub arm: String,
+    pub block: usize,
+    pub order: String,
+    /// pending, running, interrupted, sealing, sealed, skipped, abandoned
+    pub state: String,
+    pub record: Option<String>,
+    pub status: Option<String>,
+    pub admission: Option<bool>,
+    pub attempts: u32,
+    pub discards: u32,
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusReport {
+    pub campaign: String,
+    pub digest: String,
+    pub preregistered: bool,
+    /// The file given no longer has the frozen digest.
+    pub file_changed: bool,
+    pub runner_active: bool,
+    pub finished: bool,
+    pub counts: BTreeMap<String, usize>,
+    pub cells: Vec<CellRow>,
+}
+
+/// `campaign status`: the journal folded per cell (read-only; safe while a runner is active).
+pub fn status(c: &Loaded, results: &Path) -> Result<StatusReport> {
+    let dir = CampaignDir::new(results, c.id());
+    let preregistered = dir.campaign_json().exists();
+    let (spec, digest, file_changed) = if preregistered {
+        let (spec, d) = super::frozen(results, c.id())?;
+        let changed = d != c.digest;
+        (spec, d, changed)
+    } else {
+        (c.spec.clone(), c.digest.clone(), false)
+    };
+    let entries = Journal::read(&dir.journal())?;
+    let hist = histories(&entries);
+    let active = preregistered && is_locked(&dir);
+    let mut counts = BTreeMap::new();
+    let mut cells = Vec::new();
+    for cell in expand(&spec) {
+        let h = hist.get(&cell.key).cloned().unwrap_or(CellHistory { state: CellState::Pending, attempts: 0, discards: 0 });
+        let (state, record, status, admission, note) = match h.state {
+            CellState::Pending => ("pending", None, None, None, None),
+            CellState::Started { .. } => (if active { "running" } else { "interrupted" }, None, None, None, None),
+            CellState::Sealing { digest, .. } => ("sealing", Some(digest), None, None, None),
+            CellState::Sealed { digest, status, admission } => ("sealed", Some(digest), Some(status), admission, None),
+            CellState::Skipped { reason } => ("skipped", None, None, None, Some(reason)),
+            CellState::Abandoned => ("abandoned", None, None, None, None),
+        };
+        *counts.entry(state.to_string()).or_insert(0) += 1;
+        cells.push(CellRow {
+            index: cell.index,
+            cell: cell.key.clone(),
+            arm: cell.arm.id.value.clone(),
+            block: cell.block,
+            order: cell.order.clone(),
+            state: state.to_string(),
+            record,
+            status,
+            admission,
+            attempts: h.attempts,
+            discards: h.discards,
+            note,
+        });
+    }
+    let finished = cells.iter().all(|r| matches!(r.state.as_str(), "sealed" | "skipped" | "abandoned"));
+    Ok(StatusReport { campaign: c.id().to_string(), digest, preregistered, file_changed, runner_active: active, finished, counts, cells })
+}
+
+impl StatusReport {
+    pub fn to_text(&self) -> String {
+        let mut s = format!(
+            "campaign {} ({}){}{}\n",
+            self.campaign,
+            self.digest,
+            if !self.preregistered { ", not preregistered yet" } else if self.runner_active { ", runner active" } else { "" },
+            if self.file_changed { ", WARNING: the file no longer matches the frozen campaign" } else { "" }
+        );
+        for r in &self.cells {
+            s += &format!(
+                "  {:<22} {:<12} {:<14} {:<10} {:<9} {}{}\n",
+                r.cell,
+                r.state,
+                r.record.as_deref().map_or("-".to_string(), |d| d[..12.min(d.len())].to_string()),
+                r.status.as_deref().unwrap_or("-"),
+                match r.admission {
+                    Some(true) => "admitted",
+                    Some(false) => "refused",
+                    None => "-",
+                },
+                if r.discards > 0 { format!("{} interrupted attempt(s) discarded", r.discards) } else { String::new() },
+                r.note.as_deref().map_or(String::new(), |n| format!(" {n}")),
+            );
+        }
+        let counts: Vec<String> = self.counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
+        s += &format!("{} cells: {}{}\n", self.cells.len(), counts.join(", "), if self.finished { " (finished)" } else { "" });
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::campaign::executor::Telemetry;
+
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    /// Writes a small but complete record (identical surfaces every time) without running the
+    /// engine; cells of `fail_arm` fail instead. Exercises the runner's bookkeeping only.
+    struct Fake {
+        fail_arm: Option<&'static str>,
+    }
+
+    impl CellExecutor for Fake {
+        fn run(&self, cell: &CellSpec, staging: &Path, _log: &Path) -> Result<CellOutcome> {
+            let failed = self.fail_arm == Some(cell.arm.id.value.as_str());
+            if !failed {
+                let part = staging.with_extension("tmp");
+                fs::create_dir_all(&part)?;
+                let mut surfaces = serde_json::Map::new();
+                for name in crate::oracle::SURFACES.iter().chain(&["prompt"]) {
+                    let bytes = format!("{name} bytes");
+                    fs::write(part.join(format!("{name}.bin")), &bytes)?;
+                    surfaces.insert(
+                        name.to_string(),
+                        serde_json::json!({"file": format!("{name}.bin"), "sha256": crate::util::sha256(bytes.as_bytes()), "bytes": bytes.len(), "unit_bytes": 1}),
+                    );
+                }
+                let e = crate::engine::identity();
+                let rec = serde_json::json!({
+                    "model": {"sha256": cell.model.sha256.0},
+                    "build": {"engine": {"tree_sha256": e.tree_sha256}},
+                    "counts": {"prompt_tokens": cell.workload.prompt_tokens, "generated_tokens": cell.workload.outputs},
+                    "surfaces": surfaces,
+                });
+                fs::write(part.join("record.json"), serde_json::to_vec(&rec)?)?;
+                fs::rename(&part, staging)?;
+            }
+            Ok(CellOutcome {
+                status: if failed { CellStatus::Failed } else { CellStatus::Completed },
+                exit_code: Some(if failed { 2 } else { 0 }),
+                signal: None,
+                error: failed.then(|| "error: injected".to_string()),
+                // Distinct per call, as real wall times are: a rerun never repeats a digest.
+                wall_s: 0.5 + CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as f64 * 1e-3,
+                command: vec![],
+                telemetry: Telemetry::default(),
+            })
+        }
+    }
+
+    fn fixture(t: &Path) -> Loaded {
+        let model = t.join("m.bin");
+        fs::write(&model, b"model").unwrap();
+        let prompt_bytes = "prompt bytes";
+        fs::write(t.join("p.txt"), prompt_bytes).unwrap();
+        let e = crate::engine::identity();
+        let patches: String = e.patches.iter().map(|p| format!("    - {{ name: {}, sha256: {} }}\n", p.name, p.sha256)).collect();
+        let text = format!(
+            "id: fake\nmodel: {{ path: m.bin, sha256: {} }}\n\
+workload: {{ prompt_file: p.txt, prompt_sha256: {}, prompt_tokens: 3, outputs: 2, ignore_eos: true }}\n\
+build:\n  engine_tree_sha256: {}\n  patches:{}\n{patches}\
+arms:\n  - {{ id: O, experts: resident, threads: 1 }}\n  - {{ id: A, experts: resident, threads: 1 }}\n  - {{ id: X, experts: resident, threads: 1 }}\n\
+schedule:\n  lead: [O]\n  blocks:\n    preordered: [[A, X], [X, A], [A, X]]\n\
+oracle: {{ arm: O, relation: all_surfaces, horizon: 2 }}\n\
+admission: {{ require_exact: true, min_headroom_bytes: 0, max_limit_events: 0 }}\n\
+stop: {{ arm_after_admission_failure: true, campaign_after_oracle_failure: true }}\n\
+repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
+            crate::util::sha256(b"model"),
+            crate::util::sha256(prompt_bytes.as_bytes()),
+            e.tree_sha256,
+            if patches.is_empty() { " []" } else { "" },
+        );
+        let file = t.join("fake.yaml");
+        fs::write(&file, text).unwrap();
+        crate::campaign::load(&file).unwrap()
+    }
+
+    fn opts(results: &Path, mode: RunMode) -> RunOptions {
+        RunOptions { results: results.to_path_buf(), mode, progress: false }
+    }
+
+    fn journal(results: &Path) -> Vec<Entry> {
+        Journal::read(&CampaignDir::new(results, "fake").journal()).unwrap()
+    }
+
+    fn sealed_of(j: &[Entry], key: &str) -> Vec<(String, bool, u32)> {
+        j.iter()
+            .filter_map(|e| match &e.event {
+                Event::CellSealed { cell, digest, recovered, attempt, .. } if cell == key => Some((digest.clone(), *recovered, *attempt)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Keeps the journal up to and including the first event matching `pred`.
+    fn truncate_after(results: &Path, pred: impl Fn(&Event) -> bool) -> Vec<Entry> {
+        let path = CampaignDir::new(results, "fake").journal();
+        let j = Journal::read(&path).unwrap();
+        let n = j.iter().position(|e| pred(&e.event)).unwrap() + 1;
+        let text: String = j[..n].iter().map(|e| serde_json::to_string(e).unwrap() + "\n").collect();
+        fs::write(&path, text).unwrap();
+        j[..n].to_vec()
+    }
+
+    #[test]
+    fn stop_rule_skips_an_arm_after_its_first_admission_failure() {
+        let t = tempfile::tempdir().unwrap();
+        let c = fixture(t.path());
+        let results = t.path().join("results");
+        let s = run(&c, &Fake { fail_arm: Some("X") }, &opts(&results, RunMode::Run)).unwrap();
+        assert_eq!((s.sealed, s.skipped, s.ran), (5, 2, 5));
+        let j = journal(&results);
+        let skipped: Vec<&str> = j.iter().filter(|e| matches!(e.event, Event::CellSkipped { .. })).filter_map(|e| e.event.cell()).collect();
+        assert_eq!(skipped, ["b02-p0-X", "b03-p1-X"]);
+        // The failed cell is an outcome: sealed, with only its cell.json, and not rerun.
+        let (d, _, _) = sealed_of(&j, "b01-p1-X").pop().unwrap();
+        let doc = read_cell(&results.join(&d)).unwrap();
+        assert_eq!((doc.outcome.status, doc.admission.passed), (CellStatus::Failed, Some(false)));
+        assert_eq!(verify_record(&results.join(&d)).unwrap().manifest.files.len(), 1);
+        // A's cells are exact against the oracle.
+        let (d, _, _) = sealed_of(&j, "b02-p1-A").pop().unwrap();
+        assert_eq!(read_cell(&results.join(d)).unwrap().oracle.exact, Some(true));
+        // Resume afterwards runs nothing.
+        assert_eq!(run(&c, &Fake { fail_arm: Some("X") }, &opts(&results, RunMode::Resume)).unwrap().ran, 0);
+    }
+
+    #[test]
+    fn crash_points_are_recovered_without_rerunning_or_losing_a_cell() {
+        let t = tempfile::tempdir().unwrap();
+        let c = fixture(t.path());
+        let results = t.path().join("results");
+        let fake = Fake { fail_arm: None };
+        run(&c, &fake, &opts(&results, RunMode::Run)).unwrap();
+        let key = "b02-p0-X";
+
+        // 1. Killed after the rename, before `cell_sealed`: the record is found and kept.
+        let j = truncate_after(&results, |e| matches!(e, Event::CellSealing { cell, .. } if cell == key));
+        let Event::CellSealing { digest, .. } = &j.last().unwrap().event else { unreachable!() };
+        let digest = digest.clone();
+        run(&c, &fake, &opts(&results, RunMode::Resume)).unwrap();
+        assert_eq!(sealed_of(&journal(&results), key), [(digest.clone(), true, 1)]);
+
+        // 2. Killed after `cell_sealing`, before the rename: the staged record is sealed.
+        let j = truncate_after(&results, |e| matches!(e, Event::CellSealing { cell, .. } if cell == key));
+        assert_eq!(sealed_of(&j, key), []);
+        let staged = CampaignDir::new(&results, "fake").staging().join(format!("{key}.a1"));
+        make_writable(&results.join(&digest));
+        fs::rename(results.join(&digest), &staged).unwrap();
+        run(&c, &fake, &opts(&results, RunMode::Resume)).unwrap();
+        assert_eq!(sealed_of(&journal(&results), key), [(digest.clone(), true, 1)]);
+        verify_record(&results.join(&digest)).unwrap();
+
+        // 3. Killed mid-cell: the half-written staging is discarded and the cell runs again.
+        truncate_after(&results, |e| matches!(e, Event::CellStarted { cell, .. } if cell == key));
+        fs::create_dir_all(staged.join("junk")).unwrap();
+        let s = run(&c, &fake, &opts(&results, RunMode::Resume)).unwrap();
+        assert_eq!(s.discarded, 1);
+        let j = journal(&results);
+        let sealed = sealed_of(&j, key);
+        assert_eq!(sealed.len(), 1);
+        assert_eq!((sealed[0].1, sealed[0].2), (false, 2));
+        assert!(!staged.exists());
+
+        // 4. Interrupted more often than allowed (2): abandoned, not retried forever.
+        truncate_after(&results, |e| matches!(e, Event::CellStarted { cell, attempt, .. } if cell == key && *attempt == 2));
+        let (mut jn, _) = Journal::open(&CampaignDir::new(&results, "fake").journal()).unwrap();
+        jn.append(Event::CellDiscarded { cell: key.into(), attempt: 2, reason: "test".into() }).unwrap();
+        jn.append(Event::CellStarted { cell: key.into(), index: 3, attempt: 3, staging: format!("staging/{key}.a3") }).unwrap();
+        drop(jn);
+        let s = run(&c, &fake, &opts(&results, RunMode::Resume)).unwrap();
+        assert_eq!((s.abandoned, s.discarded), (1, 1));
+        let j = journal(&results);
+        assert!(j.iter().any(|e| matches!(&e.event, Event::CellAbandoned { cell, .. } if cell == key)));
+    }
+}

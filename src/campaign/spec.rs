@@ -1,0 +1,601 @@
+//! The campaign file: types, parsing with line:column diagnostics, and semantic validation.
+//!
+//! Every struct denies unknown fields, so a typo'd key is an error at its position rather than
+//! a silently ignored setting. The JSON Schema in `schemas/campaign.schema.json` is generated
+//! from these types (`sovereign campaign schema`).
+
+use anyhow::Result;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::fmt;
+
+/// A value with the line and column where the campaign file wrote it (0:0 when it came from
+/// JSON, e.g. a frozen campaign). Serializes, compares and has the schema of the bare value.
+#[derive(Debug, Clone)]
+pub struct At<T> {
+    pub value: T,
+    pub line: u64,
+    pub column: u64,
+}
+
+impl<T> At<T> {
+    pub fn new(value: T) -> At<T> {
+        At { value, line: 0, column: 0 }
+    }
+}
+
+impl<T: PartialEq> PartialEq for At<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for At<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = serde_saphyr::Spanned::<T>::deserialize(d)?;
+        Ok(At { value: s.value, line: s.referenced.line(), column: s.referenced.column() })
+    }
+}
+
+impl<T: Serialize> Serialize for At<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        self.value.serialize(s)
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for At<T> {
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+    fn schema_name() -> Cow<'static, str> {
+        T::schema_name()
+    }
+    fn schema_id() -> Cow<'static, str> {
+        T::schema_id()
+    }
+    fn json_schema(g: &mut SchemaGenerator) -> Schema {
+        T::json_schema(g)
+    }
+}
+
+impl<T> std::ops::Deref for At<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+/// A lowercase hexadecimal SHA-256 digest (64 digits).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Sha256Hex(pub String);
+
+impl<'de> Deserialize<'de> for Sha256Hex {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(serde::de::Error::custom(format!(
+                "expected a SHA-256 digest (64 lowercase hexadecimal digits), got {s:?}"
+            )));
+        }
+        Ok(Sha256Hex(s))
+    }
+}
+
+impl JsonSchema for Sha256Hex {
+    fn schema_name() -> Cow<'static, str> {
+        "Sha256Hex".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schemars::json_schema!({
+            "description": "A SHA-256 digest: 64 lowercase hexadecimal digits.",
+            "type": "string",
+            "pattern": "^[0-9a-f]{64}$"
+        })
+    }
+}
+
+impl fmt::Display for Sha256Hex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Expert replacement policy: `zero` (no reuse) or `lru:K` (per-layer LRU-K).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Policy {
+    Zero,
+    Lru(u32),
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::Zero => f.write_str("zero"),
+            Policy::Lru(k) => write!(f, "lru:{k}"),
+        }
+    }
+}
+
+impl Serialize for Policy {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Policy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s == "zero" {
+            return Ok(Policy::Zero);
+        }
+        match s.strip_prefix("lru:").map(str::parse::<u32>) {
+            Some(Ok(k)) if k > 0 => Ok(Policy::Lru(k)),
+            _ => Err(serde::de::Error::custom(format!("expected policy `zero` or `lru:K` with K >= 1, got {s:?}"))),
+        }
+    }
+}
+
+impl JsonSchema for Policy {
+    fn schema_name() -> Cow<'static, str> {
+        "Policy".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schemars::json_schema!({
+            "description": "Expert replacement policy: `zero` (no reuse) or `lru:K` (per-layer LRU with K entries).",
+            "type": "string",
+            "pattern": "^(zero|lru:[1-9][0-9]*)$"
+        })
+    }
+}
+
+/// A campaign: everything that is fixed before the first cell runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Campaign {
+    /// Names `results/campaigns/<id>/`: letters, digits, `.`, `_`, `-`.
+    pub id: At<String>,
+    /// What the campaign is for, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub model: ModelSpec,
+    pub workload: Workload,
+    /// The engine build every cell must come from.
+    pub build: BuildSpec,
+    /// The arms, each a complete run specification.
+    pub arms: Vec<Arm>,
+    pub schedule: Schedule,
+    pub oracle: OracleSpec,
+    pub admission: Admission,
+    pub stop: StopRules,
+    pub repetition: Repetition,
+    /// Prespecified summaries (optional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<Analysis>,
+}
+
+/// The model, by path and expected digest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Relative paths are taken from the campaign file's directory.
+    pub path: String,
+    pub sha256: Sha256Hex,
+}
+
+/// What every cell computes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// Relative paths are taken from the campaign file's directory.
+    pub prompt_file: String,
+    pub prompt_sha256: Sha256Hex,
+    /// Expected prompt length in tokens; a record with another count is invalid.
+    pub prompt_tokens: u32,
+    /// Tokens to generate (greedy).
+    pub outputs: u32,
+    /// Keep generating past end-of-generation tokens, so every cell has `outputs` outputs.
+    pub ignore_eos: bool,
+}
+
+/// Expected build identity: the pinned engine tree and the patch series.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildSpec {
+    /// `engine.tree_sha256` of `sovereign build-info --json`.
+    pub engine_tree_sha256: Sha256Hex,
+    /// `engine.patches` of `sovereign build-info --json`, in order.
+    pub patches: Vec<PatchSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PatchSpec {
+    pub name: String,
+    pub sha256: Sha256Hex,
+}
+
+/// How an arm holds its experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpertsMode {
+    /// Stock llama.cpp: every expert resident.
+    Resident,
+    /// Experts served from storage through the Plan.
+    Plan,
+}
+
+/// Where a Plan arm reads expert bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// Buffered pread through the page cache.
+    P,
+    /// Blocking O_DIRECT, one window.
+    D,
+    /// io_uring O_DIRECT, registered windows, bounded depth.
+    F,
+}
+
+/// A deterministic fault cell (seed 000 §5.4, Table 7). Absent: the no-fault control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultCell {
+    ShortRead,
+    Eio,
+    OutOfOrder,
+    LateStale,
+    WrongObject,
+    HeldConsumer,
+    ResetWithSourceWork,
+    ShutdownWithLiveConsumer,
+    FailedBundleExtent,
+}
+
+impl FaultCell {
+    /// The name used on the command line and in files.
+    pub fn name(self) -> String {
+        serde_json::to_value(self).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    }
+}
+
+/// One arm: a complete run specification. Plan fields are required for `experts: plan` and
+/// forbidden for `experts: resident`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Arm {
+    /// Referenced by the schedule, the oracle and the analysis: letters, digits, `_`, `-`.
+    pub id: At<String>,
+    pub experts: ExpertsMode,
+    /// Expert slots per MoE layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Policy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceKind>,
+    /// Host staging windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<u32>,
+    /// Source queue depth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<FaultCell>,
+    /// Hard host memory limit over the cell's whole process tree, bytes (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_cap_bytes: Option<u64>,
+    pub threads: u32,
+}
+
+/// The order cells run in: `lead` cells once each (block 0), then the blocks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Schedule {
+    /// Arms run once each, in this order, before the blocks: the oracle first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lead: Vec<At<String>>,
+    pub blocks: Blocks,
+}
+
+/// Counterbalanced blocks: written out in advance, or drawn from a seed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Blocks {
+    /// Each inner list is one block: the arms in the order they run (Table 6).
+    Preordered(Vec<Vec<At<String>>>),
+    /// `count` blocks, each a permutation of `arms` drawn from `seed` (SplitMix64, Fisher–Yates).
+    SeededRandom { seed: u64, count: u32, arms: Vec<At<String>> },
+}
+
+/// The oracle arm and the exactness relation E with its horizon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OracleSpec {
+    pub arm: At<String>,
+    pub relation: Relation,
+    /// Outputs the relation covers; must equal `workload.outputs` for `all_surfaces`.
+    pub horizon: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    /// Every byte of tokens, full logits rows, response bytes and route events equal.
+    AllSurfaces,
+}
+
+/// The admission predicate a cell must pass (seed 000 §5.3: positive headroom, no limit event).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Admission {
+    /// The cell must be exact against the oracle under the relation.
+    pub require_exact: bool,
+    /// With a memory cap: cap − peak must be at least this (and positive).
+    pub min_headroom_bytes: u64,
+    /// With a memory cap: at most this many memory.max (limit) events.
+    pub max_limit_events: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StopRules {
+    /// An arm's later cells are skipped after its first admission failure.
+    pub arm_after_admission_failure: bool,
+    /// Nothing else runs if the oracle cell fails.
+    pub campaign_after_oracle_failure: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Repetition {
+    /// Only `none`: no cell is ever rerun because of its outcome.
+    pub outcome_selected_reruns: Reruns,
+    /// A cell interrupted before it produced an outcome (runner killed, machine rebooted) is
+    /// discarded and run again; once it has been interrupted this many times it is abandoned
+    /// instead. Every discard and abandonment is journaled.
+    pub max_interrupted_attempts: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Reruns {
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Analysis {
+    /// Paired ratio b/a over the blocks that contain both arms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pairs: Option<PairAnalysis>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PairAnalysis {
+    /// Denominator arm.
+    pub a: At<String>,
+    /// Numerator arm.
+    pub b: At<String>,
+    pub metric: Operand,
+    /// Interval level, e.g. 0.95.
+    pub level: f64,
+}
+
+/// A number inside a sealed record: a JSON pointer into one of its JSON files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Operand {
+    /// `record.json` (the run) or `cell.json` (the campaign cell, e.g. `/outcome/wall_s`).
+    #[serde(default = "default_file")]
+    pub file: String,
+    /// RFC 6901 JSON pointer, e.g. `/timing/decode_s`.
+    pub pointer: String,
+}
+
+pub fn default_file() -> String {
+    crate::record::RECORD_FILE.to_string()
+}
+
+/// A problem in a campaign file, at a position when one is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub line: u64,
+    pub column: u64,
+    pub message: String,
+}
+
+impl Diagnostic {
+    fn at<T>(v: &At<T>, message: impl Into<String>) -> Diagnostic {
+        Diagnostic { line: v.line, column: v.column, message: message.into() }
+    }
+
+    /// `FILE:line:column: message` (or `FILE: message` without a position).
+    pub fn render(&self, file: &str) -> String {
+        if self.line > 0 {
+            format!("{file}:{}:{}: {}", self.line, self.column, self.message)
+        } else {
+            format!("{file}: {}", self.message)
+        }
+    }
+}
+
+/// Parses a campaign file's text. Syntax errors, typo'd keys and wrong types come back as one
+/// diagnostic at their position; semantic problems (unknown arm references, missing Plan
+/// fields, ...) as one diagnostic each.
+pub fn parse(text: &str) -> std::result::Result<Campaign, Vec<Diagnostic>> {
+    let c: Campaign = serde_saphyr::from_str(text).map_err(|e| {
+        let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
+        let message = e.without_snippet().to_string();
+        // The message may itself carry a position; keep the first line, without it.
+        let first = message.lines().next().unwrap_or("").trim().to_string();
+        vec![Diagnostic { line, column, message: strip_position(&first) }]
+    })?;
+    let problems = validate(&c);
+    if problems.is_empty() {
+        Ok(c)
+    } else {
+        Err(problems)
+    }
+}
+
+/// serde-saphyr writes `... at line L, column C` into some messages; we print the position once.
+fn strip_position(msg: &str) -> String {
+    for marker in [" at line ", " (line "] {
+        if let Some(i) = msg.rfind(marker) {
+            let tail = &msg[i + marker.len()..];
+            if tail.chars().next().is_some_and(|c| c.is_ascii_digit()) && tail.contains("column") {
+                return msg[..i].trim_end_matches([',', ':']).to_string();
+            }
+        }
+    }
+    msg.to_string()
+}
+
+fn valid_name(s: &str, extra: &[char]) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || extra.contains(&c))
+}
+
+/// Semantic checks that the types cannot express.
+pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    if !valid_name(&c.id, &['.']) || c.id.starts_with('.') {
+        out.push(Diagnostic::at(&c.id, format!("campaign id {:?} must be letters, digits, `.`, `_`, `-`", c.id.value)));
+    }
+    if c.workload.outputs == 0 {
+        out.push(Diagnostic { line: 0, column: 0, message: "workload.outputs must be at least 1".into() });
+    }
+    if c.workload.prompt_tokens == 0 {
+        out.push(Diagnostic { line: 0, column: 0, message: "workload.prompt_tokens must be at least 1".into() });
+    }
+    if c.arms.is_empty() {
+        out.push(Diagnostic { line: 0, column: 0, message: "a campaign needs at least one arm".into() });
+    }
+    let mut ids = BTreeSet::new();
+    for a in &c.arms {
+        if !valid_name(&a.id, &[]) {
+            out.push(Diagnostic::at(&a.id, format!("arm id {:?} must be letters, digits, `_`, `-`", a.id.value)));
+        }
+        if !ids.insert(a.id.value.clone()) {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}` is defined twice", a.id.value)));
+        }
+        if a.threads == 0 {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}`: threads must be at least 1", a.id.value)));
+        }
+        let plan_fields = [
+            ("slots", a.slots.is_some()),
+            ("policy", a.policy.is_some()),
+            ("source", a.source.is_some()),
+            ("windows", a.windows.is_some()),
+            ("depth", a.depth.is_some()),
+        ];
+        match a.experts {
+            ExpertsMode::Resident => {
+                for (name, set) in plan_fields.iter().chain(&[("fault", a.fault.is_some())]) {
+                    if *set {
+                        out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` applies only to `experts: plan`", a.id.value)));
+                    }
+                }
+            }
+            ExpertsMode::Plan => {
+                for (name, set) in plan_fields {
+                    if !set {
+                        out.push(Diagnostic::at(&a.id, format!("arm `{}`: `experts: plan` needs `{name}`", a.id.value)));
+                    }
+                }
+                for (name, v) in [("slots", a.slots), ("windows", a.windows), ("depth", a.depth)] {
+                    if v == Some(0) {
+                        out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` must be at least 1", a.id.value)));
+                    }
+                }
+            }
+        }
+    }
+    let known = |r: &At<String>, what: &str, out: &mut Vec<Diagnostic>| {
+        if !ids.contains(&r.value) {
+            out.push(Diagnostic::at(r, format!("{what} names arm `{}`, which is not defined (arms: {})", r.value, ids.iter().cloned().collect::<Vec<_>>().join(", "))));
+        }
+    };
+    let check_block = |block: &[At<String>], what: &str, out: &mut Vec<Diagnostic>| {
+        let mut seen = BTreeSet::new();
+        for r in block {
+            known(r, what, out);
+            if !seen.insert(r.value.clone()) && what != "schedule.lead" {
+                out.push(Diagnostic::at(r, format!("arm `{}` appears twice in one block", r.value)));
+            }
+        }
+    };
+    check_block(&c.schedule.lead, "schedule.lead", &mut out);
+    match &c.schedule.blocks {
+        Blocks::Preordered(blocks) => {
+            for b in blocks {
+                if b.is_empty() {
+                    out.push(Diagnostic { line: 0, column: 0, message: "schedule.blocks: a block is empty".into() });
+                }
+                check_block(b, "schedule.blocks", &mut out);
+            }
+        }
+        Blocks::SeededRandom { arms, count, .. } => {
+            if arms.is_empty() || *count == 0 {
+                out.push(Diagnostic { line: 0, column: 0, message: "schedule.blocks.seeded_random needs arms and count >= 1".into() });
+            }
+            check_block(arms, "schedule.blocks.seeded_random.arms", &mut out);
+        }
+    }
+    known(&c.oracle.arm, "oracle.arm", &mut out);
+    if out.is_empty() {
+        // The oracle is the reference: it must be the first cell that runs.
+        let first = c.schedule.lead.first().map(|r| &r.value).or(match &c.schedule.blocks {
+            Blocks::Preordered(b) => b.first().and_then(|b| b.first()).map(|r| &r.value),
+            Blocks::SeededRandom { .. } => None,
+        });
+        if first != Some(&c.oracle.arm.value) {
+            out.push(Diagnostic::at(&c.oracle.arm, format!("the oracle arm `{}` must be the first cell scheduled (put it first in schedule.lead)", c.oracle.arm.value)));
+        }
+    }
+    match c.oracle.relation {
+        Relation::AllSurfaces => {
+            if c.oracle.horizon != c.workload.outputs {
+                out.push(Diagnostic::at(&c.oracle.arm, format!("oracle.horizon {} must equal workload.outputs {} for relation all_surfaces", c.oracle.horizon, c.workload.outputs)));
+            }
+        }
+    }
+    if let Some(p) = c.analysis.as_ref().and_then(|a| a.pairs.as_ref()) {
+        known(&p.a, "analysis.pairs.a", &mut out);
+        known(&p.b, "analysis.pairs.b", &mut out);
+        if p.a.value == p.b.value {
+            out.push(Diagnostic::at(&p.b, "analysis.pairs: a and b must be different arms"));
+        }
+        if !(p.level > 0.0 && p.level < 1.0) {
+            out.push(Diagnostic::at(&p.a, format!("analysis.pairs.level must lie strictly between 0 and 1 (got {})", p.level)));
+        }
+        if !p.metric.pointer.is_empty() && !p.metric.pointer.starts_with('/') {
+            out.push(Diagnostic::at(&p.a, format!("analysis.pairs.metric.pointer {:?} must start with `/`", p.metric.pointer)));
+        }
+        if p.metric.file != "record.json" && p.metric.file != "cell.json" {
+            out.push(Diagnostic::at(&p.a, format!("analysis.pairs.metric.file must be record.json or cell.json, not {:?}", p.metric.file)));
+        }
+    }
+    if c.repetition.max_interrupted_attempts == 0 {
+        out.push(Diagnostic { line: 0, column: 0, message: "repetition.max_interrupted_attempts must be at least 1".into() });
+    }
+    out
+}
+
+/// The JSON Schema of the campaign file, as checked in at `schemas/campaign.schema.json`.
+pub fn schema_json() -> String {
+    let schema = schemars::schema_for!(Campaign);
+    let mut s = serde_json::to_string_pretty(&schema).expect("a schema serializes");
+    s.push('\n');
+    s
+}
+
+/// Canonical JSON of a campaign and its SHA-256: the preregistered identity.
+pub fn canonical(c: &Campaign) -> Result<(String, String)> {
+    let text = crate::util::canonical_json_of(c)?;
+    let digest = crate::util::sha256(text.as_bytes());
+    Ok((text, digest))
+}

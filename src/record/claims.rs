@@ -1,0 +1,382 @@
+//! The claim ledger: claim ids mapped to sealed records and to assertions whose expected
+//! values are data. `verify` re-hashes every file of every record a claim names and checks its
+//! assertions offline; `replay` recomputes the claim's summaries (paired ratios and intervals,
+//! exactness, admission predicates) from the records' raw operands and compares them with the
+//! values the ledger states.
+//!
+//! # Ledger format (JSON, default `claims/ledger.json`)
+//!
+//! ```json
+//! {
+//!   "format": "sovereign.claims/1",
+//!   "claims": {
+//!     "C2": {
+//!       "statement": "F finishes in 32.3% of D's complete wall time",
+//!       "records": { "D1": "<64-hex digest>", "F1": "<64-hex digest>" },
+//!       "assertions": [
+//!         { "record": "F1", "pointer": "/counts/generated_tokens", "expect": { "eq": 128 } },
+//!         { "record": "F1", "file": "cell.json", "pointer": "/outcome/wall_s", "expect": { "approx": { "value": 32.8, "tolerance": 0.5 } } },
+//!         { "record": "F1", "pointer": "/surfaces/logits/unit_sha256", "expect": { "len": 135 } },
+//!         { "record": "F1", "pointer": "/timing/decode_s", "expect": { "gt": 0 } }
+//!       ],
+//!       "replay": [
+//!         { "paired_ratio": { "pairs": [["D1", "F1"]], "metric": { "file": "cell.json", "pointer": "/outcome/wall_s" },
+//!                             "level": 0.95, "expect": { "ratio": 0.3229, "lo": null, "hi": null, "tolerance": 1e-6 } } },
+//!         { "exactness": { "oracle": "O", "candidates": ["D1", "F1"], "expect": true } },
+//!         { "admission": { "records": ["D1", "F1"], "expect": [true, true] } }
+//!       ]
+//!     }
+//!   }
+//! }
+//! ```
+//!
+//! `records` maps aliases to record digests; a record is found at `<results>/<digest>`.
+//! `file` defaults to `record.json`; pointers are RFC 6901. Checks: `eq` (JSON equality,
+//! numbers compared as numbers), `approx` (`|actual − value| ≤ tolerance`), `len` (array,
+//! string or object size), `gt`, `ge`. Paired ratios are b/a for each `[a, b]` pair.
+
+use super::verify_record;
+use crate::campaign::admission::{self, Operands};
+use crate::campaign::runner::{exactness, read_cell};
+use crate::campaign::spec::{default_file, Operand, Relation};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub const LEDGER_FORMAT: &str = "sovereign.claims/1";
+pub const DEFAULT_LEDGER: &str = "claims/ledger.json";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ledger {
+    pub format: String,
+    pub claims: BTreeMap<String, Claim>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Claim {
+    pub statement: String,
+    /// Alias → record digest.
+    pub records: BTreeMap<String, String>,
+    #[serde(default)]
+    pub assertions: Vec<Assertion>,
+    #[serde(default)]
+    pub replay: Vec<Replay>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Assertion {
+    pub record: String,
+    #[serde(default = "default_file")]
+    pub file: String,
+    pub pointer: String,
+    pub expect: Check,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Check {
+    Eq(Value),
+    Approx { value: f64, tolerance: f64 },
+    Len(u64),
+    Gt(f64),
+    Ge(f64),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Replay {
+    /// Paired geometric ratio b/a with its paired-log t interval.
+    PairedRatio { pairs: Vec<[String; 2]>, metric: Operand, level: f64, expect: PairedExpect },
+    /// Every candidate is exact against the oracle record under `all_surfaces`.
+    Exactness { oracle: String, candidates: Vec<String>, expect: bool },
+    /// The admission predicate of each record, recomputed from its cell.json operands.
+    Admission { records: Vec<String>, expect: Vec<Option<bool>> },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairedExpect {
+    pub ratio: f64,
+    pub lo: Option<f64>,
+    pub hi: Option<f64>,
+    pub tolerance: f64,
+}
+
+/// One line of a verify or replay report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Item {
+    pub what: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub claim: String,
+    pub statement: String,
+    pub ok: bool,
+    pub items: Vec<Item>,
+}
+
+impl Report {
+    fn push(&mut self, what: String, ok: bool, detail: String) {
+        self.ok &= ok;
+        self.items.push(Item { what, ok, detail });
+    }
+}
+
+pub fn load_ledger(path: &Path) -> Result<Ledger> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read the ledger", path.display()))?;
+    let l: Ledger = serde_json::from_str(&text).with_context(|| format!("{}: not a claim ledger", path.display()))?;
+    if l.format != LEDGER_FORMAT {
+        bail!("{}: format {:?}, expected {LEDGER_FORMAT:?}", path.display(), l.format);
+    }
+    Ok(l)
+}
+
+fn claim<'a>(l: &'a Ledger, id: &str, path: &Path) -> Result<&'a Claim> {
+    l.claims.get(id).with_context(|| {
+        format!("{}: no claim {id:?} (claims: {})", path.display(), l.claims.keys().cloned().collect::<Vec<_>>().join(", "))
+    })
+}
+
+struct Records<'a> {
+    claim: &'a Claim,
+    results: PathBuf,
+    docs: BTreeMap<(String, String), Value>,
+}
+
+impl Records<'_> {
+    fn dir(&self, alias: &str) -> Result<PathBuf> {
+        let d = self.claim.records.get(alias).with_context(|| format!("record alias {alias:?} is not in the claim's `records`"))?;
+        Ok(self.results.join(d))
+    }
+
+    fn doc(&mut self, alias: &str, file: &str) -> Result<&Value> {
+        let key = (alias.to_string(), file.to_string());
+        if !self.docs.contains_key(&key) {
+            let p = self.dir(alias)?.join(file);
+            let text = std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
+            let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))?;
+            self.docs.insert(key.clone(), v);
+        }
+        Ok(&self.docs[&key])
+    }
+
+    fn number(&mut self, alias: &str, op: &Operand) -> Result<f64> {
+        let v = self.doc(alias, &op.file)?;
+        v.pointer(&op.pointer)
+            .and_then(Value::as_f64)
+            .with_context(|| format!("record {alias}: {} {} is not a number", op.file, op.pointer))
+    }
+}
+
+/// Re-hashes every file of every record the claim names; the items name each failing file.
+fn verify_records(r: &mut Report, recs: &Records) {
+    for (alias, digest) in &recs.claim.records {
+        match verify_record(&recs.results.join(digest)) {
+            Ok(s) => r.push(format!("record {alias}"), true, format!("{digest}: {} files, {} bytes verified", s.manifest.files.len(), s.manifest.total_bytes())),
+            Err(e) => r.push(format!("record {alias}"), false, format!("{e:#}")),
+        }
+    }
+}
+
+fn check(actual: Option<&Value>, c: &Check) -> (bool, String) {
+    let Some(a) = actual else { return (false, "pointer not found".into()) };
+    let num = a.as_f64();
+    match c {
+        Check::Eq(want) => {
+            let ok = match (a.as_f64(), want.as_f64()) {
+                (Some(x), Some(y)) => x == y,
+                _ => a == want,
+            };
+            (ok, format!("{a} == {want}"))
+        }
+        Check::Approx { value, tolerance } => match num {
+            Some(x) => ((x - value).abs() <= *tolerance, format!("{x} ≈ {value} ± {tolerance}")),
+            None => (false, format!("{a} is not a number")),
+        },
+        Check::Len(n) => {
+            let len = match a {
+                Value::Array(v) => Some(v.len()),
+                Value::String(s) => Some(s.chars().count()),
+                Value::Object(m) => Some(m.len()),
+                _ => None,
+            };
+            match len {
+                Some(l) => (l as u64 == *n, format!("len {l} == {n}")),
+                None => (false, format!("{a} has no length")),
+            }
+        }
+        Check::Gt(y) => match num {
+            Some(x) => (x > *y, format!("{x} > {y}")),
+            None => (false, format!("{a} is not a number")),
+        },
+        Check::Ge(y) => match num {
+            Some(x) => (x >= *y, format!("{x} >= {y}")),
+            None => (false, format!("{a} is not a number")),
+        },
+    }
+}
+
+/// `sovereign verify --claim ID`.
+pub fn verify(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
+    let l = load_ledger(ledger_path)?;
+    let c = claim(&l, id, ledger_path)?;
+    let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
+    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new() };
+    verify_records(&mut r, &recs);
+    for a in &c.assertions {
+        let what = format!("{} {}{} {}", a.record, a.file, a.pointer, serde_json::to_string(&a.expect).unwrap_or_default());
+        match recs.doc(&a.record, &a.file) {
+            Ok(v) => {
+                let (ok, detail) = check(v.pointer(&a.pointer), &a.expect);
+                r.push(what, ok, detail);
+            }
+            Err(e) => r.push(what, false, format!("{e:#}")),
+        }
+    }
+    Ok(r)
+}
+
+fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol
+}
+
+fn close_opt(a: Option<f64>, b: Option<f64>, tol: f64) -> bool {
+    match (a, b) {
+        (Some(x), Some(y)) => close(x, y, tol),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// `sovereign replay --claim ID`.
+pub fn replay(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
+    let l = load_ledger(ledger_path)?;
+    let c = claim(&l, id, ledger_path)?;
+    let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
+    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new() };
+    // Recomputing from damaged operands proves nothing: the records are verified first.
+    verify_records(&mut r, &recs);
+    if !r.ok {
+        return Ok(r);
+    }
+    if c.replay.is_empty() {
+        r.push("replay".into(), false, "the claim states nothing to replay".into());
+    }
+    for rp in &c.replay {
+        match rp {
+            Replay::PairedRatio { pairs, metric, level, expect } => {
+                let what = format!("paired ratio {} over {} pairs", metric.pointer, pairs.len());
+                let computed = (|| -> Result<crate::stats::PairedRatio> {
+                    let (mut labels, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
+                    for [x, y] in pairs {
+                        labels.push(format!("{x}/{y}"));
+                        a.push(recs.number(x, metric)?);
+                        b.push(recs.number(y, metric)?);
+                    }
+                    crate::stats::paired_ratio(&labels, &a, &b, *level)
+                })();
+                match computed {
+                    Ok(p) => {
+                        let ok = close(p.ratio, expect.ratio, expect.tolerance)
+                            && close_opt(p.lo, expect.lo, expect.tolerance)
+                            && close_opt(p.hi, expect.hi, expect.tolerance);
+                        let detail = format!(
+                            "recomputed {:.6} [{}, {}] vs stated {:.6} [{}, {}] (tolerance {})",
+                            p.ratio,
+                            p.lo.map_or("-".into(), |v| format!("{v:.6}")),
+                            p.hi.map_or("-".into(), |v| format!("{v:.6}")),
+                            expect.ratio,
+                            expect.lo.map_or("-".into(), |v| format!("{v:.6}")),
+                            expect.hi.map_or("-".into(), |v| format!("{v:.6}")),
+                            expect.tolerance
+                        );
+                        r.push(what, ok, detail);
+                    }
+                    Err(e) => r.push(what, false, format!("{e:#}")),
+                }
+            }
+            Replay::Exactness { oracle, candidates, expect } => {
+                for cand in candidates {
+                    let what = format!("exactness {cand} vs {oracle}");
+                    match recs.dir(oracle).and_then(|o| Ok((o, recs.dir(cand)?))).and_then(|(o, d)| exactness(Relation::AllSurfaces, &o, &d)) {
+                        Ok((exact, differing)) => {
+                            let detail = if exact { "all surfaces exact".to_string() } else { format!("differs in {}", differing.join(", ")) };
+                            r.push(what, exact == *expect, format!("{detail} (stated {})", if *expect { "exact" } else { "not exact" }));
+                        }
+                        Err(e) => r.push(what, false, format!("{e:#}")),
+                    }
+                }
+            }
+            Replay::Admission { records, expect } => {
+                if records.len() != expect.len() {
+                    r.push("admission".into(), false, "records and expect differ in length".into());
+                    continue;
+                }
+                for (alias, want) in records.iter().zip(expect) {
+                    let what = format!("admission {alias}");
+                    match replay_admission(&recs, alias) {
+                        Ok((got, stored)) => r.push(
+                            what,
+                            got == *want && got == stored,
+                            format!("recomputed {got:?}, stated {want:?}, recorded in cell.json {stored:?}"),
+                        ),
+                        Err(e) => r.push(what, false, format!("{e:#}")),
+                    }
+                }
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// The admission predicate of one record recomputed from raw operands: telemetry, cap and
+/// validity from its cell.json, exactness by comparing its surfaces with the oracle record.
+fn replay_admission(recs: &Records, alias: &str) -> Result<(Option<bool>, Option<bool>)> {
+    let dir = recs.dir(alias)?;
+    let doc = read_cell(&dir)?;
+    let exact = match (&doc.oracle.record, doc.outcome.status) {
+        (Some(o), crate::campaign::CellStatus::Completed) => {
+            let odir = recs.results.join(o);
+            verify_record(&odir).with_context(|| format!("the oracle record of {alias}"))?;
+            Some(exactness(doc.oracle.relation, &odir, &dir)?.0)
+        }
+        _ => None,
+    };
+    let got = admission::evaluate(
+        &doc.admission_rule,
+        &Operands {
+            status: doc.outcome.status,
+            valid: doc.validity.valid,
+            is_oracle: doc.cell.is_oracle,
+            exact,
+            memory_cap_bytes: doc.cell.arm.memory_cap_bytes,
+            telemetry: &doc.outcome.telemetry,
+        },
+    );
+    Ok((got.passed, doc.admission.passed))
+}
+
+impl Report {
+    /// One line per item, `ok`/`FAIL`, then a verdict line.
+    pub fn to_text(&self, verb: &str) -> String {
+        let mut s = format!("claim {}: {}\n", self.claim, self.statement);
+        for i in &self.items {
+            s += &format!("  {:<4} {}: {}\n", if i.ok { "ok" } else { "FAIL" }, i.what, i.detail);
+        }
+        s += &format!("{verb} {}\n", if self.ok { "passed" } else { "FAILED" });
+        s
+    }
+
+    /// The failing items, one line each (for stderr).
+    pub fn failures(&self) -> Vec<String> {
+        self.items.iter().filter(|i| !i.ok).map(|i| format!("{}: {}", i.what, i.detail)).collect()
+    }
+}
