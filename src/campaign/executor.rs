@@ -7,7 +7,7 @@
 
 use super::expand::CellSpec;
 use super::spec::ExpertsMode;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::fs::File;
@@ -114,8 +114,27 @@ pub fn generate_args(cell: &CellSpec, p: &CellPaths) -> Vec<OsString> {
             opt("--fault", arm.fault.map(|f| f.name()));
         }
     }
+    if let Some(cap) = arm.memory_cap_bytes {
+        // The cell runs as its own process tree in a memory cgroup under this hard limit.
+        a.extend(["--memory-max".into(), cap.to_string().into()]);
+    }
     a.extend(["--record".into(), p.record.into(), "--json".into()]);
     a
+}
+
+/// What the contained run put on record about its memory tiers (None where not observed).
+fn resource_telemetry(record: &Path, child_max_rss_bytes: u64) -> Telemetry {
+    let rec: Option<serde_json::Value> = std::fs::read_to_string(record.join(crate::record::RECORD_FILE))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let host = rec.as_ref().map(|r| r["resources"]["host"].clone()).unwrap_or_default();
+    Telemetry {
+        memory_peak_bytes: host["kernel_peak"].as_u64(),
+        memory_max_events: host["limit_events"].as_u64(),
+        oom_kill_events: host["oom_kills"].as_u64(),
+        swap_peak_bytes: host["swap"]["peak"].as_u64(),
+        child_max_rss_bytes: Some(child_max_rss_bytes),
+    }
 }
 
 /// Spawns this executable (`sovereign generate ...`) for each cell, output to the cell's log.
@@ -144,13 +163,9 @@ fn last_error_line(log: &str) -> Option<String> {
 
 impl CellExecutor for ProcessExecutor {
     fn preflight(&self, cell: &CellSpec) -> Result<()> {
-        let arm = &cell.arm;
-        // Extension point: the Plan arms and the cgroup runner lift these two refusals.
-        if arm.experts == ExpertsMode::Plan {
-            bail!("arm `{}`: `experts: plan` cannot run in this build yet (only resident arms execute)", arm.id.value);
-        }
-        if arm.memory_cap_bytes.is_some() {
-            bail!("arm `{}`: memory_cap_bytes needs the cgroup runner, which this build does not have yet", arm.id.value);
+        if cell.arm.memory_cap_bytes.is_some() {
+            // Refuse before anything is frozen when no memory cgroup can be made here.
+            crate::observe::cleanup_stale().with_context(|| format!("arm `{}`: memory_cap_bytes", cell.arm.id.value))?;
         }
         Ok(())
     }
@@ -212,7 +227,7 @@ impl CellExecutor for ProcessExecutor {
             error,
             wall_s,
             command,
-            telemetry: Telemetry { child_max_rss_bytes: Some(maxrss_kib * 1024), ..Telemetry::default() },
+            telemetry: resource_telemetry(staging, maxrss_kib * 1024),
         })
     }
 }

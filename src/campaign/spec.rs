@@ -246,12 +246,12 @@ pub enum FaultCell {
     ShortRead,
     Eio,
     OutOfOrder,
-    LateStale,
+    StaleCompletion,
     WrongObject,
     HeldConsumer,
-    ResetWithSourceWork,
-    ShutdownWithLiveConsumer,
-    FailedBundleExtent,
+    ResetOutstanding,
+    ShutdownLiveConsumer,
+    PartialBundle,
 }
 
 impl FaultCell {
