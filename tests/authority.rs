@@ -56,7 +56,6 @@ fn p_hits_the_ceiling_while_d_and_f_stay_under_it() {
     let m = forge(dir.path(), "m.gguf", 41, &["--layers", "4", "--experts", "32"]);
     let cap = 48u64 << 20;
     let mut recs = Vec::new();
-    let mut file_at_peak = Vec::new();
     for source in ["p", "d", "f"] {
         let rec = dir.path().join(source);
         let (code, r) = contained(&m, &rec, "48M", &["--experts", "plan", "--slots", "4", "--source", source]);
@@ -79,11 +78,8 @@ fn p_hits_the_ceiling_while_d_and_f_stay_under_it() {
             assert!(margin > 0, "{source}: margin {margin}");
             assert_eq!(res["admission"]["admitted"], true, "{source}: {}", res["admission"]);
         }
-        file_at_peak.push(res["host"]["stat_at_peak"]["file"].as_u64().unwrap());
         recs.push(rec);
     }
-    // Buffered reads are charged as page cache: P's file charge at its peak exceeds D's and F's.
-    assert!(file_at_peak[0] > file_at_peak[1].max(file_at_peak[2]), "file charge at peak P/D/F: {file_at_peak:?}");
     for pair in recs.windows(2) {
         let r = run(&["compare", pair[0].to_str().unwrap(), pair[1].to_str().unwrap()]);
         assert_eq!(r.code, 0, "{}", r.stdout);
