@@ -129,7 +129,7 @@ enum CampaignCommand {
 #[derive(Subcommand)]
 enum CertificateCommand {
     /// The certificate of a generate record (plain or sealed), evaluated. Exit 0 when it could be
-    /// built, whatever its verdicts; records of different binaries are refused (exit 1).
+    /// built, whatever its verdicts; records of different binaries are refused (exit 2).
     Show {
         record: PathBuf,
         /// A same-build record to compare against for E (e.g. a resident run).

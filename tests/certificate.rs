@@ -132,6 +132,6 @@ fn certificate_show_p_d_f_runs_under_a_cap() {
     rec["build"]["binary_sha256"] = Value::from("0".repeat(64));
     std::fs::write(&path, serde_json::to_string_pretty(&rec).unwrap()).unwrap();
     let r = run(&["certificate", "show", d.to_str().unwrap(), "--oracle", other.to_str().unwrap(), "--json"]);
-    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert_eq!(r.code, 2, "an error, not a verdict: {}", r.stdout);
     assert!(r.stderr.contains("refusing to pool evidence from different binaries"), "{}", r.stderr);
 }

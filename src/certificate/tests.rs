@@ -64,7 +64,7 @@ inventory:
   managed_bytes: 18G
   inclusion_rules: all tensors
   model_sha256: insufficient public evidence
-  binary_sha256: 1111111111111111111111111111111111111111111111111111111111111111
+  binary_sha256: abababababababababababababababababababababababababababababababab
   executable: v1
 boundaries:
   host: { bytes: 16 GiB, grade: hard_limit }
@@ -131,7 +131,7 @@ fn different_binaries_are_refused() {
 
     let text = SMALL.replace(
         "  same_build: true\n",
-        "  same_build: true\n  oracle_binary_sha256: 2222222222222222222222222222222222222222222222222222222222222222\n",
+        "  same_build: true\n  oracle_binary_sha256: cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd\n",
     );
     let d = parse(&text).unwrap_err();
     assert!(d[0].message.contains("refusing to pool evidence from different binaries"), "{d:?}");
@@ -153,7 +153,7 @@ fn typos_and_bad_values_have_positions() {
     assert!(d[0].message.contains(INSUFFICIENT), "{d:?}");
     assert_eq!(d[0].line, 16, "{d:?}");
 
-    let d = parse(&SMALL.replace("binary_sha256: 1111", "binary_sha256: 11")).unwrap_err();
+    let d = parse(&SMALL.replace("binary_sha256: abab", "binary_sha256: ab")).unwrap_err();
     assert!(d[0].message.contains("SHA-256"), "{d:?}");
     assert_eq!(d[0].line, 12, "{d:?}");
 }
