@@ -245,7 +245,15 @@ pub fn from_record(dir: &Path, opts: &RecordOptions) -> Result<Certificate> {
             let failed = closure.and_then(|c| c.get("failed")).and_then(Value::as_str);
             Lifecycle {
                 invariants: e.pointer("/fault/invariant").and_then(Value::as_str).map(|s| vec![s.to_string()]).into(),
-                transitions: tel.map(transitions).into(),
+                transitions: tel
+                    .map(|t| {
+                        let mut f = transitions(t);
+                        if closure.is_some() {
+                            f.push("shutdown with closure ledger".into());
+                        }
+                        f
+                    })
+                    .into(),
                 clean_closure: e.get("clean_closure").and_then(Value::as_bool).into(),
                 fault_cell: cell.into(),
                 detail: Some(match (closure, failed) {
