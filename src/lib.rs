@@ -1,6 +1,7 @@
 //! sovereign: LLM inference beyond full memory residency, with proof of what happened.
 
 pub mod campaign;
+pub mod certificate;
 pub mod engine;
 pub mod envelope;
 pub mod export;

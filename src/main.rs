@@ -3,6 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sovereign::campaign;
+use sovereign::certificate;
 use sovereign::engine::{self, ExecParams, QuantType};
 use sovereign::export;
 use sovereign::record::claims;
@@ -77,6 +78,9 @@ enum Command {
     /// Preregistered campaigns: check, run unattended, status, resume.
     #[command(subcommand)]
     Campaign(CampaignCommand),
+    /// Certificates C = (I, B, A, E, L): predicates (1)-(3) and claim classes R, W, E[E,h], L[F].
+    #[command(subcommand)]
+    Certificate(CertificateCommand),
     /// Re-hash every file of a claim's records and check its assertions offline.
     Verify(ClaimArgs),
     /// Recompute a claim's summaries (ratios, intervals, predicates) from raw operands.
@@ -119,6 +123,38 @@ enum CampaignCommand {
         json: bool,
     },
     /// Print the JSON Schema of campaign files.
+    Schema,
+}
+
+#[derive(Subcommand)]
+enum CertificateCommand {
+    /// The certificate of a generate record (plain or sealed), evaluated. Exit 0 when it could be
+    /// built, whatever its verdicts; records of different binaries are refused (exit 2).
+    Show {
+        record: PathBuf,
+        /// A same-build record to compare against for E (e.g. a resident run).
+        #[arg(long)]
+        oracle: Option<PathBuf>,
+        /// R_policy: the declared host reserve for predicate (1) (`512M`, bytes).
+        #[arg(long, value_parser = parse_bytes)]
+        r_policy: Option<u64>,
+        /// G_decl where the record audited no GPU allowance (e.g. 0 for a CPU-only build).
+        #[arg(long, value_parser = parse_bytes)]
+        g_decl: Option<u64>,
+        /// G_phys where the record observed no board.
+        #[arg(long, value_parser = parse_bytes)]
+        g_phys: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check and evaluate a hand-written certificate (YAML) about any system; fields may say
+    /// `insufficient public evidence`. Problems as FILE:line:column: message (exit 1).
+    Check {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the JSON Schema of certificates.
     Schema,
 }
 
@@ -424,6 +460,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Campaign(c) => return campaign_cmd(c),
+        Command::Certificate(c) => return certificate_cmd(c),
         Command::Verify(a) => return claim_cmd(a, "verify"),
         Command::Replay(a) => return claim_cmd(a, "replay"),
         Command::Stats(StatsCommand::Pairs { csv, a, b, level, json }) => {
@@ -479,6 +516,43 @@ fn campaign_cmd(c: CampaignCommand) -> Result<ExitCode> {
             }
         }
         CampaignCommand::Schema => print!("{}", campaign::schema_json()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn certificate_cmd(c: CertificateCommand) -> Result<ExitCode> {
+    let (cert, json, file) = match c {
+        CertificateCommand::Show { record, oracle, r_policy, g_decl, g_phys, json } => {
+            let opts = certificate::RecordOptions { oracle, r_policy, g_decl, g_phys };
+            (certificate::from_record(&record, &opts)?, json, None)
+        }
+        CertificateCommand::Check { file, json } => match certificate::load(&file) {
+            Ok(c) => (c, json, Some(file)),
+            Err(e) => {
+                if json {
+                    let problems: Vec<String> = format!("{e}").lines().map(str::to_string).collect();
+                    print_json(&serde_json::json!({ "file": file, "ok": false, "problems": problems }))?;
+                } else {
+                    eprintln!("{e}");
+                }
+                return Ok(ExitCode::from(1));
+            }
+        },
+        CertificateCommand::Schema => {
+            print!("{}", certificate::schema_json());
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let eval = certificate::evaluate(&cert);
+    if json {
+        let mut v = serde_json::json!({ "certificate": cert, "evaluation": eval });
+        if let Some(f) = file {
+            v["file"] = serde_json::json!(f);
+            v["ok"] = serde_json::json!(true);
+        }
+        print_json(&v)?;
+    } else {
+        print!("{}", certificate::eval::to_text(&cert, &eval));
     }
     Ok(ExitCode::SUCCESS)
 }
