@@ -143,10 +143,7 @@ pub fn run_with(
     let (mut prefill_s, mut decode_s) = (0.0, 0.0);
     let decoded = (|| -> Result<()> {
         let t1 = Instant::now();
-        let rows = ctx.decode(&prompt, true)?;
-        for i in 0..rows {
-            logits.extend_from_slice(ctx.logits(i as i32)?);
-        }
+        ctx.decode(&prompt, true, &mut logits)?;
         prefill_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
         while generated.len() < spec.n_predict as usize {
@@ -160,8 +157,7 @@ pub fn run_with(
             if generated.len() == spec.n_predict as usize {
                 break;
             }
-            ctx.decode(&[next], true)?;
-            logits.extend_from_slice(ctx.logits(-1)?);
+            ctx.decode(&[next], true, &mut logits)?;
         }
         decode_s = t2.elapsed().as_secs_f64();
         Ok(())

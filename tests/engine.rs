@@ -239,3 +239,17 @@ fn build_info_names_the_pin() {
     let exe = sovereign::util::sha256_file(std::path::Path::new(env!("CARGO_BIN_EXE_sovereign"))).unwrap();
     assert_eq!(v["binary_sha256"], exe.as_str());
 }
+
+#[test]
+fn a_prompt_longer_than_the_batch_keeps_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 9, &[]);
+    let prompt = "a prompt of forty bytes, five batches..";
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    assert_eq!(generate(&m, prompt, 8, &a, &["--batch", "8"]).code, 0);
+    let rec: serde_json::Value = serde_json::from_str(&fs::read_to_string(a.join("record.json")).unwrap()).unwrap();
+    assert_eq!(rec["counts"]["logits_rows"].as_u64().unwrap(), prompt.len() as u64 + 8 - 1);
+    // The same batching through the Plan is exact.
+    assert_eq!(generate(&m, prompt, 8, &b, &["--batch", "8", "--experts", "plan", "--slots", "3"]).code, 0);
+    assert_eq!(run(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]).code, 0);
+}

@@ -305,17 +305,18 @@ impl<'m> Context<'m> {
         self.params
     }
 
-    /// Decodes `tokens` at the next positions; with `all_logits` every row gets logits,
-    /// otherwise only the last. Returns the number of logits rows produced.
-    pub fn decode(&mut self, tokens: &[i32], all_logits: bool) -> Result<usize> {
+    /// Decodes `tokens` at the next positions in batches of at most n_batch, appending to
+    /// `rows` every token's logits row (`all_logits`) or only the last token's. llama.cpp keeps
+    /// only the last batch's rows, so they are taken after each batch.
+    pub fn decode(&mut self, tokens: &[i32], all_logits: bool, rows: &mut Vec<f32>) -> Result<()> {
         if tokens.is_empty() {
             bail!("nothing to decode");
         }
         if self.n_past as usize + tokens.len() > self.params.n_ctx as usize {
             bail!("context of {} tokens exceeded", self.params.n_ctx);
         }
-        let mut rows = 0;
-        for chunk in tokens.chunks(self.params.n_batch as usize) {
+        let n_chunks = tokens.len().div_ceil(self.params.n_batch as usize);
+        for (c, chunk) in tokens.chunks(self.params.n_batch as usize).enumerate() {
             let n = chunk.len() as i32;
             // SAFETY: the batch is allocated for n tokens with one sequence id each and freed below.
             let rc = unsafe {
@@ -339,9 +340,15 @@ impl<'m> Context<'m> {
                 }
             }
             self.n_past += n;
-            rows = if all_logits { rows + chunk.len() } else { 1 };
+            if all_logits {
+                for i in 0..chunk.len() {
+                    rows.extend_from_slice(self.logits(i as i32)?);
+                }
+            } else if c + 1 == n_chunks {
+                rows.extend_from_slice(self.logits(-1)?);
+            }
         }
-        Ok(rows)
+        Ok(())
     }
 
     /// The logits row `i` of the last decode (negative counts from the end).
