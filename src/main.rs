@@ -1,7 +1,7 @@
 //! The `sovereign` command line.
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use sovereign::campaign;
 use sovereign::certificate;
 use sovereign::engine::{self, ExecParams, QuantType};
@@ -651,8 +651,7 @@ fn child_args(a: &GenerateArgs, record: &Path) -> Vec<std::ffi::OsString> {
             v.extend([k.into(), val.into()]);
         }
         if a.fault != FaultCell::None {
-            let cell = a.fault.to_possible_value().map(|p| p.get_name().to_string()).unwrap_or_default();
-            v.extend(["--fault".into(), cell.into()]);
+            v.extend(["--fault".into(), a.fault.name().into()]);
         }
     }
     v.extend(["--record".into(), record.into(), "--json".into()]);

@@ -239,27 +239,9 @@ pub enum SourceKind {
     F,
 }
 
-/// A deterministic fault cell (seed 000 §5.4, Table 7). Absent: the no-fault control.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultCell {
-    ShortRead,
-    Eio,
-    OutOfOrder,
-    StaleCompletion,
-    WrongObject,
-    HeldConsumer,
-    ResetOutstanding,
-    ShutdownLiveConsumer,
-    PartialBundle,
-}
-
-impl FaultCell {
-    /// The name used on the command line and in files.
-    pub fn name(self) -> String {
-        serde_json::to_value(self).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
-    }
-}
+/// A deterministic fault cell (seed 000 §5.4, Table 7): the type `generate --fault` takes.
+/// Absent (or `none`): the no-fault control.
+pub use crate::source::fault::FaultCell;
 
 /// One arm: a complete run specification. Plan fields are required for `experts: plan` and
 /// forbidden for `experts: resident`.

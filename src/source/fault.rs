@@ -10,7 +10,8 @@ use clap::ValueEnum;
 use serde::Serialize;
 use std::collections::VecDeque;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+/// A deterministic fault cell (seed 000 §5.4, Table 7); `none` is the no-fault control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum FaultCell {
@@ -39,6 +40,11 @@ pub enum Expect {
 }
 
 impl FaultCell {
+    /// The name used on the command line and in files.
+    pub fn name(self) -> String {
+        serde_json::to_value(self).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    }
+
     pub fn expect(self) -> Expect {
         match self {
             FaultCell::None => Expect::Control,

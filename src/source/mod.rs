@@ -128,6 +128,16 @@ pub struct SourceStats {
 }
 
 impl SourceStats {
+    /// Accounts a covering read that returned `phys` bytes; returns the logical bytes of the
+    /// extent it delivered (short where the read stopped early).
+    pub fn record_read(&mut self, phys: u64, cov: &Covering, len: u64) -> u64 {
+        let logical = phys.saturating_sub(cov.head).min(len);
+        self.physical_bytes += phys;
+        self.logical_bytes += logical;
+        self.padding_bytes += phys - logical;
+        logical
+    }
+
     pub fn record_latency(&mut self, took: std::time::Duration) {
         let micros = (took.as_micros() as u64).max(1);
         self.latency_us_log2[(63 - micros.leading_zeros() as usize).min(31)] += 1;
@@ -328,13 +338,7 @@ impl Source for BufferedSource {
         self.stats.record_latency(t.elapsed());
         self.stats.submissions += 1;
         let result = match read {
-            Ok(phys) => {
-                let logical = phys.saturating_sub(cov.head).min(req.len);
-                self.stats.physical_bytes += phys;
-                self.stats.logical_bytes += logical;
-                self.stats.padding_bytes += phys - logical;
-                Ok(logical)
-            }
+            Ok(phys) => Ok(self.stats.record_read(phys, &cov, req.len)),
             Err(errno) => {
                 self.stats.failed += 1;
                 Err(errno)

@@ -93,12 +93,7 @@ impl UringSource {
                 self.stats.failed += 1;
                 Err(-res)
             } else {
-                let phys = res as u64;
-                let logical = phys.saturating_sub(f.cov.head).min(f.req.len);
-                self.stats.physical_bytes += phys;
-                self.stats.logical_bytes += logical;
-                self.stats.padding_bytes += phys - logical;
-                Ok(logical)
+                Ok(self.stats.record_read(res as u64, &f.cov, f.req.len))
             };
             self.ready.push_back(Completion::of(&f.req, result));
         }
