@@ -128,10 +128,18 @@ enum CampaignCommand {
 
 #[derive(Subcommand)]
 enum CertificateCommand {
-    /// The certificate of a generate record (plain or sealed), evaluated. Exit 0 when it could be
-    /// built, whatever its verdicts; records of different binaries are refused (exit 2).
+    /// The certificate of a generate record (plain or sealed), or of every record a claim of the
+    /// ledger names, evaluated. Exit 0 when it could be built, whatever its verdicts; records of
+    /// different binaries are refused (exit 2).
     Show {
-        record: PathBuf,
+        /// A record directory, or a claim id of the ledger.
+        record: String,
+        /// The claim ledger, when RECORD is a claim id.
+        #[arg(long, default_value = "claims/ledger.json")]
+        ledger: PathBuf,
+        /// Where sealed records live, when RECORD is a claim id.
+        #[arg(long, default_value = "results")]
+        results: PathBuf,
         /// A same-build record to compare against for E (e.g. a resident run).
         #[arg(long)]
         oracle: Option<PathBuf>,
@@ -522,9 +530,13 @@ fn campaign_cmd(c: CampaignCommand) -> Result<ExitCode> {
 
 fn certificate_cmd(c: CertificateCommand) -> Result<ExitCode> {
     let (cert, json, file) = match c {
-        CertificateCommand::Show { record, oracle, r_policy, g_decl, g_phys, json } => {
+        CertificateCommand::Show { record, ledger, results, oracle, r_policy, g_decl, g_phys, json } => {
             let opts = certificate::RecordOptions { oracle, r_policy, g_decl, g_phys };
-            (certificate::from_record(&record, &opts)?, json, None)
+            if Path::new(&record).exists() {
+                (certificate::from_record(Path::new(&record), &opts)?, json, None)
+            } else {
+                return certificate_of_claim(&record, &ledger, &results, &opts, json);
+            }
         }
         CertificateCommand::Check { file, json } => match certificate::load(&file) {
             Ok(c) => (c, json, Some(file)),
@@ -553,6 +565,35 @@ fn certificate_cmd(c: CertificateCommand) -> Result<ExitCode> {
         print_json(&v)?;
     } else {
         print!("{}", certificate::eval::to_text(&cert, &eval));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The certificate of every record a claim names, one per record: evidence of different
+/// records is shown side by side, never pooled.
+fn certificate_of_claim(
+    id: &str,
+    ledger: &Path,
+    results: &Path,
+    opts: &certificate::RecordOptions,
+    json: bool,
+) -> Result<ExitCode> {
+    let l = claims::load_ledger(ledger)
+        .with_context(|| format!("`{id}` is neither a record directory nor readable as a claim of {}", ledger.display()))?;
+    let claim = l.claims.get(id).with_context(|| format!("{}: no claim `{id}`", ledger.display()))?;
+    let mut out = serde_json::Map::new();
+    for (alias, digest) in &claim.records {
+        let cert = certificate::from_record(&results.join(digest), opts)?;
+        let eval = certificate::evaluate(&cert);
+        if json {
+            out.insert(alias.clone(), serde_json::json!({ "record": digest, "certificate": cert, "evaluation": eval }));
+        } else {
+            println!("== {alias} ({digest})");
+            print!("{}", certificate::eval::to_text(&cert, &eval));
+        }
+    }
+    if json {
+        print_json(&serde_json::json!({ "claim": id, "statement": claim.statement, "records": out }))?;
     }
     Ok(ExitCode::SUCCESS)
 }

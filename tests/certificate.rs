@@ -135,3 +135,26 @@ fn certificate_show_p_d_f_runs_under_a_cap() {
     assert_eq!(r.code, 2, "an error, not a verdict: {}", r.stdout);
     assert!(r.stderr.contains("refusing to pool evidence from different binaries"), "{}", r.stderr);
 }
+
+#[test]
+fn certificate_show_takes_a_claim_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 61, &[]);
+    let results = dir.path().join("results");
+    std::fs::create_dir_all(&results).unwrap();
+    assert_eq!(generate(&m, "claim", 4, &results.join("rec-a"), &["--experts", "plan", "--slots", "4"]).code, 0);
+    let ledger = dir.path().join("ledger.json");
+    std::fs::write(
+        &ledger,
+        r#"{"format":"sovereign.claims/1","claims":{"c-1":{"statement":"one plan run","records":{"a":"rec-a"}}}}"#,
+    )
+    .unwrap();
+    let r = run(&["certificate", "show", "c-1", "--ledger", ledger.to_str().unwrap(), "--results", results.to_str().unwrap(), "--json"]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let v = json(&r);
+    assert_eq!(v["claim"], "c-1");
+    assert!(v["records"]["a"]["certificate"].is_object(), "{v}");
+    let missing = run(&["certificate", "show", "no-such-claim", "--ledger", ledger.to_str().unwrap()]);
+    assert_eq!(missing.code, 2);
+    assert!(missing.stderr.contains("no claim `no-such-claim`"), "{}", missing.stderr);
+}
