@@ -189,6 +189,9 @@ pub struct Plan {
     events: HashMap<(u32, u32), Vec<Vec<Hold>>>,
     /// Consumers held by prefetch, per layer index, until that layer's next acquire.
     holds: Vec<Vec<Hold>>,
+    /// Next-layer prefetch reads submitted but not yet taken back: (layer index, loads, bundles
+    /// by window). They run while the engine computes; the next Plan call completes them.
+    prefetching: Option<(usize, Vec<(ObjectId, u32, Version)>, HashMap<u32, Bundle>, usize)>,
     /// Consumers taken by the acquire in progress (released if it fails).
     taking: Vec<Hold>,
     status: Status,
@@ -249,6 +252,7 @@ impl Plan {
             next_ticket: 1,
             events: HashMap::new(),
             holds: vec![Vec::new(); n_layers],
+            prefetching: None,
             taking: Vec::new(),
             status: Status::Running,
             tel,
@@ -451,6 +455,7 @@ impl Plan {
 
     fn acquire_event(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
         let li = self.manifest.layer_index(layer).ok_or(PlanError::UnknownLayer { layer })?;
+        self.complete_prefetch()?;
         if slots.len() != ids.len() {
             return Err(PlanError::SlotsLength { ids: ids.len(), slots: slots.len() });
         }
@@ -567,14 +572,17 @@ impl Plan {
         Ok(v)
     }
 
-    /// Loads the next layer's predicted experts into its Vacant slots, each held by one
-    /// prefetch consumer until that layer's next acquire. Evicts nothing.
+    /// Starts loading the next layer's predicted experts into its Vacant slots and free windows,
+    /// without waiting: the reads proceed while the engine computes this layer, and the next
+    /// Plan call completes them ([`Plan::complete_prefetch`]). Evicts nothing.
     fn prefetch(&mut self, next: u32) -> Result<(), PlanError> {
         let Some(nli) = self.manifest.layer_index(next) else { return Ok(()) };
-        if !self.holds[nli].is_empty() {
+        if !self.holds[nli].is_empty() || self.prefetching.is_some() {
             return Ok(());
         }
         let (n_experts, capacity) = (self.manifest.layers[nli].n_experts, self.manifest.layers[nli].capacity());
+        let free: Vec<u32> =
+            (0..self.windows.len() as u32).filter(|&w| self.windows[w as usize] == WindowState::Free).collect();
         let mut loads = Vec::new();
         for expert in self.policy.prefetch(next).into_iter().take(capacity as usize) {
             if expert >= n_experts || self.table.find(nli, expert).is_some() {
@@ -585,7 +593,29 @@ impl Plan {
             let v = self.begin_load(nli, slot, object)?;
             loads.push((object, slot, v));
         }
-        self.load(nli, &loads)?;
+        let mut inflight = HashMap::new();
+        let submitted = free.len().min(loads.len());
+        // As many bundles as there are free windows go out now; the rest load at completion.
+        for (&(object, slot, version), &w) in loads.iter().zip(&free) {
+            self.submit_bundle(w, object, slot, version)?;
+            let n = self.manifest.object(object).expect("manifest object").extents.len();
+            inflight.insert(w, Bundle { object, slot, version, received: vec![false; n], remaining: n });
+        }
+        if !loads.is_empty() {
+            self.prefetching = Some((nli, loads, inflight, submitted));
+        }
+        Ok(())
+    }
+
+    /// Takes back the prefetch reads in flight: each bundle is validated, copied and published,
+    /// then held by one prefetch consumer until its layer's next acquire.
+    fn complete_prefetch(&mut self) -> Result<(), PlanError> {
+        let Some((nli, loads, mut inflight, submitted)) = self.prefetching.take() else { return Ok(()) };
+        while !inflight.is_empty() {
+            let c = self.source.wait()?;
+            self.accept(nli, c, &mut inflight)?;
+        }
+        self.load(nli, &loads[submitted..])?;
         for (object, slot, _) in loads {
             let v = self.table.consume(nli, slot, object)?;
             self.tel.consumer_takes += 1;
@@ -786,6 +816,7 @@ impl Plan {
     }
 
     fn reset_inner(&mut self) -> Result<(), PlanError> {
+        self.complete_prefetch()?;
         self.release_holds()?;
         let consumers = self.table.consumers();
         if consumers > 0 {
@@ -813,6 +844,10 @@ impl Plan {
     }
 
     fn shutdown_inner(&mut self) -> Result<Closure, PlanError> {
+        if self.status == Status::Running {
+            self.complete_prefetch()?;
+        }
+        self.prefetching = None;
         self.drain()?;
         self.release_holds()?;
         let consumers = self.table.consumers();

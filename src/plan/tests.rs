@@ -482,11 +482,13 @@ fn prefetch_loads_the_next_layer_early() {
     let t = p.telemetry();
     assert_eq!((t.prefetch_loads, t.prefetch_hits), (8, 6));
     assert!(p.slots(1).unwrap().iter().all(|c| c.state == SlotState::Vacant));
-    // Layer 0's acquire leaves layer 1's prediction {9, 10} held; shutdown lets it go.
+    // Layer 0's acquire starts layer 1's prediction {9, 10} and returns: the reads are in
+    // flight while the engine computes, the slots Loading, nothing visible; shutdown completes
+    // them and lets them go.
     acq(&mut p, 0, 0, &[1, 2]).unwrap();
     p.release(0, 0).unwrap();
-    let held: Vec<_> = p.slots(1).unwrap().into_iter().filter(|c| c.state == SlotState::InUse).collect();
-    assert_eq!(held.len(), 2);
+    let loading: Vec<_> = p.slots(1).unwrap().into_iter().filter(|c| c.state == SlotState::Loading).collect();
+    assert_eq!(loading.len(), 2);
     let c = p.shutdown().unwrap();
     assert!(c.is_clean(), "{c:?}");
     assert!(p.slots(1).unwrap().iter().all(|c| c.state == SlotState::Vacant), "shutdown released the holds");
