@@ -7,15 +7,6 @@ mod common;
 use common::*;
 use std::path::Path;
 
-fn cgroups_usable() -> bool {
-    match sovereign::observe::cleanup_stale() {
-        Ok(_) => true,
-        Err(e) => {
-            println!("SKIP: no usable memory cgroup here: {e:#}");
-            false
-        }
-    }
-}
 
 fn contained(model: &Path, rec: &Path, cap: &str, extra: &[&str]) -> (i32, serde_json::Value) {
     let mut args = vec!["--memory-max", cap, "--sample-ms", "20"];

@@ -55,15 +55,6 @@ fn certificate_check_reports_insufficient_evidence_and_positions() {
     assert!(r.stderr.contains("c.yaml:12:3: ") && r.stderr.contains("u_schd_bytes"), "{}", r.stderr);
 }
 
-fn cgroups_usable() -> bool {
-    match sovereign::observe::cleanup_stale() {
-        Ok(_) => true,
-        Err(e) => {
-            println!("SKIP: no usable memory cgroup here: {e:#}");
-            false
-        }
-    }
-}
 
 fn show(rec: &Path, oracle: &Path) -> Value {
     json(&ok(&[

@@ -409,19 +409,25 @@ impl Diagnostic {
 /// diagnostic at their position; semantic problems (unknown arm references, missing Plan
 /// fields, ...) as one diagnostic each.
 pub fn parse(text: &str) -> std::result::Result<Campaign, Vec<Diagnostic>> {
-    let c: Campaign = serde_saphyr::from_str(text).map_err(|e| {
-        let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
-        let message = e.without_snippet().to_string();
-        // The message may itself carry a position; keep the first line, without it.
-        let first = message.lines().next().unwrap_or("").trim().to_string();
-        vec![Diagnostic { line, column, message: strip_position(&first) }]
-    })?;
+    let c: Campaign = from_yaml(text)?;
     let problems = validate(&c);
     if problems.is_empty() {
         Ok(c)
     } else {
         Err(problems)
     }
+}
+
+/// Deserializes YAML; a syntax error, typo'd key or wrong type comes back as one diagnostic at
+/// its position (shared by campaign and certificate files).
+pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> std::result::Result<T, Vec<Diagnostic>> {
+    serde_saphyr::from_str(text).map_err(|e| {
+        let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
+        let message = e.without_snippet().to_string();
+        // The message may itself carry a position; keep the first line, without it.
+        let first = message.lines().next().unwrap_or("").trim().to_string();
+        vec![Diagnostic { line, column, message: strip_position(&first) }]
+    })
 }
 
 /// serde-saphyr writes `... at line L, column C` into some messages; we print the position once.

@@ -360,27 +360,9 @@ pub fn validate(c: &Certificate) -> Vec<Diagnostic> {
     out
 }
 
-/// serde-saphyr writes `... at line L, column C` into some messages; the position is printed once.
-fn strip_position(msg: &str) -> String {
-    for marker in [" at line ", " (line "] {
-        if let Some(i) = msg.rfind(marker) {
-            let tail = &msg[i + marker.len()..];
-            if tail.chars().next().is_some_and(|c| c.is_ascii_digit()) && tail.contains("column") {
-                return msg[..i].trim_end_matches([',', ':']).to_string();
-            }
-        }
-    }
-    msg.to_string()
-}
-
 /// Parses a hand-written certificate; errors come back with their line and column.
 pub fn parse(text: &str) -> std::result::Result<Certificate, Vec<Diagnostic>> {
-    let c: Certificate = serde_saphyr::from_str(text).map_err(|e| {
-        let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
-        let message = e.without_snippet().to_string();
-        let first = message.lines().next().unwrap_or("").trim().to_string();
-        vec![Diagnostic { line, column, message: strip_position(&first) }]
-    })?;
+    let c: Certificate = crate::campaign::spec::from_yaml(text)?;
     let problems = validate(&c);
     if problems.is_empty() {
         Ok(c)

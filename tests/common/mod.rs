@@ -68,3 +68,14 @@ pub fn assert_one_line_error(r: &Run, needles: &[&str]) {
         assert!(lines[0].contains(n), "error line {:?} does not mention {n:?}", lines[0]);
     }
 }
+
+/// Whether memory cgroups can be made here; prints why not (tests then skip, visibly).
+pub fn cgroups_usable() -> bool {
+    match sovereign::observe::cleanup_stale() {
+        Ok(_) => true,
+        Err(e) => {
+            println!("SKIP: no usable memory cgroup here: {e:#}");
+            false
+        }
+    }
+}
