@@ -162,6 +162,8 @@ pub enum SourceError {
     },
     /// `wait` with nothing outstanding.
     NothingOutstanding,
+    /// The I/O service itself failed (e.g. `io_uring_enter`): no completion can be trusted.
+    Io { errno: i32 },
 }
 
 impl fmt::Display for SourceError {
@@ -179,6 +181,9 @@ impl fmt::Display for SourceError {
                  overflows the window ({window_size} bytes)"
             ),
             SourceError::NothingOutstanding => write!(f, "source: wait with no request outstanding"),
+            SourceError::Io { errno } => {
+                write!(f, "source: I/O service failed: {}", std::io::Error::from_raw_os_error(*errno))
+            }
         }
     }
 }

@@ -77,7 +77,7 @@ impl UringSource {
                 match self.ring.submit_and_wait(1) {
                     Ok(_) => break,
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                    Err(e) => panic!("io_uring_enter failed: {e}"),
+                    Err(e) => return Err(io_error(&e)),
                 }
             }
         }
@@ -99,6 +99,10 @@ impl UringSource {
         }
         Ok(())
     }
+}
+
+fn io_error(e: &std::io::Error) -> SourceError {
+    SourceError::Io { errno: e.raw_os_error().unwrap_or(libc::EIO) }
 }
 
 impl Source for UringSource {
@@ -133,11 +137,19 @@ impl Source for UringSource {
             let mut sq = self.ring.submission();
             if sq.push(&sqe).is_err() {
                 drop(sq);
-                self.ring.submit().expect("io_uring submit");
-                self.ring.submission().push(&sqe).expect("a free submission entry after submit");
+                // The entry was never queued: give it back so drop does not wait for it.
+                let pushed = match self.ring.submit() {
+                    Ok(_) => self.ring.submission().push(&sqe).map_err(|_| SourceError::Io { errno: libc::EBUSY }),
+                    Err(e) => Err(io_error(&e)),
+                };
+                if let Err(e) = pushed {
+                    self.table[idx] = None;
+                    self.free.push(idx);
+                    return Err(e);
+                }
             }
         }
-        self.ring.submit().expect("io_uring submit");
+        self.ring.submit().map_err(|e| io_error(&e))?;
         self.stats.submissions += 1;
         let outstanding = self.outstanding() as u64;
         self.stats.peak_outstanding = self.stats.peak_outstanding.max(outstanding);
