@@ -122,3 +122,36 @@ fn many_passes_per_layer_fit_the_graph_and_stay_exact() {
     assert_exact(&resident, &rec);
     assert_clean(&r);
 }
+
+#[test]
+fn two_shared_layer_buffers_stream_layer_by_layer_and_stay_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four layers: layers 0 and 2 share buffer 0, layers 1 and 3 buffer 1.
+    let m = forge(dir.path(), "m.gguf", 33, &["--layers", "4"]);
+    let resident = dir.path().join("resident");
+    gen(&m, &resident, &[]);
+    let own = dir.path().join("own");
+    let o = gen(&m, &own, &["--experts", "plan", "--slots", "16", "--policy", "zero"]);
+    for (name, policy, slots) in [("whole", "zero+prefetch", "16"), ("groups", "zero", "6"), ("lru", "lru:8+prefetch", "16")] {
+        let rec = dir.path().join(name);
+        let r = gen(&m, &rec, &["--experts", "plan", "--slots", slots, "--policy", policy, "--layer-buffers", "2"]);
+        assert_exact(&resident, &rec);
+        assert_clean(&r);
+        let man = &r["experts"]["manifest"];
+        assert_eq!(man["layer_buffers"], 2);
+        // Two layers' pools instead of four.
+        let per_layer = o["experts"]["manifest"]["slot_pool_bytes"].as_u64().unwrap() / 4;
+        let slots: u64 = slots.parse().unwrap();
+        assert_eq!(man["slot_pool_bytes"].as_u64().unwrap(), 2 * per_layer * slots / 16, "{name}");
+        if name == "lru" {
+            // Cached experts of a layer are evicted when the layer sharing its buffer loads.
+            assert!(r["experts"]["telemetry"]["buffer_evictions"].as_u64().unwrap() > 0);
+        }
+    }
+    // Nothing may be pinned in shared memory, and one buffer cannot overlap loading and compute.
+    let bad = dir.path().join("bad");
+    let r = generate(&m, PROMPT, OUTPUTS, &bad, &["--experts", "plan", "--layer-buffers", "2", "--policy", "pin:0/1"]);
+    assert_one_line_error(&r, &["pinned"]);
+    let r = generate(&m, PROMPT, OUTPUTS, &bad, &["--experts", "plan", "--layer-buffers", "1"]);
+    assert_one_line_error(&r, &["layer buffers"]);
+}

@@ -32,6 +32,8 @@ pub struct PlanOptions {
     pub source: SourceKind,
     pub windows: u32,
     pub depth: u32,
+    /// Layer buffers (0: one pool per layer; 2: double-buffered layer by layer).
+    pub layer_buffers: u32,
     pub fault: FaultCell,
 }
 
@@ -55,7 +57,7 @@ pub struct PlanSource {
 impl PlanSource {
     pub fn new(model: &Path, inv: &Inventory, options: PlanOptions) -> Result<PlanSource> {
         let policy: PolicySpec = options.policy.parse()?;
-        let manifest = Manifest::new(inv, options.slots, &policy.pinned)?;
+        let manifest = Manifest::new(inv, options.slots, &policy.pinned)?.with_layer_buffers(options.layer_buffers)?;
         let n_slots = manifest.layers.first().map(|l| l.n_slots).ok_or_else(|| anyhow!("no MoE layer"))?;
         if manifest.layers.iter().any(|l| l.n_slots != n_slots) {
             bail!("layers with different expert counts need per-layer slot counts, which the engine does not take");
@@ -187,6 +189,7 @@ impl ExpertSource for PlanSource {
         serde_json::json!({
             "mode": "plan",
             "slots": self.n_slots,
+            "layer_buffers": self.plan.manifest().layer_buffers,
             "policy": self.plan.telemetry().policy,
             "source": self.options.source,
             "windows": self.plan.window_states().len(),
@@ -222,7 +225,8 @@ impl ExpertSource for PlanSource {
                 "managed_bytes": m.managed_bytes,
                 "window_bytes": m.window_size,
                 "slots_per_layer": self.n_slots,
-                "slot_pool_bytes": m.layers.iter().map(|l| l.slot_bytes() * u64::from(l.n_slots)).sum::<u64>(),
+                "layer_buffers": m.layer_buffers,
+                "slot_pool_bytes": self.plan.pool_bytes(),
             },
             "telemetry": tel,
             "closure": closure,

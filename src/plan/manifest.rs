@@ -153,6 +153,10 @@ pub struct Manifest {
     pub pinned: Vec<ObjectId>,
     /// Logical bytes of every managed object.
     pub managed_bytes: u64,
+    /// Layer buffers B: 0 gives every layer its own pools; B >= 2 makes layer index i use the
+    /// memory of buffer i mod B, so B layers' slots are resident at most (double-buffered
+    /// layer-by-layer streaming for B = 2).
+    pub layer_buffers: u32,
     #[serde(skip)]
     layer_index: BTreeMap<u32, usize>,
 }
@@ -252,8 +256,39 @@ impl Manifest {
             objects,
             pinned: seen.into_iter().collect(),
             managed_bytes,
+            layer_buffers: 0,
             layer_index,
         })
+    }
+
+    /// Shares pool memory between layers whose indices agree mod `buffers` (see
+    /// [`Manifest::layer_buffers`]). Layers must then be alike, and nothing may be pinned: a
+    /// pinned object's memory would be overwritten by the next layer that shares it.
+    pub fn with_layer_buffers(mut self, buffers: u32) -> Result<Manifest> {
+        if buffers == 0 {
+            self.layer_buffers = 0;
+            return Ok(self);
+        }
+        if buffers < 2 {
+            bail!("layer buffers: at least 2 (one layer computes while the next one loads)");
+        }
+        if buffers as usize >= self.layers.len() {
+            bail!("layer buffers: {buffers} is not fewer than the {} MoE layers; leave it at 0", self.layers.len());
+        }
+        if !self.pinned.is_empty() {
+            bail!("layer buffers cannot keep pinned experts: their memory is shared with other layers");
+        }
+        let first = &self.layers[0];
+        if let Some(l) = self.layers.iter().find(|l| l.roles != first.roles || l.n_slots != first.n_slots) {
+            bail!("layer buffers need alike layers: layer {} differs from layer {} in slots or roles", l.layer, first.layer);
+        }
+        self.layer_buffers = buffers;
+        Ok(self)
+    }
+
+    /// The pool memory layer index `li` uses.
+    pub fn buffer_of(&self, li: usize) -> usize {
+        if self.layer_buffers == 0 { li } else { li % self.layer_buffers as usize }
     }
 
     /// Index of a MoE layer in `layers`.

@@ -77,6 +77,13 @@ pub enum PlanError {
     OutstandingWork {
         detail: String,
     },
+    /// A load into a slot whose shared layer buffer holds another layer's live object.
+    BufferLive {
+        layer: u32,
+        slot: u32,
+        other: u32,
+        state: String,
+    },
     /// A pool request that disagrees with the manifest.
     PoolMismatch {
         detail: String,
@@ -97,6 +104,9 @@ impl fmt::Display for PlanError {
                 write!(f, "layer {layer}: expert id {id} at index {index} is outside [0, {n_experts})")
             }
             PlanError::NoSlot { object } => write!(f, "object {object}: no Vacant or Recyclable slot"),
+            PlanError::BufferLive { layer, slot, other, state } => {
+                write!(f, "layer {layer} slot {slot}: its shared buffer holds a {state} object of layer {other}")
+            }
             PlanError::Rejected { kind, ticket, detail } => {
                 write!(f, "completion of ticket {ticket} rejected ({}): {detail}", kind.name())
             }
@@ -225,7 +235,8 @@ impl Plan {
             )));
         }
         let mut pools = Vec::new();
-        for lp in &manifest.layers {
+        let n_buffers = if manifest.layer_buffers == 0 { manifest.layers.len() } else { manifest.layer_buffers as usize };
+        for lp in &manifest.layers[..n_buffers] {
             let mut ps = Vec::new();
             for &(role, bytes_per_slot) in &lp.roles {
                 let buf = AlignedBuf::new(bytes_per_slot * u64::from(lp.n_slots))
@@ -298,7 +309,7 @@ impl Plan {
         let mismatch = |detail: String| PlanError::PoolMismatch { detail };
         let li = self.manifest.layer_index(layer).ok_or_else(|| mismatch(format!("layer {layer} is not managed")))?;
         let lp = &self.manifest.layers[li];
-        let pool = self.pools[li]
+        let pool = self.pools[self.manifest.buffer_of(li)]
             .iter()
             .find(|p| p.role == role)
             .ok_or_else(|| mismatch(format!("layer {layer} has no {role} role")))?;
@@ -317,7 +328,7 @@ impl Plan {
         if slot >= self.manifest.layers[li].n_slots {
             return None;
         }
-        let p = self.pools[li].iter().find(|p| p.role == role)?;
+        let p = self.pools[self.manifest.buffer_of(li)].iter().find(|p| p.role == role)?;
         let start = (u64::from(slot) * p.bytes_per_slot) as usize;
         Some(&p.buf.as_slice()[start..start + p.bytes_per_slot as usize])
     }
@@ -567,9 +578,45 @@ impl Plan {
     }
 
     fn begin_load(&mut self, li: usize, slot: u32, object: ObjectId) -> Result<Version, PlanError> {
+        self.clear_aliases(li, slot)?;
         let v = self.table.begin_load(li, slot, object)?;
         *self.tel.generations.entry(object.layer).or_default() += 1;
         Ok(v)
+    }
+
+    /// With shared layer buffers, `slot` of layer index `li` is the same memory as that slot of
+    /// every layer sharing its buffer: a cached object there is evicted before the load; one
+    /// that is loading, published or in use refuses the load (its bytes would change under it).
+    fn clear_aliases(&mut self, li: usize, slot: u32) -> Result<(), PlanError> {
+        if self.manifest.layer_buffers == 0 {
+            return Ok(());
+        }
+        let buffer = self.manifest.buffer_of(li);
+        let sharing: Vec<usize> = (0..self.manifest.layers.len()).filter(|&lj| lj != li && self.manifest.buffer_of(lj) == buffer).collect();
+        for lj in sharing {
+            let cell = self.table.cell(lj, slot)?;
+            match (cell.state, cell.object) {
+                (SlotState::Vacant, _) => {}
+                (SlotState::Recyclable, Some(victim)) => {
+                    self.evict(lj, victim)?;
+                    self.tel.buffer_evictions += 1;
+                }
+                (state, _) => {
+                    return Err(PlanError::BufferLive {
+                        layer: self.manifest.layers[li].layer,
+                        slot,
+                        other: self.manifest.layers[lj].layer,
+                        state: format!("{state:?}"),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of slot-pool memory the Plan allocated (shared buffers counted once).
+    pub fn pool_bytes(&self) -> u64 {
+        self.pools.iter().flatten().map(|p| p.buf.len() as u64).sum()
     }
 
     /// Starts loading the next layer's predicted experts into its Vacant slots and free windows,
@@ -752,7 +799,7 @@ impl Plan {
         self.windows[w as usize].step(w, WindowTransition::BeginCopy)?;
         let op = self.manifest.object(b.object).expect("manifest object");
         let window = self.source.window(w);
-        for (e, pool) in op.extents.iter().zip(&self.pools[li]) {
+        for (e, pool) in op.extents.iter().zip(&self.pools[self.manifest.buffer_of(li)]) {
             assert_eq!(e.role, pool.role, "pools are in role order");
             let src = &window[e.window_range()];
             assert_eq!(src.len() as u64, pool.bytes_per_slot);

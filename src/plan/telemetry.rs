@@ -87,6 +87,8 @@ pub struct Telemetry {
     pub prefetch_hits: u64,
     /// Evictions of a loaded object (Recyclable → Vacant).
     pub recycles: u64,
+    /// Of those, evictions because another layer sharing the buffer loaded into the slot.
+    pub buffer_evictions: u64,
     /// Bundles published (demand and prefetch).
     pub loads: u64,
     pub prefetch_loads: u64,

@@ -701,3 +701,33 @@ fn policy_and_source_must_fit_the_manifest() {
     assert!(Plan::new(man.clone(), &"pin:0/1".parse().unwrap(), src()).is_err(), "pins not in the manifest");
     assert!(Plan::new(man, &"lru:2".parse().unwrap(), src()).is_ok());
 }
+
+#[test]
+fn shared_layer_buffers_evict_cached_objects_and_refuse_live_ones() {
+    let m = model();
+    let spec: PolicySpec = "lru:4".parse().unwrap();
+    // Three layers, two buffers: layers 0 and 2 share memory.
+    let manifest = Manifest::new(&m.inv, 4, &[]).unwrap().with_layer_buffers(2).unwrap();
+    let source = BufferedSource::open(&m.path, 1, manifest.window_size).unwrap();
+    let mut p = Plan::new(manifest, &spec, Box::new(source)).unwrap();
+    let (l0, l2) = (p.manifest().layers[0].layer, p.manifest().layers[2].layer);
+    let slot = p.manifest().layers[0].slot_bytes() / 3;
+    let role = p.manifest().layers[0].roles[0].0;
+    assert_eq!(p.pool(l0, role, p.manifest().layers[0].roles[0].1, 4).unwrap(), p.pool(l2, role, p.manifest().layers[0].roles[0].1, 4).unwrap());
+    assert!(slot > 0);
+
+    // Layer 0's experts are cached (Recyclable) after release; layer 2 evicts them to load.
+    let s0 = acq(&mut p, l0, 0, &[1, 2]).unwrap();
+    p.release(l0, 0).unwrap();
+    let s2 = acq(&mut p, l2, 0, &[5, 6]).unwrap();
+    assert_eq!(s0, s2, "the same slots of the shared buffer");
+    assert_holds(&p, s2[0] as u32, obj(l2, 5));
+    assert_holds(&p, s2[1] as u32, obj(l2, 6));
+    assert_eq!(p.telemetry().buffer_evictions, 2);
+    assert!(p.slots(l0).unwrap().iter().all(|c| c.state == SlotState::Vacant));
+
+    // While layer 2 is in use, layer 0 cannot load into its memory: the Plan fails closed.
+    let err = acq(&mut p, l0, 0, &[3]).unwrap_err();
+    assert!(matches!(err, PlanError::BufferLive { .. }), "{err}");
+    assert!(p.failure().is_some());
+}
