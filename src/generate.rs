@@ -284,6 +284,7 @@ pub fn run_contained(
     child_args: impl FnOnce(&std::path::Path) -> Vec<std::ffi::OsString>,
     spec: &crate::observe::ContainSpec,
     cache_protocol: &str,
+    format: &str,
 ) -> Result<(serde_json::Value, PathBuf)> {
     use anyhow::Context as _;
     let staging = Staging::new(record)?;
@@ -305,7 +306,7 @@ pub fn run_contained(
         Err(_) => {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             serde_json::json!({
-                "format": "sovereign.generate/1",
+                "format": format,
                 "outcome": "failed",
                 "error": log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output"),
                 "build": build_identity()?,

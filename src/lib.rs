@@ -14,6 +14,7 @@ pub mod observe;
 pub mod oracle;
 pub mod plan;
 pub mod record;
+pub mod refine;
 pub mod source;
 pub mod stats;
 pub mod util;

@@ -1,5 +1,7 @@
 //! The `sovereign` command line.
 
+mod refine_cli;
+
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use sovereign::campaign;
@@ -54,9 +56,18 @@ enum Command {
         /// Write the cells as CSV here.
         #[arg(long)]
         csv: Option<PathBuf>,
+        /// Draw the envelope (log-log, one line per queue depth) here: `.svg` or `.png`.
+        #[arg(long)]
+        figure: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
+    /// Teacher-force a reference's greedy trajectories through a candidate: per-position top-1
+    /// margins and agreement, AUROC of margin as a disagreement predictor, escalation share.
+    Margins(refine_cli::MarginsArgs),
+    /// Margin-gated deferred refinement: a resident base generates, a higher-bit verifier
+    /// checks deferred decisions in windows and rolls back flips.
+    Refine(refine_cli::RefineArgs),
     /// Check a record against the validator of its fault cell (seed 000 Table 7); recoverable
     /// cells are compared with the no-fault control record.
     FaultCheck {
@@ -254,6 +265,112 @@ enum Experts {
     Plan,
 }
 
+/// How the Plan serves experts from storage.
+#[derive(Args)]
+struct PlanArgs {
+    /// Slots per MoE layer (plan).
+    #[arg(long, default_value_t = 8)]
+    slots: u32,
+    /// Replacement policy (plan): `zero`, `lru:K`, `pin:L/E,...`, combined with `+`, and
+    /// `+prefetch` for next-layer prefetch.
+    #[arg(long, default_value = "zero")]
+    policy: String,
+    /// How expert bytes are read (plan): p = buffered pread, d = blocking O_DIRECT with one
+    /// window, f = io_uring O_DIRECT with --windows windows and --depth reads in flight.
+    #[arg(long, value_enum, default_value_t = SourceKind::F)]
+    source: SourceKind,
+    #[arg(long, default_value_t = 8)]
+    windows: u32,
+    #[arg(long, default_value_t = 8)]
+    depth: u32,
+    /// Layer buffers (plan): 0 gives every layer its own slot pools; 2 streams layer by layer
+    /// through two shared, alternating buffers (layer i uses buffer i mod 2).
+    #[arg(long, default_value_t = 0)]
+    layer_buffers: u32,
+}
+
+impl PlanArgs {
+    fn options(&self, fault: FaultCell) -> PlanOptions {
+        PlanOptions {
+            slots: self.slots,
+            policy: self.policy.clone(),
+            source: self.source,
+            windows: self.windows,
+            depth: self.depth,
+            layer_buffers: self.layer_buffers,
+            fault,
+        }
+    }
+
+    /// The same options as command-line arguments.
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        let source = match self.source {
+            SourceKind::P => "p",
+            SourceKind::D => "d",
+            SourceKind::F => "f",
+        };
+        [
+            ("--slots", self.slots.to_string()),
+            ("--policy", self.policy.clone()),
+            ("--source", source.to_string()),
+            ("--windows", self.windows.to_string()),
+            ("--depth", self.depth.to_string()),
+            ("--layer-buffers", self.layer_buffers.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.into(), v.into()])
+        .collect()
+    }
+}
+
+/// How a run is contained: a memory cgroup, its limit, observers, and the page-cache protocol.
+#[derive(Args)]
+struct ContainArgs {
+    /// Run as its own process tree in a memory cgroup with this hard limit (bytes, or with a
+    /// K/M/G suffix, binary), swap off; the record then states what bounded each memory tier
+    /// and whether the run is admitted (positive margin, zero limit events, no OOM, no swap).
+    #[arg(long, value_parser = parse_bytes)]
+    memory_max: Option<u64>,
+    /// Run in its own cgroup for accounting even without a limit.
+    #[arg(long)]
+    contain: bool,
+    /// Declared GPU allowance (bytes or K/M/G), audited against whole-board use.
+    #[arg(long, value_parser = parse_bytes)]
+    gpu_declared: Option<u64>,
+    /// Sampling period of the cgroup, /proc and NVML observers, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    sample_ms: u64,
+    /// A contained run normally starts cold (the model's pages dropped from the page cache, so
+    /// the run is charged for its own reads); keep them instead.
+    #[arg(long)]
+    warm_cache: bool,
+}
+
+impl ContainArgs {
+    fn enabled(&self) -> bool {
+        self.memory_max.is_some() || self.contain
+    }
+
+    fn spec(&self) -> sovereign::observe::ContainSpec {
+        sovereign::observe::ContainSpec {
+            memory_max: self.memory_max,
+            gpu_declared: self.gpu_declared,
+            sample_interval: std::time::Duration::from_millis(self.sample_ms.max(1)),
+        }
+    }
+
+    /// Starts the run cold unless asked otherwise; says which, for the record.
+    fn cache_protocol(&self, models: &[&Path]) -> Result<&'static str> {
+        if self.warm_cache {
+            return Ok("warm: page cache left as found");
+        }
+        for m in models {
+            sovereign::util::drop_file_cache(m)?;
+        }
+        Ok("cold: model files dropped from the page cache (POSIX_FADV_DONTNEED) before the run")
+    }
+}
+
 #[derive(Args)]
 struct GenerateArgs {
     #[arg(long)]
@@ -281,43 +398,14 @@ struct GenerateArgs {
     /// storage through a bounded slot pool.
     #[arg(long, value_enum, default_value_t = Experts::Resident)]
     experts: Experts,
-    /// Slots per MoE layer (plan).
-    #[arg(long, default_value_t = 8)]
-    slots: u32,
-    /// Replacement policy (plan): `zero`, `lru:K`, `pin:L/E,...`, combined with `+`, and
-    /// `+prefetch` for next-layer prefetch.
-    #[arg(long, default_value = "zero")]
-    policy: String,
-    /// How expert bytes are read (plan): p = buffered pread, d = blocking O_DIRECT with one
-    /// window, f = io_uring O_DIRECT with --windows windows and --depth reads in flight.
-    #[arg(long, value_enum, default_value_t = SourceKind::F)]
-    source: SourceKind,
-    #[arg(long, default_value_t = 8)]
-    windows: u32,
-    #[arg(long, default_value_t = 8)]
-    depth: u32,
+    #[command(flatten)]
+    plan: PlanArgs,
     /// Deterministic fault cell (plan): fatal cells must fail closed with nothing accepted,
     /// recoverable ones must stay exact against the no-fault control.
     #[arg(long, value_enum, default_value_t = FaultCell::None)]
     fault: FaultCell,
-    /// Run as its own process tree in a memory cgroup with this hard limit (bytes, or with a
-    /// K/M/G suffix, binary), swap off; the record then states what bounded each memory tier
-    /// and whether the run is admitted (positive margin, zero limit events, no OOM, no swap).
-    #[arg(long, value_parser = parse_bytes)]
-    memory_max: Option<u64>,
-    /// Run in its own cgroup for accounting even without a limit.
-    #[arg(long)]
-    contain: bool,
-    /// Declared GPU allowance (bytes or K/M/G), audited against whole-board use.
-    #[arg(long, value_parser = parse_bytes)]
-    gpu_declared: Option<u64>,
-    /// Sampling period of the cgroup, /proc and NVML observers, in milliseconds.
-    #[arg(long, default_value_t = 50)]
-    sample_ms: u64,
-    /// A contained run normally starts cold (the model's pages dropped from the page cache, so
-    /// the run is charged for its own reads); keep them instead.
-    #[arg(long)]
-    warm_cache: bool,
+    #[command(flatten)]
+    contained: ContainArgs,
     /// Record directory (must not exist).
     #[arg(long)]
     record: PathBuf,
@@ -421,7 +509,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 return Ok(ExitCode::from(1));
             }
         }
-        Command::Envelope { file, bytes_per_cell, csv, json } => {
+        Command::Envelope { file, bytes_per_cell, csv, figure, json } => {
+            if let Some(f) = &figure {
+                if !matches!(f.extension().and_then(|x| x.to_str()), Some("svg" | "png")) {
+                    bail!("--figure {}: the name must end in .svg or .png", f.display());
+                }
+            }
             let e = sovereign::envelope::measure_envelope(
                 &file,
                 bytes_per_cell,
@@ -430,6 +523,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             )?;
             if let Some(out) = csv {
                 std::fs::write(&out, sovereign::envelope::to_csv(&e)).with_context(|| format!("{}", out.display()))?;
+            }
+            if let Some(f) = &figure {
+                export::envelope_figure(f, &e)?;
             }
             if json {
                 print_json(&e)?;
@@ -442,6 +538,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("ceiling: {:.1} MiB/s at block {} depth {}", c.mib_per_s, c.block_bytes, c.depth);
             }
         }
+        Command::Margins(a) => return refine_cli::margins_cmd(a),
+        Command::Refine(a) => return refine_cli::refine_cmd(a),
         Command::Compare { a, b, json } => {
             let cmp = oracle::compare(&a, &b)?;
             let exact = cmp.iter().all(|c| c.is_exact());
@@ -676,21 +774,8 @@ fn child_args(a: &GenerateArgs, record: &Path) -> Vec<std::ffi::OsString> {
         }
     }
     if a.experts == Experts::Plan {
-        let source = match a.source {
-            SourceKind::P => "p",
-            SourceKind::D => "d",
-            SourceKind::F => "f",
-        };
-        for (k, val) in [
-            ("--experts", "plan".to_string()),
-            ("--slots", a.slots.to_string()),
-            ("--policy", a.policy.clone()),
-            ("--source", source.to_string()),
-            ("--windows", a.windows.to_string()),
-            ("--depth", a.depth.to_string()),
-        ] {
-            v.extend([k.into(), val.into()]);
-        }
+        v.extend(["--experts".into(), "plan".into()]);
+        v.extend(a.plan.args());
         if a.fault != FaultCell::None {
             v.extend(["--fault".into(), a.fault.name().into()]);
         }
@@ -714,7 +799,7 @@ fn generate_cmd(a: GenerateArgs) -> Result<ExitCode> {
     if a.batch < 1 {
         bail!("--batch must be at least 1");
     }
-    if a.memory_max.is_some() || a.contain {
+    if a.contained.enabled() {
         return generate_contained(&a);
     }
     let spec = GenerateSpec {
@@ -725,14 +810,7 @@ fn generate_cmd(a: GenerateArgs) -> Result<ExitCode> {
         ignore_eos: a.ignore_eos,
         record: a.record.clone(),
     };
-    let plan = (a.experts == Experts::Plan).then(|| PlanOptions {
-        slots: a.slots,
-        policy: a.policy.clone(),
-        source: a.source,
-        windows: a.windows,
-        depth: a.depth,
-        fault: a.fault,
-    });
+    let plan = (a.experts == Experts::Plan).then(|| a.plan.options(a.fault));
     let model = a.model.clone();
     let s = generate::run_with(&spec, move |inv| match plan {
         None => Ok(None),
@@ -769,18 +847,9 @@ fn generate_contained(a: &GenerateArgs) -> Result<ExitCode> {
     // Refuse bad input here, before any cgroup is made.
     sovereign::inventory::Inventory::of(&a.model)?;
     read_prompt(a)?;
-    let spec = sovereign::observe::ContainSpec {
-        memory_max: a.memory_max,
-        gpu_declared: a.gpu_declared,
-        sample_interval: std::time::Duration::from_millis(a.sample_ms.max(1)),
-    };
-    let cache = if a.warm_cache {
-        "warm: page cache left as found"
-    } else {
-        sovereign::util::drop_file_cache(&a.model)?;
-        "cold: model file dropped from the page cache (POSIX_FADV_DONTNEED) before the run"
-    };
-    let (rec, dir) = generate::run_contained(&a.record, |cell| child_args(a, cell), &spec, cache)?;
+    let spec = a.contained.spec();
+    let cache = a.contained.cache_protocol(&[&a.model])?;
+    let (rec, dir) = generate::run_contained(&a.record, |cell| child_args(a, cell), &spec, cache, "sovereign.generate/1")?;
     let res = &rec["resources"];
     if a.json {
         print_json(&serde_json::json!({

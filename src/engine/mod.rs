@@ -363,6 +363,24 @@ impl<'m> Context<'m> {
         Ok(unsafe { std::slice::from_raw_parts(p, n) })
     }
 
+    /// Forgets every position from `keep` on (KV-cache trim for rollback); the next decode
+    /// continues at `keep`.
+    pub fn trim(&mut self, keep: i32) -> Result<()> {
+        if keep < 0 || keep > self.n_past {
+            bail!("cannot trim to {keep}: {} positions are held", self.n_past);
+        }
+        // SAFETY: the memory handle belongs to this live context; -1 means "to the end".
+        let ok = unsafe {
+            let mem = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_seq_rm(mem, 0, keep, -1)
+        };
+        if !ok {
+            bail!("llama.cpp refused to trim the KV cache to {keep} positions");
+        }
+        self.n_past = keep;
+        Ok(())
+    }
+
     pub fn n_past(&self) -> i32 {
         self.n_past
     }

@@ -1,0 +1,484 @@
+//! Margin-gated deferred refinement (seed 001 §4): a resident low-bit base generates greedily
+//! and records each decision's top-1 margin; decisions under τ are deferred; every W tokens a
+//! higher-bit verifier of the same checkpoint teacher-forces the unseen suffix into its own
+//! persistent KV cache, and at the first checked flip both caches are trimmed, the verifier's
+//! token is accepted and decoding resumes. The verifier is resident, or has its experts
+//! streamed from storage through the Plan when it cannot co-reside.
+
+pub mod margins;
+pub mod score;
+
+use crate::engine::{Context, ExecParams, ExpertSource, Model};
+use crate::generate::{argmax, ModelIdentity};
+use crate::identity::build_identity;
+use crate::inventory::Inventory;
+use crate::plan::engine::{PlanOptions, PlanSource};
+use crate::record::Staging;
+use anyhow::{bail, Context as _, Result};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// What a run decodes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Base generates, verifier checks windows (the runtime).
+    Refine,
+    /// The base alone: the zero-bytes endpoint.
+    Base,
+    /// The verifier alone, greedy and incremental: the quality ceiling, one pass per token.
+    Verifier,
+}
+
+pub struct RefineSpec {
+    pub base: PathBuf,
+    pub verifier: PathBuf,
+    /// Scores the output (mean per-token log-probability); None: not scored.
+    pub reference: Option<PathBuf>,
+    pub prompts: Vec<Vec<u8>>,
+    /// The prompts' file as given, recorded as the `prompt` surface.
+    pub prompt_bytes: Vec<u8>,
+    pub n_predict: u32,
+    pub mode: Mode,
+    pub tau: f32,
+    pub window: u32,
+    pub verify_all: bool,
+    pub exec: ExecParams,
+    /// Stream the verifier's experts through the Plan.
+    pub stream: Option<PlanOptions>,
+    /// Stream the reference's experts through the Plan while it scores.
+    pub reference_stream: Option<PlanOptions>,
+    pub record: PathBuf,
+}
+
+/// Top-1 minus top-2 logit: how decided a greedy decision was.
+pub fn margin(row: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in row {
+        if v > a {
+            b = a;
+            a = v;
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
+}
+
+/// Where each output token came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Decision {
+    /// The base's token, never checked (margin at least τ, or never swept).
+    Base = 0,
+    /// The base's token, checked by the verifier and kept.
+    Confirmed = 1,
+    /// The verifier's token after a flip (rollback).
+    Replaced = 2,
+    /// Decoded by the verifier alone (`--mode verifier`).
+    Verifier = 3,
+}
+
+/// Per-run counters of the runtime.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Counters {
+    /// Verifier passes (teacher-forcing sweeps; decode steps in verifier mode).
+    pub sweeps: u64,
+    pub rollbacks: u64,
+    /// Base decisions flagged for checking (margin under τ, or all with verify-all).
+    pub deferred: u64,
+    /// Deferred decisions the verifier actually checked.
+    pub checked: u64,
+    /// Tokens the verifier was fed (prefill and suffixes).
+    pub verifier_tokens: u64,
+    /// Base decode passes (prompt prefill counts one).
+    pub base_passes: u64,
+}
+
+struct PromptRun {
+    prompt: Vec<i32>,
+    out: Vec<i32>,
+    margins: Vec<f32>,
+    decisions: Vec<Decision>,
+}
+
+/// The base and verifier of one run with their persistent KV caches.
+struct Runtime<'m> {
+    base: Option<Context<'m>>,
+    verifier: Option<Context<'m>>,
+    n_vocab: usize,
+    counters: Counters,
+}
+
+impl Runtime<'_> {
+    fn run_prompt(&mut self, spec: &RefineSpec, prompt: Vec<i32>) -> Result<PromptRun> {
+        let n = spec.n_predict as usize;
+        let mut r = PromptRun { prompt, out: Vec::new(), margins: Vec::new(), decisions: Vec::new() };
+        let p = r.prompt.len() as i32;
+        if spec.mode == Mode::Verifier {
+            let v = self.verifier.as_mut().expect("verifier mode loads the verifier");
+            v.trim(0)?;
+            let mut row = Vec::new();
+            v.decode(&r.prompt, false, &mut row)?;
+            self.counters.sweeps += 1;
+            self.counters.verifier_tokens += r.prompt.len() as u64;
+            while r.out.len() < n {
+                let t = argmax(&row) as i32;
+                r.out.push(t);
+                r.margins.push(margin(&row));
+                r.decisions.push(Decision::Verifier);
+                if r.out.len() < n {
+                    row.clear();
+                    v.decode(&[t], false, &mut row)?;
+                    self.counters.sweeps += 1;
+                    self.counters.verifier_tokens += 1;
+                }
+            }
+            return Ok(r);
+        }
+
+        let base = self.base.as_mut().expect("the base is loaded");
+        base.trim(0)?;
+        if let Some(v) = self.verifier.as_mut() {
+            v.trim(0)?;
+        }
+        let mut row = Vec::new();
+        base.decode(&r.prompt, false, &mut row)?;
+        self.counters.base_passes += 1;
+        let mut deferred: Vec<bool> = Vec::new();
+        // Outputs before `verified` are final; the verifier holds positions before `fed`.
+        let (mut verified, mut fed, mut since) = (0usize, 0i32, 0u32);
+        loop {
+            if r.out.len() < n {
+                let t = argmax(&row) as i32;
+                let m = margin(&row);
+                let d = spec.mode == Mode::Refine && (spec.verify_all || m < spec.tau);
+                self.counters.deferred += u64::from(d);
+                r.out.push(t);
+                r.margins.push(m);
+                r.decisions.push(Decision::Base);
+                deferred.push(d);
+                since += 1;
+            }
+            let done = r.out.len() == n;
+            if since >= spec.window || done {
+                since = 0;
+                if deferred[verified..].iter().any(|&d| d) {
+                    if let Some(j) = self.sweep(&mut r, &deferred, verified, &mut fed)? {
+                        // Rollback: both caches forget everything from output j on.
+                        self.counters.rollbacks += 1;
+                        let t = r.out[j];
+                        deferred.truncate(j + 1);
+                        deferred[j] = false;
+                        let base = self.base.as_mut().expect("the base is loaded");
+                        base.trim(p + j as i32)?;
+                        self.verifier.as_mut().expect("refine mode loads the verifier").trim(p + j as i32)?;
+                        fed = p + j as i32;
+                        verified = j + 1;
+                        if r.out.len() < n {
+                            row.clear();
+                            base.decode(&[t], false, &mut row)?;
+                            self.counters.base_passes += 1;
+                        }
+                        continue;
+                    }
+                }
+                verified = r.out.len();
+            }
+            if done {
+                break;
+            }
+            let base = self.base.as_mut().expect("the base is loaded");
+            row.clear();
+            base.decode(&[*r.out.last().expect("one output at least")], false, &mut row)?;
+            self.counters.base_passes += 1;
+        }
+        Ok(r)
+    }
+
+    /// One verification sweep over outputs `from..`: the verifier is fed the unseen suffix in one
+    /// pass, then the deferred decisions are checked in order. Returns the first flip, already
+    /// applied to `r` (outputs after it dropped, the verifier's token in its place).
+    fn sweep(&mut self, r: &mut PromptRun, deferred: &[bool], from: usize, fed: &mut i32) -> Result<Option<usize>> {
+        let v = self.verifier.as_mut().expect("refine mode loads the verifier");
+        let p = r.prompt.len();
+        let seq: Vec<i32> = r.prompt.iter().chain(&r.out).copied().collect();
+        // Rows of positions fed..end predict tokens fed+1..=end; output j sits at position p + j.
+        let end = p + r.out.len() - 1;
+        let start = *fed as usize;
+        if start > p + from - 1 || start >= end {
+            bail!("verifier cache at {start} cannot check outputs from {from} (prompt {p}, {} outputs)", r.out.len());
+        }
+        let mut rows = Vec::with_capacity((end - start) * self.n_vocab);
+        v.decode(&seq[start..end], true, &mut rows)?;
+        self.counters.sweeps += 1;
+        self.counters.verifier_tokens += (end - start) as u64;
+        *fed = end as i32;
+        for j in from..r.out.len() {
+            if !deferred[j] {
+                continue;
+            }
+            self.counters.checked += 1;
+            let i = p + j - 1 - start;
+            let vt = argmax(&rows[i * self.n_vocab..(i + 1) * self.n_vocab]) as i32;
+            if vt != r.out[j] {
+                r.out.truncate(j);
+                r.margins.truncate(j);
+                r.decisions.truncate(j);
+                r.out.push(vt);
+                r.margins.push(margin(&rows[i * self.n_vocab..(i + 1) * self.n_vocab]));
+                r.decisions.push(Decision::Replaced);
+                return Ok(Some(j));
+            }
+            r.decisions[j] = Decision::Confirmed;
+        }
+        Ok(None)
+    }
+}
+
+fn identity_of(path: &Path) -> Result<(ModelIdentity, Inventory)> {
+    let inv = Inventory::of(path)?;
+    let id = ModelIdentity {
+        file: inv.file.clone(),
+        sha256: crate::util::sha256_file(path)?,
+        bytes: inv.file_bytes,
+        architecture: inv.architecture.clone(),
+        t_repr_bytes: inv.t_repr_bytes,
+        expert_bytes: inv.expert_bytes,
+    };
+    Ok((id, inv))
+}
+
+/// Loads `path` resident, or with its experts served through the Plan.
+fn load(path: &Path, inv: &Inventory, stream: &Option<PlanOptions>) -> Result<Model> {
+    let source = match stream {
+        None => None,
+        Some(o) => Some(Box::new(PlanSource::new(path, inv, o.clone())?) as Box<dyn ExpertSource>),
+    };
+    let served = source.is_some();
+    let model = Model::load_with(path, source)?;
+    if served {
+        // The non-expert tensors were read through the page cache; they are copied now.
+        crate::util::drop_file_cache(path)?;
+    }
+    Ok(model)
+}
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub record: PathBuf,
+    pub mode: Mode,
+    pub tau: f32,
+    pub window: u32,
+    pub verify_all: bool,
+    pub generated_tokens: usize,
+    pub counters: Counters,
+    pub verification_bytes_per_token: f64,
+    pub tokens_per_s: f64,
+    pub quality: Option<score::Quality>,
+}
+
+/// Splits a prompts file into prompts: one per non-empty line.
+pub fn prompts_of(text: &[u8]) -> Vec<Vec<u8>> {
+    text.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l)).filter(|l| !l.iter().all(u8::is_ascii_whitespace)).map(<[u8]>::to_vec).collect()
+}
+
+pub fn run(spec: &RefineSpec) -> Result<Summary> {
+    if spec.prompts.is_empty() {
+        bail!("no prompts (one per non-empty line)");
+    }
+    if spec.n_predict == 0 {
+        bail!("--n-predict must be at least 1");
+    }
+    if spec.window == 0 {
+        bail!("--window must be at least 1");
+    }
+    if !spec.tau.is_finite() || spec.tau < 0.0 {
+        bail!("--tau must be a finite number at least 0");
+    }
+    let (base_id, base_inv) = identity_of(&spec.base).context("--base")?;
+    let (ver_id, ver_inv) = identity_of(&spec.verifier).context("--verifier")?;
+    if base_inv.architecture != ver_inv.architecture {
+        bail!("base ({}) and verifier ({}) are not the same architecture", base_inv.architecture, ver_inv.architecture);
+    }
+    let reference = match &spec.reference {
+        Some(r) => Some(identity_of(r).context("--reference")?),
+        None => None,
+    };
+    let staging = Staging::new(&spec.record)?;
+
+    let t0 = Instant::now();
+    let mut base_model = match spec.mode {
+        Mode::Verifier => None,
+        _ => Some(Model::load(&spec.base)?),
+    };
+    let ver_model = match spec.mode {
+        Mode::Base => None,
+        _ => Some(load(&spec.verifier, &ver_inv, &spec.stream)?),
+    };
+    let load_s = t0.elapsed().as_secs_f64();
+    let tok_model = base_model.as_ref().or(ver_model.as_ref()).expect("one model at least");
+    if let (Some(b), Some(v)) = (&base_model, &ver_model) {
+        if b.n_vocab() != v.n_vocab() {
+            bail!("base and verifier vocabularies differ ({} vs {})", b.n_vocab(), v.n_vocab());
+        }
+    }
+    let n_vocab = tok_model.n_vocab();
+    let mut tokenized = Vec::new();
+    for (i, p) in spec.prompts.iter().enumerate() {
+        let t = tok_model.tokenize(p, true)?;
+        if t.is_empty() {
+            bail!("prompt {} tokenized to nothing", i + 1);
+        }
+        if t.len() + spec.n_predict as usize > spec.exec.n_ctx as usize {
+            bail!("prompt {} ({} tokens) + --n-predict {} exceeds the context of {}", i + 1, t.len(), spec.n_predict, spec.exec.n_ctx);
+        }
+        tokenized.push(t);
+    }
+    let mut rt = Runtime {
+        base: base_model.as_ref().map(|m| Context::new(m, spec.exec, false)).transpose()?,
+        verifier: ver_model.as_ref().map(|m| Context::new(m, spec.exec, false)).transpose()?,
+        n_vocab,
+        counters: Counters::default(),
+    };
+    let t1 = Instant::now();
+    let mut runs = Vec::new();
+    let mut failure = None;
+    let total = tokenized.len();
+    for (i, prompt) in tokenized.into_iter().enumerate() {
+        match rt.run_prompt(spec, prompt) {
+            Ok(r) => runs.push(r),
+            Err(e) => {
+                failure = Some(e.context(format!("prompt {} of {total}", i + 1)));
+                break;
+            }
+        }
+    }
+    let gen_s = t1.elapsed().as_secs_f64();
+    let counters = rt.counters.clone();
+    drop(rt);
+    let stream_report = match &ver_model {
+        Some(m) => m.with_source(|s| s.finish()).transpose()?,
+        None => None,
+    };
+    let responses: Vec<Vec<u8>> = runs.iter().map(|r| r.out.iter().flat_map(|&t| tok_model.token_bytes(t)).collect()).collect();
+    drop(ver_model);
+    if base_model.take().is_some() {
+        // The base's mapped pages are unmapped now; give them back before the reference loads.
+        crate::util::drop_file_cache(&spec.base)?;
+    }
+
+    let generated: usize = runs.iter().map(|r| r.out.len()).sum();
+    let prompt_tokens: usize = runs.iter().map(|r| r.prompt.len()).sum();
+    // Logical verification bytes: one pass over the verifier checkpoint per sweep (seed 001).
+    let verification_bytes = counters.sweeps * ver_id.t_repr_bytes;
+    let per_token = verification_bytes as f64 / generated.max(1) as f64;
+    let params = serde_json::json!({
+        "mode": spec.mode,
+        "tau": spec.tau,
+        "window": spec.window,
+        "verify_all": spec.verify_all,
+        "n_predict": spec.n_predict,
+        "prompts": spec.prompts.len(),
+        "sampling": "greedy (first maximum)",
+        "verifier": match &spec.stream { None => serde_json::json!("resident"), Some(o) => serde_json::json!({"streamed": o}) },
+        "exec": spec.exec,
+    });
+
+    let quality = match (&failure, &reference) {
+        (None, Some((_, inv))) => {
+            let r = spec.reference.as_ref().expect("reference identity implies a path");
+            let seqs: Vec<(&[i32], &[i32])> = runs.iter().map(|r| (r.prompt.as_slice(), r.out.as_slice())).collect();
+            Some(score::score(r, inv, &seqs, spec.exec, &spec.reference_stream)?)
+        }
+        _ => None,
+    };
+
+    let mut staging = staging;
+    let mut tokens = Vec::new();
+    let mut margins = Vec::new();
+    let mut decisions = Vec::new();
+    for r in &runs {
+        tokens.extend(r.prompt.iter().chain(&r.out).flat_map(|t| t.to_le_bytes()));
+        margins.extend(r.margins.iter().flat_map(|m| m.to_le_bytes()));
+        decisions.extend(r.decisions.iter().map(|&d| d as u8));
+    }
+    staging.surface("prompt", "prompt.bin", &spec.prompt_bytes, 1, false)?;
+    if failure.is_none() {
+        staging.surface("tokens", "tokens.bin", &tokens, 4, false)?;
+        staging.surface("response", "response.bin", &responses.join(&b"\n"[..]), 1, false)?;
+        staging.surface("margins", "margins.bin", &margins, 4, false)?;
+        staging.surface("decisions", "decisions.bin", &decisions, 1, false)?;
+    }
+    let tokens_per_s = generated as f64 / gen_s.max(1e-9);
+    let record = serde_json::json!({
+        "format": "sovereign.refine/1",
+        "outcome": if failure.is_some() { "failed" } else { "completed" },
+        "error": failure.as_ref().map(|e| format!("{e:#}")),
+        "model": base_id,
+        "verifier": ver_id,
+        "reference": reference.as_ref().map(|(id, _)| id),
+        "build": build_identity()?,
+        "params": params,
+        "counts": {
+            "prompts": spec.prompts.len(),
+            "prompt_tokens": if failure.is_some() { serde_json::Value::Null } else { prompt_tokens.into() },
+            "prompt_tokens_each": runs.iter().map(|r| r.prompt.len()).collect::<Vec<_>>(),
+            "generated_tokens": generated,
+            "n_vocab": n_vocab,
+        },
+        "refine": {
+            "counters": counters,
+            "verification_bytes_logical": verification_bytes,
+            "verification_bytes_per_token": per_token,
+            "verifier_bytes": ver_id.t_repr_bytes,
+            "bytes_per_token_over_verifier": per_token / ver_id.t_repr_bytes.max(1) as f64,
+            "rollbacks_per_token": counters.rollbacks as f64 / generated.max(1) as f64,
+            // What the streamed verifier actually read from storage (its routed experts only).
+            "served_bytes_per_token": stream_report.as_ref()
+                .and_then(|r| r.pointer("/telemetry/q_run/logical_bytes"))
+                .and_then(|b| b.as_u64())
+                .map(|b| b as f64 / generated.max(1) as f64),
+        },
+        "timing": { "load_s": load_s, "generate_s": gen_s, "tokens_per_s": tokens_per_s },
+        "experts": stream_report,
+        "quality": quality,
+        "process": { "vm_hwm_bytes": crate::util::vm_hwm_bytes() },
+        "surfaces": staging.surfaces(),
+    });
+    let dir = staging.commit(&record)?;
+    if let Some(e) = failure {
+        return Err(e.context(format!("run failed closed; record {}", dir.display())));
+    }
+    Ok(Summary {
+        record: dir,
+        mode: spec.mode,
+        tau: spec.tau,
+        window: spec.window,
+        verify_all: spec.verify_all,
+        generated_tokens: generated,
+        counters,
+        verification_bytes_per_token: per_token,
+        tokens_per_s,
+        quality,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn margin_is_top1_minus_top2() {
+        assert_eq!(margin(&[1.0, 3.0, 2.5, -1.0]), 0.5);
+        assert_eq!(margin(&[2.0, 2.0]), 0.0);
+        assert_eq!(margin(&[5.0, 1.0, 4.0]), 1.0);
+    }
+
+    #[test]
+    fn prompts_are_non_empty_lines() {
+        assert_eq!(prompts_of(b"a b\n\n  \r\nc\r\n"), vec![b"a b".to_vec(), b"c".to_vec()]);
+        assert!(prompts_of(b"\n\n").is_empty());
+    }
+}
