@@ -5,7 +5,7 @@ BIN     := target/release/sovereign
 MODELS  := models
 RESULTS := results
 
-.PHONY: deps build demo campaign test bench clean
+.PHONY: deps build demo campaign tau-sweep test bench clean
 
 deps:
 	@scripts/deps.sh
@@ -36,6 +36,18 @@ campaign: build
 	$(BIN) export --campaign exactness-resident-1 --out $(RESULTS)/export-exactness
 	$(BIN) verify --claim exactness-resident-1 --ledger $(RESULTS)/export-exactness/claims.json
 	$(BIN) replay --claim exactness-resident-1 --ledger $(RESULTS)/export-exactness/claims.json
+
+# Margin-gated deferred refinement (seed 001): forge one checkpoint at F32, quantize it to the
+# Q4_K_M base and the Q8_0 verifier, run the preregistered τ sweep unattended (resident and
+# streamed-under-a-cap verifiers), then its CSV and quality-versus-bytes figure.
+tau-sweep: build
+	@mkdir -p $(MODELS) $(RESULTS)
+	test -f $(MODELS)/tau-f32.gguf || $(BIN) model forge --preset small --seed 3 --out $(MODELS)/tau-f32.gguf
+	test -f $(MODELS)/tau-q4_k_m.gguf || $(BIN) model quantize --type q4_k_m $(MODELS)/tau-f32.gguf $(MODELS)/tau-q4_k_m.gguf
+	test -f $(MODELS)/tau-q8_0.gguf || $(BIN) model quantize --type q8_0 $(MODELS)/tau-f32.gguf $(MODELS)/tau-q8_0.gguf
+	$(BIN) margins --reference $(MODELS)/tau-f32.gguf --candidate $(MODELS)/tau-q4_k_m.gguf --prompts campaigns/prompts/tau.txt
+	$(BIN) campaign run campaigns/tau-sweep.yaml
+	$(BIN) export --campaign tau-sweep-small-3 --out $(RESULTS)/export-tau-sweep
 
 test: deps
 	$(CARGO) test --locked

@@ -17,7 +17,7 @@ mkdir -p "$OUT" models
 
 [ -f "$MODEL" ] || $BIN model forge --preset bench --seed 1 --out "$MODEL"
 echo "== device read ceiling (O_DIRECT, io_uring)"
-$BIN envelope --file "$MODEL" --bytes-per-cell $((64 << 20)) --csv "$OUT/envelope.csv" --json > "$OUT/envelope.json"
+$BIN envelope --file "$MODEL" --bytes-per-cell $((64 << 20)) --csv "$OUT/envelope.csv" --figure "$OUT/envelope.svg" --json > "$OUT/envelope.json"
 
 run_arm() {
   local name=$1; shift

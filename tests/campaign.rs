@@ -120,7 +120,7 @@ fn assert_sealed_exactly_once(results: &Path, id: &str, cells: usize) -> Vec<Val
 #[test]
 fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml"] {
+    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml"] {
         ok(&["campaign", "check", s(&root.join("campaigns").join(f))]);
     }
     let t = tempfile::tempdir().unwrap();

@@ -84,6 +84,8 @@ pub struct CellPaths<'a> {
     pub model: &'a Path,
     pub prompt_file: &'a Path,
     pub record: &'a Path,
+    /// Verifier and reference (refinement campaigns).
+    pub refine: Option<(&'a Path, &'a Path)>,
 }
 
 /// The single mapping from a cell's arm and workload to `sovereign generate` arguments.
@@ -91,15 +93,32 @@ pub struct CellPaths<'a> {
 /// runner's business, not an argument.
 pub fn generate_args(cell: &CellSpec, p: &CellPaths) -> Vec<OsString> {
     let arm = &cell.arm;
-    let mut a: Vec<OsString> = vec!["generate".into(), "--model".into(), p.model.into(), "--prompt-file".into(), p.prompt_file.into()];
+    let mut a: Vec<OsString> = match (&arm.refine, &cell.refine, p.refine) {
+        (Some(ra), Some(models), Some((verifier, reference))) => {
+            // A refinement cell: the campaign's model is the base; plan fields stream the verifier.
+            let mut a: Vec<OsString> = vec!["refine".into(), "--base".into(), p.model.into(), "--verifier".into(), verifier.into()];
+            a.extend(["--reference".into(), reference.into(), "--prompts".into(), p.prompt_file.into()]);
+            a.extend(["--window".into(), models.window.to_string().into(), "--mode".into(), format!("{:?}", ra.mode).to_lowercase().into()]);
+            if let Some(t) = ra.tau {
+                a.extend(["--tau".into(), t.to_string().into()]);
+            }
+            if ra.verify_all {
+                a.push("--verify-all".into());
+            }
+            a
+        }
+        _ => vec!["generate".into(), "--model".into(), p.model.into(), "--prompt-file".into(), p.prompt_file.into()],
+    };
+    let refine = arm.refine.is_some();
     a.extend(["--n-predict".into(), cell.workload.outputs.to_string().into(), "--threads".into(), arm.threads.to_string().into()]);
-    if cell.workload.ignore_eos {
+    if cell.workload.ignore_eos && !refine {
         a.push("--ignore-eos".into());
     }
     match arm.experts {
+        ExpertsMode::Resident if refine => {}
         ExpertsMode::Resident => a.extend(["--experts".into(), "resident".into()]),
         ExpertsMode::Plan => {
-            a.extend(["--experts".into(), "plan".into()]);
+            a.extend(if refine { ["--verifier-experts".into(), "plan".into()] } else { ["--experts".into(), "plan".into()] });
             let mut opt = |k: &str, v: Option<String>| {
                 if let Some(v) = v {
                     a.push(k.into());
@@ -111,6 +130,7 @@ pub fn generate_args(cell: &CellSpec, p: &CellPaths) -> Vec<OsString> {
             opt("--source", arm.source.map(|v| format!("{v:?}").to_lowercase()));
             opt("--windows", arm.windows.map(|v| v.to_string()));
             opt("--depth", arm.depth.map(|v| v.to_string()));
+            opt("--layer-buffers", arm.layer_buffers.map(|v| v.to_string()));
             opt("--fault", arm.fault.map(|f| f.name()));
         }
     }
@@ -173,10 +193,19 @@ impl CellExecutor for ProcessExecutor {
     fn run(&self, cell: &CellSpec, staging: &Path, log: &Path) -> Result<CellOutcome> {
         let model = self.base.join(&cell.model.path);
         let prompt = self.base.join(&cell.workload.prompt_file);
-        let args = generate_args(cell, &CellPaths { model: &model, prompt_file: &prompt, record: staging });
+        let refine_paths = cell.refine.as_ref().map(|r| (self.base.join(&r.verifier.path), self.base.join(&r.reference.path)));
+        let args = generate_args(
+            cell,
+            &CellPaths { model: &model, prompt_file: &prompt, record: staging, refine: refine_paths.as_ref().map(|(v, r)| (v.as_path(), r.as_path())) },
+        );
         let shown = generate_args(
             cell,
-            &CellPaths { model: Path::new(&cell.model.path), prompt_file: Path::new(&cell.workload.prompt_file), record: Path::new("<record>") },
+            &CellPaths {
+                model: Path::new(&cell.model.path),
+                prompt_file: Path::new(&cell.workload.prompt_file),
+                record: Path::new("<record>"),
+                refine: cell.refine.as_ref().map(|r| (Path::new(&r.verifier.path), Path::new(&r.reference.path))),
+            },
         );
         let mut command = vec!["sovereign".to_string()];
         command.extend(shown.iter().map(|a| a.to_string_lossy().into_owned()));

@@ -1,6 +1,6 @@
 //! Expansion: a campaign becomes the ordered list of cells (arm × block × position) it runs.
 
-use super::spec::{Arm, Blocks, Campaign, ModelSpec, Workload};
+use super::spec::{Arm, Blocks, Campaign, ModelSpec, RefineModels, Workload};
 use serde::{Deserialize, Serialize};
 
 /// One cell: a single run of one arm at one place in the schedule. This is what an executor
@@ -23,6 +23,9 @@ pub struct CellSpec {
     /// This cell is the oracle arm's.
     pub is_oracle: bool,
     pub model: ModelSpec,
+    /// The verifier and reference of a refinement campaign.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refine: Option<RefineModels>,
     pub workload: Workload,
 }
 
@@ -84,6 +87,7 @@ pub fn expand(c: &Campaign) -> Vec<CellSpec> {
                 is_oracle: *arm_id == c.oracle.arm.value,
                 arm,
                 model: c.model.clone(),
+                refine: c.refine.clone(),
                 workload: c.workload.clone(),
             });
         }

@@ -203,11 +203,21 @@ fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome) -> Validity 
                 if s("/build/engine/tree_sha256") != spec.build.engine_tree_sha256.0 {
                     problems.push("engine tree digest differs from the preregistered one".into());
                 }
+                if let Some(r) = &spec.refine {
+                    for (what, m) in [("verifier", &r.verifier), ("reference", &r.reference)] {
+                        if s(&format!("/{what}/sha256")) != m.sha256.0 {
+                            problems.push(format!("{what} sha256 {} is not the preregistered {}", s(&format!("/{what}/sha256")), m.sha256));
+                        }
+                    }
+                }
                 if u("/counts/prompt_tokens") != Some(spec.workload.prompt_tokens as u64) {
                     problems.push(format!("{:?} prompt tokens where {} were preregistered", u("/counts/prompt_tokens"), spec.workload.prompt_tokens));
                 }
-                if spec.workload.ignore_eos && u("/counts/generated_tokens") != Some(spec.workload.outputs as u64) {
-                    problems.push(format!("{:?} outputs where {} were preregistered", u("/counts/generated_tokens"), spec.workload.outputs));
+                // A refinement record counts the outputs of all its prompts.
+                let per = if spec.refine.is_some() { u("/counts/prompts").unwrap_or(0) } else { 1 };
+                let outputs = spec.workload.outputs as u64 * per;
+                if spec.workload.ignore_eos && u("/counts/generated_tokens") != Some(outputs) {
+                    problems.push(format!("{:?} outputs where {outputs} were preregistered", u("/counts/generated_tokens")));
                 }
                 if let Some(prompt) = v.pointer("/surfaces/prompt/sha256").and_then(|x| x.as_str()) {
                     if prompt != spec.workload.prompt_sha256.0 {
@@ -228,6 +238,11 @@ pub fn exactness(relation: Relation, oracle_dir: &Path, cell_dir: &Path) -> Resu
             let cmp = crate::oracle::compare(oracle_dir, cell_dir)?;
             let differing: Vec<String> = cmp.iter().filter(|c| !c.is_exact()).map(|c| c.surface.clone()).collect();
             Ok((differing.is_empty(), differing))
+        }
+        Relation::Tokens => {
+            let cmp = crate::oracle::compare(oracle_dir, cell_dir)?;
+            let exact = cmp.iter().any(|c| c.surface == "tokens" && c.is_exact());
+            Ok((exact, if exact { vec![] } else { vec!["tokens".to_string()] }))
         }
     }
 }

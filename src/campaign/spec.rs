@@ -103,19 +103,30 @@ impl fmt::Display for Sha256Hex {
     }
 }
 
-/// Expert replacement policy: `zero` (no reuse) or `lru:K` (per-layer LRU-K).
+/// Expert replacement policy: `zero` (no reuse) or `lru:K` (per-layer LRU-K), optionally with
+/// `+prefetch` (the next layer's experts load while this layer computes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Policy {
-    Zero,
-    Lru(u32),
+    Zero { prefetch: bool },
+    Lru { k: u32, prefetch: bool },
 }
 
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Policy::Zero => f.write_str("zero"),
-            Policy::Lru(k) => write!(f, "lru:{k}"),
+        let prefetch = match self {
+            Policy::Zero { prefetch } => {
+                f.write_str("zero")?;
+                *prefetch
+            }
+            Policy::Lru { k, prefetch } => {
+                write!(f, "lru:{k}")?;
+                *prefetch
+            }
+        };
+        if prefetch {
+            f.write_str("+prefetch")?;
         }
+        Ok(())
     }
 }
 
@@ -128,12 +139,16 @@ impl Serialize for Policy {
 impl<'de> Deserialize<'de> for Policy {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        if s == "zero" {
-            return Ok(Policy::Zero);
+        let (base, prefetch) = match s.strip_suffix("+prefetch") {
+            Some(b) => (b, true),
+            None => (s.as_str(), false),
+        };
+        if base == "zero" {
+            return Ok(Policy::Zero { prefetch });
         }
-        match s.strip_prefix("lru:").map(str::parse::<u32>) {
-            Some(Ok(k)) if k > 0 => Ok(Policy::Lru(k)),
-            _ => Err(serde::de::Error::custom(format!("expected policy `zero` or `lru:K` with K >= 1, got {s:?}"))),
+        match base.strip_prefix("lru:").map(str::parse::<u32>) {
+            Some(Ok(k)) if k > 0 => Ok(Policy::Lru { k, prefetch }),
+            _ => Err(serde::de::Error::custom(format!("expected policy `zero` or `lru:K` with K >= 1, optionally `+prefetch`, got {s:?}"))),
         }
     }
 }
@@ -144,9 +159,9 @@ impl JsonSchema for Policy {
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         schemars::json_schema!({
-            "description": "Expert replacement policy: `zero` (no reuse) or `lru:K` (per-layer LRU with K entries).",
+            "description": "Expert replacement policy: `zero` (no reuse) or `lru:K` (per-layer LRU with K entries), optionally followed by `+prefetch` (next-layer prefetch).",
             "type": "string",
-            "pattern": "^(zero|lru:[1-9][0-9]*)$"
+            "pattern": "^(zero|lru:[1-9][0-9]*)(\\+prefetch)?$"
         })
     }
 }
@@ -160,7 +175,12 @@ pub struct Campaign {
     /// What the campaign is for, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// The model every cell runs (in a refinement campaign: the base that generates).
     pub model: ModelSpec,
+    /// A margin-gated refinement campaign (seed 001): the verifier and the reference that
+    /// scores quality. Every arm then runs `sovereign refine`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refine: Option<RefineModels>,
     pub workload: Workload,
     /// The engine build every cell must come from.
     pub build: BuildSpec,
@@ -183,6 +203,40 @@ pub struct ModelSpec {
     /// Relative paths are taken from the campaign file's directory.
     pub path: String,
     pub sha256: Sha256Hex,
+}
+
+/// The models of a refinement campaign beside the base.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefineModels {
+    /// The higher-bit variant of the base's checkpoint.
+    pub verifier: ModelSpec,
+    /// The full-precision model whose mean per-token log-probability scores every output.
+    pub reference: ModelSpec,
+    /// Verify every `window` generated tokens.
+    pub window: u32,
+}
+
+/// What a refinement arm decodes with (`sovereign refine --mode`).
+pub use crate::refine::Mode as RefineMode;
+
+/// A refinement arm: `experts: plan` streams the verifier's (and the reference's) experts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefineArm {
+    /// `refine` (the runtime), `base` or `verifier` (the endpoints).
+    #[serde(default = "default_refine_mode")]
+    pub mode: RefineMode,
+    /// Deferral threshold on the base's top-1 margin (mode `refine`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tau: Option<f32>,
+    /// Check every position, not only deferred ones.
+    #[serde(default)]
+    pub verify_all: bool,
+}
+
+fn default_refine_mode() -> RefineMode {
+    RefineMode::Refine
 }
 
 /// What every cell computes.
@@ -264,8 +318,15 @@ pub struct Arm {
     /// Source queue depth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub depth: Option<u32>,
+    /// Layer buffers shared by the layers' slot pools (absent or 0: one pool per layer; 2:
+    /// double-buffered layer by layer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_buffers: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<FaultCell>,
+    /// This arm runs `sovereign refine` (the campaign must name `refine` models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refine: Option<RefineArm>,
     /// Hard host memory limit over the cell's whole process tree, bytes (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_cap_bytes: Option<u64>,
@@ -307,6 +368,9 @@ pub struct OracleSpec {
 pub enum Relation {
     /// Every byte of tokens, full logits rows, response bytes and route events equal.
     AllSurfaces,
+    /// The token surface (prompt and output token ids) equal: for refinement cells, which
+    /// record no logits rows.
+    Tokens,
 }
 
 /// The admission predicate a cell must pass (seed 000 §5.3: positive headroom, no limit event).
@@ -482,7 +546,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         ];
         match a.experts {
             ExpertsMode::Resident => {
-                for (name, set) in plan_fields.iter().chain(&[("fault", a.fault.is_some())]) {
+                for (name, set) in plan_fields.iter().chain(&[("fault", a.fault.is_some()), ("layer_buffers", a.layer_buffers.is_some())]) {
                     if *set {
                         out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` applies only to `experts: plan`", a.id.value)));
                     }
@@ -544,13 +608,10 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             out.push(Diagnostic::at(&c.oracle.arm, format!("the oracle arm `{}` must be the first cell scheduled (put it first in schedule.lead)", c.oracle.arm.value)));
         }
     }
-    match c.oracle.relation {
-        Relation::AllSurfaces => {
-            if c.oracle.horizon != c.workload.outputs {
-                out.push(Diagnostic::at(&c.oracle.arm, format!("oracle.horizon {} must equal workload.outputs {} for relation all_surfaces", c.oracle.horizon, c.workload.outputs)));
-            }
-        }
+    if c.oracle.horizon != c.workload.outputs {
+        out.push(Diagnostic::at(&c.oracle.arm, format!("oracle.horizon {} must equal workload.outputs {}", c.oracle.horizon, c.workload.outputs)));
     }
+    out.extend(validate_refine(c));
     if let Some(p) = c.analysis.as_ref().and_then(|a| a.pairs.as_ref()) {
         known(&p.a, "analysis.pairs.a", &mut out);
         known(&p.b, "analysis.pairs.b", &mut out);
@@ -569,6 +630,50 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     }
     if c.repetition.max_interrupted_attempts == 0 {
         out.push(Diagnostic { line: 0, column: 0, message: "repetition.max_interrupted_attempts must be at least 1".into() });
+    }
+    out
+}
+
+/// A refinement campaign: every arm refines, with the token relation and outputs fixed.
+fn validate_refine(c: &Campaign) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    match &c.refine {
+        None => {
+            for a in c.arms.iter().filter(|a| a.refine.is_some()) {
+                out.push(Diagnostic::at(&a.id, format!("arm `{}` refines, but the campaign names no `refine` models", a.id.value)));
+            }
+        }
+        Some(r) => {
+            if r.window == 0 {
+                out.push(Diagnostic { line: 0, column: 0, message: "refine.window must be at least 1".into() });
+            }
+            if c.oracle.relation != Relation::Tokens {
+                out.push(Diagnostic::at(&c.oracle.arm, "a refinement campaign records no logits rows: use `relation: tokens`"));
+            }
+            if !c.workload.ignore_eos {
+                out.push(Diagnostic { line: 0, column: 0, message: "refinement always decodes workload.outputs tokens: set workload.ignore_eos: true".into() });
+            }
+            for a in &c.arms {
+                match &a.refine {
+                    None => out.push(Diagnostic::at(&a.id, format!("arm `{}`: every arm of a refinement campaign needs `refine`", a.id.value))),
+                    Some(ra) => {
+                        if a.fault.is_some() {
+                            out.push(Diagnostic::at(&a.id, format!("arm `{}`: fault cells do not apply to refinement", a.id.value)));
+                        }
+                        match (ra.mode, ra.tau, ra.verify_all) {
+                            (RefineMode::Refine, None, false) => out.push(Diagnostic::at(&a.id, format!("arm `{}`: mode refine needs `tau` or `verify_all: true`", a.id.value))),
+                            (RefineMode::Refine, Some(t), _) if !(t.is_finite() && t >= 0.0) => {
+                                out.push(Diagnostic::at(&a.id, format!("arm `{}`: tau must be a finite number at least 0", a.id.value)))
+                            }
+                            (RefineMode::Base | RefineMode::Verifier, t, v) if t.is_some() || v => {
+                                out.push(Diagnostic::at(&a.id, format!("arm `{}`: `tau` and `verify_all` apply only to mode refine", a.id.value)))
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
     }
     out
 }

@@ -11,10 +11,15 @@
 //! - `pairs.csv`: one row per block holding both arms of `analysis.pairs` (a, b, b/a);
 //! - `pairs_summary.csv`: the paired geometric ratio and its paired-log t interval;
 //! - `pairs.svg`, `pairs.png`: the pair ratios with the overall ratio and interval;
+//! - `refine.csv`, `quality_bytes.svg`, `quality_bytes.png` (refinement campaigns): the τ sweep
+//!   and the quality-versus-bytes figure with the base and verifier endpoints;
 //! - `claims.json`: a draft claim ledger for the campaign (records, assertions and replay
 //!   values as computed now), ready for `verify` / `replay`.
 
 mod figure;
+mod refine;
+
+pub use figure::envelope as envelope_figure;
 
 use crate::campaign::runner::{histories, read_cell, CellDocument, CellState};
 use crate::campaign::spec::Campaign;
@@ -296,6 +301,11 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
             files.extend(figure::pair_ratios(out, &title, &blocks, &pr)?);
             summary = Some(pr);
         }
+    }
+
+    if spec.refine.is_some() {
+        let title = format!("{}: quality versus verification bytes", spec.id.value);
+        files.extend(refine::write(out, &title, &cells, &sealed)?);
     }
 
     // A draft claim ledger: what the records say now, for `verify` and `replay` later.
