@@ -358,8 +358,15 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     let gen_s = t1.elapsed().as_secs_f64();
     let counters = rt.counters.clone();
     drop(rt);
-    let stream_report = match &ver_model {
-        Some(m) => m.with_source(|s| s.finish()).transpose()?,
+    // A source that cannot close clean is evidence too: it goes into the record, not lost.
+    let stream_report = match ver_model.as_ref().and_then(|m| m.with_source(|s| s.finish())) {
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => {
+            if failure.is_none() {
+                failure = Some(anyhow::anyhow!("the verifier's expert source did not close clean: {e:#}"));
+            }
+            Some(serde_json::json!({ "finish_error": format!("{e:#}") }))
+        }
         None => None,
     };
     let responses: Vec<Vec<u8>> = runs.iter().map(|r| r.out.iter().flat_map(|&t| tok_model.token_bytes(t)).collect()).collect();
