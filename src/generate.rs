@@ -37,6 +37,32 @@ pub struct ModelIdentity {
     pub expert_bytes: u64,
 }
 
+impl ModelIdentity {
+    /// The identity a record names the model file `path` (already inventoried as `inv`) by.
+    pub fn of(path: &std::path::Path, inv: &Inventory) -> Result<ModelIdentity> {
+        Ok(ModelIdentity {
+            file: inv.file.clone(),
+            sha256: crate::util::sha256_file(path)?,
+            bytes: inv.file_bytes,
+            architecture: inv.architecture.clone(),
+            t_repr_bytes: inv.t_repr_bytes,
+            expert_bytes: inv.expert_bytes,
+        })
+    }
+}
+
+/// Loads `path`, resident or with its experts from `source`. llama.cpp reads a served model's
+/// non-expert tensors through the page cache; those pages are copies, not the run's working
+/// set, so they are given back rather than kept charged.
+pub fn load_model(path: &std::path::Path, source: Option<Box<dyn ExpertSource>>) -> Result<Model> {
+    let served = source.is_some();
+    let model = Model::load_with(path, source)?;
+    if served {
+        crate::util::drop_file_cache(path)?;
+    }
+    Ok(model)
+}
+
 #[derive(Debug, Serialize)]
 struct Params {
     n_predict: u32,
@@ -98,26 +124,13 @@ pub fn run_with(
         bail!("the prompt is empty");
     }
     let staging = Staging::new(&spec.record)?;
-    let model_id = ModelIdentity {
-        file: inv.file.clone(),
-        sha256: crate::util::sha256_file(&spec.model)?,
-        bytes: inv.file_bytes,
-        architecture: inv.architecture.clone(),
-        t_repr_bytes: inv.t_repr_bytes,
-        expert_bytes: inv.expert_bytes,
-    };
+    let model_id = ModelIdentity::of(&spec.model, &inv)?;
 
     let source = make_source(&inv)?;
     let experts = source.as_ref().map_or(serde_json::json!("resident"), |s| s.describe());
     let t0 = Instant::now();
-    let served = source.is_some();
-    let model = Model::load_with(&spec.model, source)?;
+    let model = load_model(&spec.model, source)?;
     let load_s = t0.elapsed().as_secs_f64();
-    if served {
-        // llama.cpp read the non-expert tensors through the page cache; those pages are not
-        // the run's working set, so give them back rather than keep them charged.
-        crate::util::drop_file_cache(&spec.model)?;
-    }
     let n_vocab = model.n_vocab();
     let prompt = model.tokenize(&spec.prompt, true)?;
     if prompt.is_empty() {

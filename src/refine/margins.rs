@@ -164,13 +164,8 @@ pub fn run(spec: &MarginsSpec) -> Result<(Report, Vec<Position>)> {
     let mut ctx = Context::new(&model, spec.exec, false)?;
     let mut positions = Vec::new();
     for (pi, (prompt, out)) in trajectories.iter().enumerate() {
-        ctx.trim(0)?;
-        let seq: Vec<i32> = prompt.iter().chain(&out[..out.len() - 1]).copied().collect();
-        let mut rows = Vec::with_capacity(seq.len() * n_vocab);
-        ctx.decode(&seq, true, &mut rows)?;
-        for (j, &t) in out.iter().enumerate() {
-            let i = prompt.len() + j - 1;
-            let row = &rows[i * n_vocab..(i + 1) * n_vocab];
+        let rows = super::teacher_force(&mut ctx, n_vocab, prompt, out)?;
+        for (j, (&t, row)) in out.iter().zip(rows.chunks_exact(n_vocab)).enumerate() {
             let c = argmax(row) as i32;
             positions.push(Position { prompt: pi, position: j, reference_token: t, candidate_token: c, margin: margin(row), agree: c == t });
         }

@@ -9,7 +9,7 @@ pub mod margins;
 pub mod score;
 
 use crate::engine::{Context, ExecParams, ExpertSource, Model};
-use crate::generate::{argmax, ModelIdentity};
+use crate::generate::{argmax, load_model, ModelIdentity};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::plan::engine::{PlanOptions, PlanSource};
@@ -239,15 +239,7 @@ impl Runtime<'_> {
 
 fn identity_of(path: &Path) -> Result<(ModelIdentity, Inventory)> {
     let inv = Inventory::of(path)?;
-    let id = ModelIdentity {
-        file: inv.file.clone(),
-        sha256: crate::util::sha256_file(path)?,
-        bytes: inv.file_bytes,
-        architecture: inv.architecture.clone(),
-        t_repr_bytes: inv.t_repr_bytes,
-        expert_bytes: inv.expert_bytes,
-    };
-    Ok((id, inv))
+    Ok((ModelIdentity::of(path, &inv)?, inv))
 }
 
 /// Loads `path` resident, or with its experts served through the Plan.
@@ -256,13 +248,17 @@ fn load(path: &Path, inv: &Inventory, stream: &Option<PlanOptions>) -> Result<Mo
         None => None,
         Some(o) => Some(Box::new(PlanSource::new(path, inv, o.clone())?) as Box<dyn ExpertSource>),
     };
-    let served = source.is_some();
-    let model = Model::load_with(path, source)?;
-    if served {
-        // The non-expert tensors were read through the page cache; they are copied now.
-        crate::util::drop_file_cache(path)?;
-    }
-    Ok(model)
+    load_model(path, source)
+}
+
+/// Teacher-forces `prompt` + `out` (all but its last token) from position 0: row j of the
+/// result (n_vocab floats each) is the distribution that predicts `out[j]`.
+fn teacher_force(ctx: &mut Context, n_vocab: usize, prompt: &[i32], out: &[i32]) -> Result<Vec<f32>> {
+    ctx.trim(0)?;
+    let seq: Vec<i32> = prompt.iter().chain(&out[..out.len() - 1]).copied().collect();
+    let mut rows = Vec::with_capacity(seq.len() * n_vocab);
+    ctx.decode(&seq, true, &mut rows)?;
+    Ok(rows.split_off((prompt.len() - 1) * n_vocab))
 }
 
 #[derive(Debug, Serialize)]

@@ -39,14 +39,9 @@ pub fn score(path: &Path, inv: &Inventory, seqs: &[(&[i32], &[i32])], exec: Exec
             per_prompt.push(f64::NAN);
             continue;
         }
-        ctx.trim(0)?;
-        let seq: Vec<i32> = prompt.iter().chain(&out[..out.len() - 1]).copied().collect();
-        let mut rows = Vec::with_capacity(seq.len() * n_vocab);
-        ctx.decode(&seq, true, &mut rows)?;
+        let rows = super::teacher_force(&mut ctx, n_vocab, prompt, out)?;
         let mut s = 0.0;
-        for (j, &t) in out.iter().enumerate() {
-            let i = prompt.len() + j - 1;
-            let row = &rows[i * n_vocab..(i + 1) * n_vocab];
+        for (&t, row) in out.iter().zip(rows.chunks_exact(n_vocab)) {
             s += logprob(row, t as usize);
             agree += usize::from(argmax(row) == t as usize);
         }
