@@ -10,6 +10,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 pub trait ExpertSource: Send {
     /// Slots per MoE layer.
     fn n_slots(&self) -> u32;
+    /// Distinct experts one pass serves in every layer (1..=n_slots): the engine builds
+    /// ceil(distinct / n_per_pass) passes, so no group the source forms goes unserved.
+    fn n_per_pass(&self) -> u32 {
+        self.n_slots()
+    }
     /// Memory for the pool of expert tensor `name` of `layer`: `n_slots` slots of `slot_bytes`,
     /// 32-byte aligned at least, valid and unmoved until the model is dropped.
     fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32) -> Result<*mut u8>;
@@ -34,12 +39,14 @@ pub(super) struct Bridge {
 impl Bridge {
     pub fn new(source: Box<dyn ExpertSource>) -> Box<Bridge> {
         let n_slots = source.n_slots();
+        let n_per_pass = source.n_per_pass();
         let mut b = Box::new(Bridge {
             source,
             error: None,
             c: sys::llama_expert_source {
                 user: std::ptr::null_mut(),
                 n_slots,
+                n_per_pass,
                 pool: Some(pool_cb),
                 acquire: Some(acquire_cb),
                 release: Some(release_cb),

@@ -154,6 +154,12 @@ impl ExpertSource for PlanSource {
         self.n_slots
     }
 
+    /// Pinned slots serve their experts in every pass, so a pass groups only the unpinned
+    /// capacity; the layer with the least of it sets the engine's pass count.
+    fn n_per_pass(&self) -> u32 {
+        self.plan.manifest().layers.iter().map(|l| l.capacity()).min().unwrap_or(self.n_slots).max(1)
+    }
+
     fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32) -> Result<*mut u8> {
         Ok(self.plan.pool(layer, role_of(name)?, slot_bytes as u64, n_slots)?)
     }
