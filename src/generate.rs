@@ -179,6 +179,11 @@ pub fn run_with(
     let k = ctx.route_k().unwrap_or(0);
     drop(ctx);
     let source_report = model.with_source(|s| s.finish());
+    // A source that cannot close clean (or show its service complete) fails the run on record.
+    let decoded = match (decoded, &source_report) {
+        (Ok(()), Some(Err(f))) => Err(anyhow::anyhow!("the expert source did not close: {f:#}")),
+        (d, _) => d,
+    };
     if let Err(e) = decoded {
         // Fail closed, and keep the evidence: nothing of the failed step is accepted, and the
         // record says what failed and how the source closed.

@@ -6,8 +6,8 @@ mod common;
 
 use anyhow::{bail, ensure, Result};
 use common::*;
-use sovereign::engine::{ExecParams, ExpertSource};
-use sovereign::generate::{self, GenerateSpec};
+use sovereign::engine::ExpertSource;
+use sovereign::generate;
 use sovereign::inventory::{Extent, Inventory};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::HashMap;
@@ -121,21 +121,10 @@ impl Drop for RereadSource {
     }
 }
 
-fn spec(model: &Path, record: &Path, prompt: &str, n: u32) -> GenerateSpec {
-    GenerateSpec {
-        model: model.to_path_buf(),
-        prompt: prompt.as_bytes().to_vec(),
-        n_predict: n,
-        exec: ExecParams { n_ctx: 512, n_batch: 512, n_ubatch: 512, threads: 2, flash_attn: false },
-        ignore_eos: false,
-        record: record.to_path_buf(),
-    }
-}
-
 fn with_source(model: &Path, record: &Path, prompt: &str, n: u32, slots: u32, fail_at: Option<u64>) -> Result<u64> {
     let acquires = Arc::new(AtomicU64::new(0));
     let a = acquires.clone();
-    generate::run_with(&spec(model, record, prompt, n), move |inv| {
+    generate::run_with(&generate_spec(model, record, prompt, n), move |inv| {
         Ok(Some(Box::new(RereadSource::new(model, inv, slots, a, fail_at)) as Box<dyn ExpertSource>))
     })?;
     Ok(acquires.load(Ordering::SeqCst))
@@ -148,7 +137,7 @@ fn served_experts_are_bitwise_identical_to_resident() {
     let dir = tempfile::tempdir().unwrap();
     let m = forge(dir.path(), "m.gguf", 21, &[]);
     let resident = dir.path().join("resident");
-    generate::run(&spec(&m, &resident, PROMPT, 24)).unwrap();
+    generate::run(&generate_spec(&m, &resident, PROMPT, 24)).unwrap();
     // tiny: 16 experts, top-4. 16 slots: one pass; 4 slots: four passes per prefill layer and
     // one per decode step; 3 slots: even decode needs two passes.
     for slots in [16, 4, 3] {
@@ -168,7 +157,7 @@ fn quantized_experts_are_bitwise_identical_to_resident() {
         let q = dir.path().join(format!("{ty}.gguf"));
         ok(&["model", "quantize", "--type", ty, m.to_str().unwrap(), q.to_str().unwrap()]);
         let resident = dir.path().join(format!("{ty}-resident"));
-        generate::run(&spec(&q, &resident, PROMPT, 16)).unwrap();
+        generate::run(&generate_spec(&q, &resident, PROMPT, 16)).unwrap();
         let rec = dir.path().join(format!("{ty}-served"));
         with_source(&q, &rec, PROMPT, 16, 5, None).unwrap();
         let r = run(&["compare", resident.to_str().unwrap(), rec.to_str().unwrap()]);
@@ -181,11 +170,11 @@ fn serving_the_wrong_expert_is_caught() {
     let dir = tempfile::tempdir().unwrap();
     let m = forge(dir.path(), "m.gguf", 24, &[]);
     let resident = dir.path().join("resident");
-    generate::run(&spec(&m, &resident, PROMPT, 8)).unwrap();
+    generate::run(&generate_spec(&m, &resident, PROMPT, 8)).unwrap();
     let rec = dir.path().join("wrong");
     let acquires = Arc::new(AtomicU64::new(0));
     let model = m.clone();
-    generate::run_with(&spec(&m, &rec, PROMPT, 8), move |inv| {
+    generate::run_with(&generate_spec(&m, &rec, PROMPT, 8), move |inv| {
         let mut s = RereadSource::new(&model, inv, 4, acquires, None);
         s.wrong_object = true;
         Ok(Some(Box::new(s) as Box<dyn ExpertSource>))

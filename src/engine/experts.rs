@@ -23,6 +23,12 @@ pub trait ExpertSource: Send {
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()>;
     /// The slots of (layer, pass) are no longer read.
     fn release(&mut self, layer: u32, pass: u32) -> Result<()>;
+    /// A decode returned (`ok`) or failed: the events it started are over. An error fails
+    /// that decode closed.
+    fn decoded(&mut self, ok: bool) -> Result<()> {
+        let _ = ok;
+        Ok(())
+    }
     /// What this source is, for records (`plan zero, 4 slots, source P`).
     fn describe(&self) -> serde_json::Value;
     /// Closes the source after the run and reports its telemetry and closure.

@@ -179,8 +179,8 @@ impl Model {
 
     /// Access to the expert source between decodes.
     pub fn with_source<R>(&self, f: impl FnOnce(&mut dyn ExpertSource) -> R) -> Option<R> {
-        // SAFETY: callbacks only run inside llama.cpp calls, which need a &mut Context that
-        // cannot be alive while this closure borrows the model.
+        // SAFETY: callbacks only run inside llama.cpp calls (decode, load), and none is in
+        // progress while this closure runs: the caller is between them on the same thread.
         self.bridge.map(|b| f(unsafe { &mut *(*b.as_ptr()).source }))
     }
 
@@ -333,11 +333,16 @@ impl<'m> Context<'m> {
                 sys::llama_batch_free(b);
                 rc
             };
+            // The source checks that the decode's events were served completely.
+            let closed = self.model.with_source(|s| s.decoded(rc == 0)).unwrap_or(Ok(()));
             if rc != 0 {
                 match self.model.expert_error() {
                     Some(e) => bail!("llama_decode failed closed (status {rc}): expert source: {e}"),
                     None => bail!("llama_decode failed with status {rc}: {}", last_log()),
                 }
+            }
+            if let Err(e) = closed {
+                bail!("llama_decode failed closed: expert source: {e:#}");
             }
             self.n_past += n;
             if all_logits {

@@ -1,6 +1,7 @@
 //! The Plan as the engine's expert source: pools, acquire and release through the patched
 //! llama.cpp boundary, with the source chosen at run time (P, D or F).
 
+use super::coverage::Coverage;
 use super::{Manifest, Plan, PolicySpec, Role};
 use crate::engine::ExpertSource;
 use crate::inventory::Inventory;
@@ -52,6 +53,8 @@ pub struct PlanSource {
     /// Evidence of the ownership-level cells, for their validators.
     fault_log: Vec<String>,
     fault_fired: u64,
+    /// Selections demanded and served per layer: every one exactly once, or the run fails.
+    coverage: Coverage,
 }
 
 impl PlanSource {
@@ -73,8 +76,10 @@ impl PlanSource {
             }
         };
         let source = FaultySource::wrap(source, options.fault);
+        let coverage = Coverage::new(manifest.layers.iter().map(|l| l.layer));
         let plan = Plan::new(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
         Ok(PlanSource {
+            coverage,
             plan,
             options,
             n_slots,
@@ -165,12 +170,14 @@ impl ExpertSource for PlanSource {
     }
 
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
+        self.coverage.begin(layer, pass, ids).map_err(|e| anyhow!(e))?;
         self.before_acquire(layer)?;
         let t = Instant::now();
         let r = self.plan.acquire(layer, pass, ids, slots);
         self.wait += t.elapsed();
         self.acquire_calls += 1;
         r?;
+        self.coverage.served(layer, pass, slots).map_err(|e| anyhow!(e))?;
         if slots.iter().any(|&s| s >= 0) {
             self.served.insert((layer, pass));
         }
@@ -189,6 +196,15 @@ impl ExpertSource for PlanSource {
             self.plan.release(layer, pass)?;
         }
         Ok(())
+    }
+
+    fn decoded(&mut self, ok: bool) -> Result<()> {
+        if ok {
+            self.coverage.close_all().map_err(|e| anyhow!(e))
+        } else {
+            self.coverage.abandon();
+            Ok(())
+        }
     }
 
     fn describe(&self) -> serde_json::Value {
@@ -220,7 +236,11 @@ impl ExpertSource for PlanSource {
             self.plan.release(layer, 0)?;
             self.fault_fired += 1;
         }
+        // Every decode reports its end, so no event should be open here; one that is must be
+        // shown complete now, or the run fails.
+        let open = if self.coverage.open_events() > 0 { self.coverage.close_all() } else { Ok(()) };
         let closure = self.plan.shutdown().map_err(|e| anyhow!("{e}"))?;
+        open.map_err(|e| anyhow!("{e}"))?;
         let tel = self.plan.telemetry();
         let m = self.plan.manifest();
         let windows = self.plan.window_states().len() as u64;
@@ -237,6 +257,7 @@ impl ExpertSource for PlanSource {
             "telemetry": tel,
             "closure": closure,
             "clean_closure": closure.is_clean(),
+            "selections": self.coverage.report(),
             "exposed_source_wait_s": self.wait.as_secs_f64(),
             "acquire_calls": self.acquire_calls,
             "uring_registered_buffers": self.uring_registered,

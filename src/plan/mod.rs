@@ -15,6 +15,7 @@
 //! Release and shutdown still work on a failed Plan, so that consumers balance and the source
 //! drains; a failed Plan's interrupted windows are left as they were and reported.
 
+mod coverage;
 pub mod engine;
 mod lifecycle;
 mod manifest;
@@ -22,6 +23,7 @@ mod policy;
 mod table;
 mod telemetry;
 
+pub use coverage::{Coverage, CoverageReport, LayerCoverage};
 pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
 pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};

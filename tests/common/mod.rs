@@ -58,6 +58,18 @@ pub fn generate(model: &Path, prompt: &str, n: u32, record: &Path, extra: &[&str
     run(&args)
 }
 
+/// A library run's spec: 2 threads, batch 512, context 512.
+pub fn generate_spec(model: &Path, record: &Path, prompt: &str, n: u32) -> sovereign::generate::GenerateSpec {
+    sovereign::generate::GenerateSpec {
+        model: model.to_path_buf(),
+        prompt: prompt.as_bytes().to_vec(),
+        n_predict: n,
+        exec: sovereign::engine::ExecParams { n_ctx: 512, n_batch: 512, n_ubatch: 512, threads: 2, flash_attn: false },
+        ignore_eos: false,
+        record: record.to_path_buf(),
+    }
+}
+
 /// A bad-input run: exit code 2, one line on stderr, no panic, naming what it should.
 pub fn assert_one_line_error(r: &Run, needles: &[&str]) {
     assert_eq!(r.code, 2, "expected exit 2, got {}: {}{}", r.code, r.stdout, r.stderr);
@@ -69,13 +81,27 @@ pub fn assert_one_line_error(r: &Run, needles: &[&str]) {
     }
 }
 
-/// Whether memory cgroups can be made here; prints why not (tests then skip, visibly).
+/// A test that cannot run here: locally it says so and skips, visibly; in CI (`CI=true`) the
+/// missing prerequisite fails the test, so CI never passes by skipping.
+pub fn skip(test: &str, why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true")) {
+        panic!("{test}: CI=true and {why}");
+    }
+    eprintln!("SKIP {test}: {why}");
+}
+
+/// Whether memory cgroups can be made here; where not, [`skip`] (fails under CI=true).
 pub fn cgroups_usable() -> bool {
     match sovereign::observe::cleanup_stale() {
         Ok(_) => true,
         Err(e) => {
-            println!("SKIP: no usable memory cgroup here: {e:#}");
+            skip(&test_name(), &format!("no usable memory cgroup here: {e:#}"));
             false
         }
     }
+}
+
+/// The running test's name (libtest names its threads after the tests).
+pub fn test_name() -> String {
+    std::thread::current().name().unwrap_or("test").to_string()
 }
