@@ -1,9 +1,11 @@
 //! `observe` against real cgroups on this machine. Every test that needs a memory controller
 //! and the right to create cgroups prints `SKIP: <reason>` and returns where they are missing;
-//! CI runs as root with a memory controller, so there they run and can fail.
+//! under `CI=true` a missing controller fails the test instead.
 //!
 //! The tests share one lock: they move hundreds of MiB through the page cache, and the stale
 //! cleanup test must not race the others' cleanup.
+
+mod common;
 
 use sovereign::observe::cgroup::{self, RunCgroup};
 use sovereign::observe::gpu::{self, GpuAudit};
@@ -27,7 +29,7 @@ fn cgroups(test: &str) -> Option<MutexGuard<'static, ()>> {
     match made {
         Ok(_probe) => Some(guard),
         Err(e) => {
-            eprintln!("SKIP {test}: needs a memory cgroup it may create: {e}");
+            common::skip(test, &format!("needs a memory cgroup it may create: {e}"));
             None
         }
     }
