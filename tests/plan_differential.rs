@@ -178,9 +178,10 @@ fn every_plan_configuration_is_exact_or_fails_closed() {
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &SEED));
     let fx = Fixture { dir: tempfile::tempdir().unwrap(), models: Default::default(), resident: Default::default() };
     let tally = Mutex::new((0usize, 0usize));
+    // Every run (shrinking included) gets its own record: records are write-once.
+    let runs = std::sync::atomic::AtomicUsize::new(0);
     let result = runner.run(&cases(), |c| {
-        let n = { let t = tally.lock().unwrap(); t.0 + t.1 };
-        let exact = check(&fx, &c, n)?;
+        let exact = check(&fx, &c, runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst))?;
         let mut t = tally.lock().unwrap();
         if exact { t.0 += 1 } else { t.1 += 1 }
         Ok(())
