@@ -122,6 +122,18 @@ pub struct Admission {
 /// conjuncts hold vacuously (said so in their value); with a declared allowance they need an
 /// observation.
 pub fn admission(host: &HostReport, gpu: &GpuAudit, auth: &AuthorityVector, gpu_declared: Option<u64>) -> Admission {
+    admission_with_budget(host, gpu, auth, gpu_declared, None)
+}
+
+/// The predicate with the device-margin conjunct of a `--gpu-budget`: the NVML-sampled device
+/// memory of the run's own processes stays below the budget. Not observed fails it.
+pub fn admission_with_budget(
+    host: &HostReport,
+    gpu: &GpuAudit,
+    auth: &AuthorityVector,
+    gpu_declared: Option<u64>,
+    gpu_budget: Option<u64>,
+) -> Admission {
     let mut c = Vec::new();
     let mut push = |name: &str, passed: bool, value: String| c.push(Conjunct { name: name.to_string(), passed, value });
 
@@ -174,6 +186,15 @@ pub fn admission(host: &HostReport, gpu: &GpuAudit, auth: &AuthorityVector, gpu_
             }
         }
     }
+    if let Some(b) = gpu_budget {
+        match gpu {
+            GpuAudit::Observed(o) => match o.run_used_peak {
+                Some(p) => push("device margin", p < b, format!("{} bytes below the {b}-byte budget (run's own, sampled)", diff(b, p))),
+                None => push("device margin", false, "NVML did not report the run's own device memory".to_string()),
+            },
+            GpuAudit::NotObserved { reason } => push("device margin", false, format!("not observed ({reason})")),
+        }
+    }
     let failed: Vec<String> = c.iter().filter(|x| !x.passed).map(|x| format!("{}: {}", x.name, x.value)).collect();
     Admission { admitted: failed.is_empty(), conjuncts: c, failed }
 }
@@ -209,6 +230,7 @@ mod tests {
             used_end: 0,
             used_peak_per_board: vec![used_peak],
             run_processes: vec![],
+            run_used_peak: Some(0),
             foreign: foreign
                 .into_iter()
                 .map(|pid| ForeignProcess { pid, board: 0, comm: None, cgroup: "/".into(), max_used: None, samples: 1 })
