@@ -39,7 +39,7 @@ enum Command {
         json: bool,
         /// Write the patched engine source tree this binary was built from as a tar file
         /// (what scripts/build-backend.sh builds a backend module from).
-        #[arg(long, value_name = "FILE.tar")]
+        #[arg(long, value_name = "FILE.tar[.gz]")]
         export_source: Option<PathBuf>,
     },
     /// Make or convert models.

@@ -99,7 +99,7 @@ pub fn loaded_libraries() -> Vec<LoadedLibrary> {
         .filter_map(|l| l.split_whitespace().nth(5))
         .filter(|p| {
             let n = p.rsplit('/').next().unwrap_or("");
-            n.starts_with("libllama") || n.starts_with("libggml")
+            n.starts_with("libllama") || n.starts_with("libggml") || n.starts_with("libcudart") || n.starts_with("libcublas")
         })
         .collect();
     paths.sort();
@@ -175,7 +175,8 @@ pub fn cpu_features() -> Vec<String> {
     }
 }
 
-/// Writes the patched source tree of this build (its `src/` as `llama.cpp/`) as a tar file.
+/// Writes the patched source tree of this build (its `src/` as `llama.cpp/`) as a tar file,
+/// compressed as its suffix says (`.tar.gz`, `.tar.xz`).
 pub fn export_source(to: &Path) -> anyhow::Result<()> {
     let src = Path::new(env!("SOVEREIGN_ENGINE_SRCDIR"));
     if !src.join("CMakeLists.txt").is_file() {
@@ -185,7 +186,7 @@ pub fn export_source(to: &Path) -> anyhow::Result<()> {
     let st = std::process::Command::new("tar")
         .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "--exclude=.git"])
         .arg("--transform=s,^src,llama.cpp,")
-        .arg("-cf")
+        .arg("-caf")
         .arg(to)
         .arg("-C")
         .arg(parent)
