@@ -89,7 +89,7 @@ faults() {
     local bad=0
     gen fault-none --model "$W/q8_0.gguf" --experts plan --source f --slots 8 || { echo "control failed"; return 1; }
     local ref=$(logits fault-none)
-    for cell in short-read eio out-of-order stale-completion wrong-object held-consumer reset-outstanding shutdown-live-consumer partial-bundle; do
+    for cell in short_read eio out_of_order stale_completion wrong_object held_consumer reset_outstanding shutdown_live_consumer partial_bundle; do
         gen "fault-$cell" --model "$W/q8_0.gguf" --experts plan --source f --slots 8 --fault $cell
         local rc=$?
         local v=$(python3 - "$W/fault-$cell.rec/record.json" "$ref" <<'PY'

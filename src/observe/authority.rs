@@ -293,4 +293,28 @@ mod tests {
         let adm = admission(&free, &g, &a, None);
         assert_eq!(adm.failed, vec!["host margin: no hard host limit (accounting-only run)"]);
     }
+
+    /// `--gpu-budget`: the run's own sampled device memory must stay below it; a board-wide
+    /// number never stands in for it, and not observed fails.
+    #[test]
+    fn device_margin_is_the_runs_own_usage_below_the_budget() {
+        let d = host(Some(11 * GIB), 9 * GIB, 0);
+        let own = |peak: Option<u64>| match board(20 * GIB, vec![]) {
+            GpuAudit::Observed(mut o) => {
+                o.run_used_peak = peak;
+                GpuAudit::Observed(o)
+            }
+            g => g,
+        };
+        let check = |g: &GpuAudit, budget| admission_with_budget(&d, g, &authority(&d, g, None), None, budget);
+        assert!(check(&own(Some(3 * GIB)), Some(4 * GIB)).admitted);
+        // The board's 20 GiB is foreign to the run: only the run's own 3 GiB counts.
+        let adm = check(&own(Some(4 * GIB)), Some(4 * GIB));
+        assert_eq!(adm.failed, vec![format!("device margin: 0 bytes below the {}-byte budget (run's own, sampled)", 4 * GIB)]);
+        assert_eq!(check(&own(None), Some(4 * GIB)).failed, vec!["device margin: NVML did not report the run's own device memory"]);
+        let none = GpuAudit::NotObserved { reason: "NVML unavailable: x".into() };
+        assert_eq!(check(&none, Some(GIB)).failed, vec!["device margin: not observed (NVML unavailable: x)"]);
+        // Without a budget there is no such conjunct.
+        assert!(check(&own(Some(30 * GIB)), None).conjuncts.iter().all(|c| c.name != "device margin"));
+    }
 }
