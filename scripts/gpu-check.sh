@@ -34,6 +34,7 @@ step() {
 }
 S() { "$BIN" "$@"; }
 if [ "$mode" = gpu ]; then GL=all; else GL=0; fi
+TH=${THREADS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}
 PROMPT="The quick brown fox jumps over the lazy dog, and then"
 
 build_cuda() {
@@ -53,7 +54,7 @@ forge() {
     for t in f16 q8_0 q4_k_m; do S model quantize --type $t "$W/f32.gguf" "$W/$t.gguf" || return 1; done
     # Bench model: experts well over the device budget on the GPU; small for the dry run.
     if [ "$mode" = gpu ]; then
-        S model forge --preset small --seed 2 --layers 8 --experts 128 --out "$W/bench.gguf"
+        S model forge --preset small --seed 2 --layers 24 --experts 128 --out "$W/bench.gguf"
     else
         S model forge --preset small --seed 2 --layers 4 --experts 32 --out "$W/bench.gguf"
     fi
@@ -61,7 +62,7 @@ forge() {
 # gen NAME ARGS...: one generate run, its JSON summary in $W/NAME.json, record in $W/NAME.rec
 gen() {
     local n=$1; shift
-    S generate --prompt "$PROMPT" --n-predict 16 --gpu-layers $GL --record "$W/$n.rec" --json "$@" > "$W/$n.json" 2> "$W/$n.err"
+    S generate --prompt "$PROMPT" --n-predict 16 --threads $TH --gpu-layers $GL --record "$W/$n.rec" --json "$@" > "$W/$n.json" 2> "$W/$n.err"
 }
 logits() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['surfaces']['logits']['sha256'])" "$W/$1.rec/record.json" 2>/dev/null || echo "-"; }
 matrix() {
@@ -133,7 +134,7 @@ bench() {
     for a in "${arms[@]}"; do
         local n=${a%%|*} args=${a#*|}
         local _a0=$(date +%s.%N)
-        S generate --prompt "$PROMPT" --gpu-layers $GL $m $args --record "$W/bench-$n.rec" --json > "$W/bench-$n.json" 2> "$W/bench-$n.err"
+        S generate --prompt "$PROMPT" --threads $TH --gpu-layers $GL $m $args --record "$W/bench-$n.rec" --json > "$W/bench-$n.json" 2> "$W/bench-$n.err"
         echo "$n exit $? wall $(python3 -c "print(f'{$(date +%s.%N)-$_a0:.2f}')")" | tee "$W/bench-$n.wall"
     done
     python3 "$root/scripts/gpu_check_table.py" "$W" "${arms[@]%%|*}"
