@@ -3,7 +3,8 @@
 //! 1. find the pinned package that cargo downloaded and checksum-verified (fetching it if needed);
 //! 2. copy its `llama.cpp/` tree into a cache directory keyed by pin + patch digests + CMake
 //!    options, and refuse it unless its tree digest equals `vendor/llama.cpp.pin`;
-//! 3. apply `patches/*.patch` in name order, build static CPU libraries with CMake;
+//! 3. apply `patches/*.patch` in name order, build shared engine libraries and the CPU backend
+//!    as a loadable module (`GGML_BACKEND_DL`) with CMake;
 //! 4. generate bindings with bindgen and export the build identity to the crate.
 
 #[path = "src/engine/pin.rs"]
@@ -17,7 +18,10 @@ use std::process::Command;
 
 /// CMake options of the engine build. Part of the cache key and of `build-info`.
 const CMAKE_OPTIONS: &[(&str, &str)] = &[
-    ("BUILD_SHARED_LIBS", "OFF"),
+    // Shared engine libraries with loadable backends: the same harness binary drives the CPU
+    // module built here and a CUDA module built elsewhere against the same ggml-base.
+    ("BUILD_SHARED_LIBS", "ON"),
+    ("GGML_BACKEND_DL", "ON"),
     ("LLAMA_BUILD_COMMON", "OFF"),
     ("LLAMA_BUILD_APP", "OFF"),
     ("LLAMA_BUILD_TESTS", "OFF"),
@@ -92,12 +96,15 @@ fn run() -> Result<(), String> {
     for lib in ["lib", "lib64"] {
         println!("cargo:rustc-link-search=native={}", install.join(lib).display());
     }
-    for lib in ["llama", "ggml", "ggml-cpu", "ggml-base"] {
-        println!("cargo:rustc-link-lib=static={lib}");
-    }
-    for lib in ["stdc++", "gomp", "m", "pthread", "dl"] {
+    for lib in ["llama", "ggml", "ggml-base"] {
         println!("cargo:rustc-link-lib=dylib={lib}");
     }
+    // Carried next to the binary (`$ORIGIN/lib`) on another machine, else the cached build here.
+    let libdir = install.join("lib");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/lib:{}", libdir.display());
+    println!("cargo:rustc-env=SOVEREIGN_ENGINE_LIBDIR={}", libdir.display());
+    println!("cargo:rustc-env=SOVEREIGN_ENGINE_MODDIR={}", install.join("bin").display());
+    println!("cargo:rustc-env=SOVEREIGN_ENGINE_SRCDIR={}", cache.join("src").display());
 
     let patch_ids: Vec<String> = patches.iter().map(|(n, d, _)| format!("{n}={d}")).collect();
     let opts: Vec<String> = CMAKE_OPTIONS.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -246,7 +253,7 @@ fn bindings(include: &Path, out_dir: &Path) -> Result<(), String> {
     let b = bindgen::Builder::default()
         .header_contents(
             "sovereign_engine.h",
-            "#include <llama.h>\n#include <gguf.h>\n#include <ggml-cpu.h>\n#include <ggml-backend.h>\n",
+            "#include <llama.h>\n#include <gguf.h>\n#include <ggml-backend.h>\n",
         )
         .clang_arg(format!("-I{}", include.display()))
         .allowlist_function("(llama|ggml|gguf)_.*")

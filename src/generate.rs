@@ -110,6 +110,21 @@ fn f32_bytes(rows: &[f32]) -> Vec<u8> {
     rows.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+/// Before decoding, with every buffer of the run allocated (weights, slot pools, KV cache,
+/// compute buffers): the device memory of this process, refused over `--gpu-budget`.
+fn device_check() -> Result<serde_json::Value> {
+    let budget = crate::engine::placement().gpu_budget;
+    Ok(match crate::observe::gpu::own_usage() {
+        Ok(used) => {
+            if let Some(b) = budget.filter(|&b| used >= b) {
+                bail!("--gpu-budget {b}: the run's device buffers take {used} bytes before decoding (NVML, this process); refused");
+            }
+            serde_json::json!({ "observed": true, "own_bytes": used, "budget": budget })
+        }
+        Err(why) => serde_json::json!({ "observed": false, "reason": why, "budget": budget }),
+    })
+}
+
 pub fn run(spec: &GenerateSpec) -> Result<Summary> {
     run_with(spec, |_| Ok(None))
 }
@@ -141,13 +156,16 @@ pub fn run_with(
         bail!("prompt ({} tokens) + --n-predict {} exceeds the context of {}", prompt.len(), spec.n_predict, spec.exec.n_ctx);
     }
     let mut ctx = Context::new(&model, spec.exec, true)?;
-    let params = serde_json::to_value(Params {
+    let device = device_check()?;
+    let mut params = serde_json::to_value(Params {
         n_predict: spec.n_predict,
         ignore_eos: spec.ignore_eos,
         experts,
         sampling: "greedy (first maximum)",
         exec: spec.exec,
     })?;
+    params["placement"] = crate::engine::placement_report();
+    params["placement"]["device_before_decode"] = device;
 
     let mut logits: Vec<f32> = Vec::with_capacity(need * n_vocab);
     let mut generated: Vec<i32> = Vec::with_capacity(spec.n_predict as usize);

@@ -12,8 +12,13 @@ pub struct BuildIdentity {
     /// SHA-256 of the running executable.
     pub binary_sha256: String,
     /// CPU features the engine's kernels were compiled for.
-    pub cpu_features: Vec<&'static str>,
+    pub cpu_features: Vec<String>,
     pub target: &'static str,
+    /// Engine libraries and backend modules mapped into the process, by SHA-256.
+    pub libraries: Vec<engine::backends::LoadedLibrary>,
+    /// Devices of the loaded backends (ggml registry), with NVML's view of GPU boards.
+    pub devices: Vec<engine::backends::Device>,
+    pub gpu: crate::observe::gpu::DeviceInfo,
 }
 
 pub fn build_identity() -> Result<BuildIdentity> {
@@ -31,5 +36,8 @@ pub fn build_identity() -> Result<BuildIdentity> {
         binary_sha256,
         cpu_features: engine::cpu_features(),
         target: std::env::consts::ARCH,
+        libraries: engine::backends::loaded_libraries(),
+        devices: engine::backends::devices(),
+        gpu: crate::observe::gpu::device_info(),
     })
 }

@@ -25,6 +25,10 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Directory of extra ggml backend modules (libggml-*.so, e.g. libggml-cuda.so) to load;
+    /// also SOVEREIGN_BACKEND_DIR.
+    #[arg(long, global = true)]
+    backend_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -33,6 +37,10 @@ enum Command {
     BuildInfo {
         #[arg(long)]
         json: bool,
+        /// Write the patched engine source tree this binary was built from as a tar file
+        /// (what scripts/build-backend.sh builds a backend module from).
+        #[arg(long, value_name = "FILE.tar[.gz]")]
+        export_source: Option<PathBuf>,
     },
     /// Make or convert models.
     #[command(subcommand)]
@@ -263,6 +271,8 @@ enum ModelCommand {
 enum Experts {
     Resident,
     Plan,
+    /// Resident, with the expert tensors kept in host memory by buffer override (`--cpu-moe`).
+    Host,
 }
 
 /// How the Plan serves experts from storage.
@@ -337,6 +347,10 @@ struct ContainArgs {
     /// Declared GPU allowance (bytes or K/M/G), audited against whole-board use.
     #[arg(long, value_parser = parse_bytes)]
     gpu_declared: Option<u64>,
+    /// Device bound of the run (bytes or K/M/G): its device buffers must fit before decoding
+    /// (refused otherwise) and its NVML-sampled own usage must stay below it.
+    #[arg(long, value_parser = parse_bytes)]
+    gpu_budget: Option<u64>,
     /// Sampling period of the cgroup, /proc and NVML observers, in milliseconds.
     #[arg(long, default_value_t = 50)]
     sample_ms: u64,
@@ -355,6 +369,7 @@ impl ContainArgs {
         sovereign::observe::ContainSpec {
             memory_max: self.memory_max,
             gpu_declared: self.gpu_declared,
+            gpu_budget: self.gpu_budget,
             sample_interval: std::time::Duration::from_millis(self.sample_ms.max(1)),
         }
     }
@@ -395,7 +410,7 @@ struct GenerateArgs {
     #[arg(long)]
     ignore_eos: bool,
     /// `resident`: llama.cpp loads every expert (stock path). `plan`: experts are served from
-    /// storage through a bounded slot pool.
+    /// storage through a bounded slot pool. `host`: resident, expert tensors in host memory.
     #[arg(long, value_enum, default_value_t = Experts::Resident)]
     experts: Experts,
     #[command(flatten)]
@@ -404,6 +419,10 @@ struct GenerateArgs {
     /// recoverable ones must stay exact against the no-fault control.
     #[arg(long, value_enum, default_value_t = FaultCell::None)]
     fault: FaultCell,
+    /// Layers llama.cpp offloads to the GPU (`n_gpu_layers`; `all` for every layer). Without a
+    /// GPU device nothing is offloaded and the record says so.
+    #[arg(long, value_parser = parse_gpu_layers, default_value = "0")]
+    gpu_layers: i32,
     #[command(flatten)]
     contained: ContainArgs,
     /// Record directory (must not exist).
@@ -418,6 +437,10 @@ fn main() -> ExitCode {
     // SAFETY: setting a signal disposition before any threads start.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    if let Some(d) = &cli.backend_dir {
+        // Before any thread starts; child cells inherit it.
+        std::env::set_var(sovereign::engine::backends::BACKEND_DIR_ENV, d);
+    }
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -434,7 +457,12 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::BuildInfo { json } => {
+        Command::BuildInfo { json, export_source } => {
+            if let Some(to) = export_source {
+                sovereign::engine::backends::export_source(&to)?;
+                eprintln!("{}: engine source written", to.display());
+                return Ok(ExitCode::SUCCESS);
+            }
             let id = build_identity()?;
             if json {
                 print_json(&id)?;
@@ -449,6 +477,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("cmake      {}", e.cmake_options.join(" "));
                 println!("binary     {}", id.binary_sha256);
                 println!("cpu        {}", id.cpu_features.join(" "));
+                for l in &id.libraries {
+                    println!("library    {} {} {}", l.name, l.sha256, l.path);
+                }
+                for d in &id.devices {
+                    println!("device     {} {} ({}, {} MiB)", d.kind, d.name, d.description, d.memory_total >> 20);
+                }
+                println!("gpu        {}", serde_json::to_string(&id.gpu)?);
             }
         }
         Command::Model(ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, json }) => {
@@ -752,6 +787,14 @@ fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     num.trim().parse::<u64>().ok().and_then(|n| n.checked_mul(mul)).ok_or_else(|| format!("`{s}` is not a byte count"))
 }
 
+/// `--gpu-layers`: a layer count or `all` (llama's negative n_gpu_layers).
+fn parse_gpu_layers(s: &str) -> Result<i32, String> {
+    if s == "all" {
+        return Ok(-1);
+    }
+    s.parse::<u16>().map(i32::from).map_err(|_| format!("`{s}` is neither a layer count nor `all`"))
+}
+
 /// The same run as a child process writing its record to `record`.
 fn child_args(a: &GenerateArgs, record: &Path) -> Vec<std::ffi::OsString> {
     let mut v: Vec<std::ffi::OsString> = vec!["generate".into(), "--model".into(), a.model.clone().into()];
@@ -772,6 +815,16 @@ fn child_args(a: &GenerateArgs, record: &Path) -> Vec<std::ffi::OsString> {
         if on {
             v.push(flag.into());
         }
+    }
+    if a.gpu_layers != 0 {
+        let n = if a.gpu_layers < 0 { "all".to_string() } else { a.gpu_layers.to_string() };
+        v.extend(["--gpu-layers".into(), n.into()]);
+    }
+    if let Some(b) = a.contained.gpu_budget {
+        v.extend(["--gpu-budget".into(), b.to_string().into()]);
+    }
+    if a.experts == Experts::Host {
+        v.extend(["--experts".into(), "host".into()]);
     }
     if a.experts == Experts::Plan {
         v.extend(["--experts".into(), "plan".into()]);
@@ -799,6 +852,11 @@ fn generate_cmd(a: GenerateArgs) -> Result<ExitCode> {
     if a.batch < 1 {
         bail!("--batch must be at least 1");
     }
+    engine::set_placement(engine::Placement {
+        gpu_layers: a.gpu_layers,
+        experts_host: a.experts == Experts::Host,
+        gpu_budget: a.contained.gpu_budget,
+    })?;
     if a.contained.enabled() {
         return generate_contained(&a);
     }

@@ -3,6 +3,7 @@
 //! Only this room calls into llama.cpp. It loads models, tokenizes, decodes, hands out logits
 //! rows, captures routes through the eval callback, and quantizes.
 
+pub mod backends;
 mod experts;
 pub mod pin;
 mod routes;
@@ -16,7 +17,7 @@ use serde::Serialize;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::{Mutex, Once};
+use std::sync::{Mutex, Once, OnceLock};
 
 #[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
 pub mod sys {
@@ -59,23 +60,10 @@ pub fn identity() -> EngineIdentity {
     }
 }
 
-/// CPU features the ggml CPU backend was compiled to use.
-pub fn cpu_features() -> Vec<&'static str> {
-    let probes: &[(&str, unsafe extern "C" fn() -> i32)] = &[
-        ("sse3", sys::ggml_cpu_has_sse3),
-        ("ssse3", sys::ggml_cpu_has_ssse3),
-        ("avx", sys::ggml_cpu_has_avx),
-        ("avx2", sys::ggml_cpu_has_avx2),
-        ("f16c", sys::ggml_cpu_has_f16c),
-        ("fma", sys::ggml_cpu_has_fma),
-        ("bmi2", sys::ggml_cpu_has_bmi2),
-        ("avx512", sys::ggml_cpu_has_avx512),
-        ("avx512_vnni", sys::ggml_cpu_has_avx512_vnni),
-        ("avx512_bf16", sys::ggml_cpu_has_avx512_bf16),
-    ];
+/// CPU features the ggml CPU backend module reports.
+pub fn cpu_features() -> Vec<String> {
     init();
-    // SAFETY: argument-free queries of compile-time flags.
-    probes.iter().filter(|(_, f)| unsafe { f() } != 0).map(|(n, _)| *n).collect()
+    backends::cpu_features()
 }
 
 /// The engine's own block size and bytes per block of a ggml type (for cross-checks).
@@ -116,13 +104,75 @@ pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| unsafe {
         sys::llama_log_set(Some(log_callback), std::ptr::null_mut());
+        // Modules first, by exact path: llama_backend_init only searches when none is loaded.
+        if let Err(e) = backends::ensure_loaded() {
+            LOG.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+        }
         sys::llama_backend_init();
     });
+}
+
+/// Why the backend modules could not be loaded, if they could not.
+pub fn backend_error() -> Option<String> {
+    init();
+    backends::ensure_loaded().err()
 }
 
 fn cstring(p: &Path) -> Result<CString> {
     CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| anyhow!("{}: path contains NUL", p.display()))
 }
+
+/// Where llama.cpp puts a model's layers: `gpu_layers` is llama's `n_gpu_layers` (negative:
+/// all), `experts_host` keeps the MoE expert tensors in host memory by buffer-type override (as
+/// llama.cpp's `--cpu-moe` does). Process-wide: every run is its own process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Placement {
+    pub gpu_layers: i32,
+    pub experts_host: bool,
+    /// `--gpu-budget`: the device bytes the run may hold.
+    pub gpu_budget: Option<u64>,
+}
+
+static PLACEMENT: OnceLock<Placement> = OnceLock::new();
+
+/// Sets the placement of every model this process loads; once, before the first load.
+pub fn set_placement(p: Placement) -> Result<()> {
+    if PLACEMENT.set(p).is_err() && PLACEMENT.get() != Some(&p) {
+        bail!("the model placement was already set differently in this process");
+    }
+    Ok(())
+}
+
+pub fn placement() -> Placement {
+    PLACEMENT.get().copied().unwrap_or_default()
+}
+
+/// The placement as a record states it, with what it amounts to on this machine's devices.
+pub fn placement_report() -> serde_json::Value {
+    init();
+    let p = placement();
+    let gpus: Vec<String> =
+        backends::devices().into_iter().filter(|d| d.kind == "gpu" || d.kind == "igpu").map(|d| d.name).collect();
+    let effective = if p.gpu_layers == 0 {
+        "every layer on the CPU".to_string()
+    } else if gpus.is_empty() {
+        "no GPU device is loaded: nothing offloaded, every layer on the CPU".to_string()
+    } else if p.gpu_layers < 0 {
+        format!("all layers offloaded to {}", gpus.join(", "))
+    } else {
+        format!("{} layers offloaded to {}", p.gpu_layers, gpus.join(", "))
+    };
+    serde_json::json!({
+        "gpu_layers": if p.gpu_layers < 0 { serde_json::json!("all") } else { serde_json::json!(p.gpu_layers) },
+        "experts_host": p.experts_host,
+        "gpu_budget": p.gpu_budget,
+        "gpu_devices": gpus,
+        "effective": effective,
+    })
+}
+
+/// Expert tensors (`ffn_{up,down,gate,gate_up}_exps`) as llama.cpp's `--cpu-moe` names them.
+const EXPERTS_HOST_PATTERN: &CStr = c"\\.ffn_(up|down|gate|gate_up)_(ch|)exps";
 
 pub struct Model {
     ptr: NonNull<sys::llama_model>,
@@ -144,13 +194,28 @@ impl Model {
     /// source serves into slot pools; the file is read, not mapped, so expert bytes never enter
     /// the process through a mapping.
     pub fn load_with(path: &Path, source: Option<Box<dyn ExpertSource>>) -> Result<Model> {
-        init();
+        if let Some(e) = backend_error() {
+            bail!("engine backends: {e}");
+        }
         let c = cstring(path)?;
         let bridge = source.map(|s| NonNull::from(Box::leak(Bridge::new(s))));
         // SAFETY: default params are plain data; the path and the bridge outlive the call.
+        let place = placement();
+        // NULL-terminated; outlives the load call, which is the only reader.
+        let overrides = [
+            sys::llama_model_tensor_buft_override {
+                pattern: EXPERTS_HOST_PATTERN.as_ptr(),
+                // SAFETY: the host buffer type lives in ggml-base for the life of the process.
+                buft: unsafe { sys::ggml_backend_cpu_buffer_type() },
+            },
+            sys::llama_model_tensor_buft_override { pattern: std::ptr::null(), buft: std::ptr::null_mut() },
+        ];
         let ptr = unsafe {
             let mut p = sys::llama_model_default_params();
-            p.n_gpu_layers = 0;
+            p.n_gpu_layers = place.gpu_layers;
+            if place.experts_host {
+                p.tensor_buft_overrides = overrides.as_ptr();
+            }
             p.use_extra_bufts = false;
             p.load_mode = sys::llama_load_mode_LLAMA_LOAD_MODE_MMAP;
             if let Some(b) = bridge {

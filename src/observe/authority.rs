@@ -122,6 +122,18 @@ pub struct Admission {
 /// conjuncts hold vacuously (said so in their value); with a declared allowance they need an
 /// observation.
 pub fn admission(host: &HostReport, gpu: &GpuAudit, auth: &AuthorityVector, gpu_declared: Option<u64>) -> Admission {
+    admission_with_budget(host, gpu, auth, gpu_declared, None)
+}
+
+/// The predicate with the device-margin conjunct of a `--gpu-budget`: the NVML-sampled device
+/// memory of the run's own processes stays below the budget. Not observed fails it.
+pub fn admission_with_budget(
+    host: &HostReport,
+    gpu: &GpuAudit,
+    auth: &AuthorityVector,
+    gpu_declared: Option<u64>,
+    gpu_budget: Option<u64>,
+) -> Admission {
     let mut c = Vec::new();
     let mut push = |name: &str, passed: bool, value: String| c.push(Conjunct { name: name.to_string(), passed, value });
 
@@ -174,6 +186,15 @@ pub fn admission(host: &HostReport, gpu: &GpuAudit, auth: &AuthorityVector, gpu_
             }
         }
     }
+    if let Some(b) = gpu_budget {
+        match gpu {
+            GpuAudit::Observed(o) => match o.run_used_peak {
+                Some(p) => push("device margin", p < b, format!("{} bytes below the {b}-byte budget (run's own, sampled)", diff(b, p))),
+                None => push("device margin", false, "NVML did not report the run's own device memory".to_string()),
+            },
+            GpuAudit::NotObserved { reason } => push("device margin", false, format!("not observed ({reason})")),
+        }
+    }
     let failed: Vec<String> = c.iter().filter(|x| !x.passed).map(|x| format!("{}: {}", x.name, x.value)).collect();
     Admission { admitted: failed.is_empty(), conjuncts: c, failed }
 }
@@ -209,6 +230,7 @@ mod tests {
             used_end: 0,
             used_peak_per_board: vec![used_peak],
             run_processes: vec![],
+            run_used_peak: Some(0),
             foreign: foreign
                 .into_iter()
                 .map(|pid| ForeignProcess { pid, board: 0, comm: None, cgroup: "/".into(), max_used: None, samples: 1 })
@@ -270,5 +292,29 @@ mod tests {
         assert_eq!(a.host.ceiling_margin, Some(16_667_594_752 - 9 * GIB as i64));
         let adm = admission(&free, &g, &a, None);
         assert_eq!(adm.failed, vec!["host margin: no hard host limit (accounting-only run)"]);
+    }
+
+    /// `--gpu-budget`: the run's own sampled device memory must stay below it; a board-wide
+    /// number never stands in for it, and not observed fails.
+    #[test]
+    fn device_margin_is_the_runs_own_usage_below_the_budget() {
+        let d = host(Some(11 * GIB), 9 * GIB, 0);
+        let own = |peak: Option<u64>| match board(20 * GIB, vec![]) {
+            GpuAudit::Observed(mut o) => {
+                o.run_used_peak = peak;
+                GpuAudit::Observed(o)
+            }
+            g => g,
+        };
+        let check = |g: &GpuAudit, budget| admission_with_budget(&d, g, &authority(&d, g, None), None, budget);
+        assert!(check(&own(Some(3 * GIB)), Some(4 * GIB)).admitted);
+        // The board's 20 GiB is foreign to the run: only the run's own 3 GiB counts.
+        let adm = check(&own(Some(4 * GIB)), Some(4 * GIB));
+        assert_eq!(adm.failed, vec![format!("device margin: 0 bytes below the {}-byte budget (run's own, sampled)", 4 * GIB)]);
+        assert_eq!(check(&own(None), Some(4 * GIB)).failed, vec!["device margin: NVML did not report the run's own device memory"]);
+        let none = GpuAudit::NotObserved { reason: "NVML unavailable: x".into() };
+        assert_eq!(check(&none, Some(GIB)).failed, vec!["device margin: not observed (NVML unavailable: x)"]);
+        // Without a budget there is no such conjunct.
+        assert!(check(&own(Some(30 * GIB)), None).conjuncts.iter().all(|c| c.name != "device margin"));
     }
 }

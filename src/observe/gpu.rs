@@ -50,6 +50,9 @@ pub struct GpuObservation {
     pub used_peak_per_board: Vec<u64>,
     /// Compute processes of the run seen on a board.
     pub run_processes: Vec<u32>,
+    /// Sampled maximum of the device memory NVML charges to the run's own processes (summed
+    /// over boards); None when NVML did not report it for some sample with a run process.
+    pub run_used_peak: Option<u64>,
     pub foreign: Vec<ForeignProcess>,
     pub foreign_max_concurrent: u32,
     pub sample_errors: u64,
@@ -94,6 +97,83 @@ pub fn probe() -> Option<String> {
     }
 }
 
+/// NVML with at least one board, or why not.
+fn open() -> Result<(Nvml, u32), String> {
+    let nvml = Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
+    match nvml.device_count() {
+        Ok(0) => Err("NVML reports zero devices".to_string()),
+        Ok(n) => Ok((nvml, n)),
+        Err(e) => Err(format!("NVML device count: {e}")),
+    }
+}
+
+/// The GPU boards as NVML describes them, for the build identity.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DeviceInfo {
+    NotObserved { reason: String },
+    Observed { driver: Option<String>, cuda_driver: Option<String>, boards: Vec<BoardInfo> },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BoardInfo {
+    pub index: u32,
+    pub name: Option<String>,
+    pub compute_capability: Option<String>,
+    pub memory_total: Option<u64>,
+}
+
+pub fn device_info() -> DeviceInfo {
+    let (nvml, count) = match open() {
+        Ok(x) => x,
+        Err(reason) => return DeviceInfo::NotObserved { reason },
+    };
+    let boards = (0..count)
+        .map(|i| {
+            let d = nvml.device_by_index(i).ok();
+            BoardInfo {
+                index: i,
+                name: d.as_ref().and_then(|d| d.name().ok()),
+                compute_capability: d
+                    .as_ref()
+                    .and_then(|d| d.cuda_compute_capability().ok())
+                    .map(|c| format!("{}.{}", c.major, c.minor)),
+                memory_total: d.as_ref().and_then(|d| d.memory_info().ok()).map(|m| m.total),
+            }
+        })
+        .collect();
+    DeviceInfo::Observed {
+        driver: nvml.sys_driver_version().ok(),
+        cuda_driver: nvml.sys_cuda_driver_version().ok().map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10)),
+        boards,
+    }
+}
+
+/// Device memory NVML charges to this process now, summed over boards; Err says why it is not
+/// observed (no NVML, no board, or NVML keeps no per-process number).
+pub fn own_usage() -> Result<u64, String> {
+    let (nvml, count) = open()?;
+    let me = std::process::id();
+    let (mut sum, mut seen) = (0u64, false);
+    for i in 0..count {
+        let dev = nvml.device_by_index(i).map_err(|e| format!("device {i}: {e}"))?;
+        let procs = dev.running_compute_processes().map_err(|e| format!("device {i} running_compute_processes: {e}"))?;
+        for p in procs.into_iter().filter(|p| p.pid == me) {
+            seen = true;
+            match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => sum += b,
+                UsedGpuMemory::Unavailable => return Err(format!("device {i}: NVML keeps no per-process memory")),
+            }
+        }
+    }
+    if !seen {
+        // Zero would be a claim; a process NVML does not list (no context, or another pid
+        // namespace) is not observed.
+        return Err(format!("pid {me} is not among NVML's compute processes"));
+    }
+    Ok(sum)
+}
+
 pub struct GpuSampler {
     stop: Sender<()>,
     handle: JoinHandle<GpuAudit>,
@@ -105,14 +185,9 @@ impl GpuSampler {
         let handle = std::thread::Builder::new()
             .name("observe-gpu".into())
             .spawn(move || {
-                let nvml = match Nvml::init() {
-                    Ok(n) => n,
-                    Err(e) => return GpuAudit::NotObserved { reason: format!("NVML unavailable: {e}") },
-                };
-                let count = match nvml.device_count() {
-                    Ok(0) => return GpuAudit::NotObserved { reason: "NVML reports zero devices".to_string() },
-                    Ok(n) => n,
-                    Err(e) => return GpuAudit::NotObserved { reason: format!("NVML device count: {e}") },
+                let (nvml, count) = match open() {
+                    Ok(x) => x,
+                    Err(reason) => return GpuAudit::NotObserved { reason },
                 };
                 let mut st = State::new(interval, membership);
                 loop {
@@ -160,6 +235,7 @@ impl State {
                 used_end: 0,
                 used_peak_per_board: Vec::new(),
                 run_processes: Vec::new(),
+                run_used_peak: Some(0),
                 foreign: Vec::new(),
                 foreign_max_concurrent: 0,
                 sample_errors: 0,
@@ -179,6 +255,7 @@ impl State {
     fn sample(&mut self, nvml: &Nvml, count: u32) {
         let mut used = Vec::with_capacity(count as usize);
         let mut foreign_now = 0u32;
+        let mut run_used = Some(0u64);
         for i in 0..count {
             let dev = match nvml.device_by_index(i) {
                 Ok(d) => d,
@@ -211,6 +288,7 @@ impl State {
                 match class {
                     Ok((true, _)) => {
                         self.run.insert(p.pid);
+                        run_used = run_used.zip(bytes).map(|(a, b)| a + b);
                     }
                     other => {
                         foreign_now += 1;
@@ -245,6 +323,7 @@ impl State {
         }
         self.obs.samples += 1;
         self.obs.used_peak = self.obs.used_peak.max(sum);
+        self.obs.run_used_peak = self.obs.run_used_peak.zip(run_used).map(|(a, b)| a.max(b));
         self.obs.used_end = sum;
         self.obs.foreign_max_concurrent = self.obs.foreign_max_concurrent.max(foreign_now);
     }

@@ -43,13 +43,15 @@ pub struct ContainSpec {
     pub memory_max: Option<u64>,
     /// Declared GPU allowance in bytes, audited against whole-board use.
     pub gpu_declared: Option<u64>,
+    /// Device bound of the run (`--gpu-budget`): the admission predicate's device margin.
+    pub gpu_budget: Option<u64>,
     /// Period of the cgroup, /proc and NVML samplers.
     pub sample_interval: Duration,
 }
 
 impl Default for ContainSpec {
     fn default() -> Self {
-        ContainSpec { memory_max: None, gpu_declared: None, sample_interval: Duration::from_millis(50) }
+        ContainSpec { memory_max: None, gpu_declared: None, gpu_budget: None, sample_interval: Duration::from_millis(50) }
     }
 }
 
@@ -370,6 +372,6 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
         final_read: child_io.is_some(),
     };
     let authority = authority::authority(&host, &gpu, spec.gpu_declared);
-    let admission = authority::admission(&host, &gpu, &authority, spec.gpu_declared);
+    let admission = authority::admission_with_budget(&host, &gpu, &authority, spec.gpu_declared, spec.gpu_budget);
     Ok(ContainedRun { status, wall_s, host, gpu, procs, authority, admission })
 }

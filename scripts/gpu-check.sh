@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The device check: CUDA backend module, build identity, exactness matrix, fault cells through
+# F, and the budget bench, all with the carried release binary. Every step is timed; a failing
+# step is reported and the next one runs. Everything goes to $OUT/gpu-check.log as well.
+#
+#   scripts/gpu-check.sh            on a GPU machine (needs .device/ from scripts/pack-device.sh)
+#   scripts/gpu-check.sh --cpu      dry run here: no CUDA build, --gpu-layers 0
+#
+# Env: SOVEREIGN (binary, default .device/sovereign), OUT (default .device/out), BACKEND_DIR
+# (skip the CUDA build and load the modules found there).
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+mode=gpu
+[ "${1:-}" = "--cpu" ] && mode=cpu
+BIN=${SOVEREIGN:-$root/.device/sovereign}
+OUT=${OUT:-$root/.device/out}
+mkdir -p "$OUT"
+W=$OUT/work
+rm -rf "$W"
+mkdir -p "$W"
+exec > >(tee -a "$OUT/gpu-check.log") 2>&1
+T0=$(date +%s)
+FAILED=()
+step() {
+    local name=$1; shift
+    local _t0=$(date +%s.%N)
+    echo "=== $name"
+    "$@"
+    local rc=$?
+    local s=$(python3 -c "print(f'{$(date +%s.%N)-$_t0:.1f}')")
+    echo "=== $name: rc=$rc ${s}s (total $(( $(date +%s) - T0 ))s)"
+    [ $rc -eq 0 ] || FAILED+=("$name")
+    return 0
+}
+S() { "$BIN" "$@"; }
+if [ "$mode" = gpu ]; then GL=all; else GL=0; fi
+TH=${THREADS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}
+PROMPT="The quick brown fox jumps over the lazy dog, and then"
+
+build_cuda() {
+    if [ -n "${BACKEND_DIR:-}" ]; then echo "using modules in $BACKEND_DIR"; return 0; fi
+    [ "$mode" = gpu ] || { echo "cpu dry run: no CUDA build"; return 0; }
+    "$root/scripts/build-backend.sh" cuda "$OUT/backend" && BACKEND_DIR=$OUT/backend
+}
+identity() {
+    [ -n "${BACKEND_DIR:-}" ] && export SOVEREIGN_BACKEND_DIR=$BACKEND_DIR
+    S build-info && S build-info --json > "$OUT/build-info.json"
+    if [ "$mode" = gpu ]; then
+        grep -q '"kind": "gpu"' "$OUT/build-info.json" || { echo "no GPU device in the ggml registry"; return 1; }
+    fi
+}
+forge() {
+    S model forge --preset tiny --seed 1 --out "$W/f32.gguf" || return 1
+    for t in f16 q8_0 q4_k_m; do S model quantize --type $t "$W/f32.gguf" "$W/$t.gguf" || return 1; done
+    # Bench model: experts well over the device budget on the GPU; small for the dry run.
+    if [ "$mode" = gpu ]; then
+        S model forge --preset small --seed 2 --layers 24 --experts 128 --out "$W/bench.gguf"
+    else
+        S model forge --preset small --seed 2 --layers 4 --experts 32 --out "$W/bench.gguf"
+    fi
+}
+# gen NAME ARGS...: one generate run, its JSON summary in $W/NAME.json, record in $W/NAME.rec
+gen() {
+    local n=$1; shift
+    S generate --prompt "$PROMPT" --n-predict 16 --threads $TH --gpu-layers $GL --record "$W/$n.rec" --json "$@" > "$W/$n.json" 2> "$W/$n.err"
+}
+logits() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['surfaces']['logits']['sha256'])" "$W/$1.rec/record.json" 2>/dev/null || echo "-"; }
+matrix() {
+    local bad=0 n=0
+    for t in f32 f16 q8_0 q4_k_m; do
+        gen "res-$t" --model "$W/$t.gguf" || { echo "$t resident: failed: $(tail -1 "$W/res-$t.err")"; bad=$((bad+1)); continue; }
+        local ref=$(logits "res-$t")
+        for src in p d f; do
+            for pol in zero lru:4 zero+prefetch; do
+                local c="plan-$t-$src-${pol//[:+]/_}"
+                n=$((n+1))
+                if gen "$c" --model "$W/$t.gguf" --experts plan --source $src --policy $pol --slots 8; then
+                    local got=$(logits "$c")
+                    if [ "$got" = "$ref" ]; then echo "exact     $c"; else echo "DIFFERENT $c $got vs $ref"; bad=$((bad+1)); fi
+                else
+                    echo "FAILED    $c: $(tail -1 "$W/$c.err")"; bad=$((bad+1))
+                fi
+            done
+        done
+    done
+    echo "matrix: $((n-bad))/$n plan cells bitwise equal to the resident run of their type"
+    [ $bad -eq 0 ]
+}
+faults() {
+    local bad=0
+    gen fault-none --model "$W/q8_0.gguf" --experts plan --source f --slots 8 || { echo "control failed"; return 1; }
+    local ref=$(logits fault-none)
+    for cell in short_read eio out_of_order stale_completion wrong_object held_consumer reset_outstanding shutdown_live_consumer partial_bundle; do
+        gen "fault-$cell" --model "$W/q8_0.gguf" --experts plan --source f --slots 8 --fault $cell
+        local rc=$?
+        local v=$(python3 - "$W/fault-$cell.rec/record.json" "$ref" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"no record ({e})"); sys.exit()
+f = r.get("experts", {}).get("fault", {})
+exp, out = f.get("expect"), r.get("outcome")
+lg = r.get("surfaces", {}).get("logits", {}).get("sha256")
+if exp == "fatal":
+    print("ok" if out == "failed" else f"BAD fatal cell {out}", exp, out, "fired", f.get("fired"))
+else:
+    print("ok" if out == "completed" and lg == sys.argv[2] else f"BAD {out} logits {'equal' if lg == sys.argv[2] else 'differ'}", exp, out, "fired", f.get("fired"))
+PY
+)
+        echo "fault $cell (exit $rc): $v"
+        case "$v" in ok*) ;; *) bad=$((bad+1));; esac
+    done
+    [ $bad -eq 0 ]
+}
+bench() {
+    local inv t_repr experts
+    inv=$(S inventory --json "$W/bench.gguf" 2>/dev/null | python3 -c "import json,sys; d=json.load(sys.stdin); print(d['t_repr_bytes'], d['expert_bytes'])") || { echo "inventory failed"; return 1; }
+    read t_repr experts <<< "$inv"
+    # Budget: non-expert weights + 1 GiB (context, KV, compute, slot pools), below the experts.
+    local budget=$((t_repr + (1 << 30)))
+    local hostcap=$((t_repr + (768 << 20)))
+    echo "bench model: T_repr $t_repr bytes, experts $experts bytes; --gpu-budget $budget, host cap $hostcap"
+    [ "$mode" = cpu ] || [ $experts -gt $budget ] || echo "note: experts do not exceed the budget"
+    local m="--model $W/bench.gguf --n-predict 32 --ignore-eos"
+    local arms=(
+        "resident|--contain"
+        "experts-host|--contain --experts host"
+        "plan-P|--memory-max $hostcap --gpu-budget $budget --experts plan --source p --slots 16"
+        "plan-D|--memory-max $hostcap --gpu-budget $budget --experts plan --source d --slots 16"
+        "plan-F|--memory-max $hostcap --gpu-budget $budget --experts plan --source f --slots 16"
+        "plan-F+LRU|--memory-max $hostcap --gpu-budget $budget --experts plan --source f --slots 16 --policy lru:8"
+    )
+    for a in "${arms[@]}"; do
+        local n=${a%%|*} args=${a#*|}
+        local _a0=$(date +%s.%N)
+        S generate --prompt "$PROMPT" --threads $TH --gpu-layers $GL $m $args --record "$W/bench-$n.rec" --json > "$W/bench-$n.json" 2> "$W/bench-$n.err"
+        echo "$n exit $? wall $(python3 -c "print(f'{$(date +%s.%N)-$_a0:.2f}')")" | tee "$W/bench-$n.wall"
+    done
+    python3 "$root/scripts/gpu_check_table.py" "$W" "${arms[@]%%|*}"
+}
+step build-cuda build_cuda
+step identity identity
+step forge forge
+step exactness matrix
+step faults faults
+step bench bench
+echo "gpu-check ($mode): $(( $(date +%s) - T0 ))s; failed steps: ${FAILED[*]:-none}"
+[ ${#FAILED[@]} -eq 0 ]

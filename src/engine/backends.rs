@@ -1,0 +1,200 @@
+//! Backend modules: the CPU backend and any module in the backend directory are loaded by exact
+//! path before llama.cpp starts, so llama.cpp never searches on its own, and what ran is known.
+
+use super::sys;
+use serde::Serialize;
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Environment variable naming a directory of extra backend modules (`libggml-*.so`).
+pub const BACKEND_DIR_ENV: &str = "SOVEREIGN_BACKEND_DIR";
+const CPU_MODULE: &str = "libggml-cpu.so";
+
+/// An engine library or backend module mapped into this process.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct LoadedLibrary {
+    pub name: String,
+    pub path: String,
+    pub sha256: String,
+}
+
+/// A device as ggml's registry describes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Device {
+    pub name: String,
+    pub description: String,
+    pub kind: &'static str,
+    pub memory_total: u64,
+    pub memory_free: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+}
+
+static LOADED: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
+
+/// Where the CPU module is: next to a carried binary (`<exe dir>/lib`), else the cached build.
+fn cpu_module() -> PathBuf {
+    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(|p| p.join("lib"))) {
+        if dir.join(CPU_MODULE).is_file() {
+            return dir.join(CPU_MODULE);
+        }
+    }
+    Path::new(env!("SOVEREIGN_ENGINE_MODDIR")).join(CPU_MODULE)
+}
+
+/// Extra modules: every `libggml-*.so` in the backend directory except a CPU module.
+fn extra_modules() -> Result<Vec<PathBuf>, String> {
+    let Some(dir) = std::env::var_os(BACKEND_DIR_ENV).filter(|d| !d.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    let dir = PathBuf::from(dir);
+    let rd = std::fs::read_dir(&dir).map_err(|e| format!("{BACKEND_DIR_ENV} {}: {e}", dir.display()))?;
+    let mut out: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            n.starts_with("libggml-") && n.ends_with(".so") && n != CPU_MODULE && n != "libggml-base.so"
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+fn load(path: &Path) -> Result<(), String> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| format!("{}: NUL in path", path.display()))?;
+    // SAFETY: a NUL-terminated path; ggml keeps the handle for the life of the process.
+    let reg = unsafe { sys::ggml_backend_load(c.as_ptr()) };
+    if reg.is_null() {
+        return Err(format!("{}: ggml could not load this backend module", path.display()));
+    }
+    Ok(())
+}
+
+/// Loads the modules once; the error, if any, is kept and returned on every call.
+pub fn ensure_loaded() -> Result<(), String> {
+    LOADED
+        .get_or_init(|| {
+            let mut done = Vec::new();
+            for p in extra_modules()? {
+                load(&p)?;
+                done.push(p.display().to_string());
+            }
+            let cpu = cpu_module();
+            load(&cpu)?;
+            done.push(cpu.display().to_string());
+            Ok(done)
+        })
+        .as_ref()
+        .map(|_| ())
+        .map_err(Clone::clone)
+}
+
+/// Engine libraries and backend modules mapped into the process, with their SHA-256.
+pub fn loaded_libraries() -> Vec<LoadedLibrary> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut paths: Vec<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| {
+            let n = p.rsplit('/').next().unwrap_or("");
+            n.starts_with("libllama") || n.starts_with("libggml") || n.starts_with("libcudart") || n.starts_with("libcublas")
+        })
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
+        .into_iter()
+        .map(|p| LoadedLibrary {
+            name: p.rsplit('/').next().unwrap_or(p).to_string(),
+            path: p.to_string(),
+            sha256: crate::util::sha256_file(Path::new(p)).unwrap_or_else(|e| format!("unreadable: {e}")),
+        })
+        .collect()
+}
+
+/// Devices ggml's registry knows, in registry order.
+pub fn devices() -> Vec<Device> {
+    let s = |p: *const std::ffi::c_char| {
+        if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
+    };
+    // SAFETY: registry queries; props point at strings owned by the loaded modules.
+    unsafe {
+        (0..sys::ggml_backend_dev_count())
+            .map(|i| {
+                let d = sys::ggml_backend_dev_get(i);
+                let mut p: sys::ggml_backend_dev_props = std::mem::zeroed();
+                sys::ggml_backend_dev_get_props(d, &mut p);
+                let kind = match p.type_ {
+                    sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU => "cpu",
+                    sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_GPU => "gpu",
+                    sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_IGPU => "igpu",
+                    _ => "accel",
+                };
+                Device {
+                    name: s(p.name),
+                    description: s(p.description),
+                    kind,
+                    memory_total: p.memory_total as u64,
+                    memory_free: p.memory_free as u64,
+                    device_id: (!p.device_id.is_null()).then(|| s(p.device_id)),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Whether a GPU device is registered.
+pub fn has_gpu() -> bool {
+    devices().iter().any(|d| d.kind == "gpu" || d.kind == "igpu")
+}
+
+/// Features the CPU backend module reports (the registry's `ggml_backend_get_features`).
+pub fn cpu_features() -> Vec<String> {
+    // SAFETY: the proc address, when present, has the documented signature; the array ends
+    // with a NULL name.
+    unsafe {
+        let reg = sys::ggml_backend_reg_by_name(c"CPU".as_ptr());
+        if reg.is_null() {
+            return Vec::new();
+        }
+        let f = sys::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_get_features".as_ptr());
+        let Some(f) = std::mem::transmute::<*mut std::ffi::c_void, sys::ggml_backend_get_features_t>(f) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut p = f(reg);
+        while !p.is_null() && !(*p).name.is_null() {
+            let n = CStr::from_ptr((*p).name).to_string_lossy().to_lowercase();
+            let v = CStr::from_ptr((*p).value).to_string_lossy().into_owned();
+            out.push(if v == "1" { n } else { format!("{n}={v}") });
+            p = p.add(1);
+        }
+        out
+    }
+}
+
+/// Writes the patched source tree of this build (its `src/` as `llama.cpp/`) as a tar file,
+/// compressed as its suffix says (`.tar.gz`, `.tar.xz`).
+pub fn export_source(to: &Path) -> anyhow::Result<()> {
+    let src = Path::new(env!("SOVEREIGN_ENGINE_SRCDIR"));
+    if !src.join("CMakeLists.txt").is_file() {
+        anyhow::bail!("{}: the engine source tree of this build is not on this machine", src.display());
+    }
+    let parent = src.parent().unwrap_or(src);
+    let st = std::process::Command::new("tar")
+        .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "--exclude=.git"])
+        .arg("--transform=s,^src,llama.cpp,")
+        .arg("-caf")
+        .arg(to)
+        .arg("-C")
+        .arg(parent)
+        .arg("src")
+        .status()
+        .map_err(|e| anyhow::anyhow!("running tar: {e}"))?;
+    if !st.success() {
+        anyhow::bail!("{}: tar failed ({st})", to.display());
+    }
+    Ok(())
+}
