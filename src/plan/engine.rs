@@ -1,15 +1,15 @@
 //! The Plan as the engine's expert source: pools, acquire and release through the patched
 //! llama.cpp boundary, with the source chosen at run time (P, D or F).
 
-use super::{Manifest, Plan, PolicySpec, Role};
-use crate::engine::ExpertSource;
+use super::{Manifest, Plan, PolicySpec, Role, SlotWriter};
+use crate::engine::{ExpertSource, SlotPool};
 use crate::inventory::Inventory;
 use crate::source::fault::{FaultCell, FaultySource};
 use crate::source::{BufferedSource, Source, UringSource};
 use anyhow::{anyhow, bail, Result};
 use clap::ValueEnum;
 use serde::Serialize;
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,14 @@ pub struct PlanSource {
     served: HashSet<(u32, u32)>,
     /// Time the engine spent blocked in acquire: the exposed source wait.
     wait: Duration,
+    /// Engine time between the first and the latest acquire, and the part spent inside them.
+    calls: Option<(Instant, Instant)>,
+    in_calls: Duration,
+    /// The backend devices holding the slot pools (where window → slot copies go), and the
+    /// bytes of the distinct (buffer, role) pools there.
+    devices: BTreeSet<String>,
+    pools: HashSet<(u32, Role)>,
+    pool_bytes: u64,
     acquire_calls: u64,
     uring_registered: Option<bool>,
     /// held_consumer: the deferred release and what was seen of its slots while it was held.
@@ -73,13 +81,18 @@ impl PlanSource {
             }
         };
         let source = FaultySource::wrap(source, options.fault);
-        let plan = Plan::new(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
+        let plan = Plan::for_engine(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
         Ok(PlanSource {
             plan,
             options,
             n_slots,
             served: HashSet::new(),
             wait: Duration::ZERO,
+            calls: None,
+            in_calls: Duration::ZERO,
+            devices: BTreeSet::new(),
+            pools: HashSet::new(),
+            pool_bytes: 0,
             acquire_calls: 0,
             uring_registered: registered,
             held: None,
@@ -90,6 +103,20 @@ impl PlanSource {
 
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// Counts the time of an acquire that started at `t`.
+    fn call_done(&mut self, t: Instant) {
+        let now = Instant::now();
+        self.in_calls += now - t;
+        let first = self.calls.map_or(t, |(first, _)| first);
+        self.calls = Some((first, now));
+    }
+}
+
+impl SlotWriter for SlotPool {
+    fn write(&self, slot: u32, src: &[u8]) -> Result<(), String> {
+        SlotPool::write(self, slot, src).map_err(|e| format!("{e:#}"))
     }
 }
 
@@ -137,6 +164,7 @@ impl PlanSource {
         }
         Ok(())
     }
+
 }
 
 fn role_of(name: &str) -> Result<Role> {
@@ -160,16 +188,22 @@ impl ExpertSource for PlanSource {
         self.plan.manifest().layers.iter().map(|l| l.capacity()).min().unwrap_or(self.n_slots).max(1)
     }
 
-    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32) -> Result<*mut u8> {
-        Ok(self.plan.pool(layer, role_of(name)?, slot_bytes as u64, n_slots)?)
+    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32, pool: SlotPool) -> Result<u32> {
+        let (role, bytes) = (role_of(name)?, pool.bytes());
+        self.devices.insert(pool.device().to_string());
+        let buffer = self.plan.bind(layer, role, slot_bytes as u64, n_slots, Box::new(pool))?;
+        if self.pools.insert((buffer, role)) {
+            self.pool_bytes += bytes;
+        }
+        Ok(buffer)
     }
 
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
-        self.before_acquire(layer)?;
         let t = Instant::now();
-        let r = self.plan.acquire(layer, pass, ids, slots);
+        let r = self.before_acquire(layer).and_then(|()| Ok(self.plan.acquire(layer, pass, ids, slots)?));
         self.wait += t.elapsed();
         self.acquire_calls += 1;
+        self.call_done(t);
         r?;
         if slots.iter().any(|&s| s >= 0) {
             self.served.insert((layer, pass));
@@ -232,12 +266,27 @@ impl ExpertSource for PlanSource {
                 "window_bytes": m.window_size,
                 "slots_per_layer": self.n_slots,
                 "layer_buffers": m.layer_buffers,
-                "slot_pool_bytes": self.plan.pool_bytes(),
+                "slot_pool_bytes": self.pool_bytes,
             },
             "telemetry": tel,
             "closure": closure,
             "clean_closure": closure.is_clean(),
             "exposed_source_wait_s": self.wait.as_secs_f64(),
+            // Window → slot copies (host-to-device where a pool is on a device), each observed
+            // complete before its slot became DeviceReady.
+            "copy": {
+                "devices": self.devices,
+                "bytes": tel.bytes_copied,
+                "seconds": tel.copy_ns as f64 * 1e-9,
+            },
+            // read and copy happen inside the exposed wait; compute is engine time between the
+            // first and the last acquire outside them.
+            "steps": {
+                "read_s": tel.read_ns as f64 * 1e-9,
+                "copy_s": tel.copy_ns as f64 * 1e-9,
+                "compute_s": self.calls.map_or(0.0, |(first, last)| ((last - first).saturating_sub(self.in_calls)).as_secs_f64()),
+                "exposed_wait_s": self.wait.as_secs_f64(),
+            },
             "acquire_calls": self.acquire_calls,
             "uring_registered_buffers": self.uring_registered,
             "fault": {
