@@ -45,9 +45,11 @@ pub struct PlanSource {
     served: HashSet<(u32, u32)>,
     /// Time the engine spent blocked in acquire: the exposed source wait.
     wait: Duration,
-    /// Engine time between the first and the latest acquire, and the part spent inside them.
-    calls: Option<(Instant, Instant)>,
+    /// Time inside acquire, and the counters where the first step, the current step and the
+    /// latest acquire began or ended; with the finished steps' [read, copy, compute, wait].
     in_calls: Duration,
+    marks: Option<(Mark, Mark, Mark)>,
+    per_step: Vec<[f64; 4]>,
     /// The backend devices holding the slot pools (where window → slot copies go), and the
     /// bytes of the distinct (buffer, role) pools there.
     devices: BTreeSet<String>,
@@ -88,8 +90,9 @@ impl PlanSource {
             n_slots,
             served: HashSet::new(),
             wait: Duration::ZERO,
-            calls: None,
             in_calls: Duration::ZERO,
+            marks: None,
+            per_step: Vec::new(),
             devices: BTreeSet::new(),
             pools: HashSet::new(),
             pool_bytes: 0,
@@ -105,12 +108,57 @@ impl PlanSource {
         &self.plan
     }
 
+    fn mark(&self, at: Instant) -> Mark {
+        let (read_ns, copy_ns) = self.plan.io_ns();
+        Mark { at, read_ns, copy_ns, wait: self.wait, in_calls: self.in_calls }
+    }
+
+    /// Starts a step at the first MoE layer's first pass: one ubatch through the model.
+    fn step(&mut self, layer: u32, pass: u32, t: Instant) {
+        if pass != 0 || self.plan.manifest().layers.first().map(|l| l.layer) != Some(layer) {
+            return;
+        }
+        let now = self.mark(t);
+        match &mut self.marks {
+            None => self.marks = Some((now, now, now)),
+            Some((_, step, _)) => {
+                self.per_step.push(step.until(&now));
+                *step = now;
+            }
+        }
+    }
+
     /// Counts the time of an acquire that started at `t`.
     fn call_done(&mut self, t: Instant) {
-        let now = Instant::now();
-        self.in_calls += now - t;
-        let first = self.calls.map_or(t, |(first, _)| first);
-        self.calls = Some((first, now));
+        self.in_calls += t.elapsed();
+        let now = self.mark(Instant::now());
+        if let Some((_, _, last)) = &mut self.marks {
+            *last = now;
+        }
+    }
+}
+
+/// Cumulative counters at one instant, to cut the run into steps.
+#[derive(Clone, Copy)]
+struct Mark {
+    at: Instant,
+    read_ns: u64,
+    copy_ns: u64,
+    wait: Duration,
+    in_calls: Duration,
+}
+
+impl Mark {
+    /// [read, copy, compute, exposed wait] in seconds from `self` to `end`; compute is engine
+    /// time outside acquire, read and copy happen inside it.
+    fn until(&self, end: &Mark) -> [f64; 4] {
+        let compute = (end.at - self.at).saturating_sub(end.in_calls - self.in_calls);
+        [
+            (end.read_ns - self.read_ns) as f64 * 1e-9,
+            (end.copy_ns - self.copy_ns) as f64 * 1e-9,
+            compute.as_secs_f64(),
+            (end.wait - self.wait).as_secs_f64(),
+        ]
     }
 }
 
@@ -200,6 +248,7 @@ impl ExpertSource for PlanSource {
 
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
         let t = Instant::now();
+        self.step(layer, pass, t);
         let r = self.before_acquire(layer).and_then(|()| Ok(self.plan.acquire(layer, pass, ids, slots)?));
         self.wait += t.elapsed();
         self.acquire_calls += 1;
@@ -256,6 +305,10 @@ impl ExpertSource for PlanSource {
         }
         let closure = self.plan.shutdown().map_err(|e| anyhow!("{e}"))?;
         let tel = self.plan.telemetry();
+        let mut steps = std::mem::take(&mut self.per_step);
+        if let Some((_, step, last)) = self.marks {
+            steps.push(step.until(&last));
+        }
         let m = self.plan.manifest();
         let windows = self.plan.window_states().len() as u64;
         let meta = std::mem::size_of::<Plan>() as u64;
@@ -279,13 +332,11 @@ impl ExpertSource for PlanSource {
                 "bytes": tel.bytes_copied,
                 "seconds": tel.copy_ns as f64 * 1e-9,
             },
-            // read and copy happen inside the exposed wait; compute is engine time between the
-            // first and the last acquire outside them.
+            // Per step (one ubatch through the model, from its first MoE acquire) and in total.
             "steps": {
-                "read_s": tel.read_ns as f64 * 1e-9,
-                "copy_s": tel.copy_ns as f64 * 1e-9,
-                "compute_s": self.calls.map_or(0.0, |(first, last)| ((last - first).saturating_sub(self.in_calls)).as_secs_f64()),
-                "exposed_wait_s": self.wait.as_secs_f64(),
+                "fields": ["read_s", "copy_s", "compute_s", "exposed_wait_s"],
+                "total": self.marks.map(|(first, _, last)| first.until(&last)),
+                "per_step": steps,
             },
             "acquire_calls": self.acquire_calls,
             "uring_registered_buffers": self.uring_registered,

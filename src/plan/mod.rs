@@ -473,6 +473,11 @@ impl Plan {
         r
     }
 
+    /// Time so far in source reads and in window → slot copies, in nanoseconds.
+    pub fn io_ns(&self) -> (u64, u64) {
+        (self.tel.read_ns, self.tel.copy_ns)
+    }
+
     /// The counters so far.
     pub fn telemetry(&self) -> Telemetry {
         let mut t = self.tel.clone();
