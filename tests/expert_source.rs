@@ -6,10 +6,9 @@ mod common;
 
 use anyhow::{bail, ensure, Result};
 use common::*;
-use sovereign::engine::ExpertSource;
+use sovereign::engine::{ExpertSource, SlotPool};
 use sovereign::generate;
 use sovereign::inventory::{Extent, Inventory};
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -18,13 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 struct Pool {
-    ptr: *mut u8,
-    layout: Layout,
+    pool: SlotPool,
     slot_bytes: usize,
 }
-
-// SAFETY: the pool is plain memory owned by the source.
-unsafe impl Send for Pool {}
 
 struct RereadSource {
     file: File,
@@ -58,13 +53,10 @@ impl ExpertSource for RereadSource {
         self.n_slots
     }
 
-    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32) -> Result<*mut u8> {
-        let layout = Layout::from_size_align(slot_bytes * n_slots as usize, 4096)?;
-        // SAFETY: non-zero size checked by the layout's use below.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        ensure!(!ptr.is_null(), "out of memory");
-        self.pools.insert((layer, role(name).to_string()), Pool { ptr, layout, slot_bytes });
-        Ok(ptr)
+    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, _: u32, pool: SlotPool) -> Result<u32> {
+        self.pools.insert((layer, role(name).to_string()), Pool { pool, slot_bytes });
+        // One buffer per layer: nothing shared.
+        Ok(layer)
     }
 
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
@@ -88,9 +80,9 @@ impl ExpertSource for RereadSource {
                 let served = if self.wrong_object { (expert as u32 + 1) % 16 } else { expert as u32 };
                 let e = self.extents[&(layer, served, r.clone())];
                 ensure!(e.len as usize == pool.slot_bytes, "slot size mismatch");
-                // SAFETY: slot < n_slots and the pool holds n_slots * slot_bytes bytes.
-                let dst = unsafe { std::slice::from_raw_parts_mut(pool.ptr.add(slot * pool.slot_bytes), pool.slot_bytes) };
-                self.file.read_exact_at(dst, e.offset)?;
+                let mut bytes = vec![0u8; pool.slot_bytes];
+                self.file.read_exact_at(&mut bytes, e.offset)?;
+                pool.pool.write(slot as u32, &bytes)?;
             }
         }
         for (i, id) in ids.iter().enumerate() {
@@ -109,15 +101,6 @@ impl ExpertSource for RereadSource {
 
     fn finish(&mut self) -> Result<serde_json::Value> {
         Ok(serde_json::json!({ "acquires": self.acquires.load(Ordering::SeqCst) }))
-    }
-}
-
-impl Drop for RereadSource {
-    fn drop(&mut self) {
-        for p in self.pools.values() {
-            // SAFETY: allocated with this layout in `pool`.
-            unsafe { dealloc(p.ptr, p.layout) };
-        }
     }
 }
 

@@ -1,10 +1,45 @@
-//! The expert-source boundary (patches/0001-expert-source.patch): llama.cpp asks an
-//! [`ExpertSource`] for slot-pool memory at load, and to make experts resident during decode.
+//! The expert-source boundary (patches/0001-expert-source.patch): llama.cpp allocates slot pools
+//! where it keeps each layer's weights and hands the source a [`SlotPool`] to fill them; during
+//! decode it asks the source to make experts resident.
 
 use super::sys;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// One engine-owned slot pool: the source writes whole slots into it (a host-to-device copy
+/// when the pool lives on a device), never through a pointer.
+pub struct SlotPool {
+    handle: *mut c_void,
+    write: unsafe extern "C" fn(*mut c_void, u32, *const c_void, usize) -> i32,
+    device: String,
+    bytes: u64,
+}
+
+// SAFETY: the handle is the engine's pool, valid until the model is freed; writes are made
+// from the compute thread's callbacks, one at a time.
+unsafe impl Send for SlotPool {}
+
+impl SlotPool {
+    /// The backend device holding the pool (`CPU`, `CUDA0`).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Memory the pool holds: its slots and the engine's idle slot.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Copies `src` (exactly one slot) into `slot`; returns once the bytes are in the slot.
+    pub fn write(&self, slot: u32, src: &[u8]) -> Result<()> {
+        // SAFETY: `src` is valid for its length during the call; the engine checks slot and size.
+        if unsafe { (self.write)(self.handle, slot, src.as_ptr().cast(), src.len()) } != 0 {
+            bail!("the engine refused a write of {} bytes into slot {slot} of a {} pool", src.len(), self.device);
+        }
+        Ok(())
+    }
+}
 
 /// What owns the expert weights when they are not loaded by llama.cpp.
 pub trait ExpertSource: Send {
@@ -15,9 +50,9 @@ pub trait ExpertSource: Send {
     fn n_per_pass(&self) -> u32 {
         self.n_slots()
     }
-    /// Memory for the pool of expert tensor `name` of `layer`: `n_slots` slots of `slot_bytes`,
-    /// 32-byte aligned at least, valid and unmoved until the model is dropped.
-    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32) -> Result<*mut u8>;
+    /// Takes the engine's pool of expert tensor `name` of `layer` (`n_slots` slots of
+    /// `slot_bytes`) and returns its buffer: pools of one role with the same buffer share memory.
+    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32, pool: SlotPool) -> Result<u32>;
     /// Make group `pass` of the distinct experts in `ids` resident; `slots[i]` gets the slot of
     /// `ids[i]`, or -1 when that expert belongs to another group.
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()>;
@@ -87,12 +122,23 @@ fn guarded(user: *mut c_void, f: impl FnOnce(&mut Bridge) -> Result<()>) -> bool
     }
 }
 
-unsafe extern "C" fn pool_cb(user: *mut c_void, il: i32, name: *const c_char, slot_bytes: usize, n_slots: u32) -> *mut c_void {
-    let mut out = std::ptr::null_mut();
+unsafe extern "C" fn pool_cb(
+    user: *mut c_void,
+    il: i32,
+    name: *const c_char,
+    slot_bytes: usize,
+    n_slots: u32,
+    pool: *const sys::llama_expert_pool,
+) -> i32 {
+    let mut out = -1;
     guarded(user, |b| {
-        // SAFETY: llama.cpp passes a NUL-terminated tensor name.
-        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-        out = b.source.pool(il as u32, &name, slot_bytes, n_slots)? as *mut c_void;
+        // SAFETY: llama.cpp passes a NUL-terminated tensor name and a valid pool description.
+        let (name, pool) = unsafe { (CStr::from_ptr(name).to_string_lossy(), &*pool) };
+        let Some(write) = pool.write else { bail!("the engine gave no write function for {name}") };
+        // SAFETY: the device name is NUL-terminated and owned by the backend registry.
+        let device = if pool.device.is_null() { "?".into() } else { unsafe { CStr::from_ptr(pool.device) }.to_string_lossy().into_owned() };
+        let buffer = b.source.pool(il as u32, &name, slot_bytes, n_slots, SlotPool { handle: pool.handle, write, device, bytes: pool.bytes as u64 })?;
+        out = i32::try_from(buffer)?;
         Ok(())
     });
     out

@@ -8,7 +8,7 @@ mod experts;
 pub mod pin;
 mod routes;
 
-pub use experts::ExpertSource;
+pub use experts::{ExpertSource, SlotPool};
 pub use routes::{RouteEvent, RouteRecorder};
 use experts::Bridge;
 

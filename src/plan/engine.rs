@@ -2,15 +2,15 @@
 //! llama.cpp boundary, with the source chosen at run time (P, D or F).
 
 use super::coverage::Coverage;
-use super::{Manifest, Plan, PolicySpec, Role};
-use crate::engine::ExpertSource;
+use super::{Manifest, Plan, PolicySpec, Role, SlotWriter};
+use crate::engine::{ExpertSource, SlotPool};
 use crate::inventory::Inventory;
 use crate::source::fault::{FaultCell, FaultySource};
 use crate::source::{BufferedSource, Source, UringSource};
 use anyhow::{anyhow, bail, Result};
 use clap::ValueEnum;
 use serde::Serialize;
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,16 @@ pub struct PlanSource {
     served: HashSet<(u32, u32)>,
     /// Time the engine spent blocked in acquire: the exposed source wait.
     wait: Duration,
+    /// Time inside acquire, and the counters where the first step, the current step and the
+    /// latest acquire began or ended; with the finished steps' [read, copy, compute, wait].
+    in_calls: Duration,
+    marks: Option<(Mark, Mark, Mark)>,
+    per_step: Vec<[f64; 4]>,
+    /// The backend devices holding the slot pools (where window → slot copies go), and the
+    /// bytes of the distinct (buffer, role) pools there.
+    devices: BTreeSet<String>,
+    pools: HashSet<(u32, Role)>,
+    pool_bytes: u64,
     acquire_calls: u64,
     uring_registered: Option<bool>,
     /// held_consumer: the deferred release and what was seen of its slots while it was held.
@@ -77,7 +87,7 @@ impl PlanSource {
         };
         let source = FaultySource::wrap(source, options.fault);
         let coverage = Coverage::new(manifest.layers.iter().map(|l| l.layer));
-        let plan = Plan::new(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
+        let plan = Plan::for_engine(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
         Ok(PlanSource {
             coverage,
             plan,
@@ -85,6 +95,12 @@ impl PlanSource {
             n_slots,
             served: HashSet::new(),
             wait: Duration::ZERO,
+            in_calls: Duration::ZERO,
+            marks: None,
+            per_step: Vec::new(),
+            devices: BTreeSet::new(),
+            pools: HashSet::new(),
+            pool_bytes: 0,
             acquire_calls: 0,
             uring_registered: registered,
             held: None,
@@ -95,6 +111,65 @@ impl PlanSource {
 
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    fn mark(&self, at: Instant) -> Mark {
+        let (read_ns, copy_ns) = self.plan.io_ns();
+        Mark { at, read_ns, copy_ns, wait: self.wait, in_calls: self.in_calls }
+    }
+
+    /// Starts a step at the first MoE layer's first pass: one ubatch through the model.
+    fn step(&mut self, layer: u32, pass: u32, t: Instant) {
+        if pass != 0 || self.plan.manifest().layers.first().map(|l| l.layer) != Some(layer) {
+            return;
+        }
+        let now = self.mark(t);
+        match &mut self.marks {
+            None => self.marks = Some((now, now, now)),
+            Some((_, step, _)) => {
+                self.per_step.push(step.until(&now));
+                *step = now;
+            }
+        }
+    }
+
+    /// Counts the time of an acquire that started at `t`.
+    fn call_done(&mut self, t: Instant) {
+        self.in_calls += t.elapsed();
+        let now = self.mark(Instant::now());
+        if let Some((_, _, last)) = &mut self.marks {
+            *last = now;
+        }
+    }
+}
+
+/// Cumulative counters at one instant, to cut the run into steps.
+#[derive(Clone, Copy)]
+struct Mark {
+    at: Instant,
+    read_ns: u64,
+    copy_ns: u64,
+    wait: Duration,
+    in_calls: Duration,
+}
+
+impl Mark {
+    /// [read, copy, compute, exposed wait] in seconds from `self` to `end`; compute is engine
+    /// time outside acquire, read and copy happen inside it.
+    fn until(&self, end: &Mark) -> [f64; 4] {
+        let compute = (end.at - self.at).saturating_sub(end.in_calls - self.in_calls);
+        [
+            (end.read_ns - self.read_ns) as f64 * 1e-9,
+            (end.copy_ns - self.copy_ns) as f64 * 1e-9,
+            compute.as_secs_f64(),
+            (end.wait - self.wait).as_secs_f64(),
+        ]
+    }
+}
+
+impl SlotWriter for SlotPool {
+    fn write(&self, slot: u32, src: &[u8]) -> Result<(), String> {
+        SlotPool::write(self, slot, src).map_err(|e| format!("{e:#}"))
     }
 }
 
@@ -142,6 +217,7 @@ impl PlanSource {
         }
         Ok(())
     }
+
 }
 
 fn role_of(name: &str) -> Result<Role> {
@@ -165,17 +241,24 @@ impl ExpertSource for PlanSource {
         self.plan.manifest().layers.iter().map(|l| l.capacity()).min().unwrap_or(self.n_slots).max(1)
     }
 
-    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32) -> Result<*mut u8> {
-        Ok(self.plan.pool(layer, role_of(name)?, slot_bytes as u64, n_slots)?)
+    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32, pool: SlotPool) -> Result<u32> {
+        let (role, bytes) = (role_of(name)?, pool.bytes());
+        self.devices.insert(pool.device().to_string());
+        let buffer = self.plan.bind(layer, role, slot_bytes as u64, n_slots, Box::new(pool))?;
+        if self.pools.insert((buffer, role)) {
+            self.pool_bytes += bytes;
+        }
+        Ok(buffer)
     }
 
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
         self.coverage.begin(layer, pass, ids).map_err(|e| anyhow!(e))?;
-        self.before_acquire(layer)?;
         let t = Instant::now();
-        let r = self.plan.acquire(layer, pass, ids, slots);
+        self.step(layer, pass, t);
+        let r = self.before_acquire(layer).and_then(|()| Ok(self.plan.acquire(layer, pass, ids, slots)?));
         self.wait += t.elapsed();
         self.acquire_calls += 1;
+        self.call_done(t);
         r?;
         self.coverage.served(layer, pass, slots).map_err(|e| anyhow!(e))?;
         if slots.iter().any(|&s| s >= 0) {
@@ -242,6 +325,10 @@ impl ExpertSource for PlanSource {
         let closure = self.plan.shutdown().map_err(|e| anyhow!("{e}"))?;
         open.map_err(|e| anyhow!("{e}"))?;
         let tel = self.plan.telemetry();
+        let mut steps = std::mem::take(&mut self.per_step);
+        if let Some((_, step, last)) = self.marks {
+            steps.push(step.until(&last));
+        }
         let m = self.plan.manifest();
         let windows = self.plan.window_states().len() as u64;
         let meta = std::mem::size_of::<Plan>() as u64;
@@ -252,13 +339,26 @@ impl ExpertSource for PlanSource {
                 "window_bytes": m.window_size,
                 "slots_per_layer": self.n_slots,
                 "layer_buffers": m.layer_buffers,
-                "slot_pool_bytes": self.plan.pool_bytes(),
+                "slot_pool_bytes": self.pool_bytes,
             },
             "telemetry": tel,
             "closure": closure,
             "clean_closure": closure.is_clean(),
             "selections": self.coverage.report(),
             "exposed_source_wait_s": self.wait.as_secs_f64(),
+            // Window → slot copies (host-to-device where a pool is on a device), each observed
+            // complete before its slot became DeviceReady.
+            "copy": {
+                "devices": self.devices,
+                "bytes": tel.bytes_copied,
+                "seconds": tel.copy_ns as f64 * 1e-9,
+            },
+            // Per step (one ubatch through the model, from its first MoE acquire) and in total.
+            "steps": {
+                "fields": ["read_s", "copy_s", "compute_s", "exposed_wait_s"],
+                "total": self.marks.map(|(first, _, last)| first.until(&last)),
+                "per_step": steps,
+            },
             "acquire_calls": self.acquire_calls,
             "uring_registered_buffers": self.uring_registered,
             "fault": {

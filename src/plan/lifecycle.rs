@@ -39,8 +39,9 @@ pub enum WindowTransition {
     BeginCopy,
     /// Copying → Free: the copy completed.
     CopyDone,
-    /// Reading | HostReady → Free: the bundle was abandoned after its reads were drained; its
-    /// bytes were never copied. Only a failed Plan's shutdown takes this step.
+    /// Reading | HostReady | Copying → Free: the bundle was abandoned after its reads were
+    /// drained (or its copy failed); its slot was never published. Only a failed Plan's
+    /// shutdown takes this step.
     Discard,
 }
 
@@ -67,7 +68,7 @@ impl WindowState {
             (Reading, Assembled) => Some(HostReady),
             (HostReady, BeginCopy) => Some(Copying),
             (Copying, CopyDone) => Some(Free),
-            (Reading | HostReady, Discard) => Some(Free),
+            (Reading | HostReady | Copying, Discard) => Some(Free),
             _ => None,
         }
     }
@@ -214,13 +215,14 @@ mod tests {
 
     // The reference: the edges of §3.4 plus the retention reading documented above, written
     // out independently of `next` as data.
-    const WINDOW_EDGES: [(WindowState, WindowTransition, WindowState); 6] = [
+    const WINDOW_EDGES: [(WindowState, WindowTransition, WindowState); 7] = [
         (WindowState::Free, WindowTransition::BeginRead, WindowState::Reading),
         (WindowState::Reading, WindowTransition::Assembled, WindowState::HostReady),
         (WindowState::HostReady, WindowTransition::BeginCopy, WindowState::Copying),
         (WindowState::Copying, WindowTransition::CopyDone, WindowState::Free),
         (WindowState::Reading, WindowTransition::Discard, WindowState::Free),
         (WindowState::HostReady, WindowTransition::Discard, WindowState::Free),
+        (WindowState::Copying, WindowTransition::Discard, WindowState::Free),
     ];
 
     /// Reference slot model: (state, consumers) → (state, consumers).
@@ -336,13 +338,13 @@ mod tests {
 
     #[test]
     fn every_pair_is_decided() {
-        // 6 legal window pairs of 20; 8 legal slot edges, Release split by consumer count.
+        // 7 legal window pairs of 20; 8 legal slot edges, Release split by consumer count.
         let legal = WindowState::ALL
             .iter()
             .flat_map(|s| WindowTransition::ALL.iter().map(move |t| s.next(*t)))
             .filter(Option::is_some)
             .count();
-        assert_eq!(legal, 6);
+        assert_eq!(legal, 7);
         assert_eq!(SlotState::Recyclable.next(0, SlotTransition::Release), None);
         assert_eq!(SlotState::InUse.next(1, SlotTransition::Release), Some((SlotState::Recyclable, 0)));
         assert_eq!(SlotState::InUse.next(3, SlotTransition::Release), Some((SlotState::InUse, 2)));

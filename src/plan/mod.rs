@@ -2,8 +2,10 @@
 //! stable addresses) and the mutable state that decides which bytes those addresses denote.
 //!
 //! The engine calls, from one thread inside graph compute:
-//! - [`Plan::pool`] once per (layer, role) at load time: a stable 4096-aligned base address;
-//!   slot `s` of role `r` of layer `L` lives at `pool(L, r) + s * bytes_per_slot(L, r)`.
+//! - [`Plan::bind`] once per (layer, role) at load time: the engine's pool for it, which the
+//!   Plan fills slot by slot through a [`SlotWriter`] (a host-to-device copy on a device).
+//!   A Plan made with [`Plan::new`] owns host pools instead ([`Plan::pool`]: stable 4096-aligned
+//!   base addresses, slot `s` at `pool(L, r) + s * bytes_per_slot(L, r)`).
 //! - [`Plan::acquire`] after a MoE layer's router, [`Plan::release`] after the layer, once per
 //!   pass (group); a pass whose acquire wrote only -1 has nothing to release.
 //! - [`Plan::reset`] between requests, [`Plan::shutdown`] at the end.
@@ -33,6 +35,7 @@ pub use telemetry::{Closure, RejectKind, SemanticUnion, Telemetry, Traffic, Unio
 use crate::source::{AlignedBuf, Completion, ReadRequest, Source, SourceError};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
+use std::time::Instant;
 
 /// Why a Plan operation failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +93,10 @@ pub enum PlanError {
     PoolMismatch {
         detail: String,
     },
+    /// The copy of a window into its slot failed.
+    Copy {
+        detail: String,
+    },
     Config {
         detail: String,
     },
@@ -121,6 +128,7 @@ impl fmt::Display for PlanError {
             PlanError::ConsumersLive { consumers } => write!(f, "{consumers} consumers are still live"),
             PlanError::OutstandingWork { detail } => write!(f, "outstanding work: {detail}"),
             PlanError::PoolMismatch { detail } => write!(f, "pool request refused: {detail}"),
+            PlanError::Copy { detail } => write!(f, "copy into a slot failed: {detail}"),
             PlanError::Config { detail } => write!(f, "{detail}"),
         }
     }
@@ -174,7 +182,20 @@ struct Bundle {
 struct Pool {
     role: Role,
     bytes_per_slot: u64,
-    buf: AlignedBuf,
+    mem: PoolMem,
+}
+
+/// The engine's way to fill one slot of a pool it owns.
+pub trait SlotWriter: Send {
+    /// Copies `src` (one slot's bytes) into `slot`; returns once the copy has completed.
+    fn write(&self, slot: u32, src: &[u8]) -> Result<(), String>;
+}
+
+enum PoolMem {
+    /// Memory the Plan owns.
+    Host(AlignedBuf),
+    /// The engine's pool, once bound.
+    Engine(Option<Box<dyn SlotWriter>>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -219,11 +240,26 @@ impl Plan {
         Plan::with_policy(manifest, policy, source)
     }
 
+    /// A Plan whose slot pools are the engine's, each bound with [`Plan::bind`] before use.
+    pub fn for_engine(manifest: Manifest, spec: &PolicySpec, source: Box<dyn Source>) -> Result<Plan, PlanError> {
+        let policy = spec.build(&manifest).map_err(|e| PlanError::Config { detail: format!("{e:#}") })?;
+        Plan::build(manifest, policy, source, false)
+    }
+
     /// A Plan with any policy. Allocates every slot pool now; addresses never move.
     pub fn with_policy(
         manifest: Manifest,
         policy: Box<dyn ReplacementPolicy>,
         source: Box<dyn Source>,
+    ) -> Result<Plan, PlanError> {
+        Plan::build(manifest, policy, source, true)
+    }
+
+    fn build(
+        manifest: Manifest,
+        policy: Box<dyn ReplacementPolicy>,
+        source: Box<dyn Source>,
+        host_pools: bool,
     ) -> Result<Plan, PlanError> {
         let config = |detail: String| PlanError::Config { detail };
         if source.n_windows() == 0 {
@@ -241,9 +277,15 @@ impl Plan {
         for lp in &manifest.layers[..n_buffers] {
             let mut ps = Vec::new();
             for &(role, bytes_per_slot) in &lp.roles {
-                let buf = AlignedBuf::new(bytes_per_slot * u64::from(lp.n_slots))
-                    .map_err(|e| config(format!("layer {} {role} pool: {e:#}", lp.layer)))?;
-                ps.push(Pool { role, bytes_per_slot, buf });
+                let mem = if host_pools {
+                    PoolMem::Host(
+                        AlignedBuf::new(bytes_per_slot * u64::from(lp.n_slots))
+                            .map_err(|e| config(format!("layer {} {role} pool: {e:#}", lp.layer)))?,
+                    )
+                } else {
+                    PoolMem::Engine(None)
+                };
+                ps.push(Pool { role, bytes_per_slot, mem });
             }
             pools.push(ps);
         }
@@ -305,34 +347,70 @@ impl Plan {
         self.tickets.len()
     }
 
-    /// The stable base address of the (layer, role) pool. Refuses, without failing the Plan,
-    /// any request whose role, bytes per slot or slot count disagrees with the manifest.
-    pub fn pool(&self, layer: u32, role: Role, bytes_per_slot: u64, n_slots: u32) -> Result<*mut u8, PlanError> {
+    /// The (layer, role) pool's buffer and pool, when the request agrees with the manifest.
+    fn pool_of(&self, layer: u32, role: Role, bytes_per_slot: u64, n_slots: u32) -> Result<(usize, usize), PlanError> {
         let mismatch = |detail: String| PlanError::PoolMismatch { detail };
         let li = self.manifest.layer_index(layer).ok_or_else(|| mismatch(format!("layer {layer} is not managed")))?;
         let lp = &self.manifest.layers[li];
-        let pool = self.pools[self.manifest.buffer_of(li)]
+        let buffer = self.manifest.buffer_of(li);
+        let i = self.pools[buffer]
             .iter()
-            .find(|p| p.role == role)
+            .position(|p| p.role == role)
             .ok_or_else(|| mismatch(format!("layer {layer} has no {role} role")))?;
+        let pool = &self.pools[buffer][i];
         if pool.bytes_per_slot != bytes_per_slot || lp.n_slots != n_slots {
             return Err(mismatch(format!(
                 "layer {layer} {role}: asked {n_slots} slots of {bytes_per_slot} bytes, the manifest has {} of {}",
                 lp.n_slots, pool.bytes_per_slot
             )));
         }
-        Ok(pool.buf.as_ptr())
+        Ok((buffer, i))
     }
 
-    /// The bytes of `slot`'s region of `role` (whatever its state: read-only inspection).
+    /// The stable base address of the (layer, role) host pool. Refuses, without failing the
+    /// Plan, any request whose role, bytes per slot or slot count disagrees with the manifest.
+    pub fn pool(&self, layer: u32, role: Role, bytes_per_slot: u64, n_slots: u32) -> Result<*mut u8, PlanError> {
+        let (buffer, i) = self.pool_of(layer, role, bytes_per_slot, n_slots)?;
+        match &self.pools[buffer][i].mem {
+            PoolMem::Host(buf) => Ok(buf.as_ptr()),
+            PoolMem::Engine(_) => Err(PlanError::PoolMismatch { detail: "the engine owns this pool".into() }),
+        }
+    }
+
+    /// Binds the engine's pool of (layer, role) and returns its buffer: layers that share a
+    /// buffer share one pool, so the first binding of a buffer is kept. Refuses, without
+    /// failing the Plan, a request that disagrees with the manifest or a Plan with host pools.
+    pub fn bind(
+        &mut self,
+        layer: u32,
+        role: Role,
+        bytes_per_slot: u64,
+        n_slots: u32,
+        writer: Box<dyn SlotWriter>,
+    ) -> Result<u32, PlanError> {
+        let (buffer, i) = self.pool_of(layer, role, bytes_per_slot, n_slots)?;
+        match &mut self.pools[buffer][i].mem {
+            PoolMem::Host(_) => return Err(PlanError::PoolMismatch { detail: "this Plan owns its pools".into() }),
+            PoolMem::Engine(w) => {
+                if w.is_none() {
+                    *w = Some(writer);
+                }
+            }
+        }
+        Ok(buffer as u32)
+    }
+
+    /// The bytes of `slot`'s region of a host pool's `role` (whatever its state: read-only
+    /// inspection); `None` for the engine's pools.
     pub fn slot_bytes(&self, layer: u32, role: Role, slot: u32) -> Option<&[u8]> {
         let li = self.manifest.layer_index(layer)?;
         if slot >= self.manifest.layers[li].n_slots {
             return None;
         }
         let p = self.pools[self.manifest.buffer_of(li)].iter().find(|p| p.role == role)?;
+        let PoolMem::Host(buf) = &p.mem else { return None };
         let start = (u64::from(slot) * p.bytes_per_slot) as usize;
-        Some(&p.buf.as_slice()[start..start + p.bytes_per_slot as usize])
+        Some(&buf.as_slice()[start..start + p.bytes_per_slot as usize])
     }
 
     /// Makes group `pass` of this event's distinct experts resident and writes, for each id,
@@ -395,6 +473,11 @@ impl Plan {
             Err(e) => self.fail(e),
         }
         r
+    }
+
+    /// Time so far in source reads and in window → slot copies, in nanoseconds.
+    pub fn io_ns(&self) -> (u64, u64) {
+        (self.tel.read_ns, self.tel.copy_ns)
     }
 
     /// The counters so far.
@@ -618,7 +701,8 @@ impl Plan {
 
     /// Bytes of slot-pool memory the Plan allocated (shared buffers counted once).
     pub fn pool_bytes(&self) -> u64 {
-        self.pools.iter().flatten().map(|p| p.buf.len() as u64).sum()
+        let slots = |b: usize| u64::from(self.manifest.layers[b].n_slots);
+        self.pools.iter().enumerate().flat_map(|(b, ps)| ps.iter().map(move |p| p.bytes_per_slot * slots(b))).sum()
     }
 
     /// Starts loading the next layer's predicted experts into its Vacant slots and free windows,
@@ -661,7 +745,7 @@ impl Plan {
     fn complete_prefetch(&mut self) -> Result<(), PlanError> {
         let Some((nli, loads, mut inflight, submitted)) = self.prefetching.take() else { return Ok(()) };
         while !inflight.is_empty() {
-            let c = self.source.wait()?;
+            let c = self.wait_source()?;
             self.accept(nli, c, &mut inflight)?;
         }
         self.load(nli, &loads[submitted..])?;
@@ -692,7 +776,7 @@ impl Plan {
                 }
                 return Err(PlanError::OutstandingWork { detail: "no window is Free".into() });
             }
-            let c = self.source.wait()?;
+            let c = self.wait_source()?;
             self.accept(li, c, &mut inflight)?;
         }
     }
@@ -713,7 +797,8 @@ impl Plan {
                 epoch: version.epoch,
                 window: w,
             };
-            self.source.submit(ReadRequest {
+            let started = Instant::now();
+            let submitted = self.source.submit(ReadRequest {
                 ticket: id,
                 object,
                 extent: i as u32,
@@ -723,7 +808,9 @@ impl Plan {
                 window_offset: e.window_offset,
                 epoch: version.epoch,
                 generation: version.generation,
-            })?;
+            });
+            self.tel.read_ns += started.elapsed().as_nanos() as u64;
+            submitted?;
             self.tickets.insert(id, t);
             self.tel.q_run.reads += 1;
             self.tel.q_run.logical_bytes += e.extent.len;
@@ -731,6 +818,14 @@ impl Plan {
             self.tel.q_run.padding_bytes += e.padding();
         }
         Ok(())
+    }
+
+    /// The next completion; the time spent waiting for it is read time.
+    fn wait_source(&mut self) -> Result<Completion, SourceError> {
+        let started = Instant::now();
+        let c = self.source.wait();
+        self.tel.read_ns += started.elapsed().as_nanos() as u64;
+        c
     }
 
     fn reject(&mut self, kind: RejectKind, ticket: u64, detail: String) -> PlanError {
@@ -795,24 +890,35 @@ impl Plan {
         Ok(())
     }
 
-    /// HostReady → Copying → Free, the copy into the slot, then DeviceReady.
+    /// HostReady → Copying → Free, the copy into the slot (completed when it returns), then
+    /// DeviceReady.
     fn publish(&mut self, li: usize, w: u32, b: Bundle) -> Result<(), PlanError> {
         self.windows[w as usize].step(w, WindowTransition::Assembled)?;
         self.windows[w as usize].step(w, WindowTransition::BeginCopy)?;
         let op = self.manifest.object(b.object).expect("manifest object");
         let window = self.source.window(w);
+        let started = Instant::now();
         for (e, pool) in op.extents.iter().zip(&self.pools[self.manifest.buffer_of(li)]) {
             assert_eq!(e.role, pool.role, "pools are in role order");
             let src = &window[e.window_range()];
             assert_eq!(src.len() as u64, pool.bytes_per_slot);
-            // SAFETY: the destination is slot `b.slot`'s region of this pool, inside the
-            // allocation (slot < n_slots); the slot is Loading, so no consumer reads it; the
-            // window is the source's own memory, disjoint from every pool.
-            unsafe {
-                let dst = pool.buf.as_ptr().add((u64::from(b.slot) * pool.bytes_per_slot) as usize);
-                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+            match &pool.mem {
+                // SAFETY: the destination is slot `b.slot`'s region of this pool, inside the
+                // allocation (slot < n_slots); the slot is Loading, so no consumer reads it; the
+                // window is the source's own memory, disjoint from every pool.
+                PoolMem::Host(buf) => unsafe {
+                    let dst = buf.as_ptr().add((u64::from(b.slot) * pool.bytes_per_slot) as usize);
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+                },
+                PoolMem::Engine(Some(writer)) => {
+                    writer.write(b.slot, src).map_err(|detail| PlanError::Copy { detail })?;
+                }
+                PoolMem::Engine(None) => {
+                    return Err(PlanError::Copy { detail: format!("the engine never bound the {} pool", pool.role) })
+                }
             }
         }
+        self.tel.copy_ns += started.elapsed().as_nanos() as u64;
         let (logical, object) = (op.logical_bytes, op.id);
         self.windows[w as usize].step(w, WindowTransition::CopyDone)?;
         self.table.publish(li, b.slot, b.version)?;

@@ -92,7 +92,12 @@ pub struct Telemetry {
     /// Bundles published (demand and prefetch).
     pub loads: u64,
     pub prefetch_loads: u64,
+    /// Bytes copied from windows into slots (host-to-device when the pools are on a device).
     pub bytes_copied: u64,
+    /// Time in those copies, each observed complete.
+    pub copy_ns: u64,
+    /// Time in the source's submit and wait: reads the Plan did not overlap with compute.
+    pub read_ns: u64,
     pub consumer_takes: u64,
     pub consumer_drops: u64,
     pub rejections: BTreeMap<String, u64>,

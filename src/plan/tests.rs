@@ -731,3 +731,91 @@ fn shared_layer_buffers_evict_cached_objects_and_refuse_live_ones() {
     assert!(matches!(err, PlanError::BufferLive { .. }), "{err}");
     assert!(p.failure().is_some());
 }
+
+/// An engine pool in memory the test can read: each write lands in `mem`, or fails on demand.
+struct TestPool {
+    mem: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    bytes_per_slot: usize,
+    fail: bool,
+}
+
+impl SlotWriter for TestPool {
+    fn write(&self, slot: u32, src: &[u8]) -> Result<(), String> {
+        if self.fail || src.len() != self.bytes_per_slot {
+            return Err(format!("refused {} bytes into slot {slot}", src.len()));
+        }
+        let start = slot as usize * self.bytes_per_slot;
+        self.mem.lock().unwrap()[start..start + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+}
+
+fn engine_plan(fail_role: Option<Role>) -> (Plan, HashMap<(u32, Role), std::sync::Arc<std::sync::Mutex<Vec<u8>>>>) {
+    let m = model();
+    let spec: PolicySpec = "zero".parse().unwrap();
+    let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
+    let source = BufferedSource::open(&m.path, 2, manifest.window_size).unwrap();
+    let mut p = Plan::for_engine(manifest, &spec, Box::new(source)).unwrap();
+    let mut mems = HashMap::new();
+    for lp in p.manifest().layers.clone() {
+        for &(role, bps) in &lp.roles {
+            let mem = std::sync::Arc::new(std::sync::Mutex::new(vec![0u8; (bps * u64::from(lp.n_slots)) as usize]));
+            let pool = TestPool { mem: mem.clone(), bytes_per_slot: bps as usize, fail: fail_role == Some(role) };
+            assert_eq!(p.bind(lp.layer, role, bps, lp.n_slots, Box::new(pool)).unwrap() as usize, p.manifest().layer_index(lp.layer).unwrap());
+            mems.insert((lp.layer, role), mem);
+        }
+    }
+    (p, mems)
+}
+
+#[test]
+fn engine_pools_get_each_slot_through_the_writer() {
+    let m = model();
+    let (mut p, mems) = engine_plan(None);
+    let layer = p.manifest().layers[1].layer;
+    let (role, bps) = p.manifest().layers[1].roles[0];
+    // Host-pool inspection and addresses do not exist for the engine's pools.
+    assert!(p.slot_bytes(layer, role, 0).is_none());
+    assert!(matches!(p.pool(layer, role, bps, 4), Err(PlanError::PoolMismatch { .. })));
+    let ids = [3, 9, 3, 11];
+    let slots = acq(&mut p, layer, 0, &ids).unwrap();
+    for (&id, &s) in ids.iter().zip(&slots) {
+        let op = p.manifest().object(obj(layer, id as u32)).unwrap();
+        for e in &op.extents {
+            let mem = mems[&(layer, e.role)].lock().unwrap();
+            let start = s as usize * e.extent.len as usize;
+            assert!(
+                mem[start..start + e.extent.len as usize] == m.bytes[e.extent.offset as usize..e.extent.end() as usize],
+                "slot {s} {} holds the bytes of expert {id}",
+                e.role
+            );
+        }
+    }
+    let tel = p.telemetry();
+    assert_eq!(tel.loads, 3);
+    assert!(tel.copy_ns > 0 && tel.read_ns > 0, "{tel:?}");
+    p.release(layer, 0).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
+fn a_failed_slot_copy_fails_the_plan_and_drains_clean() {
+    let (mut p, _) = engine_plan(Some(Role::Up));
+    let layer = p.manifest().layers[0].layer;
+    let err = acq(&mut p, layer, 0, &[1, 2]).unwrap_err();
+    assert!(matches!(err, PlanError::Copy { .. }), "{err}");
+    assert!(p.failure().is_some());
+    // The slot never became DeviceReady; the copying window is discarded at shutdown.
+    assert!(p.slots(layer).unwrap().iter().all(|c| !matches!(c.state, SlotState::DeviceReady | SlotState::InUse)));
+    let closure = p.shutdown().unwrap();
+    assert!(closure.balanced() && closure.failed.is_some(), "{closure:?}");
+    assert!(p.telemetry().windows_discarded >= 1);
+
+    // A pool the engine never bound fails the same way.
+    let m = model();
+    let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
+    let source = BufferedSource::open(&m.path, 1, manifest.window_size).unwrap();
+    let mut p = Plan::for_engine(manifest, &"zero".parse().unwrap(), Box::new(source)).unwrap();
+    assert!(matches!(acq(&mut p, layer, 0, &[1]), Err(PlanError::Copy { .. })));
+    assert!(p.shutdown().unwrap().balanced());
+}
