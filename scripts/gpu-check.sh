@@ -6,7 +6,8 @@
 #   scripts/gpu-check.sh            on a GPU machine (needs .device/ from scripts/pack-device.sh)
 #   scripts/gpu-check.sh --cpu      dry run here: no CUDA build, --gpu-layers 0
 #
-# Env: SOVEREIGN (binary, default .device/sovereign), OUT (default .device/out), BACKEND_DIR
+# Env: SOVEREIGN (binary, default .device/sovereign), OUT (log, build identity, table; default
+# .device/out), WORK (models, records, CUDA build; default /tmp/gpu-check-work), BACKEND_DIR
 # (skip the CUDA build and load the modules found there).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,7 +16,8 @@ mode=gpu
 BIN=${SOVEREIGN:-$root/.device/sovereign}
 OUT=${OUT:-$root/.device/out}
 mkdir -p "$OUT"
-W=$OUT/work
+# Models, records and the CUDA build stay out of $OUT (only the log and small files go back).
+W=${WORK:-/tmp/gpu-check-work}
 rm -rf "$W"
 mkdir -p "$W"
 exec > >(tee -a "$OUT/gpu-check.log") 2>&1
@@ -40,7 +42,7 @@ PROMPT="The quick brown fox jumps over the lazy dog, and then"
 build_cuda() {
     if [ -n "${BACKEND_DIR:-}" ]; then echo "using modules in $BACKEND_DIR"; return 0; fi
     [ "$mode" = gpu ] || { echo "cpu dry run: no CUDA build"; return 0; }
-    "$root/scripts/build-backend.sh" cuda "$OUT/backend" && BACKEND_DIR=$OUT/backend
+    BUILD_DIR=$W/cuda-build "$root/scripts/build-backend.sh" cuda "$W/backend" && BACKEND_DIR=$W/backend
 }
 identity() {
     [ -n "${BACKEND_DIR:-}" ] && export SOVEREIGN_BACKEND_DIR=$BACKEND_DIR
@@ -137,7 +139,7 @@ bench() {
         S generate --prompt "$PROMPT" --threads $TH --gpu-layers $GL $m $args --record "$W/bench-$n.rec" --json > "$W/bench-$n.json" 2> "$W/bench-$n.err"
         echo "$n exit $? wall $(python3 -c "print(f'{$(date +%s.%N)-$_a0:.2f}')")" | tee "$W/bench-$n.wall"
     done
-    python3 "$root/scripts/gpu_check_table.py" "$W" "${arms[@]%%|*}"
+    python3 "$root/scripts/gpu_check_table.py" "$W" "${arms[@]%%|*}" | tee "$OUT/bench-table.txt"
 }
 step build-cuda build_cuda
 step identity identity
