@@ -18,7 +18,7 @@ build: deps
 demo: build
 	@mkdir -p $(MODELS) $(RESULTS)
 	$(BIN) build-info
-	$(BIN) model forge --preset small --seed 7 --out $(MODELS)/small.gguf
+	test -f $(MODELS)/small.gguf || $(BIN) model forge --preset small --seed 7 --out $(MODELS)/small.gguf
 	$(BIN) inventory $(MODELS)/small.gguf | head -6
 	@rm -rf $(RESULTS)/demo-a $(RESULTS)/demo-b
 	$(BIN) generate --model $(MODELS)/small.gguf --prompt-file campaigns/prompts/demo.txt \

@@ -106,6 +106,17 @@ pub fn argmax(row: &[f32]) -> usize {
     best
 }
 
+/// Rows `from..` of `logits` must be finite: a NaN or infinite row has no argmax, and taking
+/// one would turn a broken model into a short, "completed" run.
+pub fn check_finite(logits: &[f32], n_vocab: usize, from: usize) -> Result<()> {
+    for (i, row) in logits.chunks(n_vocab.max(1)).enumerate().skip(from) {
+        if let Some(j) = row.iter().position(|v| !v.is_finite()) {
+            bail!("logits row {i} is not finite (vocabulary entry {j} is {})", row[j]);
+        }
+    }
+    Ok(())
+}
+
 fn f32_bytes(rows: &[f32]) -> Vec<u8> {
     rows.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
@@ -175,6 +186,7 @@ pub fn run_with(
     let decoded = (|| -> Result<()> {
         let t1 = Instant::now();
         ctx.decode(&prompt, true, &mut logits)?;
+        check_finite(&logits, n_vocab, 0)?;
         prefill_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
         while generated.len() < spec.n_predict as usize {
@@ -188,7 +200,9 @@ pub fn run_with(
             if generated.len() == spec.n_predict as usize {
                 break;
             }
+            let from = logits.len() / n_vocab.max(1);
             ctx.decode(&[next], true, &mut logits)?;
+            check_finite(&logits, n_vocab, from)?;
         }
         decode_s = t2.elapsed().as_secs_f64();
         Ok(())

@@ -1,5 +1,6 @@
 //! sovereign: LLM inference beyond full memory residency, with proof of what happened.
 
+pub mod bounds;
 pub mod campaign;
 pub mod certificate;
 pub mod engine;

@@ -3,7 +3,7 @@
 mod refine_cli;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use sovereign::campaign;
 use sovereign::certificate;
 use sovereign::engine::{self, ExecParams, QuantType};
@@ -16,6 +16,7 @@ use sovereign::identity::build_identity;
 use sovereign::inventory::Inventory;
 use sovereign::oracle::{self, Outcome};
 use sovereign::plan::engine::{PlanOptions, PlanSource, SourceKind};
+use sovereign::bounds::parse_bytes;
 use sovereign::source::fault::FaultCell;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -300,6 +301,21 @@ struct PlanArgs {
 }
 
 impl PlanArgs {
+    /// Refuses values outside the shared bounds, and a policy that does not parse.
+    fn check(&self) -> Result<()> {
+        sovereign::bounds::PlanParams { slots: self.slots, windows: self.windows, depth: self.depth, layer_buffers: self.layer_buffers }.check()?;
+        self.policy.parse::<sovereign::plan::PolicySpec>().context("--policy")?;
+        Ok(())
+    }
+
+    /// The plan flags given on the command line (resident runs refuse them).
+    fn given(m: &clap::ArgMatches) -> Vec<&'static str> {
+        ["slots", "policy", "source", "windows", "depth", "layer_buffers", "fault"]
+            .into_iter()
+            .filter(|id| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+            .collect()
+    }
+
     fn options(&self, fault: FaultCell) -> PlanOptions {
         PlanOptions {
             slots: self.slots,
@@ -339,7 +355,7 @@ struct ContainArgs {
     /// Run as its own process tree in a memory cgroup with this hard limit (bytes, or with a
     /// K/M/G suffix, binary), swap off; the record then states what bounded each memory tier
     /// and whether the run is admitted (positive margin, zero limit events, no OOM, no swap).
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = sovereign::bounds::parse_memory_max)]
     memory_max: Option<u64>,
     /// Run in its own cgroup for accounting even without a limit.
     #[arg(long)]
@@ -430,13 +446,20 @@ struct GenerateArgs {
     record: PathBuf,
     #[arg(long)]
     json: bool,
+    /// Plan flags given on the command line (filled from the matches).
+    #[arg(skip)]
+    plan_given: Vec<&'static str>,
 }
 
 fn main() -> ExitCode {
     // Die quietly on a closed pipe (`sovereign inventory M | head`), like other Unix tools.
     // SAFETY: setting a signal disposition before any threads start.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let cli = Cli::parse();
+    let m = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
+    if let (Command::Generate(a), Some(g)) = (&mut cli.command, m.subcommand_matches("generate")) {
+        a.plan_given = PlanArgs::given(g);
+    }
     if let Some(d) = &cli.backend_dir {
         // Before any thread starts; child cells inherit it.
         std::env::set_var(sovereign::engine::backends::BACKEND_DIR_ENV, d);
@@ -488,6 +511,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Model(ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, json }) => {
             let dims = preset.dims().with(&Overrides { layers, experts, top_k, embd, expert_ff, vocab })?;
+            if out.symlink_metadata().is_ok() {
+                bail!("{}: --out exists; forge never overwrites (remove it first)", out.display());
+            }
             let t = std::time::Instant::now();
             let f = forge::forge(arch, dims, seed, &out)?;
             if json {
@@ -767,26 +793,6 @@ fn claim_cmd(a: ClaimArgs, verb: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Bytes, optionally with a binary K, M, G or T suffix (`11G`, `512M`, `1048576`).
-fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let (num, mul) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let mul = match t[i..].to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
-                "" => 1u64,
-                "K" => 1 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                "T" => 1 << 40,
-                other => return Err(format!("unknown size suffix `{other}` (use K, M, G or T)")),
-            };
-            (&t[..i], mul)
-        }
-        None => (t, 1),
-    };
-    num.trim().parse::<u64>().ok().and_then(|n| n.checked_mul(mul)).ok_or_else(|| format!("`{s}` is not a byte count"))
-}
-
 /// `--gpu-layers`: a layer count or `all` (llama's negative n_gpu_layers).
 fn parse_gpu_layers(s: &str) -> Result<i32, String> {
     if s == "all" {
@@ -846,12 +852,17 @@ fn read_prompt(a: &GenerateArgs) -> Result<Vec<u8>> {
 }
 
 fn generate_cmd(a: GenerateArgs) -> Result<ExitCode> {
-    if a.threads < 1 {
-        bail!("--threads must be at least 1");
+    sovereign::bounds::RunParams { threads: a.threads as i64, ctx: a.ctx, batch: a.batch, n_predict: a.n_predict }.check()?;
+    if a.experts == Experts::Plan {
+        a.plan.check()?;
+    } else if !a.plan_given.is_empty() {
+        bail!("--{} need --experts plan (resident runs load every expert)", a.plan_given.iter().map(|f| f.replace('_', "-")).collect::<Vec<_>>().join(", --"));
     }
-    if a.batch < 1 {
-        bail!("--batch must be at least 1");
+    sovereign::bounds::regular_file("--model", &a.model)?;
+    if let Some(f) = &a.prompt_file {
+        sovereign::bounds::regular_file("--prompt-file", f)?;
     }
+    sovereign::bounds::prompt_text(if a.prompt.is_some() { "--prompt" } else { "--prompt-file" }, &read_prompt(&a)?)?;
     engine::set_placement(engine::Placement {
         gpu_layers: a.gpu_layers,
         experts_host: a.experts == Experts::Host,

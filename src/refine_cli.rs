@@ -1,6 +1,6 @@
 //! `sovereign margins` and `sovereign refine` (seed 001).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use sovereign::engine::ExecParams;
 use sovereign::plan::engine::PlanOptions;
@@ -105,9 +105,7 @@ pub struct ExecArgs {
 
 impl ExecArgs {
     fn params(&self) -> Result<ExecParams> {
-        if self.threads < 1 || self.batch < 1 {
-            bail!("--threads and --batch must be at least 1");
-        }
+        sovereign::bounds::RunParams { threads: self.threads as i64, ctx: self.ctx, batch: self.batch, n_predict: 0 }.check()?;
         Ok(ExecParams { n_ctx: self.ctx, n_batch: self.batch, n_ubatch: self.batch, threads: self.threads, flash_attn: false })
     }
 
@@ -120,7 +118,10 @@ impl ExecArgs {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("{}: cannot read prompts", path.display()))
+    sovereign::bounds::regular_file("--prompts", path)?;
+    let b = std::fs::read(path).with_context(|| format!("{}: cannot read prompts", path.display()))?;
+    sovereign::bounds::prompt_text(&path.display().to_string(), &b)?;
+    Ok(b)
 }
 
 pub fn margins_cmd(a: MarginsArgs) -> Result<ExitCode> {
@@ -193,6 +194,10 @@ fn child_args(a: &RefineArgs, record: &Path) -> Vec<std::ffi::OsString> {
 }
 
 pub fn refine_cmd(a: RefineArgs) -> Result<ExitCode> {
+    if a.verifier_experts == VerifierExperts::Plan {
+        a.plan.check()?;
+        sovereign::bounds::range("--reference-slots", a.reference_slots as u64, 1, sovereign::bounds::MAX_SLOTS as u64, "expert slots per layer")?;
+    }
     let prompt_bytes = read(&a.prompts)?;
     let exec = a.exec.params()?;
     if a.contained.enabled() {

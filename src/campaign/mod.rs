@@ -65,10 +65,15 @@ pub fn load(file: &Path) -> Result<Loaded> {
 /// `campaign check`: the diagnostics of a file (empty: it is well formed).
 pub fn check(file: &Path) -> Result<Vec<String>> {
     let source = std::fs::read_to_string(file).with_context(|| format!("{}: cannot read", file.display()))?;
-    Ok(match parse(&source) {
-        Ok(_) => Vec::new(),
-        Err(d) => d.iter().map(|d| d.render(&file.display().to_string())).collect(),
-    })
+    let base = match file.parent() {
+        Some(b) if !b.as_os_str().is_empty() => b.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let d = match parse(&source) {
+        Ok(c) => spec::check_paths(&c, &base),
+        Err(d) => d,
+    };
+    Ok(d.iter().map(|d| d.render(&file.display().to_string())).collect())
 }
 
 /// Where a campaign keeps its state below the results directory.
@@ -182,7 +187,7 @@ arms:
     source: d
     windows: 1
     depth: 1
-    memory_cap_bytes: 1000
+    memory_cap_bytes: 16777216
     threads: 1
   - id: F
     experts: plan

@@ -482,6 +482,24 @@ pub fn parse(text: &str) -> std::result::Result<Campaign, Vec<Diagnostic>> {
     }
 }
 
+/// The model and prompt must be regular files that can be read (relative to `base`, the
+/// campaign file's directory); read permission is checked by opening.
+pub fn check_paths(c: &Campaign, base: &std::path::Path) -> Vec<Diagnostic> {
+    let mut paths = vec![("model.path", c.model.path.as_str()), ("workload.prompt_file", c.workload.prompt_file.as_str())];
+    if let Some(r) = &c.refine {
+        paths.extend([("refine.verifier.path", r.verifier.path.as_str()), ("refine.reference.path", r.reference.path.as_str())]);
+    }
+    let mut out = Vec::new();
+    for (what, p) in paths {
+        let full = base.join(p);
+        let ok = crate::bounds::regular_file(what, &full).and_then(|_| crate::bounds::open_regular(&full).map(drop).map_err(|e| anyhow::anyhow!("{}: {what} cannot be read: {e}", full.display())));
+        if let Err(e) = ok {
+            out.push(Diagnostic { line: 0, column: 0, message: e.to_string() });
+        }
+    }
+    out
+}
+
 /// Deserializes YAML; a syntax error, typo'd key or wrong type comes back as one diagnostic at
 /// its position (shared by campaign and certificate files).
 pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> std::result::Result<T, Vec<Diagnostic>> {
@@ -517,8 +535,8 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     if !valid_name(&c.id, &['.']) || c.id.starts_with('.') {
         out.push(Diagnostic::at(&c.id, format!("campaign id {:?} must be letters, digits, `.`, `_`, `-`", c.id.value)));
     }
-    if c.workload.outputs == 0 {
-        out.push(Diagnostic { line: 0, column: 0, message: "workload.outputs must be at least 1".into() });
+    if c.workload.outputs == 0 || c.workload.outputs > crate::bounds::MAX_N_PREDICT {
+        out.push(Diagnostic { line: 0, column: 0, message: format!("workload.outputs must lie in 1..={}", crate::bounds::MAX_N_PREDICT) });
     }
     if c.workload.prompt_tokens == 0 {
         out.push(Diagnostic { line: 0, column: 0, message: "workload.prompt_tokens must be at least 1".into() });
@@ -534,8 +552,24 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         if !ids.insert(a.id.value.clone()) {
             out.push(Diagnostic::at(&a.id, format!("arm `{}` is defined twice", a.id.value)));
         }
-        if a.threads == 0 {
-            out.push(Diagnostic::at(&a.id, format!("arm `{}`: threads must be at least 1", a.id.value)));
+        if let Err(e) = crate::bounds::range("threads", a.threads as u64, 1, crate::bounds::MAX_THREADS as u64, "the run refuses more than 4 x its cores") {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}`: {e}", a.id.value)));
+        }
+        if a.experts == ExpertsMode::Plan {
+            let p = crate::bounds::PlanParams {
+                slots: a.slots.unwrap_or(1),
+                windows: a.windows.unwrap_or(1),
+                depth: a.depth.unwrap_or(1),
+                layer_buffers: a.layer_buffers.unwrap_or(0),
+            };
+            if let Err(e) = p.check() {
+                out.push(Diagnostic::at(&a.id, format!("arm `{}`: {}", a.id.value, e.to_string().replacen("--", "", 1).replace("layer-buffers", "layer_buffers"))));
+            }
+        }
+        if let Some(m) = a.memory_cap_bytes {
+            if let Err(e) = crate::bounds::range("memory_cap_bytes", m, crate::bounds::MIN_MEMORY_MAX, crate::bounds::MAX_MEMORY_MAX, "16 MiB up to 1 PiB") {
+                out.push(Diagnostic::at(&a.id, format!("arm `{}`: {e}", a.id.value)));
+            }
         }
         let plan_fields = [
             ("slots", a.slots.is_some()),
@@ -593,6 +627,10 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         Blocks::SeededRandom { arms, count, .. } => {
             if arms.is_empty() || *count == 0 {
                 out.push(Diagnostic { line: 0, column: 0, message: "schedule.blocks.seeded_random needs arms and count >= 1".into() });
+            }
+            let cells = *count as u64 * arms.len() as u64;
+            if cells > crate::bounds::MAX_CELLS {
+                out.push(Diagnostic { line: 0, column: 0, message: format!("schedule.blocks.seeded_random: count {count} x {} arms is {cells} cells, more than {}", arms.len(), crate::bounds::MAX_CELLS) });
             }
             check_block(arms, "schedule.blocks.seeded_random.arms", &mut out);
         }

@@ -132,27 +132,7 @@ impl JsonSchema for Bytes {
     }
 }
 
-/// `48405005312`, `48,405,005,312`, `11 GiB`, `11G`, `512MiB`: exact, binary multiples.
-pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (num, suffix) = (t[..split].trim(), &t[split..]);
-    let mul: u64 = match suffix.to_ascii_uppercase().trim_end_matches('B').trim_end_matches('I') {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        "T" => 1 << 40,
-        _ => return Err(format!("`{s}`: unknown size suffix `{suffix}` (use K, M, G or T, binary)")),
-    };
-    let digits: String = num.chars().filter(|c| *c != ',' && *c != '_').collect();
-    digits
-        .parse::<u64>()
-        .ok()
-        .filter(|_| !digits.is_empty())
-        .and_then(|n| n.checked_mul(mul))
-        .ok_or_else(|| format!("`{s}` is not a byte count"))
-}
+pub use crate::bounds::parse_bytes;
 
 /// Authority grades (seed 000 §2.1). Not comparable on one scale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -50,11 +50,12 @@ impl Gguf {
     }
 
     fn open_inner(path: &Path) -> Result<Gguf> {
-        let file = File::open(path).map_err(|e| anyhow!("cannot open: {e}"))?;
-        let meta = file.metadata()?;
-        if !meta.is_file() {
+        // A FIFO would block a plain open forever: stat first, then open without blocking.
+        if !std::fs::metadata(path).map_err(|e| anyhow!("cannot open: {e}"))?.is_file() {
             bail!("not a regular file");
         }
+        let file = crate::bounds::open_regular(path).map_err(|e| anyhow!("cannot open: {e}"))?;
+        let meta = file.metadata()?;
         let file_len = meta.len();
         let mut r = Cursor { inner: BufReader::with_capacity(1 << 16, file), pos: 0, len: file_len };
 

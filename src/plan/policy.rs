@@ -58,6 +58,10 @@ impl FromStr for PolicySpec {
                 base = true;
                 if let Some(k) = part.strip_prefix("lru:") {
                     spec.retain = k.parse().map_err(|_| anyhow!("policy `{s}`: lru:K needs a whole number K"))?;
+                    // Same bound as `campaign check`: lru:0 is spelled `zero`.
+                    if !(1..=crate::bounds::MAX_LRU).contains(&spec.retain) {
+                        bail!("policy `{s}`: lru:K needs 1 <= K <= {}", crate::bounds::MAX_LRU);
+                    }
                 }
             } else if let Some(list) = part.strip_prefix("pin:") {
                 if pins {

@@ -1,0 +1,169 @@
+//! One table of limits for every run parameter, shared by the CLI, `campaign check` and refine.
+//! A value outside its bound is refused with one line naming the flag; nothing is allocated first.
+
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+
+/// Threads: 4 x the available cores (oversubscription beyond that only slows the run), and at
+/// most 1024 (ggml's thread pool keeps per-thread state sized by this count).
+pub fn max_threads() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    (4 * cores).min(MAX_THREADS)
+}
+/// The machine-independent ceiling, for files that run elsewhere (campaigns).
+pub const MAX_THREADS: u32 = 1024;
+/// Expert slots per MoE layer: far above any expert count a GGUF here carries.
+pub const MAX_SLOTS: u32 = 65_536;
+/// Host staging windows: each is one registered buffer, and all of them are bounded below.
+pub const MAX_WINDOWS: u32 = 4_096;
+/// io_uring's own maximum number of submission entries (IORING_MAX_ENTRIES).
+pub const MAX_DEPTH: u32 = 32_768;
+/// Per-layer staging buffers.
+pub const MAX_LAYER_BUFFERS: u32 = 4_096;
+/// Context tokens: llama.cpp sizes its KV cache by this; 1 Mi tokens is beyond every model here.
+pub const MAX_CTX: u32 = 1 << 20;
+/// Logical/physical batch: never larger than the context.
+pub const MAX_BATCH: u32 = MAX_CTX;
+/// Generated tokens: bounded by the context anyway; this keeps the reservation finite.
+pub const MAX_N_PREDICT: u32 = MAX_CTX;
+/// LRU entries per layer.
+pub const MAX_LRU: u32 = MAX_SLOTS;
+/// Cells of a campaign: each is a full model run and about 1.5 KiB in memory once expanded;
+/// 10 000 is far beyond any schedule worth running and keeps expansion near 15 MiB.
+pub const MAX_CELLS: u64 = 10_000;
+/// Smallest memory limit a contained run may ask for (the worker alone needs more).
+pub const MIN_MEMORY_MAX: u64 = 16 << 20;
+/// Largest memory limit: 1 PiB, beyond any host.
+pub const MAX_MEMORY_MAX: u64 = 1 << 50;
+
+/// `value` must lie in `lo..=hi`; the error names `flag` and the reason.
+pub fn range(flag: &str, value: u64, lo: u64, hi: u64, why: &str) -> Result<()> {
+    if value < lo || value > hi {
+        bail!("{flag} {value} is out of range {lo}..={hi} ({why})");
+    }
+    Ok(())
+}
+
+/// The run-time parameters every generate, campaign arm and refine shares.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunParams {
+    pub threads: i64,
+    pub ctx: u32,
+    pub batch: u32,
+    pub n_predict: u32,
+}
+
+impl RunParams {
+    pub fn check(&self) -> Result<()> {
+        range("--threads", self.threads.max(0) as u64, 1, max_threads() as u64, "at most 4 x the available cores, and 1024")?;
+        range("--ctx", self.ctx as u64, 1, MAX_CTX as u64, "tokens of KV cache")?;
+        range("--batch", self.batch as u64, 1, MAX_BATCH.min(self.ctx) as u64, "at most the context")?;
+        range("--n-predict", self.n_predict as u64, 0, MAX_N_PREDICT.min(self.ctx) as u64, "at most the context")?;
+        Ok(())
+    }
+}
+
+/// The Plan's parameters (`--experts plan`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlanParams {
+    pub slots: u32,
+    pub windows: u32,
+    pub depth: u32,
+    pub layer_buffers: u32,
+}
+
+impl PlanParams {
+    pub fn check(&self) -> Result<()> {
+        range("--slots", self.slots as u64, 1, MAX_SLOTS as u64, "expert slots per layer")?;
+        range("--windows", self.windows as u64, 1, MAX_WINDOWS as u64, "registered staging windows")?;
+        range("--depth", self.depth as u64, 1, MAX_DEPTH as u64, "io_uring's maximum of submission entries")?;
+        range("--layer-buffers", self.layer_buffers as u64, 0, MAX_LAYER_BUFFERS as u64, "staging buffers per layer")?;
+        Ok(())
+    }
+}
+
+/// `48405005312`, `48,405,005,312`, `11 GiB`, `11G`, `512MiB`: exact, binary multiples.
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, suffix) = (t[..split].trim(), &t[split..]);
+    let mul: u64 = match suffix.to_ascii_uppercase().trim_end_matches('B').trim_end_matches('I') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(format!("`{s}`: unknown size suffix `{suffix}` (use K, M, G or T, binary)")),
+    };
+    let digits: String = num.chars().filter(|c| *c != ',' && *c != '_').collect();
+    digits
+        .parse::<u64>()
+        .ok()
+        .filter(|_| !digits.is_empty())
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| format!("`{s}` is not a byte count"))
+}
+
+/// A memory limit in bytes, bounded.
+pub fn parse_memory_max(s: &str) -> std::result::Result<u64, String> {
+    let v = parse_bytes(s)?;
+    range("memory limit", v, MIN_MEMORY_MAX, MAX_MEMORY_MAX, "16 MiB up to 1 PiB").map_err(|e| e.to_string())?;
+    Ok(v)
+}
+
+/// `path` must be an existing regular file (not a FIFO, directory, device or socket, which
+/// would hang or fail a reader). Follows symlinks; never opens the file.
+pub fn regular_file(what: &str, path: &Path) -> Result<()> {
+    let m = std::fs::metadata(path).with_context(|| format!("{}: {what} cannot be read", path.display()))?;
+    if !m.is_file() {
+        bail!("{}: {what} is not a regular file", path.display());
+    }
+    Ok(())
+}
+
+/// Opens `path` for reading without blocking on a FIFO, and refuses anything but a regular file.
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    // Regular files ignore O_NONBLOCK; clear it anyway so reads behave as ever.
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        let fd = f.as_raw_fd();
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(f)
+}
+
+/// A prompt must be UTF-8: llama.cpp's tokenizer aborts the process on an invalid sequence.
+pub fn prompt_text(what: &str, bytes: &[u8]) -> Result<()> {
+    if let Err(e) = std::str::from_utf8(bytes) {
+        bail!("{what}: the prompt is not valid UTF-8 (byte {})", e.valid_up_to());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_refuse_extremes_and_take_defaults() {
+        assert!(RunParams { threads: 2, ctx: 4096, batch: 512, n_predict: 64 }.check().is_ok());
+        assert!(RunParams { threads: 100_000, ctx: 4096, batch: 512, n_predict: 64 }.check().is_err());
+        assert!(RunParams { threads: 2, ctx: u32::MAX, batch: 512, n_predict: 64 }.check().is_err());
+        assert!(PlanParams { slots: 8, windows: 8, depth: 8, layer_buffers: 0 }.check().is_ok());
+        let e = PlanParams { slots: 8, windows: 8, depth: u32::MAX, layer_buffers: 0 }.check().unwrap_err().to_string();
+        assert!(e.contains("--depth") && e.contains("out of range"), "{e}");
+        assert!(PlanParams { slots: 8, windows: u32::MAX, depth: 8, layer_buffers: 0 }.check().is_err());
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert!(parse_memory_max("1").is_err());
+        assert!(prompt_text("p", b"\xf7\x8f\xbc\xbf").is_err());
+    }
+}

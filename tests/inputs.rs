@@ -1,0 +1,173 @@
+//! Hostile inputs: each is refused with one line naming the flag or file, never an abort, a
+//! hang or a huge allocation; non-finite logits fail the run.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::time::{Duration, Instant};
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("sovereign-inputs-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs with a wall-clock bound; a hang fails the test instead of the suite.
+fn run_bounded(args: &[&std::ffi::OsStr], secs: u64) -> Run {
+    let mut child = bin()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sovereign {args:?} still running after {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn os(v: &[&str]) -> Vec<std::ffi::OsString> {
+    v.iter().map(Into::into).collect()
+}
+
+fn refs(v: &[std::ffi::OsString]) -> Vec<&std::ffi::OsStr> {
+    v.iter().map(|s| s.as_os_str()).collect()
+}
+
+#[test]
+fn invalid_utf8_prompt_is_refused_not_aborted() {
+    let d = tmp("utf8");
+    let m = forge(&d, "m.gguf", 11, &[]);
+    let bad = b"\xf7\x8f\xbc\xbf";
+    let pf = d.join("p.txt");
+    fs::write(&pf, bad).unwrap();
+    let rec = d.join("r1");
+    let r = run(&["generate", "--model", m.to_str().unwrap(), "--prompt-file", pf.to_str().unwrap(), "--n-predict", "2", "--record", rec.to_str().unwrap()]);
+    assert_one_line_error(&r, &["--prompt-file", "UTF-8"]);
+    let mut a = os(&["generate", "--model", m.to_str().unwrap(), "--n-predict", "2", "--record", d.join("r2").to_str().unwrap(), "--prompt"]);
+    a.push(std::ffi::OsStr::from_bytes(bad).into());
+    let r = run_bounded(&refs(&a), 60);
+    assert!(r.code == 2 && !r.stderr.contains("invalid codepoint"), "{}{}", r.stdout, r.stderr);
+    assert!(!rec.exists());
+}
+
+#[test]
+fn absurd_run_parameters_are_refused_with_the_flag() {
+    let d = tmp("bounds");
+    let m = forge(&d, "m.gguf", 11, &[]);
+    let rec = d.join("r");
+    let m = m.to_str().unwrap();
+    let rec = rec.to_str().unwrap();
+    for (extra, needle) in [
+        (&["--threads", "100000"][..], "--threads"),
+        (&["--n-predict", "4294967295"][..], "--n-predict"),
+        (&["--batch", "4294967295"][..], "--batch"),
+        (&["--ctx", "4294967295"][..], "--ctx"),
+        (&["--experts", "plan", "--windows", "4294967295"][..], "--windows"),
+        (&["--experts", "plan", "--depth", "4294967295"][..], "--depth"),
+        (&["--experts", "plan", "--slots", "4294967295"][..], "--slots"),
+        (&["--experts", "plan", "--policy", "lru:0"][..], "lru:0"),
+        (&["--policy", "lru:2"][..], "--experts plan"),
+        (&["--slots", "4"][..], "--experts plan"),
+        (&["--fault", "short-read"][..], "--experts plan"),
+        (&["--layer-buffers", "2"][..], "--experts plan"),
+    ] {
+        let mut a = vec!["generate", "--model", m, "--prompt", "hi", "--record", rec];
+        a.extend_from_slice(extra);
+        let t = Instant::now();
+        let r = run(&a);
+        assert_one_line_error(&r, &[needle]);
+        assert!(t.elapsed() < Duration::from_secs(20), "{extra:?} took {:?}", t.elapsed());
+    }
+    let r = run(&["generate", "--model", m, "--prompt", "hi", "--record", rec, "--memory-max", "1"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("memory") && r.stderr.contains("out of range"), "{}", r.stderr);
+    assert!(!std::path::Path::new(rec).exists());
+}
+
+#[test]
+fn non_regular_model_is_refused_not_waited_on() {
+    let d = tmp("fifo");
+    let fifo = d.join("fifo.gguf");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a plain mkfifo on a path we own.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for model in [fifo.clone(), d.clone()] {
+        let m = model.to_str().unwrap();
+        let r = run_bounded(&refs(&os(&["inventory", m])), 20);
+        assert_one_line_error(&r, &["not a regular file"]);
+        let r = run_bounded(&refs(&os(&["generate", "--model", m, "--prompt", "hi", "--record", d.join("r").to_str().unwrap()])), 20);
+        assert_one_line_error(&r, &["--model", "not a regular file"]);
+    }
+}
+
+#[test]
+fn forge_refuses_to_overwrite() {
+    let d = tmp("forge");
+    let out = d.join("m.gguf");
+    fs::write(&out, b"keep").unwrap();
+    let r = run(&["model", "forge", "--preset", "tiny", "--seed", "1", "--out", out.to_str().unwrap()]);
+    assert_one_line_error(&r, &["--out exists"]);
+    assert_eq!(fs::read(&out).unwrap(), b"keep");
+}
+
+const CAMPAIGN: &str = "tests/data/inputs-campaign.yaml";
+
+fn campaign_with(d: &std::path::Path, edit: impl Fn(String) -> String) -> Run {
+    let text = edit(fs::read_to_string(CAMPAIGN).unwrap());
+    let f = d.join("c.yaml");
+    fs::write(&f, text).unwrap();
+    let t = Instant::now();
+    // Bounded address space: a refusal needs no more than a few hundred MiB.
+    let r = {
+        let out = std::process::Command::new("prlimit")
+            .arg("--as=2147483648")
+            .arg(env!("CARGO_BIN_EXE_sovereign"))
+            .args(["campaign", "check", f.to_str().unwrap()])
+            .output()
+            .unwrap();
+        Run { code: out.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::from_utf8_lossy(&out.stderr).into() }
+    };
+    assert!(t.elapsed() < Duration::from_secs(10));
+    r
+}
+
+#[test]
+fn campaign_check_applies_the_same_bounds() {
+    let d = tmp("campaign");
+    fs::write(d.join("m.gguf"), b"model").unwrap();
+    fs::write(d.join("p.txt"), b"prompt").unwrap();
+    let good = campaign_with(&d, |t| t);
+    assert_eq!(good.code, 0, "{}{}", good.stdout, good.stderr);
+    for (from, to, needle) in [
+        ("count: 3", "count: 4294967295", "cells"),
+        ("count: 3", "count: 3000000", "cells"),
+        ("threads: 2", "threads: 4294967295", "threads"),
+        ("slots: 4", "slots: 4294967295", "slots"),
+        ("windows: 4", "windows: 4294967295", "windows"),
+        ("depth: 4", "depth: 4294967295", "depth"),
+        ("path: m.gguf", "path: missing.gguf", "model.path"),
+        ("prompt_file: p.txt", "prompt_file: .", "workload.prompt_file"),
+    ] {
+        let r = campaign_with(&d, |t| t.replacen(from, to, 1));
+        assert_eq!(r.code, 1, "{to}: {}{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains(needle) && !r.stderr.contains("memory allocation"), "{to}: {}", r.stderr);
+    }
+}
