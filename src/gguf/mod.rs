@@ -4,10 +4,12 @@
 //! alignment, overlapping tensors, unknown types) so that a bad file gives one clear error
 //! before the engine sees it.
 
+mod check;
 mod reader;
 mod types;
 mod writer;
 
+pub use check::check;
 pub use reader::{Gguf, TensorInfo};
 pub use types::GgmlType;
 pub use writer::{GgufWriter, TensorSpec};

@@ -99,6 +99,7 @@ impl Inventory {
     }
 
     pub fn from_gguf(g: &Gguf) -> Result<Inventory> {
+        crate::gguf::check(g)?;
         let architecture = g.architecture()?.to_string();
         let mut layers: BTreeMap<u32, MoeLayer> = BTreeMap::new();
         let mut objects: BTreeMap<(u32, u32), ExpertObject> = BTreeMap::new();
