@@ -344,8 +344,12 @@ pub fn run_contained(
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.args(child_args(&cell)).stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
     let run = crate::observe::run_contained(cmd, spec)?;
+    let (code, signal) = match &run.status {
+        crate::observe::RunStatus::Exited { code } => (Some(*code), None),
+        crate::observe::RunStatus::Signaled { signal, .. } => (None, Some(*signal)),
+    };
     let mut rec: serde_json::Value = match std::fs::read_to_string(cell.join(crate::record::RECORD_FILE)) {
-        Ok(text) => {
+        Ok(text) if run.status.success() => {
             for entry in std::fs::read_dir(&cell)? {
                 let entry = entry?;
                 std::fs::rename(entry.path(), staging.dir().join(entry.file_name()))?;
@@ -353,12 +357,14 @@ pub fn run_contained(
             std::fs::remove_dir(&cell)?;
             serde_json::from_str(&text).context("the cell's record.json")?
         }
-        Err(_) => {
+        // A worker that did not exit 0 proves nothing, whatever it wrote.
+        _ => {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let _ = std::fs::remove_dir_all(&cell);
             serde_json::json!({
                 "format": format,
                 "outcome": "failed",
-                "error": log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output"),
+                "error": crate::observe::worker_error(code, signal, &log),
                 "build": build_identity()?,
                 "surfaces": {},
             })
@@ -367,6 +373,9 @@ pub fn run_contained(
     if rec.get("outcome").is_none() {
         rec["outcome"] = serde_json::json!(if run.status.success() { "completed" } else { "failed" });
     }
+    let mut run = run;
+    let completed = rec["outcome"] == "completed";
+    run.admission.require_run("outcome completed", completed, rec["outcome"].to_string());
     rec["resources"] = serde_json::to_value(&run)?;
     rec["cache_protocol"] = serde_json::json!(cache_protocol);
     let dir = staging.commit(&rec)?;

@@ -536,8 +536,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Model(ModelCommand::Quantize { ty, input, output, threads }) => {
             Inventory::of(&input)?;
             let tmp = output.with_extension("partial");
-            engine::quantize(&input, &tmp, ty, threads)?;
-            std::fs::rename(&tmp, &output).with_context(|| format!("renaming into {}", output.display()))?;
+            // Claimed exclusively: a concurrent or interrupted run's file is refused, not reused.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .with_context(|| format!("{}: cannot claim (another run is writing it, or one was interrupted)", tmp.display()))?;
+            if let Err(e) = engine::quantize(&input, &tmp, ty, threads) {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            if let Err(e) = sovereign::record::rename_noreplace(&tmp, &output) {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
             println!("{}: {:?}, {} bytes", output.display(), ty, std::fs::metadata(&output)?.len());
         }
         Command::Inventory { model, json } => {
@@ -602,6 +614,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Margins(a) => return refine_cli::margins_cmd(a),
         Command::Refine(a) => return refine_cli::refine_cmd(a),
         Command::Compare { a, b, json } => {
+            // A sealed record is compared only if it still verifies against its manifest.
+            for d in [&a, &b] {
+                if d.join(sovereign::record::MANIFEST_FILE).exists() {
+                    sovereign::record::verify_record(d)?;
+                }
+            }
             let cmp = oracle::compare(&a, &b)?;
             let exact = cmp.iter().all(|c| c.is_exact());
             if json {

@@ -78,7 +78,8 @@ fn show(what: &str, r: &ContainedRun) {
 
 fn assert_gone(r: &ContainedRun) {
     assert!(r.host.removed, "cleanup: {:?}", r.host.cleanup_error);
-    assert!(!Path::new(&r.host.cgroup).exists(), "{} still exists", r.host.cgroup);
+    assert!(!r.host.cgroup_path.exists(), "{} still exists", r.host.cgroup_path.display());
+    assert!(!r.host.cgroup.contains('/'), "a machine path in the record: {}", r.host.cgroup);
 }
 
 /// The seed's P-versus-D/F admission result in miniature: buffered reads of a 300 MiB file

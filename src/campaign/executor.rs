@@ -175,12 +175,6 @@ impl ProcessExecutor {
     }
 }
 
-/// The last line that says what went wrong: the child's `error:` line if it wrote one.
-fn last_error_line(log: &str) -> Option<String> {
-    let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    lines.iter().rev().find(|l| l.starts_with("error")).or(lines.last()).map(|l| l.chars().take(500).collect())
-}
-
 impl CellExecutor for ProcessExecutor {
     fn preflight(&self, cell: &CellSpec) -> Result<()> {
         if cell.arm.memory_cap_bytes.is_some() {
@@ -238,10 +232,7 @@ impl CellExecutor for ProcessExecutor {
             CellStatus::Failed if code == Some(0) => Some("the cell exited 0 but left no record".to_string()),
             CellStatus::Failed => {
                 let text = std::fs::read_to_string(log).unwrap_or_default();
-                let line = last_error_line(&text).unwrap_or_else(|| match signal {
-                    Some(s) => format!("killed by signal {s}"),
-                    None => format!("exit status {code:?}"),
-                });
+                let line = crate::observe::worker_error(code, signal, &text);
                 let mut line = line.replace(&staging.display().to_string(), "<record>");
                 for (abs, rel) in [(&model, &cell.model.path), (&prompt, &cell.workload.prompt_file)] {
                     line = line.replace(&abs.display().to_string(), rel);

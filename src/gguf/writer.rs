@@ -86,8 +86,12 @@ impl GgufWriter {
     pub fn write(&self, path: &Path, mut fill: impl FnMut(usize, &TensorSpec, &mut [u8])) -> Result<String> {
         let tmp = path.with_extension("partial");
         let mut hash = Sha256::new();
+        // Claimed exclusively (outside the clean-up below: a file that is not ours is never removed).
+        let f = fs::OpenOptions::new().write(true).create_new(true).open(&tmp).with_context(|| {
+            format!("{}: cannot claim (another run is writing it, or one was interrupted)", tmp.display())
+        })?;
         let res = (|| -> Result<()> {
-            let mut out = BufWriter::with_capacity(1 << 22, File::create(&tmp)?);
+            let mut out = BufWriter::with_capacity(1 << 22, f);
             let mut put = |out: &mut BufWriter<File>, bytes: &[u8]| -> Result<()> {
                 hash.update(bytes);
                 Ok(out.write_all(bytes)?)

@@ -117,6 +117,17 @@ pub struct Admission {
     pub failed: Vec<String>,
 }
 
+impl Admission {
+    /// Adds a conjunct about the run itself: a failed run is never admitted.
+    pub fn require_run(&mut self, name: &str, passed: bool, value: String) {
+        if !passed {
+            self.failed.insert(0, format!("{name}: {value}"));
+            self.admitted = false;
+        }
+        self.conjuncts.insert(0, Conjunct { name: name.to_string(), passed, value });
+    }
+}
+
 /// Evaluates the predicate. A run without a hard host limit cannot show a positive margin below
 /// one and is not admitted. Without a GPU and without a declared GPU allowance the GPU
 /// conjuncts hold vacuously (said so in their value); with a declared allowance they need an

@@ -78,6 +78,21 @@ impl RunStatus {
     }
 }
 
+/// The error of a failed worker in its own terms: the signal that killed it, else its own
+/// `error` line, else its exit code. Other output (a debugger's, a library's) is never the error.
+pub fn worker_error(code: Option<i32>, signal: Option<i32>, log: &str) -> String {
+    let own = log.lines().map(str::trim).rev().find(|l| l.starts_with("error")).map(|l| l.chars().take(500).collect::<String>());
+    match (signal, own) {
+        (Some(s), Some(e)) => format!("worker killed by signal {s} ({}) after: {e}", signal_name(s)),
+        (Some(s), None) => format!("worker killed by signal {s} ({})", signal_name(s)),
+        (None, Some(e)) => e,
+        (None, None) => match code {
+            Some(c) => format!("worker exited with code {c} and no error line"),
+            None => "worker ended without an exit status".into(),
+        },
+    }
+}
+
 fn signal_name(sig: i32) -> String {
     let n = match sig {
         libc::SIGHUP => "SIGHUP",
@@ -121,8 +136,11 @@ pub struct SwapReport {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct HostReport {
     pub hierarchy: Option<Version>,
-    /// Filesystem path of the run's cgroup (removed afterwards; see `removed`).
+    /// Name of the run's cgroup below the harness's own (removed afterwards; see `removed`).
+    /// Its filesystem path is the machine's, not the run's, and stays out of records.
     pub cgroup: String,
+    #[serde(skip)]
+    pub cgroup_path: PathBuf,
     pub requested_limit: Option<u64>,
     /// The limit as the kernel read it back; None: no limit.
     pub limit: Option<u64>,
@@ -284,6 +302,21 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
     unsafe {
         cmd.pre_exec(move || cgroup::join_fd(fd));
     }
+    // The worker dies with the harness: a killed parent never leaves it running in its cgroup.
+    // getppid after the prctl closes the race with a parent that died before it took effect.
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: prctl, getppid and raise are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
     let host_sampler = HostSampler::start(cg.path.clone(), cg.version, spec.sample_interval)?;
     let gpu_sampler = GpuSampler::start(spec.sample_interval, Membership { version: cg.version, rel: cg.rel.clone() });
     let t0 = Instant::now();
@@ -338,7 +371,8 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
     };
     let host = HostReport {
         hierarchy: Some(cg.version),
-        cgroup: cg.path.display().to_string(),
+        cgroup: cg.name.clone(),
+        cgroup_path: cg.path.clone(),
         requested_limit: spec.memory_max,
         limit: setting.limit,
         swap_control: setting.swap_control,
@@ -372,6 +406,20 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
         final_read: child_io.is_some(),
     };
     let authority = authority::authority(&host, &gpu, spec.gpu_declared);
-    let admission = authority::admission_with_budget(&host, &gpu, &authority, spec.gpu_declared, spec.gpu_budget);
+    let mut admission = authority::admission_with_budget(&host, &gpu, &authority, spec.gpu_declared, spec.gpu_budget);
+    admission.require_run("worker exited 0", status.success(), status.to_string());
     Ok(ContainedRun { status, wall_s, host, gpu, procs, authority, admission })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_killed_worker_is_recorded_as_killed() {
+        let gdb = "loading\n[Inferior 1 (process 4242) detached]\n";
+        assert_eq!(worker_error(None, Some(9), gdb), "worker killed by signal 9 (SIGKILL)");
+        assert_eq!(worker_error(Some(3), None, gdb), "worker exited with code 3 and no error line");
+        assert_eq!(worker_error(Some(2), None, "error: --model m: not a GGUF file\n[Inferior 1 detached]"), "error: --model m: not a GGUF file");
+    }
 }

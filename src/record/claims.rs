@@ -154,13 +154,13 @@ struct Records<'a> {
 impl Records<'_> {
     fn dir(&self, alias: &str) -> Result<PathBuf> {
         let d = self.claim.records.get(alias).with_context(|| format!("record alias {alias:?} is not in the claim's `records`"))?;
-        Ok(self.results.join(d))
+        record_dir(&self.results, d)
     }
 
     fn doc(&mut self, alias: &str, file: &str) -> Result<&Value> {
         let key = (alias.to_string(), file.to_string());
         if !self.docs.contains_key(&key) {
-            let p = self.dir(alias)?.join(file);
+            let p = self.dir(alias)?.join(inside_record(file)?);
             let text = std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
             let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))?;
             self.docs.insert(key.clone(), v);
@@ -176,10 +176,97 @@ impl Records<'_> {
     }
 }
 
+/// A record is addressed by its digest only: 64 lowercase hex digits, never a path.
+fn record_dir(results: &Path, digest: &str) -> Result<PathBuf> {
+    if digest.len() != 64 || !digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        bail!("record {digest:?}: not a record digest (64 lowercase hex digits)");
+    }
+    Ok(results.join(digest))
+}
+
+/// A file of a record: a relative path of plain names, so it can only name a file inside the
+/// record (a verified record holds no symbolic links).
+fn inside_record(file: &str) -> Result<&str> {
+    let ok = !file.is_empty()
+        && !file.starts_with('/')
+        && file.split('/').all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\\') && !c.contains('\0'));
+    if !ok {
+        bail!("file {file:?}: not a path inside the record (relative, no `.`, `..` or empty parts)");
+    }
+    Ok(file)
+}
+
+/// Every decimal number of a statement must be rendered from a replayed value: the number as
+/// printed equals one of `values` (or 100× one, before a `%`) rounded to the printed digits.
+fn check_statement(statement: &str, values: &[f64]) -> (bool, String) {
+    let b = statement.as_bytes();
+    let mut bad = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i].is_ascii_digit() && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'.')) {
+            let start = if i > 0 && b[i - 1] == b'-' { i - 1 } else { i };
+            let mut j = i;
+            while j < b.len() && b[j].is_ascii_digit() {
+                j += 1;
+            }
+            if j + 1 < b.len() && b[j] == b'.' && b[j + 1].is_ascii_digit() {
+                j += 1;
+                let frac = j;
+                while j < b.len() && b[j].is_ascii_digit() {
+                    j += 1;
+                }
+                let text = &statement[start..j];
+                let digits = (j - frac) as i32;
+                let percent = statement[j..].starts_with('%');
+                let printed: f64 = text.parse().unwrap_or(f64::NAN);
+                let matches = values.iter().any(|v| {
+                    let v = if percent { v * 100.0 } else { *v };
+                    format!("{:.*}", digits as usize, v).parse::<f64>().ok() == Some(printed)
+                });
+                if !matches {
+                    bad.push(text.to_string());
+                }
+            }
+            i = j.max(i + 1);
+        } else {
+            i += 1;
+        }
+    }
+    if bad.is_empty() {
+        (true, "every number stated is a replayed value".into())
+    } else {
+        (false, format!("states {} which no replayed value gives", bad.join(", ")))
+    }
+}
+
+/// The paired ratios the claim replays, recomputed from the records' operands.
+fn replayed_values(recs: &mut Records) -> Vec<f64> {
+    let mut out = Vec::new();
+    let claim = recs.claim;
+    for rp in &claim.replay {
+        if let Replay::PairedRatio { pairs, metric, level, .. } = rp {
+            if let Ok(p) = paired(recs, pairs, metric, *level) {
+                out.extend([Some(p.ratio), p.lo, p.hi].into_iter().flatten());
+            }
+        }
+    }
+    out
+}
+
+fn paired(recs: &mut Records, pairs: &[[String; 2]], metric: &Operand, level: f64) -> Result<crate::stats::PairedRatio> {
+    let (mut labels, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
+    for [x, y] in pairs {
+        labels.push(format!("{x}/{y}"));
+        a.push(recs.number(x, metric)?);
+        b.push(recs.number(y, metric)?);
+    }
+    crate::stats::paired_ratio(&labels, &a, &b, level)
+}
+
 /// Re-hashes every file of every record the claim names; the items name each failing file.
 fn verify_records(r: &mut Report, recs: &Records) {
     for (alias, digest) in &recs.claim.records {
-        match verify_record(&recs.results.join(digest)) {
+        match record_dir(&recs.results, digest).and_then(|d| verify_record(&d)) {
             Ok(s) => r.push(format!("record {alias}"), true, format!("{digest}: {} files, {} bytes verified", s.manifest.files.len(), s.manifest.total_bytes())),
             Err(e) => r.push(format!("record {alias}"), false, format!("{e:#}")),
         }
@@ -241,6 +328,8 @@ pub fn verify(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
             Err(e) => r.push(what, false, format!("{e:#}")),
         }
     }
+    let (ok, detail) = check_statement(&c.statement, &replayed_values(&mut recs));
+    r.push("statement".into(), ok, detail);
     Ok(r)
 }
 
@@ -270,19 +359,13 @@ pub fn replay(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
     if c.replay.is_empty() {
         r.push("replay".into(), false, "the claim states nothing to replay".into());
     }
+    let (ok, detail) = check_statement(&c.statement, &replayed_values(&mut recs));
+    r.push("statement".into(), ok, detail);
     for rp in &c.replay {
         match rp {
             Replay::PairedRatio { pairs, metric, level, expect } => {
                 let what = format!("paired ratio {} over {} pairs", metric.pointer, pairs.len());
-                let computed = (|| -> Result<crate::stats::PairedRatio> {
-                    let (mut labels, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
-                    for [x, y] in pairs {
-                        labels.push(format!("{x}/{y}"));
-                        a.push(recs.number(x, metric)?);
-                        b.push(recs.number(y, metric)?);
-                    }
-                    crate::stats::paired_ratio(&labels, &a, &b, *level)
-                })();
+                let computed = paired(&mut recs, pairs, metric, *level);
                 match computed {
                     Ok(p) => {
                         let ok = close(p.ratio, expect.ratio, expect.tolerance)
@@ -378,5 +461,35 @@ impl Report {
     /// The failing items, one line each (for stderr).
     pub fn failures(&self) -> Vec<String> {
         self.items.iter().filter(|i| !i.ok).map(|i| format!("{}: {}", i.what, i.detail)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_state_only_replayed_values() {
+        let s = "campaign c: 4 cells sealed; paired f/d ratio 0.322900, 95% paired-log t interval [0.300000, 0.350000]";
+        assert!(check_statement(s, &[0.3229, 0.3, 0.35]).0);
+        let (ok, d) = check_statement(&s.replace("0.322900", "9.999999"), &[0.3229, 0.3, 0.35]);
+        assert!(!ok && d.contains("9.999999"), "{d}");
+        assert!(check_statement("F finishes in 32.3% of D's wall time", &[0.32291]).0);
+        assert!(!check_statement("F finishes in 32.3% of D's wall time", &[]).0);
+        assert!(check_statement("campaign t-run: 3 cells sealed", &[]).0);
+    }
+
+    #[test]
+    fn records_and_files_stay_inside_results() {
+        let r = Path::new("/results");
+        let d = "a".repeat(64);
+        assert_eq!(record_dir(r, &d).unwrap(), r.join(&d));
+        for bad in [format!("../elsewhere/{d}"), format!("/abs/{d}"), "A".repeat(64), "ab".into()] {
+            assert!(record_dir(r, &bad).is_err(), "{bad}");
+        }
+        assert_eq!(inside_record("sub/cell.json").unwrap(), "sub/cell.json");
+        for bad in ["../../x.json", "/etc/passwd", "a/../../b", "./x", "", "a//b"] {
+            assert!(inside_record(bad).is_err(), "{bad}");
+        }
     }
 }

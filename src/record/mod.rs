@@ -11,7 +11,7 @@
 pub mod claims;
 mod seal;
 
-pub use seal::{finish_modes, prepare_seal, seal, verify_record, FileEntry, Manifest, PreparedSeal, SealedRecord, MANIFEST_FILE, MANIFEST_FORMAT};
+pub use seal::{rename_noreplace, finish_modes, prepare_seal, seal, verify_record, FileEntry, Manifest, PreparedSeal, SealedRecord, MANIFEST_FILE, MANIFEST_FORMAT};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -53,17 +53,26 @@ impl Drop for Staging {
 }
 
 impl Staging {
+    /// Claims `DIR.partial` exclusively: an existing one (another run's, or one left by a crash)
+    /// is refused, never removed, so two runs can never write into one staging directory.
     pub fn new(final_dir: &Path) -> Result<Staging> {
-        if final_dir.exists() {
+        if fs::symlink_metadata(final_dir).is_ok() {
             bail!("{}: already exists; records are write-once", final_dir.display());
         }
         let mut name = final_dir.file_name().context("record path has no name")?.to_os_string();
         name.push(".partial");
         let dir = final_dir.with_file_name(name);
-        if dir.exists() {
-            fs::remove_dir_all(&dir).with_context(|| format!("removing stale {}", dir.display()))?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         }
-        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
+                "{}: already exists (another run is writing this record, or one was interrupted); remove it or choose another --record",
+                dir.display()
+            ),
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
         Ok(Staging { final_dir: final_dir.to_path_buf(), dir, surfaces: BTreeMap::new(), committed: false })
     }
 
@@ -107,8 +116,7 @@ impl Staging {
         serde_json::to_writer_pretty(&mut f, record)?;
         f.write_all(b"\n")?;
         f.sync_all()?;
-        fs::rename(&self.dir, &self.final_dir)
-            .with_context(|| format!("renaming {} into place", self.dir.display()))?;
+        rename_noreplace(&self.dir, &self.final_dir)?;
         self.committed = true;
         if let Some(parent) = self.final_dir.parent() {
             if let Ok(d) = File::open(if parent.as_os_str().is_empty() { Path::new(".") } else { parent }) {
@@ -127,4 +135,36 @@ pub fn load(dir: &Path) -> Result<(serde_json::Value, BTreeMap<String, Surface>)
     let surfaces = serde_json::from_value(v.get("surfaces").cloned().unwrap_or_default())
         .with_context(|| format!("{}: bad `surfaces`", path.display()))?;
     Ok((v, surfaces))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_is_exclusive_and_commit_never_replaces() {
+        let t = tempfile::tempdir().unwrap();
+        let rec = t.path().join("same");
+        let mut a = Staging::new(&rec).unwrap();
+        a.surface("tokens", "tokens.bin", b"AAAA", 4, false).unwrap();
+        // A second run on the same record is refused and leaves the first's staging alone.
+        let e = format!("{:#}", Staging::new(&rec).err().expect("second staging refused"));
+        assert!(e.contains("same.partial") && e.contains("already exists"), "{e}");
+        assert_eq!(fs::read(a.dir().join("tokens.bin")).unwrap(), b"AAAA");
+        // A record that appeared meanwhile is not replaced by the commit.
+        fs::create_dir(&rec).unwrap();
+        let e = format!("{:#}", a.commit(&serde_json::json!({})).unwrap_err());
+        assert!(e.contains("write-once"), "{e}");
+        assert_eq!(fs::read_dir(&rec).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_foreign_partial_is_refused_not_deleted() {
+        let t = tempfile::tempdir().unwrap();
+        let rec = t.path().join("x");
+        fs::create_dir(t.path().join("x.partial")).unwrap();
+        fs::write(t.path().join("x.partial/keep"), b"k").unwrap();
+        assert!(Staging::new(&rec).is_err());
+        assert_eq!(fs::read(t.path().join("x.partial/keep")).unwrap(), b"k");
+    }
 }

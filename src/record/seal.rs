@@ -252,7 +252,7 @@ fn make_read_only(dir: &Path, top: bool) -> Result<()> {
 }
 
 /// `rename(2)` that fails if `to` exists (plain rename would replace an empty directory).
-fn rename_noreplace(from: &Path, to: &Path) -> Result<()> {
+pub fn rename_noreplace(from: &Path, to: &Path) -> Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let f = CString::new(from.as_os_str().as_bytes())?;
