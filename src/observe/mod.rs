@@ -407,7 +407,7 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
     };
     let authority = authority::authority(&host, &gpu, spec.gpu_declared);
     let mut admission = authority::admission_with_budget(&host, &gpu, &authority, spec.gpu_declared, spec.gpu_budget);
-    admission.require_run("worker exited 0", status.success(), status.to_string());
+    admission.require_run("worker exited 0", status.success(), format!("{status:?}"));
     Ok(ContainedRun { status, wall_s, host, gpu, procs, authority, admission })
 }
 
