@@ -31,8 +31,9 @@ pub const MAX_LRU: u32 = MAX_SLOTS;
 /// Cells of a campaign: each is a full model run and about 1.5 KiB in memory once expanded;
 /// 10 000 is far beyond any schedule worth running and keeps expansion near 15 MiB.
 pub const MAX_CELLS: u64 = 10_000;
-/// Smallest memory limit a contained run may ask for (the worker alone needs more).
-pub const MIN_MEMORY_MAX: u64 = 16 << 20;
+/// Smallest memory limit a contained run may ask for: below it no worker can even start, so
+/// the number is a typo; between it and the worker's need the run is an OOM on record.
+pub const MIN_MEMORY_MAX: u64 = 1 << 20;
 /// Largest memory limit: 1 PiB, beyond any host.
 pub const MAX_MEMORY_MAX: u64 = 1 << 50;
 
@@ -107,14 +108,14 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
 /// A memory limit in bytes, bounded.
 pub fn parse_memory_max(s: &str) -> std::result::Result<u64, String> {
     let v = parse_bytes(s)?;
-    range("memory limit", v, MIN_MEMORY_MAX, MAX_MEMORY_MAX, "16 MiB up to 1 PiB").map_err(|e| e.to_string())?;
+    range("memory limit", v, MIN_MEMORY_MAX, MAX_MEMORY_MAX, "1 MiB up to 1 PiB").map_err(|e| e.to_string())?;
     Ok(v)
 }
 
 /// `path` must be an existing regular file (not a FIFO, directory, device or socket, which
 /// would hang or fail a reader). Follows symlinks; never opens the file.
 pub fn regular_file(what: &str, path: &Path) -> Result<()> {
-    let m = std::fs::metadata(path).with_context(|| format!("{}: {what} cannot be read", path.display()))?;
+    let m = std::fs::metadata(path).with_context(|| format!("{}: cannot open {what}", path.display()))?;
     if !m.is_file() {
         bail!("{}: {what} is not a regular file", path.display());
     }

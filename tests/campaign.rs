@@ -120,10 +120,28 @@ fn assert_sealed_exactly_once(results: &Path, id: &str, cells: usize) -> Vec<Val
 #[test]
 fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml"] {
-        ok(&["campaign", "check", s(&root.join("campaigns").join(f))]);
-    }
     let t = tempfile::tempdir().unwrap();
+    // The shipped campaigns beside stand-ins for the models they name (check reads paths; the
+    // digests are checked when a cell runs); without them the check refuses the missing file.
+    let shipped = t.path().join("campaigns");
+    fs::create_dir_all(shipped.join("prompts")).unwrap();
+    for e in fs::read_dir(root.join("campaigns/prompts")).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), shipped.join("prompts").join(e.file_name())).unwrap();
+    }
+    fs::create_dir_all(t.path().join("models")).unwrap();
+    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml"] {
+        fs::copy(root.join("campaigns").join(f), shipped.join(f)).unwrap();
+        let r = run(&["campaign", "check", s(&shipped.join(f))]);
+        assert_eq!(r.code, 1, "{f} with its models missing: {}{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains("cannot be read") || r.stderr.contains("models/"), "{f}: {}", r.stderr);
+    }
+    for m in ["tiny", "pdf", "tau-q4_k_m", "tau-q8_0", "tau-f32"] {
+        fs::write(t.path().join("models").join(format!("{m}.gguf")), b"GGUF").unwrap();
+    }
+    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml"] {
+        ok(&["campaign", "check", s(&shipped.join(f))]);
+    }
     let text = fs::read_to_string(root.join("campaigns/exactness.yaml")).unwrap();
     let line_of = |needle: &str| text.lines().position(|l| l.contains(needle)).unwrap() + 1;
 

@@ -86,7 +86,7 @@ fn absurd_run_parameters_are_refused_with_the_flag() {
         (&["--experts", "plan", "--policy", "lru:0"][..], "lru:0"),
         (&["--policy", "lru:2"][..], "--experts plan"),
         (&["--slots", "4"][..], "--experts plan"),
-        (&["--fault", "short-read"][..], "--experts plan"),
+        (&["--fault", "short_read"][..], "--experts plan"),
         (&["--layer-buffers", "2"][..], "--experts plan"),
     ] {
         let mut a = vec!["generate", "--model", m, "--prompt", "hi", "--record", rec];

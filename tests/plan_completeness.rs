@@ -6,7 +6,7 @@ mod common;
 
 use anyhow::Result;
 use common::*;
-use sovereign::engine::ExpertSource;
+use sovereign::engine::{ExpertSource, SlotPool};
 use sovereign::generate;
 use sovereign::plan::engine::{PlanOptions, PlanSource, SourceKind};
 use sovereign::source::fault::FaultCell;
@@ -73,8 +73,8 @@ impl ExpertSource for SlotCountPasses {
     fn n_slots(&self) -> u32 {
         self.0.n_slots()
     }
-    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32) -> Result<*mut u8> {
-        self.0.pool(layer, name, slot_bytes, n_slots)
+    fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32, pool: SlotPool) -> Result<u32> {
+        self.0.pool(layer, name, slot_bytes, n_slots, pool)
     }
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
         self.0.acquire(layer, pass, ids, slots)

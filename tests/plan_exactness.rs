@@ -70,7 +70,7 @@ fn lru_sizes_from_zero_to_all_experts_are_exact_against_zero() {
     let z = gen(&m, &zero, &["--experts", "plan", "--slots", "16", "--policy", "zero"]);
     assert_eq!(z["experts"]["telemetry"]["hits"], 0, "zero never reuses across events");
     let mut last_misses = u64::MAX;
-    for k in [0, 4, 8, 16] {
+    for k in [1, 4, 8, 16] {
         let rec = dir.path().join(format!("lru{k}"));
         let r = gen(&m, &rec, &["--experts", "plan", "--slots", "16", "--policy", &format!("lru:{k}")]);
         assert_exact(&zero, &rec);

@@ -567,7 +567,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             }
         }
         if let Some(m) = a.memory_cap_bytes {
-            if let Err(e) = crate::bounds::range("memory_cap_bytes", m, crate::bounds::MIN_MEMORY_MAX, crate::bounds::MAX_MEMORY_MAX, "16 MiB up to 1 PiB") {
+            if let Err(e) = crate::bounds::range("memory_cap_bytes", m, crate::bounds::MIN_MEMORY_MAX, crate::bounds::MAX_MEMORY_MAX, "1 MiB up to 1 PiB") {
                 out.push(Diagnostic::at(&a.id, format!("arm `{}`: {e}", a.id.value)));
             }
         }

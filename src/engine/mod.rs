@@ -403,7 +403,10 @@ impl<'m> Context<'m> {
             if rc != 0 {
                 match self.model.expert_error() {
                     Some(e) => bail!("llama_decode failed closed (status {rc}): expert source: {e}"),
-                    None => bail!("llama_decode failed with status {rc}: {}", last_log()),
+                    None => match closed {
+                        Err(e) => bail!("llama_decode failed closed (status {rc}): expert source: {e:#}"),
+                        Ok(()) => bail!("llama_decode failed with status {rc}: {}", last_log()),
+                    },
                 }
             }
             if let Err(e) = closed {

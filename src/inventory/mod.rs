@@ -87,6 +87,14 @@ impl Inventory {
     /// Validates the file and builds its inventory. A model without expert tensors is refused.
     pub fn of(path: &Path) -> Result<Inventory> {
         let g = Gguf::open(path)?;
+        // A dense model is named as such before its hyperparameters are judged as a MoE's.
+        if !g.tensors.iter().any(|t| expert_role(&t.name).is_some()) {
+            bail!(
+                "{}: architecture `{}` has no Mixture-of-Experts expert tensors (blk.N.ffn_*_exps)",
+                path.display(),
+                g.architecture().unwrap_or("unknown")
+            );
+        }
         let inv = Self::from_gguf(&g)?;
         if inv.objects.is_empty() {
             bail!(

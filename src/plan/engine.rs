@@ -282,7 +282,9 @@ impl ExpertSource for PlanSource {
     }
 
     fn decoded(&mut self, ok: bool) -> Result<()> {
-        if ok {
+        // A decode the engine failed on its own, with the Plan healthy and no fault injected,
+        // is checked too: an unserved selection is then its cause.
+        if ok || (self.plan.failure().is_none() && self.options.fault == FaultCell::None) {
             self.coverage.close_all().map_err(|e| anyhow!(e))
         } else {
             self.coverage.abandon();
