@@ -95,14 +95,23 @@ fn check_inner(g: &Gguf) -> Result<()> {
     if k_len == 0 || v_len == 0 {
         bail!("attention key/value length is 0");
     }
-    if let Some(v) = g.get(&key("attention.layer_norm_rms_epsilon")) {
-        let eps = match v {
-            Value::F32(e) => f64::from(*e),
-            Value::F64(e) => *e,
-            other => bail!("{} is {other}, not a float", key("attention.layer_norm_rms_epsilon")),
-        };
+    let float = |name: &str| -> Result<Option<f64>> {
+        match g.get(&key(name)) {
+            None => Ok(None),
+            Some(Value::F32(e)) => Ok(Some(f64::from(*e))),
+            Some(Value::F64(e)) => Ok(Some(*e)),
+            Some(other) => bail!("{} is {other}, not a float", key(name)),
+        }
+    };
+    if let Some(eps) = float("attention.layer_norm_rms_epsilon")? {
         if !(eps.is_finite() && eps > 0.0 && eps < 1.0) {
             bail!("{} is {eps}, not a small positive number", key("attention.layer_norm_rms_epsilon"));
+        }
+    }
+    // A non-finite or non-positive base makes every logit NaN: refuse it before a run is made.
+    if let Some(base) = float("rope.freq_base")? {
+        if !(base.is_finite() && base > 0.0) {
+            bail!("{} is {base}, not a positive number", key("rope.freq_base"));
         }
     }
 
@@ -246,6 +255,14 @@ mod tests {
     fn rms_epsilon_nan() {
         let e = refused(|g| set(g, "qwen3moe.attention.layer_norm_rms_epsilon", Value::F32(f32::NAN)));
         assert!(e.contains("NaN"), "{e}");
+    }
+
+    #[test]
+    fn rope_freq_base_nan() {
+        let e = refused(|g| set(g, "qwen3moe.rope.freq_base", Value::F32(f32::NAN)));
+        assert!(e.contains("rope.freq_base is NaN"), "{e}");
+        let e = refused(|g| set(g, "qwen3moe.rope.freq_base", Value::F32(0.0)));
+        assert!(e.contains("rope.freq_base is 0"), "{e}");
     }
 
     #[test]
