@@ -699,12 +699,6 @@ impl Plan {
         Ok(())
     }
 
-    /// Bytes of slot-pool memory the Plan allocated (shared buffers counted once).
-    pub fn pool_bytes(&self) -> u64 {
-        let slots = |b: usize| u64::from(self.manifest.layers[b].n_slots);
-        self.pools.iter().enumerate().flat_map(|(b, ps)| ps.iter().map(move |p| p.bytes_per_slot * slots(b))).sum()
-    }
-
     /// Starts loading the next layer's predicted experts into its Vacant slots and free windows,
     /// without waiting: the reads proceed while the engine computes this layer, and the next
     /// Plan call completes them ([`Plan::complete_prefetch`]). Evicts nothing.
