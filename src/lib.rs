@@ -2,6 +2,7 @@
 
 pub mod bounds;
 pub mod campaign;
+pub mod cell;
 pub mod certificate;
 pub mod engine;
 pub mod envelope;

@@ -1,18 +1,22 @@
-//! Cell execution: each cell is a fresh child process that writes one record into a staging
-//! directory. The runner only knows the [`CellExecutor`] trait; [`ProcessExecutor`] spawns
-//! `sovereign generate`. Extension points for the memory-limit and Plan work:
-//! [`generate_args`] (the only place arm fields become command-line arguments),
-//! [`CellExecutor::preflight`] (what this build can run) and [`Telemetry`] (what an observer
-//! fills in; `None` means "not observed", never zero).
+//! Cell execution: each cell is one worker process (`sovereign cell SPEC`) that writes one
+//! record into a staging directory. The runner only knows the [`CellExecutor`] trait;
+//! [`ProcessExecutor`] turns the campaign cell into a typed [`Cell`] ([`worker_cell`], the only
+//! place arm fields become run settings) and starts its worker, inside a memory cgroup when the
+//! arm has a cap. [`CellExecutor::preflight`] says what this build can run; [`Telemetry`] is what
+//! an observer fills in (`None` means "not observed", never zero).
 
 use super::expand::CellSpec;
 use super::spec::ExpertsMode;
+use crate::cell::{self, Cell, Experts, GenerateCell, Prompt, RefineCell};
+use crate::engine::ExecParams;
+use crate::plan::engine::{PlanOptions, SourceKind};
+use crate::observe::RunStatus;
+use crate::refine;
+use crate::source::fault::FaultCell;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -46,8 +50,8 @@ pub struct Telemetry {
     pub memory_max_events: Option<u64>,
     pub oom_kill_events: Option<u64>,
     pub swap_peak_bytes: Option<u64>,
-    /// Peak resident set of the child process itself (`wait4` ru_maxrss): not a cgroup charge,
-    /// and not used by the admission predicate.
+    /// Peak resident set of the worker (`wait4` ru_maxrss; sampled VmHWM when contained): not a
+    /// cgroup charge, and not used by the admission predicate.
     pub child_max_rss_bytes: Option<u64>,
 }
 
@@ -62,8 +66,13 @@ pub struct CellOutcome {
     pub error: Option<String>,
     /// Complete wall time seen by the runner: spawn to exit.
     pub wall_s: f64,
-    /// The command, with campaign-relative paths and `<record>` for the staging directory.
+    /// The command of records before typed cells (empty since).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// The cell the worker ran, with campaign-relative paths and `<record>` for the staging
+    /// directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<Cell>,
     pub telemetry: Telemetry,
 }
 
@@ -79,7 +88,7 @@ pub trait CellExecutor {
     fn run(&self, cell: &CellSpec, staging: &Path, log: &Path) -> Result<CellOutcome>;
 }
 
-/// The files one cell's command line refers to.
+/// The files one cell refers to.
 pub struct CellPaths<'a> {
     pub model: &'a Path,
     pub prompt_file: &'a Path,
@@ -88,62 +97,57 @@ pub struct CellPaths<'a> {
     pub refine: Option<(&'a Path, &'a Path)>,
 }
 
-/// The single mapping from a cell's arm and workload to `sovereign generate` arguments.
-/// Plan arms map to the options of DESIGN.md's command line; the cgroup/memory cap is the
-/// runner's business, not an argument.
-pub fn generate_args(cell: &CellSpec, p: &CellPaths) -> Vec<OsString> {
+/// The single mapping from a campaign cell's arm and workload to the typed [`Cell`] a worker
+/// runs. The cgroup/memory cap is the executor's business, not part of the cell.
+pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
     let arm = &cell.arm;
-    let mut a: Vec<OsString> = match (&arm.refine, &cell.refine, p.refine) {
-        (Some(ra), Some(models), Some((verifier, reference))) => {
-            // A refinement cell: the campaign's model is the base; plan fields stream the verifier.
-            let mut a: Vec<OsString> = vec!["refine".into(), "--base".into(), p.model.into(), "--verifier".into(), verifier.into()];
-            a.extend(["--reference".into(), reference.into(), "--prompts".into(), p.prompt_file.into()]);
-            a.extend(["--window".into(), models.window.to_string().into(), "--mode".into(), format!("{:?}", ra.mode).to_lowercase().into()]);
-            if let Some(t) = ra.tau {
-                a.extend(["--tau".into(), t.to_string().into()]);
-            }
-            if ra.verify_all {
-                a.push("--verify-all".into());
-            }
-            a
-        }
-        _ => vec!["generate".into(), "--model".into(), p.model.into(), "--prompt-file".into(), p.prompt_file.into()],
+    let plan = |fault: FaultCell| PlanOptions {
+        slots: arm.slots.unwrap_or(0),
+        policy: arm.policy.as_ref().map(|v| v.to_string()).unwrap_or_default(),
+        source: arm.source.unwrap_or(SourceKind::F),
+        windows: arm.windows.unwrap_or(0),
+        depth: arm.depth.unwrap_or(0),
+        layer_buffers: arm.layer_buffers.unwrap_or(0),
+        fault,
     };
-    let refine = arm.refine.is_some();
-    a.extend(["--n-predict".into(), cell.workload.outputs.to_string().into(), "--threads".into(), arm.threads.to_string().into()]);
-    if cell.workload.ignore_eos && !refine {
-        a.push("--ignore-eos".into());
+    let exec = |n_ctx| ExecParams { n_ctx, n_batch: cell::BATCH, n_ubatch: cell::BATCH, threads: arm.threads as i32, flash_attn: false };
+    match (&arm.refine, &cell.refine, p.refine) {
+        (Some(ra), Some(models), Some((verifier, reference))) => Cell::Refine(RefineCell {
+            // The campaign's model is the base; plan fields stream the verifier.
+            base: p.model.to_path_buf(),
+            verifier: verifier.to_path_buf(),
+            reference: Some(reference.to_path_buf()),
+            prompts: p.prompt_file.to_path_buf(),
+            n_predict: cell.workload.outputs,
+            mode: ra.mode,
+            tau: ra.tau.unwrap_or(refine::DEFAULT_TAU),
+            window: models.window,
+            verify_all: ra.verify_all,
+            exec: exec(cell::REFINE_CTX),
+            stream: (arm.experts == ExpertsMode::Plan).then(|| plan(FaultCell::None)),
+            reference_slots: cell::REFERENCE_SLOTS,
+            record: p.record.to_path_buf(),
+        }),
+        _ => Cell::Generate(GenerateCell {
+            model: p.model.to_path_buf(),
+            prompt: Prompt::File(p.prompt_file.to_path_buf()),
+            n_predict: cell.workload.outputs,
+            exec: exec(cell::GENERATE_CTX),
+            ignore_eos: cell.workload.ignore_eos,
+            experts: match arm.experts {
+                ExpertsMode::Resident => Experts::Resident,
+                ExpertsMode::Host => Experts::Host,
+                ExpertsMode::Plan => Experts::Plan(plan(arm.fault.unwrap_or(FaultCell::None))),
+            },
+            gpu_layers: 0,
+            gpu_budget: None,
+            record: p.record.to_path_buf(),
+        }),
     }
-    match arm.experts {
-        ExpertsMode::Resident if refine => {}
-        ExpertsMode::Resident => a.extend(["--experts".into(), "resident".into()]),
-        ExpertsMode::Plan => {
-            a.extend(if refine { ["--verifier-experts".into(), "plan".into()] } else { ["--experts".into(), "plan".into()] });
-            let mut opt = |k: &str, v: Option<String>| {
-                if let Some(v) = v {
-                    a.push(k.into());
-                    a.push(v.into());
-                }
-            };
-            opt("--slots", arm.slots.map(|v| v.to_string()));
-            opt("--policy", arm.policy.as_ref().map(|v| v.to_string()));
-            opt("--source", arm.source.map(|v| format!("{v:?}").to_lowercase()));
-            opt("--windows", arm.windows.map(|v| v.to_string()));
-            opt("--depth", arm.depth.map(|v| v.to_string()));
-            opt("--layer-buffers", arm.layer_buffers.map(|v| v.to_string()));
-            opt("--fault", arm.fault.map(|f| f.name()));
-        }
-    }
-    if let Some(cap) = arm.memory_cap_bytes {
-        // The cell runs as its own process tree in a memory cgroup under this hard limit.
-        a.extend(["--memory-max".into(), cap.to_string().into()]);
-    }
-    a.extend(["--record".into(), p.record.into(), "--json".into()]);
-    a
 }
 
 /// What the contained run put on record about its memory tiers (None where not observed).
-fn resource_telemetry(record: &Path, child_max_rss_bytes: u64) -> Telemetry {
+fn resource_telemetry(record: &Path, max_rss_bytes: u64) -> Telemetry {
     let rec: Option<serde_json::Value> = std::fs::read_to_string(record.join(crate::record::RECORD_FILE))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
@@ -153,7 +157,7 @@ fn resource_telemetry(record: &Path, child_max_rss_bytes: u64) -> Telemetry {
         memory_max_events: host["limit_events"].as_u64(),
         oom_kill_events: host["oom_kills"].as_u64(),
         swap_peak_bytes: host["swap"]["peak"].as_u64(),
-        child_max_rss_bytes: Some(child_max_rss_bytes),
+        child_max_rss_bytes: Some(max_rss_bytes),
     }
 }
 
@@ -188,11 +192,11 @@ impl CellExecutor for ProcessExecutor {
         let model = self.base.join(&cell.model.path);
         let prompt = self.base.join(&cell.workload.prompt_file);
         let refine_paths = cell.refine.as_ref().map(|r| (self.base.join(&r.verifier.path), self.base.join(&r.reference.path)));
-        let args = generate_args(
+        let worker = worker_cell(
             cell,
             &CellPaths { model: &model, prompt_file: &prompt, record: staging, refine: refine_paths.as_ref().map(|(v, r)| (v.as_path(), r.as_path())) },
         );
-        let shown = generate_args(
+        let shown = worker_cell(
             cell,
             &CellPaths {
                 model: Path::new(&cell.model.path),
@@ -201,28 +205,45 @@ impl CellExecutor for ProcessExecutor {
                 refine: cell.refine.as_ref().map(|r| (Path::new(&r.verifier.path), Path::new(&r.reference.path))),
             },
         );
-        let mut command = vec!["sovereign".to_string()];
-        command.extend(shown.iter().map(|a| a.to_string_lossy().into_owned()));
-
         let mut out = File::create(log).with_context(|| format!("{}: cannot create the cell log", log.display()))?;
-        writeln!(out, "# cell {} (attempt log); command: {} {}", cell.key, self.exe.display(), args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "))?;
+        writeln!(out, "# cell {} (attempt log); worker: {}", cell.key, serde_json::to_string(&worker)?)?;
         out.flush()?;
-        let err = out.try_clone()?;
-        let mut cmd = Command::new(&self.exe);
-        cmd.args(&args).stdin(Stdio::null()).stdout(out).stderr(err);
-        // SAFETY: only async-signal-safe calls between fork and exec. The child dies with the
-        // runner, so a killed runner never leaves a cell finishing unobserved.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+
         let t0 = Instant::now();
-        let child = cmd.spawn().with_context(|| format!("spawning {}", self.exe.display()))?;
-        let (code, signal, maxrss_kib) = wait4(child.id() as libc::pid_t)?;
+        let (code, signal, maxrss) = match cell.arm.memory_cap_bytes {
+            // The runner is the harness: it makes the cgroup and starts the one worker in it.
+            Some(cap) => {
+                let contain = crate::observe::ContainSpec { memory_max: Some(cap), ..Default::default() };
+                let ran = cell::cache_protocol(&worker, false).and_then(|cache| cell::run_contained(&worker, &contain, cache));
+                match ran {
+                    Ok((rec, dir)) => {
+                        if let Ok(text) = std::fs::read_to_string(dir.join(cell::LOG_FILE)) {
+                            out.write_all(text.as_bytes())?;
+                        }
+                        let status = &rec["resources"]["status"];
+                        let code = status["code"].as_i64().map(|c| c as i32);
+                        let maxrss = rec["resources"]["procs"]["rss_hwm"].as_u64().unwrap_or(0);
+                        (code, status["signal"].as_i64().map(|s| s as i32), maxrss)
+                    }
+                    Err(e) => {
+                        writeln!(out, "error: {}", format!("{e:#}").replace('\n', " "))?;
+                        (Some(2), None, 0)
+                    }
+                }
+            }
+            None => {
+                let spec = log.with_extension("cell.json");
+                std::fs::write(&spec, serde_json::to_vec_pretty(&worker)?).with_context(|| format!("{}", spec.display()))?;
+                let mut cmd = Command::new(&self.exe);
+                cmd.arg("cell").arg(&spec).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out.try_clone()?);
+                let ran = crate::observe::run_plain(cmd);
+                let _ = std::fs::remove_file(&spec);
+                match ran? {
+                    (RunStatus::Exited { code }, maxrss) => (Some(code), None, maxrss),
+                    (RunStatus::Signaled { signal, .. }, maxrss) => (None, Some(signal), maxrss),
+                }
+            }
+        };
         let wall_s = t0.elapsed().as_secs_f64();
 
         let complete = staging.join(crate::record::RECORD_FILE).is_file();
@@ -232,7 +253,12 @@ impl CellExecutor for ProcessExecutor {
             CellStatus::Failed if code == Some(0) => Some("the cell exited 0 but left no record".to_string()),
             CellStatus::Failed => {
                 let text = std::fs::read_to_string(log).unwrap_or_default();
-                let line = crate::observe::worker_error(code, signal, &text);
+                let line = match complete {
+                    // The record says how the worker ended, in its own words.
+                    true => crate::record::load(staging).ok().and_then(|(r, _)| r["error"].as_str().map(str::to_string)),
+                    false => None,
+                };
+                let line = line.unwrap_or_else(|| crate::observe::worker_error(code, signal, &text));
                 let mut line = line.replace(&staging.display().to_string(), "<record>");
                 for (abs, rel) in [(&model, &cell.model.path), (&prompt, &cell.workload.prompt_file)] {
                     line = line.replace(&abs.display().to_string(), rel);
@@ -246,34 +272,10 @@ impl CellExecutor for ProcessExecutor {
             signal,
             error,
             wall_s,
-            command,
-            telemetry: resource_telemetry(staging, maxrss_kib * 1024),
+            command: Vec::new(),
+            worker: Some(shown),
+            telemetry: resource_telemetry(staging, maxrss),
         })
     }
 }
 
-/// Waits for a child, returning (exit code, terminating signal, peak RSS in KiB).
-fn wait4(pid: libc::pid_t) -> Result<(Option<i32>, Option<i32>, u64)> {
-    let mut status = 0;
-    // SAFETY: zeroed rusage is a valid out-parameter; pid is our own child.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: as above.
-        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-        if rc == pid {
-            break;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e).context("waiting for the cell process");
-        }
-    }
-    let (code, signal) = if libc::WIFEXITED(status) {
-        (Some(libc::WEXITSTATUS(status)), None)
-    } else if libc::WIFSIGNALED(status) {
-        (None, Some(libc::WTERMSIG(status)))
-    } else {
-        (None, None)
-    };
-    Ok((code, signal, ru.ru_maxrss.max(0) as u64))
-}

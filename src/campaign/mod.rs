@@ -22,7 +22,7 @@ pub mod journal;
 pub mod runner;
 pub mod spec;
 
-pub use executor::{generate_args, CellExecutor, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry};
+pub use executor::{worker_cell, CellExecutor, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry};
 pub use expand::{expand, CellSpec};
 pub use runner::{run, status, RunMode, RunOptions, RunSummary, StatusReport};
 pub use spec::{parse, schema_json, Campaign, Diagnostic};

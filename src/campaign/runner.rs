@@ -739,6 +739,7 @@ mod tests {
                 // Distinct per call, as real wall times are: a rerun never repeats a digest.
                 wall_s: 0.5 + CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as f64 * 1e-3,
                 command: vec![],
+                worker: None,
                 telemetry: Telemetry::default(),
             })
         }

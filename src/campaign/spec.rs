@@ -272,26 +272,10 @@ pub struct PatchSpec {
 }
 
 /// How an arm holds its experts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ExpertsMode {
-    /// Stock llama.cpp: every expert resident.
-    Resident,
-    /// Experts served from storage through the Plan.
-    Plan,
-}
+pub use crate::cell::ExpertsMode;
 
 /// Where a Plan arm reads expert bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SourceKind {
-    /// Buffered pread through the page cache.
-    P,
-    /// Blocking O_DIRECT, one window.
-    D,
-    /// io_uring O_DIRECT, registered windows, bounded depth.
-    F,
-}
+pub use crate::plan::engine::SourceKind;
 
 /// A deterministic fault cell (seed 000 §5.4, Table 7): the type `generate --fault` takes.
 /// Absent (or `none`): the no-fault control.
@@ -579,7 +563,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             ("depth", a.depth.is_some()),
         ];
         match a.experts {
-            ExpertsMode::Resident => {
+            ExpertsMode::Resident | ExpertsMode::Host => {
                 for (name, set) in plan_fields.iter().chain(&[("fault", a.fault.is_some()), ("layer_buffers", a.layer_buffers.is_some())]) {
                     if *set {
                         out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` applies only to `experts: plan`", a.id.value)));
@@ -697,6 +681,9 @@ fn validate_refine(c: &Campaign) -> Vec<Diagnostic> {
                     Some(ra) => {
                         if a.fault.is_some() {
                             out.push(Diagnostic::at(&a.id, format!("arm `{}`: fault cells do not apply to refinement", a.id.value)));
+                        }
+                        if a.experts == ExpertsMode::Host {
+                            out.push(Diagnostic::at(&a.id, format!("arm `{}`: a refinement arm's verifier is `resident` or streamed (`plan`)", a.id.value)));
                         }
                         match (ra.mode, ra.tau, ra.verify_all) {
                             (RefineMode::Refine, None, false) => out.push(Diagnostic::at(&a.id, format!("arm `{}`: mode refine needs `tau` or `verify_all: true`", a.id.value))),

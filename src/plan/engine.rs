@@ -15,18 +15,19 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// How expert bytes are read (seed 000 §5.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
     /// Buffered pread through the page cache.
     P,
     /// Blocking O_DIRECT, one window.
     D,
-    /// io_uring O_DIRECT, N registered windows, bounded depth.
+    /// io_uring O_DIRECT, registered windows, bounded depth.
     F,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PlanOptions {
     pub slots: u32,
     pub policy: String,

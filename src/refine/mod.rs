@@ -19,6 +19,9 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// Defer decisions whose top-1 margin is below this, unless told otherwise.
+pub const DEFAULT_TAU: f32 = 1.0;
+
 /// What a run decodes with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]

@@ -1,0 +1,369 @@
+//! One cell: the typed unit of work that crosses the process boundary. The command line turns
+//! flags into a [`Cell`] and a campaign turns an arm into one; either runs it in this process
+//! or, contained, writes it as JSON and starts one worker (`sovereign cell SPEC`) inside the
+//! run's memory cgroup. Nothing rebuilds a command line from settings.
+
+use crate::bounds;
+use crate::engine::{self, ExecParams, ExpertSource};
+use crate::generate::{self, GenerateSpec};
+use crate::identity::build_identity;
+use crate::inventory::Inventory;
+use crate::observe::{self, ContainSpec, RunStatus};
+use crate::plan::engine::{PlanOptions, PlanSource};
+use crate::record::Staging;
+use crate::refine::{self, Mode, RefineSpec};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Context of a generate cell, tokens (the CLI's default).
+pub const GENERATE_CTX: u32 = 4096;
+/// Context of each model of a refine cell, tokens.
+pub const REFINE_CTX: u32 = 1024;
+/// Logical and physical batch: fixed on every arm, since batch size changes kernels.
+pub const BATCH: u32 = 512;
+/// Slots per layer for the reference's experts while it scores, when the verifier streams.
+pub const REFERENCE_SLOTS: u32 = 8;
+/// The worker's spec inside the staging directory (removed before the record is sealed: it
+/// names this machine's paths).
+const SPEC_FILE: &str = "cell.spec.json";
+/// The worker's output inside the record.
+pub const LOG_FILE: &str = "cell.log";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Cell {
+    Generate(GenerateCell),
+    Refine(RefineCell),
+}
+
+/// How a run holds its experts: the `--experts` flag and a campaign arm's `experts` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpertsMode {
+    /// Stock llama.cpp: every expert resident.
+    Resident,
+    /// Experts served from storage through the Plan.
+    Plan,
+    /// Resident, with the expert tensors kept in host memory by buffer override (`--cpu-moe`).
+    Host,
+}
+
+/// How a run holds its experts, resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Experts {
+    /// llama.cpp loads every expert (the stock path).
+    Resident,
+    /// Resident, with the expert tensors kept in host memory by buffer override.
+    Host,
+    /// Served from storage through the Plan.
+    Plan(PlanOptions),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Prompt {
+    Text(String),
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateCell {
+    pub model: PathBuf,
+    pub prompt: Prompt,
+    pub n_predict: u32,
+    pub exec: ExecParams,
+    pub ignore_eos: bool,
+    pub experts: Experts,
+    /// llama's `n_gpu_layers` (negative: all).
+    pub gpu_layers: i32,
+    /// Device bytes the run may hold.
+    pub gpu_budget: Option<u64>,
+    /// Record directory (must not exist).
+    pub record: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefineCell {
+    pub base: PathBuf,
+    pub verifier: PathBuf,
+    pub reference: Option<PathBuf>,
+    /// Prompts, one per non-empty line.
+    pub prompts: PathBuf,
+    pub n_predict: u32,
+    pub mode: Mode,
+    pub tau: f32,
+    pub window: u32,
+    pub verify_all: bool,
+    pub exec: ExecParams,
+    /// Stream the verifier's (and the reference's) experts through the Plan.
+    pub stream: Option<PlanOptions>,
+    pub reference_slots: u32,
+    pub record: PathBuf,
+}
+
+/// What an in-process run produced.
+pub enum Done {
+    Generate(generate::Summary),
+    Refine(refine::Summary),
+}
+
+impl Cell {
+    pub fn record(&self) -> &Path {
+        match self {
+            Cell::Generate(g) => &g.record,
+            Cell::Refine(r) => &r.record,
+        }
+    }
+
+    fn record_mut(&mut self) -> &mut PathBuf {
+        match self {
+            Cell::Generate(g) => &mut g.record,
+            Cell::Refine(r) => &mut r.record,
+        }
+    }
+
+    /// The model files the cell reads.
+    pub fn models(&self) -> Vec<&Path> {
+        match self {
+            Cell::Generate(g) => vec![g.model.as_path()],
+            Cell::Refine(r) => [Some(&r.base), Some(&r.verifier), r.reference.as_ref()].into_iter().flatten().map(PathBuf::as_path).collect(),
+        }
+    }
+
+    /// The format of the record this cell writes.
+    pub fn format(&self) -> &'static str {
+        match self {
+            Cell::Generate(_) => "sovereign.generate/1",
+            Cell::Refine(_) => "sovereign.refine/1",
+        }
+    }
+
+    /// Every path rewritten by `f` (to show a cell without this machine's paths).
+    pub fn map_paths(&self, f: impl Fn(&Path) -> PathBuf) -> Cell {
+        let mut c = self.clone();
+        match &mut c {
+            Cell::Generate(g) => {
+                g.model = f(&g.model);
+                if let Prompt::File(p) = &mut g.prompt {
+                    *p = f(p);
+                }
+                g.record = f(&g.record);
+            }
+            Cell::Refine(r) => {
+                r.base = f(&r.base);
+                r.verifier = f(&r.verifier);
+                r.reference = r.reference.as_deref().map(&f);
+                r.prompts = f(&r.prompts);
+                r.record = f(&r.record);
+            }
+        }
+        c
+    }
+
+    /// Refuses, before anything runs, values outside the shared bounds, a policy that does not
+    /// parse, inputs that are not regular files and prompts that are not text.
+    pub fn check(&self) -> Result<()> {
+        match self {
+            Cell::Generate(g) => {
+                run_params(&g.exec, g.n_predict)?;
+                if let Experts::Plan(p) = &g.experts {
+                    check_plan(p)?;
+                }
+                bounds::regular_file("--model", &g.model)?;
+                if let Prompt::File(f) = &g.prompt {
+                    bounds::regular_file("--prompt-file", f)?;
+                }
+                let what = if matches!(g.prompt, Prompt::Text(_)) { "--prompt" } else { "--prompt-file" };
+                bounds::prompt_text(what, &g.prompt_bytes()?)?;
+            }
+            Cell::Refine(r) => {
+                run_params(&r.exec, 0)?;
+                if let Some(p) = &r.stream {
+                    check_plan(p)?;
+                    bounds::range("--reference-slots", r.reference_slots as u64, 1, bounds::MAX_SLOTS as u64, "expert slots per layer")?;
+                }
+                r.prompt_bytes()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the engine puts the model's layers, as this cell asks.
+    pub fn placement(&self) -> engine::Placement {
+        match self {
+            Cell::Generate(g) => engine::Placement {
+                gpu_layers: g.gpu_layers,
+                experts_host: g.experts == Experts::Host,
+                gpu_budget: g.gpu_budget,
+            },
+            Cell::Refine(_) => engine::Placement::default(),
+        }
+    }
+}
+
+fn run_params(exec: &ExecParams, n_predict: u32) -> Result<()> {
+    bounds::RunParams { threads: exec.threads as i64, ctx: exec.n_ctx, batch: exec.n_batch, n_predict }.check()
+}
+
+fn check_plan(p: &PlanOptions) -> Result<()> {
+    bounds::PlanParams { slots: p.slots, windows: p.windows, depth: p.depth, layer_buffers: p.layer_buffers }.check()?;
+    p.policy.parse::<crate::plan::PolicySpec>().context("--policy")?;
+    Ok(())
+}
+
+impl GenerateCell {
+    pub fn prompt_bytes(&self) -> Result<Vec<u8>> {
+        match &self.prompt {
+            Prompt::Text(t) => Ok(t.as_bytes().to_vec()),
+            Prompt::File(f) => std::fs::read(f).with_context(|| format!("{}: cannot read prompt file", f.display())),
+        }
+    }
+}
+
+impl RefineCell {
+    pub fn prompt_bytes(&self) -> Result<Vec<u8>> {
+        read_prompts(&self.prompts)
+    }
+}
+
+/// A prompts file (one prompt per non-empty line): a regular file of text.
+pub fn read_prompts(path: &Path) -> Result<Vec<u8>> {
+    bounds::regular_file("--prompts", path)?;
+    let b = std::fs::read(path).with_context(|| format!("{}: cannot read prompts", path.display()))?;
+    bounds::prompt_text(&path.display().to_string(), &b)?;
+    Ok(b)
+}
+
+/// Runs the cell in this process; its record is written to the cell's record directory.
+pub fn run(cell: &Cell) -> Result<Done> {
+    cell.check()?;
+    engine::set_placement(cell.placement())?;
+    match cell {
+        Cell::Generate(g) => {
+            let spec = GenerateSpec {
+                model: g.model.clone(),
+                prompt: g.prompt_bytes()?,
+                n_predict: g.n_predict,
+                exec: g.exec,
+                ignore_eos: g.ignore_eos,
+                record: g.record.clone(),
+            };
+            let plan = match &g.experts {
+                Experts::Plan(o) => Some(o.clone()),
+                Experts::Resident | Experts::Host => None,
+            };
+            let model = g.model.clone();
+            let s = generate::run_with(&spec, move |inv: &Inventory| match plan {
+                None => Ok(None),
+                Some(o) => Ok(Some(Box::new(PlanSource::new(&model, inv, o)?) as Box<dyn ExpertSource>)),
+            })?;
+            Ok(Done::Generate(s))
+        }
+        Cell::Refine(r) => {
+            let prompt_bytes = r.prompt_bytes()?;
+            let spec = RefineSpec {
+                base: r.base.clone(),
+                verifier: r.verifier.clone(),
+                reference: r.reference.clone(),
+                prompts: refine::prompts_of(&prompt_bytes),
+                prompt_bytes,
+                n_predict: r.n_predict,
+                mode: r.mode,
+                tau: r.tau,
+                window: r.window,
+                verify_all: r.verify_all,
+                exec: r.exec,
+                stream: r.stream.clone(),
+                reference_stream: r.stream.clone().map(|o| PlanOptions { slots: r.reference_slots, ..o }),
+                record: r.record.clone(),
+            };
+            Ok(Done::Refine(refine::run(&spec)?))
+        }
+    }
+}
+
+/// Drops the cell's model files from the page cache, so that a contained run is charged for
+/// its own reads, unless `warm`; says which, for the record.
+pub fn cache_protocol(cell: &Cell, warm: bool) -> Result<&'static str> {
+    if warm {
+        return Ok("warm: page cache left as found");
+    }
+    for m in cell.models() {
+        crate::util::drop_file_cache(m)?;
+    }
+    Ok("cold: model files dropped from the page cache (POSIX_FADV_DONTNEED) before the run")
+}
+
+/// The cell as its own process tree under `contain`: one worker (`sovereign cell SPEC`) writes
+/// its record inside ours; we add what bounded each memory tier and the admission outcome,
+/// then commit to the cell's record directory. A worker that dies still leaves a record of how
+/// it died. Returns the record and where it was committed.
+pub fn run_contained(cell: &Cell, contain: &ContainSpec, cache_protocol: &str) -> Result<(serde_json::Value, PathBuf)> {
+    cell.check()?;
+    for m in cell.models() {
+        Inventory::of(m)?;
+    }
+    let staging = Staging::new(cell.record())?;
+    let inner = staging.dir().join("cell");
+    let spec_path = staging.dir().join(SPEC_FILE);
+    let log_path = staging.dir().join(LOG_FILE);
+    let mut worker = cell.clone();
+    *worker.record_mut() = inner.clone();
+    std::fs::write(&spec_path, serde_json::to_vec_pretty(&worker)?).with_context(|| format!("{}", spec_path.display()))?;
+    let log = std::fs::File::create(&log_path)?;
+    let mut cmd = std::process::Command::new(std::env::current_exe().context("locating this executable")?);
+    cmd.arg("cell").arg(&spec_path).stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    let run = observe::run_contained(cmd, contain);
+    std::fs::remove_file(&spec_path)?;
+    let mut run = run?;
+    let (code, signal) = match &run.status {
+        RunStatus::Exited { code } => (Some(*code), None),
+        RunStatus::Signaled { signal, .. } => (None, Some(*signal)),
+    };
+    let mut rec: serde_json::Value = match std::fs::read_to_string(inner.join(crate::record::RECORD_FILE)) {
+        Ok(text) if run.status.success() => {
+            for entry in std::fs::read_dir(&inner)? {
+                let entry = entry?;
+                std::fs::rename(entry.path(), staging.dir().join(entry.file_name()))?;
+            }
+            std::fs::remove_dir(&inner)?;
+            serde_json::from_str(&text).context("the worker's record.json")?
+        }
+        // A worker that did not exit 0 proves nothing, whatever it wrote.
+        _ => {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let _ = std::fs::remove_dir_all(&inner);
+            serde_json::json!({
+                "format": cell.format(),
+                "outcome": "failed",
+                "error": observe::worker_error(code, signal, &log),
+                "build": build_identity()?,
+                "surfaces": {},
+            })
+        }
+    };
+    if rec.get("outcome").is_none() {
+        rec["outcome"] = serde_json::json!(if run.status.success() { "completed" } else { "failed" });
+    }
+    let completed = rec["outcome"] == "completed";
+    run.admission.require_run("outcome completed", completed, rec["outcome"].to_string());
+    rec["resources"] = serde_json::to_value(&run)?;
+    rec["cache_protocol"] = serde_json::json!(cache_protocol);
+    let dir = staging.commit(&rec)?;
+    Ok((rec, dir))
+}
+
+/// `sovereign cell SPEC`: the worker. Reads the spec, runs it here, and prints the summary.
+pub fn worker(spec: &Path) -> Result<Done> {
+    bounds::regular_file("cell spec", spec)?;
+    let text = std::fs::read_to_string(spec).with_context(|| format!("{}: cannot read the cell spec", spec.display()))?;
+    let cell: Cell = serde_json::from_str(&text).with_context(|| format!("{}: not a cell spec", spec.display()))?;
+    if cell.record().as_os_str().is_empty() {
+        bail!("{}: the cell names no record directory", spec.display());
+    }
+    run(&cell)
+}

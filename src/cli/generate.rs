@@ -1,0 +1,292 @@
+//! `generate` (flags to a cell, run here or contained) and `cell` (the worker).
+
+use super::{print_json, status};
+use anyhow::{bail, Result};
+use clap::Args;
+use sovereign::bounds::parse_bytes;
+use sovereign::cell::{self, Cell, Done, Experts, ExpertsMode, GenerateCell, Prompt};
+use sovereign::engine::ExecParams;
+use sovereign::generate;
+use sovereign::observe::ContainSpec;
+use sovereign::plan::engine::{PlanOptions, SourceKind};
+use sovereign::source::fault::FaultCell;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// How the Plan serves experts from storage.
+#[derive(Args)]
+pub struct PlanArgs {
+    /// Slots per MoE layer (plan).
+    #[arg(long, default_value_t = 8)]
+    slots: u32,
+    /// Replacement policy (plan): `zero`, `lru:K`, `pin:L/E,...`, combined with `+`, and
+    /// `+prefetch` for next-layer prefetch.
+    #[arg(long, default_value = "zero")]
+    policy: String,
+    /// How expert bytes are read (plan): p = buffered pread, d = blocking O_DIRECT with one
+    /// window, f = io_uring O_DIRECT with --windows windows and --depth reads in flight.
+    #[arg(long, value_enum, default_value_t = SourceKind::F)]
+    source: SourceKind,
+    #[arg(long, default_value_t = 8)]
+    windows: u32,
+    #[arg(long, default_value_t = 8)]
+    depth: u32,
+    /// Layer buffers (plan): 0 gives every layer its own slot pools; 2 streams layer by layer
+    /// through two shared, alternating buffers (layer i uses buffer i mod 2).
+    #[arg(long, default_value_t = 0)]
+    layer_buffers: u32,
+}
+
+impl PlanArgs {
+    pub fn options(&self, fault: FaultCell) -> PlanOptions {
+        PlanOptions {
+            slots: self.slots,
+            policy: self.policy.clone(),
+            source: self.source,
+            windows: self.windows,
+            depth: self.depth,
+            layer_buffers: self.layer_buffers,
+            fault,
+        }
+    }
+}
+
+/// How a run is contained: a memory cgroup, its limit, observers, and the page-cache protocol.
+#[derive(Args)]
+pub struct ContainArgs {
+    /// Run as its own process tree in a memory cgroup with this hard limit (bytes, or with a
+    /// K/M/G suffix, binary), swap off; the record then states what bounded each memory tier
+    /// and whether the run is admitted (positive margin, zero limit events, no OOM, no swap).
+    #[arg(long, value_parser = sovereign::bounds::parse_memory_max)]
+    memory_max: Option<u64>,
+    /// Run in its own cgroup for accounting even without a limit.
+    #[arg(long)]
+    contain: bool,
+    /// Declared GPU allowance (bytes or K/M/G), audited against whole-board use.
+    #[arg(long, value_parser = parse_bytes)]
+    gpu_declared: Option<u64>,
+    /// Device bound of the run (bytes or K/M/G): its device buffers must fit before decoding
+    /// (refused otherwise) and its NVML-sampled own usage must stay below it.
+    #[arg(long, value_parser = parse_bytes)]
+    pub gpu_budget: Option<u64>,
+    /// Sampling period of the cgroup, /proc and NVML observers, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    sample_ms: u64,
+    /// A contained run normally starts cold (the model's pages dropped from the page cache, so
+    /// the run is charged for its own reads); keep them instead.
+    #[arg(long)]
+    warm_cache: bool,
+}
+
+impl ContainArgs {
+    pub fn enabled(&self) -> bool {
+        self.memory_max.is_some() || self.contain
+    }
+
+    fn spec(&self) -> ContainSpec {
+        ContainSpec {
+            memory_max: self.memory_max,
+            gpu_declared: self.gpu_declared,
+            gpu_budget: self.gpu_budget,
+            sample_interval: std::time::Duration::from_millis(self.sample_ms.max(1)),
+        }
+    }
+
+    /// Runs `cell` as its own process tree under these bounds; the committed record.
+    pub fn run(&self, cell: &Cell) -> Result<(serde_json::Value, PathBuf)> {
+        cell.check()?;
+        let cache = cell::cache_protocol(cell, self.warm_cache)?;
+        cell::run_contained(cell, &self.spec(), cache)
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, conflicts_with = "prompt_file", required_unless_present = "prompt_file")]
+    prompt: Option<String>,
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    #[arg(long, default_value_t = 64)]
+    n_predict: u32,
+    #[arg(long, default_value_t = 2)]
+    threads: i32,
+    /// Context size in tokens.
+    #[arg(long, default_value_t = cell::GENERATE_CTX)]
+    ctx: u32,
+    /// Logical and physical batch size (fixed on every arm: batch size changes kernels).
+    #[arg(long, default_value_t = cell::BATCH)]
+    batch: u32,
+    #[arg(long)]
+    flash_attn: bool,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// `resident`: llama.cpp loads every expert (stock path). `plan`: experts are served from
+    /// storage through a bounded slot pool. `host`: resident, expert tensors in host memory.
+    #[arg(long, value_enum, default_value_t = ExpertsMode::Resident)]
+    experts: ExpertsMode,
+    #[command(flatten)]
+    plan: PlanArgs,
+    /// Deterministic fault cell (plan): fatal cells must fail closed with nothing accepted,
+    /// recoverable ones must stay exact against the no-fault control.
+    #[arg(long, value_enum, default_value_t = FaultCell::None)]
+    fault: FaultCell,
+    /// Layers llama.cpp offloads to the GPU (`n_gpu_layers`; `all` for every layer). Without a
+    /// GPU device nothing is offloaded and the record says so.
+    #[arg(long, value_parser = parse_gpu_layers, default_value = "0")]
+    gpu_layers: i32,
+    #[command(flatten)]
+    contained: ContainArgs,
+    /// Record directory (must not exist).
+    #[arg(long)]
+    record: PathBuf,
+    #[arg(long)]
+    json: bool,
+    /// Plan flags given on the command line (filled from the matches).
+    #[arg(skip)]
+    plan_given: Vec<&'static str>,
+}
+
+impl GenerateArgs {
+    pub fn note_given(&mut self, m: &clap::ArgMatches) {
+        self.plan_given = ["slots", "policy", "source", "windows", "depth", "layer_buffers", "fault"]
+            .into_iter()
+            .filter(|id| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+            .collect();
+    }
+
+    /// The flags as the cell they ask for.
+    fn cell(&self) -> Result<Cell> {
+        if self.experts != ExpertsMode::Plan && !self.plan_given.is_empty() {
+            let flags: Vec<String> = self.plan_given.iter().map(|f| f.replace('_', "-")).collect();
+            bail!("--{} need --experts plan (resident runs load every expert)", flags.join(", --"));
+        }
+        Ok(Cell::Generate(GenerateCell {
+            model: self.model.clone(),
+            prompt: match (&self.prompt, &self.prompt_file) {
+                (Some(p), _) => Prompt::Text(p.clone()),
+                (None, Some(f)) => Prompt::File(f.clone()),
+                (None, None) => bail!("give --prompt or --prompt-file"),
+            },
+            n_predict: self.n_predict,
+            exec: ExecParams { n_ctx: self.ctx, n_batch: self.batch, n_ubatch: self.batch, threads: self.threads, flash_attn: self.flash_attn },
+            ignore_eos: self.ignore_eos,
+            experts: match self.experts {
+                ExpertsMode::Resident => Experts::Resident,
+                ExpertsMode::Host => Experts::Host,
+                ExpertsMode::Plan => Experts::Plan(self.plan.options(self.fault)),
+            },
+            gpu_layers: self.gpu_layers,
+            gpu_budget: self.contained.gpu_budget,
+            record: self.record.clone(),
+        }))
+    }
+}
+
+/// `--gpu-layers`: a layer count or `all` (llama's negative n_gpu_layers).
+fn parse_gpu_layers(s: &str) -> Result<i32, String> {
+    if s == "all" {
+        return Ok(-1);
+    }
+    s.parse::<u16>().map(i32::from).map_err(|_| format!("`{s}` is neither a layer count nor `all`"))
+}
+
+#[derive(Args)]
+pub struct CellArgs {
+    /// The cell spec (JSON), as a contained run or a campaign writes it.
+    spec: PathBuf,
+}
+
+pub fn generate(a: GenerateArgs) -> Result<ExitCode> {
+    let cell = a.cell()?;
+    cell.check()?;
+    if a.contained.enabled() {
+        let (rec, dir) = a.contained.run(&cell)?;
+        print_contained(&rec, &dir, a.json)?;
+        return Ok(status(rec["outcome"] == "completed"));
+    }
+    print_done(&cell::run(&cell)?, a.json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The worker: the summary as JSON on stdout, the error (if any) as one line on stderr.
+pub fn cell(a: CellArgs) -> Result<ExitCode> {
+    print_done(&cell::worker(&a.spec)?, true)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_done(done: &Done, json: bool) -> Result<()> {
+    match done {
+        Done::Generate(s) if json => print_json(&serde_json::json!({
+            "record": s.record,
+            "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "timing": s.timing,
+            "digests": s.digests.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+        })),
+        Done::Generate(s) => {
+            println!("record    {}", s.record.display());
+            println!("tokens    {} prompt + {} generated", s.prompt_tokens, s.generated_tokens);
+            println!(
+                "speed     prefill {:.1} tok/s, decode {:.1} tok/s (load {:.2} s)",
+                s.timing.prefill_tokens_per_s, s.timing.decode_tokens_per_s, s.timing.load_s
+            );
+            println!("response  {:?}", s.response);
+            for (name, d) in &s.digests {
+                println!("sha256    {name:<9} {d}");
+            }
+            println!("routes    {} events", s.routes.len());
+            for (layer, distinct, total, top) in generate::route_summary(&s.routes) {
+                println!("  layer {layer:>3}: {distinct:>4} distinct experts over {total:>6} selections, busiest {:.1}%", top * 100.0);
+            }
+            Ok(())
+        }
+        Done::Refine(s) => super::refine::print_summary(s, json),
+    }
+}
+
+/// What a contained run put on record: outcome, what bounded memory, admission.
+pub fn print_contained(rec: &serde_json::Value, dir: &std::path::Path, json: bool) -> Result<()> {
+    let res = &rec["resources"];
+    if json {
+        let mut v = serde_json::json!({
+            "record": dir,
+            "outcome": rec["outcome"],
+            "admission": res["admission"],
+            "authority": res["authority"],
+        });
+        match rec["format"].as_str() {
+            Some("sovereign.refine/1") => {
+                v["refine"] = rec["refine"].clone();
+                v["quality"] = rec["quality"].clone();
+            }
+            _ => {
+                v["digests"] = serde_json::json!(rec["surfaces"]
+                    .as_object()
+                    .map(|m| m.iter().map(|(k, v)| (k.clone(), v["sha256"].clone())).collect::<serde_json::Map<_, _>>()));
+            }
+        }
+        return print_json(&v);
+    }
+    println!("record    {}", dir.display());
+    println!("outcome   {}", rec["outcome"].as_str().unwrap_or("?"));
+    if let Some(e) = rec["error"].as_str() {
+        println!("error     {e}");
+    }
+    let host = &res["host"];
+    println!(
+        "host      limit {} bytes, kernel peak {} bytes, limit events {}, OOM kills {}",
+        host["limit"], host["kernel_peak"], host["limit_events"], host["oom_kills"]
+    );
+    if rec["format"] == "sovereign.refine/1" {
+        println!("bytes     {} verification bytes per token (logical)", rec["refine"]["verification_bytes_per_token"]);
+        println!("quality   mean log-prob {}", rec["quality"]["mean_logprob"]);
+    }
+    println!("authority host {} / gpu {}", res["authority"]["host"]["grade"], res["authority"]["gpu"]["grade"]);
+    let adm = &res["admission"];
+    let failed = adm["failed"].as_array().filter(|f| !f.is_empty()).map(|f| f.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", "));
+    println!("admission {}{}", if adm["admitted"] == true { "admitted" } else { "NOT admitted" }, failed.map(|f| format!(": {f}")).unwrap_or_default());
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! `stats` and `export`: tables of measurements.
+
+use super::print_json;
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use sovereign::{export, stats};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Subcommand)]
+pub enum StatsCommand {
+    /// Paired geometric ratio b/a and paired-log Student-t interval (df = n - 1) of two columns.
+    Pairs {
+        #[arg(long)]
+        csv: PathBuf,
+        /// Denominator column.
+        #[arg(long)]
+        a: String,
+        /// Numerator column.
+        #[arg(long)]
+        b: String,
+        #[arg(long, default_value_t = 0.95)]
+        level: f64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// Campaign id (as in its file's `id`).
+    #[arg(long)]
+    campaign: String,
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn stats(c: StatsCommand) -> Result<ExitCode> {
+    let StatsCommand::Pairs { csv, a, b, level, json } = c;
+    let (labels, xa, xb) = stats::read_pairs_csv(&csv, &a, &b)?;
+    let r = stats::paired_ratio(&labels, &xa, &xb, level)?;
+    if json {
+        print_json(&r)?;
+    } else {
+        print!("{}", r.to_text(&a, &b));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn export(a: ExportArgs) -> Result<ExitCode> {
+    let s = export::export(&a.results, &a.campaign, &a.out)?;
+    if a.json {
+        print_json(&s)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{}: {} cells ({} sealed), {} pairs", s.campaign, s.cells, s.sealed, s.pairs);
+    for f in &s.files {
+        println!("wrote {}", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
