@@ -6,8 +6,7 @@ use anyhow::{bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
 use serde::Serialize;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::time::Instant;
@@ -57,14 +56,6 @@ impl Drop for Aligned {
     }
 }
 
-pub fn open_direct(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .with_context(|| format!("{}: cannot open with O_DIRECT", path.display()))
-}
-
 /// Reads `bytes` from `start` in `block`-sized reads with at most `depth` in flight.
 fn measure(file: &File, file_len: u64, start: u64, bytes: u64, block: usize, depth: usize) -> Result<Cell> {
     let mut ring = IoUring::new(depth.next_power_of_two() as u32).context("io_uring unavailable")?;
@@ -112,7 +103,7 @@ fn measure(file: &File, file_len: u64, start: u64, bytes: u64, block: usize, dep
 /// Measures every block size × depth cell, each over its own region of the file when it is
 /// large enough, so no cell rereads what another just read.
 pub fn measure_envelope(path: &Path, bytes_per_cell: u64, blocks: &[usize], depths: &[usize]) -> Result<Envelope> {
-    let file = open_direct(path)?;
+    let file = crate::source::open_direct(path)?;
     let file_len = file.metadata()?.len();
     if file_len < (4 << 20) {
         bail!("{}: {} bytes is too small to measure (need at least 4 MiB)", path.display(), file_len);

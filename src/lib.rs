@@ -18,5 +18,6 @@ pub mod plan;
 pub mod record;
 pub mod refine;
 pub mod source;
+pub mod spec;
 pub mod stats;
 pub mod util;

@@ -18,7 +18,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 fn sha256_file_direct(path: &Path) -> Result<String> {
     use std::os::unix::fs::FileExt;
     const BLOCK: usize = 4 << 20;
-    let f = crate::envelope::open_direct(path)?;
+    let f = crate::source::open_direct(path)?;
     let len = f.metadata()?.len();
     let layout = std::alloc::Layout::from_size_align(BLOCK, 4096)?;
     // SAFETY: non-zero size; freed below.

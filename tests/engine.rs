@@ -3,10 +3,9 @@
 mod common;
 
 use common::*;
-use sovereign::engine::{self, sys};
+use sovereign::engine;
 use sovereign::gguf::{GgmlType, Gguf, GgufWriter, TensorSpec, Value};
 use sovereign::inventory::Inventory;
-use std::ffi::{CStr, CString};
 use std::fs;
 
 #[test]
@@ -38,25 +37,14 @@ fn forge_overrides_shape_the_model() {
 /// Our inventory against ggml's own GGUF reader, tensor by tensor.
 fn assert_inventory_matches_ggml(path: &std::path::Path) {
     let inv = Inventory::of(path).unwrap();
-    engine::init();
-    let c = CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: plain C API over a valid path; the context is freed below.
-    unsafe {
-        let ctx = sys::gguf_init_from_file(c.as_ptr(), sys::gguf_init_params { no_alloc: true, ctx: std::ptr::null_mut() });
-        assert!(!ctx.is_null(), "ggml could not read {}", path.display());
-        let n = sys::gguf_get_n_tensors(ctx);
-        assert_eq!(n as usize, inv.tensors.len());
-        let data = sys::gguf_get_data_offset(ctx) as u64;
-        assert_eq!(data, inv.data_offset);
-        for i in 0..n {
-            let name = CStr::from_ptr(sys::gguf_get_tensor_name(ctx, i)).to_str().unwrap();
-            let t = &inv.tensors[i as usize];
-            assert_eq!(t.name, name);
-            assert_eq!(t.offset, data + sys::gguf_get_tensor_offset(ctx, i) as u64, "{name} offset");
-            assert_eq!(t.bytes, sys::gguf_get_tensor_size(ctx, i) as u64, "{name} length");
-            assert_eq!(t.ggml_type, GgmlType(sys::gguf_get_tensor_type(ctx, i)).name(), "{name} type");
-        }
-        sys::gguf_free(ctx);
+    let ggml = engine::gguf_tensors(path).unwrap();
+    assert_eq!(ggml.len(), inv.tensors.len());
+    for (t, g) in inv.tensors.iter().zip(&ggml) {
+        let name = &g.name;
+        assert_eq!(&t.name, name);
+        assert_eq!(t.offset, g.offset, "{name} offset");
+        assert_eq!(t.bytes, g.bytes, "{name} length");
+        assert_eq!(t.ggml_type, GgmlType(g.ggml_type as _).name(), "{name} type");
     }
     assert_eq!(inv.extent_duplicates, 0);
     assert_eq!(inv.extent_overlaps, 0);

@@ -21,8 +21,7 @@ pub mod from_record;
 pub use eval::{evaluate, Evaluation, Verdict};
 pub use from_record::{from_record, RecordOptions};
 
-use crate::campaign::spec::At;
-use crate::campaign::Diagnostic;
+use crate::spec::{At, Diagnostic};
 use anyhow::{Context, Result};
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::de::DeserializeOwned;
@@ -342,7 +341,7 @@ pub fn validate(c: &Certificate) -> Vec<Diagnostic> {
 
 /// Parses a hand-written certificate; errors come back with their line and column.
 pub fn parse(text: &str) -> std::result::Result<Certificate, Vec<Diagnostic>> {
-    let c: Certificate = crate::campaign::spec::from_yaml(text)?;
+    let c: Certificate = crate::spec::from_yaml(text)?;
     let problems = validate(&c);
     if problems.is_empty() {
         Ok(c)

@@ -12,7 +12,7 @@ pub use experts::{ExpertSource, SlotPool};
 pub use routes::{RouteEvent, RouteRecorder};
 use experts::Bridge;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context as _, Result};
 use serde::Serialize;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
@@ -20,8 +20,42 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, Once, OnceLock};
 
 #[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
-pub mod sys {
+mod sys {
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+}
+
+/// One tensor as ggml's own GGUF reader sees it: name, absolute file offset, bytes, ggml type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufTensor {
+    pub name: String,
+    pub offset: u64,
+    pub bytes: u64,
+    pub ggml_type: u32,
+}
+
+/// ggml's view of a GGUF file's tensors (metadata only): the reference our own reader is
+/// checked against.
+pub fn gguf_tensors(path: &Path) -> Result<Vec<GgufTensor>> {
+    init();
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).context("a path with a NUL byte")?;
+    // SAFETY: plain C API over a valid path; the context is freed before returning.
+    unsafe {
+        let ctx = sys::gguf_init_from_file(c.as_ptr(), sys::gguf_init_params { no_alloc: true, ctx: std::ptr::null_mut() });
+        if ctx.is_null() {
+            bail!("{}: ggml could not read it as GGUF", path.display());
+        }
+        let data = sys::gguf_get_data_offset(ctx) as u64;
+        let out = (0..sys::gguf_get_n_tensors(ctx))
+            .map(|i| GgufTensor {
+                name: CStr::from_ptr(sys::gguf_get_tensor_name(ctx, i)).to_string_lossy().into_owned(),
+                offset: data + sys::gguf_get_tensor_offset(ctx, i) as u64,
+                bytes: sys::gguf_get_tensor_size(ctx, i) as u64,
+                ggml_type: sys::gguf_get_tensor_type(ctx, i) as u32,
+            })
+            .collect();
+        sys::gguf_free(ctx);
+        Ok(out)
+    }
 }
 
 /// What identifies the engine this binary was built with.

@@ -109,14 +109,30 @@ pub fn pair_ratios(out: &Path, title: &str, blocks: &[String], s: &PairedRatio) 
     Ok(vec![svg, png])
 }
 
-fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, points: &[super::refine::Point]) -> Result<()>
+/// One point of the quality-versus-bytes figure.
+pub struct Point {
+    pub label: String,
+    pub bytes_per_token: f64,
+    pub quality: f64,
+    pub kind: PointKind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum PointKind {
+    Base,
+    Verifier,
+    Refine,
+    Streamed,
+}
+
+fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, points: &[Point]) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
-    use super::refine::PointKind;
+    use PointKind;
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing the figure: {x:?}");
     root.fill(&WHITE).map_err(e)?;
-    let mb = |p: &super::refine::Point| p.bytes_per_token / 1e6;
+    let mb = |p: &Point| p.bytes_per_token / 1e6;
     let x_hi = points.iter().map(mb).fold(0.0, f64::max) * 1.08 + 1e-6;
     let (mut lo, mut hi) = points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), p| (l.min(p.quality), h.max(p.quality)));
     let pad = ((hi - lo) * 0.15).max(1e-3);
@@ -154,7 +170,7 @@ where
         (PointKind::Streamed, orange, "refine, verifier streamed under the cap"),
         (PointKind::Verifier, green, "verifier alone"),
     ] {
-        let sel: Vec<&super::refine::Point> = points.iter().filter(|p| p.kind == kind).collect();
+        let sel: Vec<&Point> = points.iter().filter(|p| p.kind == kind).collect();
         if sel.is_empty() {
             continue;
         }
@@ -174,7 +190,7 @@ where
 }
 
 /// Writes `quality_bytes.svg` and `quality_bytes.png` into `out`.
-pub fn quality_bytes(out: &Path, title: &str, points: &[super::refine::Point]) -> Result<Vec<PathBuf>> {
+pub fn quality_bytes(out: &Path, title: &str, points: &[Point]) -> Result<Vec<PathBuf>> {
     register();
     let svg = out.join("quality_bytes.svg");
     let png = out.join("quality_bytes.png");

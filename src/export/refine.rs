@@ -14,21 +14,7 @@ const COLUMNS: &[&str] = &[
     "limit_events", "admitted", "exact_vs_oracle", "record",
 ];
 
-/// One point of the figure.
-pub struct Point {
-    pub label: String,
-    pub bytes_per_token: f64,
-    pub quality: f64,
-    pub kind: PointKind,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum PointKind {
-    Base,
-    Verifier,
-    Refine,
-    Streamed,
-}
+use super::figure::{Point, PointKind};
 
 pub fn write(out: &Path, title: &str, cells: &[CellSpec], sealed: &BTreeMap<String, Sealed>) -> Result<Vec<PathBuf>> {
     let path = out.join("refine.csv");

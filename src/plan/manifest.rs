@@ -8,29 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
-/// A logical expert object: model semantics, not file layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct ObjectId {
-    pub layer: u32,
-    pub expert: u32,
-}
-
-impl fmt::Display for ObjectId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.layer, self.expert)
-    }
-}
-
-impl FromStr for ObjectId {
-    type Err = anyhow::Error;
-
-    /// `L/E`, e.g. `3/17`.
-    fn from_str(s: &str) -> Result<ObjectId> {
-        let (l, e) = s.trim().split_once('/').ok_or_else(|| anyhow!("`{s}`: an object is LAYER/EXPERT"))?;
-        let parse = |x: &str| x.trim().parse::<u32>().map_err(|_| anyhow!("`{s}`: an object is LAYER/EXPERT"));
-        Ok(ObjectId { layer: parse(l)?, expert: parse(e)? })
-    }
-}
+pub use crate::source::ObjectId;
 
 /// The role of one extent inside an expert bundle. Declaration order is role order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

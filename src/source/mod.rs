@@ -12,7 +12,7 @@
 //! `window_offset + covering.head .. + len`. A completion's `Ok(n)` is the number of *logical*
 //! bytes of the extent that were delivered: `n < len` is a short read, for the Plan to reject.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
@@ -20,6 +20,7 @@ use std::fmt;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::str::FromStr;
 use std::ptr::NonNull;
 
 pub mod fault;
@@ -65,7 +66,7 @@ impl Covering {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ReadRequest {
     pub ticket: u64,
-    pub object: crate::plan::ObjectId,
+    pub object: ObjectId,
     /// Index of the extent inside the object's bundle (role order).
     pub extent: u32,
     /// Logical file offset and length of the extent.
@@ -82,7 +83,7 @@ pub struct ReadRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Completion {
     pub ticket: u64,
-    pub object: crate::plan::ObjectId,
+    pub object: ObjectId,
     pub extent: u32,
     pub window: u32,
     pub epoch: u64,
@@ -277,6 +278,41 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// A logical expert object: model semantics, not file layout. Every read and completion
+/// names the object it is for, so a wrong one is caught before publication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ObjectId {
+    pub layer: u32,
+    pub expert: u32,
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.layer, self.expert)
+    }
+}
+
+impl FromStr for ObjectId {
+    type Err = anyhow::Error;
+
+    /// `L/E`, e.g. `3/17`.
+    fn from_str(s: &str) -> Result<ObjectId> {
+        let (l, e) = s.trim().split_once('/').ok_or_else(|| anyhow!("`{s}`: an object is LAYER/EXPERT"))?;
+        let parse = |x: &str| x.trim().parse::<u32>().map_err(|_| anyhow!("`{s}`: an object is LAYER/EXPERT"));
+        Ok(ObjectId { layer: parse(l)?, expert: parse(e)? })
+    }
+}
+
+/// Opens `path` for reads that bypass the page cache (`O_DIRECT`): D, F and the envelope.
+pub fn open_direct(path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("{}: cannot open with O_DIRECT", path.display()))
+}
+
 /// P: synchronous `pread` through the page cache. `submit` performs the covering read at once
 /// and queues its completion; `wait` returns queued completions in submission order.
 /// D is the same reader over an `O_DIRECT` descriptor with one window ([`BufferedSource::open_direct`]).
@@ -301,7 +337,7 @@ impl BufferedSource {
 
     /// D: blocking `O_DIRECT` reads into one aligned window; the page cache never holds them.
     pub fn open_direct(path: &Path, window_size: u64) -> Result<BufferedSource> {
-        Self::with_file(crate::envelope::open_direct(path)?, 1, window_size)
+        Self::with_file(open_direct(path)?, 1, window_size)
     }
 
     fn with_file(file: File, n_windows: u32, window_size: u64) -> Result<BufferedSource> {
@@ -376,7 +412,7 @@ impl Source for BufferedSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::ObjectId;
+    use super::ObjectId;
     use std::io::Write;
 
     #[test]

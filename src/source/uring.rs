@@ -5,7 +5,7 @@
 //! tags of their request. Latencies go into a log2 histogram.
 
 use super::{check_request, AlignedBuf, Completion, Covering, ReadRequest, Source, SourceError, SourceStats};
-use crate::envelope::open_direct;
+use super::open_direct;
 use anyhow::{bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
 use std::collections::VecDeque;
