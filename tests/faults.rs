@@ -169,6 +169,12 @@ fn the_shipped_fault_campaign_carries_every_cells_validation_into_its_claim() {
     let stated = serde_json::json!({"passed": false, "failed": ["fault fired"]});
     refused_with(&l, id, "b01-p1-short-read", "expect", stated, &results, &["fault b01-p1-short-read (short_read)", "the ledger states"]);
     refused_with(&l, id, "b03-p1-out-of-order", "control", "b00-p0-oracle".into(), &results, &["fault b03-p1-out-of-order", "not the control named here"]);
+    // Leaving a cell's validation out is refused too.
+    let mut bad = l.clone();
+    bad["claims"][id]["replay"].as_array_mut().unwrap().retain(|r| r["fault"]["record"] != "b05-p1-wrong-object");
+    let path = t.path().join("dropped.json");
+    write_ledger(&bad, &path);
+    refused(&path, id, &results, &["fault b05-p1-wrong-object (wrong_object)", "without its validation"]);
 
     // A fatal cell whose record shows output, re-sealed with a cell.json and a ledger that state
     // its validation honestly: the claim still fails, the failing checks named.

@@ -346,7 +346,20 @@ pub fn verify(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
             fault_item(&mut r, &recs, record, *cell, control.as_deref(), expect);
         }
     }
+    unvalidated_faults(&mut r, &recs);
     Ok(r)
+}
+
+/// A record of a fault cell that the claim names without a `fault` entry: a ledger cannot
+/// leave a cell's validation out.
+fn unvalidated_faults(r: &mut Report, recs: &Records) {
+    for alias in recs.claim.records.keys() {
+        let covered = recs.claim.replay.iter().any(|rp| matches!(rp, Replay::Fault { record, .. } if record == alias));
+        let fault = recs.dir(alias).and_then(|d| read_cell(&d)).ok().and_then(|doc| doc.cell.arm.fault);
+        if let (Some(f), false) = (fault, covered) {
+            r.push(format!("fault {alias} ({})", f.name()), false, "a fault cell's record without its validation in the claim".into());
+        }
+    }
 }
 
 /// Recomputes a fault cell's validation; the item holds only when it passed and agrees with
@@ -471,6 +484,7 @@ pub fn replay(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
             Replay::Fault { record, cell, control, expect } => fault_item(&mut r, &recs, record, *cell, control.as_deref(), expect),
         }
     }
+    unvalidated_faults(&mut r, &recs);
     Ok(r)
 }
 
