@@ -287,3 +287,19 @@ fn absurd_counts_and_shapes_are_refused_in_little_memory() {
         assert!(!rec.exists() && !d.join("r.partial").exists());
     }
 }
+
+#[test]
+fn nan_logits_fail_the_run_naming_the_row() {
+    let d = tmp("nan");
+    let m = forge(&d, "m.gguf", 11, &[]);
+    let nan = with_nan(&m, "token_embd.weight", &d.join("nan.gguf"));
+    let rec = d.join("r");
+    let r = generate(&nan, "Every logit is NaN.", 8, &rec, &[]);
+    assert_ne!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("logits row 0 is not finite"), "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
+    assert_eq!(v["outcome"], "failed");
+    assert!(v["error"].as_str().unwrap().contains("logits row 0 is not finite (vocabulary entry 0 is NaN)"), "{v}");
+    assert_eq!(v["counts"]["generated_tokens"], 0);
+    assert!(!rec.join("tokens.bin").exists() && !d.join("r.partial").exists());
+}
