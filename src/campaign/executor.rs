@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -210,16 +209,9 @@ impl CellExecutor for ProcessExecutor {
         let err = out.try_clone()?;
         let mut cmd = Command::new(&self.exe);
         cmd.args(&args).stdin(Stdio::null()).stdout(out).stderr(err);
-        // SAFETY: only async-signal-safe calls between fork and exec. The child dies with the
-        // runner, so a killed runner never leaves a cell finishing unobserved.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // The child dies with the runner, so a killed runner never leaves a cell finishing
+        // unobserved (and a contained cell's worker dies with the cell in turn).
+        crate::observe::die_with_parent(&mut cmd);
         let t0 = Instant::now();
         let child = cmd.spawn().with_context(|| format!("spawning {}", self.exe.display()))?;
         let (code, signal, maxrss_kib) = wait4(child.id() as libc::pid_t)?;

@@ -274,6 +274,25 @@ fn wait_child(pid: u32) -> Result<(RunStatus, Option<Io>, libc::rusage)> {
     Ok((RunStatus::from_wait(status), io, ru))
 }
 
+/// `cmd`'s process is killed (SIGKILL) when this process dies, however it dies. The death
+/// signal follows the thread that spawns, so spawn and wait on one thread. getppid after the
+/// prctl closes the race with a parent that died before it took effect.
+pub fn die_with_parent(cmd: &mut Command) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: prctl, getppid and raise are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Removes run cgroups left by harnesses that were killed; [`run_contained`] does this at start.
 pub fn cleanup_stale() -> Result<Vec<Stale>> {
     let h = cgroup::prepare()?;
@@ -303,20 +322,7 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
         cmd.pre_exec(move || cgroup::join_fd(fd));
     }
     // The worker dies with the harness: a killed parent never leaves it running in its cgroup.
-    // getppid after the prctl closes the race with a parent that died before it took effect.
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: prctl, getppid and raise are async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                libc::raise(libc::SIGKILL);
-            }
-            Ok(())
-        });
-    }
+    die_with_parent(&mut cmd);
     let host_sampler = HostSampler::start(cg.path.clone(), cg.version, spec.sample_interval)?;
     let gpu_sampler = GpuSampler::start(spec.sample_interval, Membership { version: cg.version, rel: cg.rel.clone() });
     let t0 = Instant::now();
