@@ -7,9 +7,9 @@ use std::collections::HashSet;
 
 /// Alignments the engine's expert reads accept.
 const ALIGNMENT: std::ops::RangeInclusive<u64> = 32..=65536;
-/// Far beyond any real model; keeps a forged count from sizing allocations.
-const MAX_LAYERS: u64 = 4096;
-const MAX_EXPERTS: u64 = 1 << 16;
+/// The engine's own limits (LLAMA_MAX_LAYERS, LLAMA_MAX_EXPERTS): beyond them it asserts.
+const MAX_LAYERS: u64 = 512;
+const MAX_EXPERTS: u64 = 1024;
 /// Expert objects (layers x experts) the inventory and the Plan hold, each a few hundred bytes
 /// in memory however small in the file: ten times the largest MoE models published.
 const MAX_EXPERT_OBJECTS: u64 = 1 << 18;
@@ -261,6 +261,14 @@ mod tests {
     }
 
     #[test]
+    fn beyond_the_engine_limits() {
+        let e = refused(|g| set(g, "qwen3moe.expert_count", Value::U32(1025)));
+        assert!(e.contains("expert_count is 1025 (2 to 1024 supported)"), "{e}");
+        let e = refused(|g| set(g, "qwen3moe.block_count", Value::U32(513)));
+        assert!(e.contains("block_count is 513, more than 512"), "{e}");
+    }
+
+    #[test]
     fn expert_used_count_zero() {
         assert!(refused(|g| set(g, "qwen3moe.expert_used_count", Value::U32(0))).contains("expert_used_count"));
     }
@@ -335,9 +343,9 @@ mod tests {
         let e = refused(|g| g.tensors.iter_mut().find(|t| t.name == "blk.2.ffn_up_exps.weight").unwrap().name = "blk.2.ffn_gate_up_exps.weight".into());
         assert!(e.contains("blk.2.ffn_gate_up_exps.weight") && e.contains("[256, 512, 16]"), "{e}");
         let e = refused(|g| {
-            g.tensors.iter_mut().find(|t| t.name == "blk.2.attn_norm.weight").unwrap().name = "blk.4095.attn_norm.weight".into();
-            set(g, "qwen3moe.block_count", Value::U32(4096));
-            set(g, "qwen3moe.expert_count", Value::U32(128));
+            g.tensors.iter_mut().find(|t| t.name == "blk.2.attn_norm.weight").unwrap().name = "blk.511.attn_norm.weight".into();
+            set(g, "qwen3moe.block_count", Value::U32(512));
+            set(g, "qwen3moe.expert_count", Value::U32(1024));
         });
         assert!(e.contains("expert objects"), "{e}");
         let e = refused(|g| set(g, "qwen3moe.attention.key_length", Value::U64(1 << 62)));
