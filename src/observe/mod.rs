@@ -274,8 +274,9 @@ fn wait_child(pid: u32) -> Result<(RunStatus, Option<Io>, libc::rusage)> {
     Ok((RunStatus::from_wait(status), io, ru))
 }
 
-/// The worker dies with the harness: a killed parent never leaves it running (in its cgroup or
-/// not). getppid after the prctl closes the race with a parent that died before it took effect.
+/// `cmd`'s process is killed (SIGKILL) when this process dies, however it dies. The death
+/// signal follows the thread that spawns, so spawn and wait on one thread. getppid after the
+/// prctl closes the race with a parent that died before it took effect.
 pub fn die_with_parent(cmd: &mut Command) {
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: prctl, getppid and raise are async-signal-safe.

@@ -9,7 +9,7 @@ pub mod margins;
 pub mod score;
 
 use crate::engine::{Context, ExecParams, ExpertSource, Model};
-use crate::generate::{argmax, load_model, ModelIdentity};
+use crate::generate::{argmax, check_finite, load_model, ModelIdentity};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::plan::engine::{PlanOptions, PlanSource};
@@ -123,7 +123,7 @@ impl Runtime<'_> {
             let v = self.verifier.as_mut().expect("verifier mode loads the verifier");
             v.trim(0)?;
             let mut row = Vec::new();
-            v.decode(&r.prompt, false, &mut row)?;
+            decode_finite(v, "verifier", &r.prompt, false, &mut row)?;
             self.counters.sweeps += 1;
             self.counters.verifier_tokens += r.prompt.len() as u64;
             while r.out.len() < n {
@@ -132,8 +132,7 @@ impl Runtime<'_> {
                 r.margins.push(margin(&row));
                 r.decisions.push(Decision::Verifier);
                 if r.out.len() < n {
-                    row.clear();
-                    v.decode(&[t], false, &mut row)?;
+                    decode_finite(v, "verifier", &[t], false, &mut row)?;
                     self.counters.sweeps += 1;
                     self.counters.verifier_tokens += 1;
                 }
@@ -147,7 +146,7 @@ impl Runtime<'_> {
             v.trim(0)?;
         }
         let mut row = Vec::new();
-        base.decode(&r.prompt, false, &mut row)?;
+        decode_finite(base, "base", &r.prompt, false, &mut row)?;
         self.counters.base_passes += 1;
         let mut deferred: Vec<bool> = Vec::new();
         // Outputs before `verified` are final; the verifier holds positions before `fed`.
@@ -180,8 +179,7 @@ impl Runtime<'_> {
                         fed = p + j as i32;
                         verified = j + 1;
                         if r.out.len() < n {
-                            row.clear();
-                            base.decode(&[t], false, &mut row)?;
+                            decode_finite(base, "base", &[t], false, &mut row)?;
                             self.counters.base_passes += 1;
                         }
                         continue;
@@ -193,8 +191,7 @@ impl Runtime<'_> {
                 break;
             }
             let base = self.base.as_mut().expect("the base is loaded");
-            row.clear();
-            base.decode(&[*r.out.last().expect("one output at least")], false, &mut row)?;
+            decode_finite(base, "base", &[*r.out.last().expect("one output at least")], false, &mut row)?;
             self.counters.base_passes += 1;
         }
         Ok(r)
@@ -214,7 +211,7 @@ impl Runtime<'_> {
             bail!("verifier cache at {start} cannot check outputs from {from} (prompt {p}, {} outputs)", r.out.len());
         }
         let mut rows = Vec::with_capacity((end - start) * self.n_vocab);
-        v.decode(&seq[start..end], true, &mut rows)?;
+        decode_finite(v, "verifier", &seq[start..end], true, &mut rows)?;
         self.counters.sweeps += 1;
         self.counters.verifier_tokens += (end - start) as u64;
         *fed = end as i32;
@@ -254,13 +251,23 @@ fn load(path: &Path, inv: &Inventory, stream: &Option<PlanOptions>) -> Result<Mo
     load_model(path, source)
 }
 
-/// Teacher-forces `prompt` + `out` (all but its last token) from position 0: row j of the
-/// result (n_vocab floats each) is the distribution that predicts `out[j]`.
-fn teacher_force(ctx: &mut Context, n_vocab: usize, prompt: &[i32], out: &[i32]) -> Result<Vec<f32>> {
+/// Decodes `tokens` into `rows` (cleared first). Every row read must be finite, as in generate:
+/// a NaN row has no argmax, margin or log-probability, and would pass for a decision.
+fn decode_finite(ctx: &mut Context, who: &str, tokens: &[i32], all: bool, rows: &mut Vec<f32>) -> Result<()> {
+    let first = ctx.n_past() as usize + if all { 0 } else { tokens.len() - 1 };
+    rows.clear();
+    ctx.decode(tokens, all, rows)?;
+    let n_rows = if all { tokens.len() } else { 1 };
+    check_finite(rows, rows.len() / n_rows, 0).with_context(|| format!("{who} logits from position {first}"))
+}
+
+/// Teacher-forces `prompt` + `out` (all but its last token) from position 0 through `who`: row j
+/// of the result (n_vocab floats each) is the distribution that predicts `out[j]`.
+fn teacher_force(ctx: &mut Context, who: &str, n_vocab: usize, prompt: &[i32], out: &[i32]) -> Result<Vec<f32>> {
     ctx.trim(0)?;
     let seq: Vec<i32> = prompt.iter().chain(&out[..out.len() - 1]).copied().collect();
     let mut rows = Vec::with_capacity(seq.len() * n_vocab);
-    ctx.decode(&seq, true, &mut rows)?;
+    decode_finite(ctx, who, &seq, true, &mut rows)?;
     Ok(rows.split_off((prompt.len() - 1) * n_vocab))
 }
 
@@ -396,7 +403,10 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
         (None, Some((_, inv))) => {
             let r = spec.reference.as_ref().expect("reference identity implies a path");
             let seqs: Vec<(&[i32], &[i32])> = runs.iter().map(|r| (r.prompt.as_slice(), r.out.as_slice())).collect();
-            Some(score::score(r, inv, &seqs, spec.exec, &spec.reference_stream)?)
+            // A reference that cannot score the output fails the run on record.
+            score::score(r, inv, &seqs, spec.exec, &spec.reference_stream)
+                .map_err(|e| failure = Some(e.context("scoring under --reference")))
+                .ok()
         }
         _ => None,
     };

@@ -39,7 +39,7 @@ pub fn score(path: &Path, inv: &Inventory, seqs: &[(&[i32], &[i32])], exec: Exec
             per_prompt.push(f64::NAN);
             continue;
         }
-        let rows = super::teacher_force(&mut ctx, n_vocab, prompt, out)?;
+        let rows = super::teacher_force(&mut ctx, "reference", n_vocab, prompt, out)?;
         let mut s = 0.0;
         for (&t, row) in out.iter().zip(rows.chunks_exact(n_vocab)) {
             s += logprob(row, t as usize);
