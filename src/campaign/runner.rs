@@ -246,22 +246,6 @@ fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome) -> Validity 
     Validity { valid: problems.is_empty(), problems }
 }
 
-/// Exactness of a staged cell against the oracle's sealed record under the relation.
-pub fn exactness(relation: Relation, oracle_dir: &Path, cell_dir: &Path) -> Result<(bool, Vec<String>)> {
-    match relation {
-        Relation::AllSurfaces => {
-            let cmp = crate::oracle::compare(oracle_dir, cell_dir)?;
-            let differing: Vec<String> = cmp.iter().filter(|c| !c.is_exact()).map(|c| c.surface.clone()).collect();
-            Ok((differing.is_empty(), differing))
-        }
-        Relation::Tokens => {
-            let cmp = crate::oracle::compare(oracle_dir, cell_dir)?;
-            let exact = cmp.iter().any(|c| c.surface == "tokens" && c.is_exact());
-            Ok((exact, if exact { vec![] } else { vec!["tokens".to_string()] }))
-        }
-    }
-}
-
 struct Ctx<'a> {
     c: &'a Loaded,
     cells: Vec<CellSpec>,
@@ -448,7 +432,7 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
     let oracle_record = if cell.is_oracle { None } else { ctx.oracle_record() };
     let (exact, differing) = match (&oracle_record, outcome.status) {
         (Some(d), CellStatus::Completed) => {
-            let (e, diff) = exactness(spec.oracle.relation, &ctx.results.join(d), &staging)?;
+            let (e, diff) = crate::oracle::exactness(spec.oracle.relation, &ctx.results.join(d), &staging)?;
             (Some(e), diff)
         }
         _ => (None, Vec::new()),

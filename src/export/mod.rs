@@ -27,7 +27,7 @@ use crate::campaign::spec::Campaign;
 use crate::campaign::expand::block_control;
 use crate::campaign::{expand, frozen, journal::Journal, CampaignDir, CellSpec, CellStatus};
 use crate::oracle::fault::Verdict;
-use crate::record::claims::{Assertion, Check, Claim, Ledger, PairedExpect, Replay, LEDGER_FORMAT};
+use crate::claims::{Assertion, Check, Claim, Ledger, PairedExpect, Replay, LEDGER_FORMAT};
 use crate::record::{verify_record, RECORD_FILE};
 use crate::stats::{paired_ratio, PairedRatio};
 use anyhow::{Context, Result};

@@ -5,10 +5,9 @@
 //! overwritten.
 //!
 //! [`seal`] then turns a complete record directory into an immutable one named by its digest
-//! (`results/<digest>`, see `seal.rs`); [`claims`] checks a ledger of claims against sealed
-//! records (`verify`) and recomputes their summaries from raw operands (`replay`).
+//! (`results/<digest>`, see `seal.rs`). Claims about sealed records live a room above, in
+//! `crate::claims`.
 
-pub mod claims;
 mod seal;
 
 pub use seal::{rename_noreplace, finish_modes, prepare_seal, seal, verify_record, FileEntry, Manifest, PreparedSeal, SealedRecord, MANIFEST_FILE, MANIFEST_FORMAT};
