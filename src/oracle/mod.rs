@@ -84,7 +84,6 @@ pub fn unit_name(surface: &str) -> &'static str {
     }
 }
 
-/// The named exactness relation E between an arm and the oracle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Relation {
