@@ -36,10 +36,6 @@ fn read(dir: &Path) -> Result<(GenerateRecord, Option<String>)> {
     Ok((crate::record::load_generate(dir)?, sealed))
 }
 
-fn binary(r: &GenerateRecord) -> Option<&str> {
-    Some(r.build.binary_sha256.as_str())
-}
-
 fn bytes(b: Option<u64>) -> Evidence<Bytes> {
     b.map(Bytes).into()
 }
@@ -75,15 +71,13 @@ pub fn from_record(dir: &Path, opts: &RecordOptions) -> Result<Certificate> {
     let oracle = match &opts.oracle {
         Some(o) => {
             let (or, osealed) = read(o)?;
-            match (binary(&r), binary(&or)) {
-                (Some(a), Some(b)) if a == b => {}
-                (a, b) => bail!(
-                    "refusing to pool evidence from different binaries: {} was produced by {} and the oracle {} by {}; certify each binary separately",
+            let (a, b) = (&r.build.binary_sha256, &or.build.binary_sha256);
+            if a != b {
+                bail!(
+                    "refusing to pool evidence from different binaries: {} was produced by {a} and the oracle {} by {b}; certify each binary separately",
                     dir.display(),
-                    a.unwrap_or("an unknown binary"),
                     o.display(),
-                    b.unwrap_or("an unknown binary")
-                ),
+                );
             }
             Some(OracleRecord { path: o.clone(), record: or, sealed: osealed })
         }
@@ -144,7 +138,7 @@ fn inventory(r: &GenerateRecord) -> Inventory {
             crate::inventory::T_REPR_RULE
         )),
         model_sha256: At::new(r.model.as_ref().map(|m| m.sha256.clone()).into()),
-        binary_sha256: At::new(binary(r).map(str::to_string).into()),
+        binary_sha256: At::new(Evidence::Value(r.build.binary_sha256.clone())),
         executable: Evidence::Value(format!(
             "sovereign {}, engine llama-cpp-sys-2 {} ({})",
             b.sovereign_version, b.engine.version, b.engine.build_key
@@ -255,7 +249,7 @@ fn exactness(dir: &Path, r: &GenerateRecord, oracle: Option<&OracleRecord>) -> R
         surfaces: Evidence::Value(oracle::SURFACES.iter().map(|s| s.to_string()).collect()),
         oracle: Evidence::Value(format!("same-build {mode} run {}", o.path.display())),
         same_build: At::new(Evidence::Value(true)),
-        oracle_binary_sha256: binary(&o.record).map(|b| At::new(b.to_string())),
+        oracle_binary_sha256: Some(At::new(o.record.build.binary_sha256.clone())),
         horizon: At::new(generated.into()),
         result: Evidence::Value(if problems.is_empty() { ExactResult::Exact } else { ExactResult::Differs }),
         detail: if problems.is_empty() {

@@ -252,7 +252,7 @@ pub struct GenerateRecord {
     pub cache_protocol: Option<String>,
 }
 
-/// What a refinement run decodes with.
+/// What a run decodes with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
@@ -264,7 +264,7 @@ pub enum Mode {
     Verifier,
 }
 
-/// Per-run counters of the refinement runtime.
+/// Per-run counters of the runtime.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
     /// Verifier passes (teacher-forcing sweeps; decode steps in verifier mode).
