@@ -13,7 +13,8 @@ use crate::generate::{argmax, check_finite, load_model, ModelIdentity};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::plan::engine::{PlanOptions, PlanSource};
-use crate::record::Staging;
+use crate::record::format::{ExpertsReport, Outcome, ProcessReport, RefineCounts, RefineParams, RefineReport, RefineTiming, Resident, VerifierParams};
+use crate::record::{RefineRecord, Staging, REFINE_FORMAT};
 use anyhow::{bail, Context as _, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -22,17 +23,7 @@ use std::time::Instant;
 /// Defer decisions whose top-1 margin is below this, unless told otherwise.
 pub const DEFAULT_TAU: f32 = 1.0;
 
-/// What a run decodes with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// Base generates, verifier checks windows (the runtime).
-    Refine,
-    /// The base alone: the zero-bytes endpoint.
-    Base,
-    /// The verifier alone, greedy and incremental: the quality ceiling, one pass per token.
-    Verifier,
-}
+pub use crate::record::format::{Counters, Mode};
 
 pub struct RefineSpec {
     pub base: PathBuf,
@@ -81,22 +72,6 @@ pub enum Decision {
     Replaced = 2,
     /// Decoded by the verifier alone (`--mode verifier`).
     Verifier = 3,
-}
-
-/// Per-run counters of the runtime.
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct Counters {
-    /// Verifier passes (teacher-forcing sweeps; decode steps in verifier mode).
-    pub sweeps: u64,
-    pub rollbacks: u64,
-    /// Base decisions flagged for checking (margin under τ, or all with verify-all).
-    pub deferred: u64,
-    /// Deferred decisions the verifier actually checked.
-    pub checked: u64,
-    /// Tokens the verifier was fed (prefill and suffixes).
-    pub verifier_tokens: u64,
-    /// Base decode passes (prompt prefill counts one).
-    pub base_passes: u64,
 }
 
 struct PromptRun {
@@ -366,12 +341,12 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     drop(rt);
     // A source that cannot close clean is evidence too: it goes into the record, not lost.
     let stream_report = match ver_model.as_ref().and_then(|m| m.with_source(|s| s.finish())) {
-        Some(Ok(r)) => Some(r),
+        Some(Ok(r)) => Some(ExpertsReport::of_source(r)?),
         Some(Err(e)) => {
             if failure.is_none() {
                 failure = Some(anyhow::anyhow!("the verifier's expert source did not close clean: {e:#}"));
             }
-            Some(serde_json::json!({ "finish_error": format!("{e:#}") }))
+            Some(ExpertsReport::FinishError(format!("{e:#}")))
         }
         None => None,
     };
@@ -387,17 +362,20 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     // Logical verification bytes: one pass over the verifier checkpoint per sweep (seed 001).
     let verification_bytes = counters.sweeps * ver_id.t_repr_bytes;
     let per_token = verification_bytes as f64 / generated.max(1) as f64;
-    let params = serde_json::json!({
-        "mode": spec.mode,
-        "tau": spec.tau,
-        "window": spec.window,
-        "verify_all": spec.verify_all,
-        "n_predict": spec.n_predict,
-        "prompts": spec.prompts.len(),
-        "sampling": "greedy (first maximum)",
-        "verifier": match &spec.stream { None => serde_json::json!("resident"), Some(o) => serde_json::json!({"streamed": o}) },
-        "exec": spec.exec,
-    });
+    let params = RefineParams {
+        mode: spec.mode,
+        tau: spec.tau,
+        window: spec.window,
+        verify_all: spec.verify_all,
+        n_predict: spec.n_predict,
+        prompts: spec.prompts.len(),
+        sampling: crate::generate::SAMPLING.into(),
+        verifier: match &spec.stream {
+            None => VerifierParams::Resident(Resident::Resident),
+            Some(o) => VerifierParams::Streamed { streamed: o.clone() },
+        },
+        exec: spec.exec,
+    };
 
     let quality = match (&failure, &reference) {
         (None, Some((_, inv))) => {
@@ -428,41 +406,42 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
         staging.surface("decisions", "decisions.bin", &decisions, 1, false)?;
     }
     let tokens_per_s = generated as f64 / gen_s.max(1e-9);
-    let record = serde_json::json!({
-        "format": "sovereign.refine/1",
-        "outcome": if failure.is_some() { "failed" } else { "completed" },
-        "error": failure.as_ref().map(|e| format!("{e:#}")),
-        "model": base_id,
-        "verifier": ver_id,
-        "reference": reference.as_ref().map(|(id, _)| id),
-        "build": build_identity()?,
-        "params": params,
-        "counts": {
-            "prompts": spec.prompts.len(),
-            "prompt_tokens": if failure.is_some() { serde_json::Value::Null } else { prompt_tokens.into() },
-            "prompt_tokens_each": runs.iter().map(|r| r.prompt.len()).collect::<Vec<_>>(),
-            "generated_tokens": generated,
-            "n_vocab": n_vocab,
-        },
-        "refine": {
-            "counters": counters,
-            "verification_bytes_logical": verification_bytes,
-            "verification_bytes_per_token": per_token,
-            "verifier_bytes": ver_id.t_repr_bytes,
-            "bytes_per_token_over_verifier": per_token / ver_id.t_repr_bytes.max(1) as f64,
-            "rollbacks_per_token": counters.rollbacks as f64 / generated.max(1) as f64,
-            // What the streamed verifier actually read from storage (its routed experts only).
-            "served_bytes_per_token": stream_report.as_ref()
-                .and_then(|r| r.pointer("/telemetry/q_run/logical_bytes"))
-                .and_then(|b| b.as_u64())
-                .map(|b| b as f64 / generated.max(1) as f64),
-        },
-        "timing": { "load_s": load_s, "generate_s": gen_s, "tokens_per_s": tokens_per_s },
-        "experts": stream_report,
-        "quality": quality,
-        "process": { "vm_hwm_bytes": crate::util::vm_hwm_bytes() },
-        "surfaces": staging.surfaces(),
-    });
+    let record = RefineRecord {
+        format: REFINE_FORMAT.into(),
+        outcome: if failure.is_some() { Outcome::Failed } else { Outcome::Completed },
+        error: failure.as_ref().map(|e| format!("{e:#}")),
+        model: Some(base_id),
+        reference: Some(reference.map(|(id, _)| id)),
+        build: build_identity()?,
+        params: Some(params),
+        counts: Some(RefineCounts {
+            prompts: spec.prompts.len(),
+            prompt_tokens: if failure.is_some() { None } else { Some(prompt_tokens) },
+            prompt_tokens_each: runs.iter().map(|r| r.prompt.len()).collect(),
+            generated_tokens: generated,
+            n_vocab,
+        }),
+        refine: Some(RefineReport {
+            counters: counters.clone(),
+            verification_bytes_logical: verification_bytes,
+            verification_bytes_per_token: per_token,
+            verifier_bytes: ver_id.t_repr_bytes,
+            bytes_per_token_over_verifier: per_token / ver_id.t_repr_bytes.max(1) as f64,
+            rollbacks_per_token: counters.rollbacks as f64 / generated.max(1) as f64,
+            served_bytes_per_token: stream_report
+                .as_ref()
+                .and_then(ExpertsReport::plan)
+                .map(|r| r.telemetry.q_run.logical_bytes as f64 / generated.max(1) as f64),
+        }),
+        verifier: Some(ver_id),
+        timing: Some(RefineTiming { load_s, generate_s: gen_s, tokens_per_s }),
+        experts: Some(stream_report),
+        quality: Some(quality.clone()),
+        process: Some(ProcessReport::now()),
+        surfaces: staging.surfaces().clone(),
+        resources: None,
+        cache_protocol: None,
+    };
     let dir = staging.commit(&record)?;
     if let Some(e) = failure {
         return Err(e.context(format!("run failed closed; record {}", dir.display())));

@@ -6,19 +6,10 @@ use crate::generate::argmax;
 use crate::inventory::Inventory;
 use crate::plan::engine::PlanOptions;
 use anyhow::Result;
-use serde::Serialize;
+
 use std::path::Path;
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Quality {
-    /// Mean over every output token of every prompt, natural log.
-    pub mean_logprob: f64,
-    pub per_prompt: Vec<f64>,
-    pub tokens: usize,
-    /// Share of output tokens that are the reference's own greedy choice at that position.
-    pub reference_agreement: f64,
-    pub reference_streamed: bool,
-}
+pub use crate::record::format::Quality;
 
 /// log softmax(row)[t], in f64.
 pub fn logprob(row: &[f32], t: usize) -> f64 {
