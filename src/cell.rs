@@ -10,6 +10,7 @@ use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::observe::{self, ContainSpec, RunStatus};
 use crate::plan::engine::{PlanOptions, PlanSource};
+use crate::record::format::{self, TypedRecord};
 use crate::record::Staging;
 use crate::refine::{self, Mode, RefineSpec};
 use anyhow::{bail, Context, Result};
@@ -137,8 +138,8 @@ impl Cell {
     /// The format of the record this cell writes.
     pub fn format(&self) -> &'static str {
         match self {
-            Cell::Generate(_) => "sovereign.generate/1",
-            Cell::Refine(_) => "sovereign.refine/1",
+            Cell::Generate(_) => format::GENERATE_FORMAT,
+            Cell::Refine(_) => format::REFINE_FORMAT,
         }
     }
 
@@ -302,7 +303,7 @@ pub fn cache_protocol(cell: &Cell, warm: bool) -> Result<&'static str> {
 /// unless told otherwise) writes its record inside ours; we add what bounded each memory tier
 /// and the admission outcome, then commit to the cell's record directory. A worker that dies
 /// still leaves a record of how it died. Returns the record and where it was committed.
-pub fn run_contained(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, exe: Option<&Path>) -> Result<(serde_json::Value, PathBuf)> {
+pub fn run_contained(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, exe: Option<&Path>) -> Result<(TypedRecord, PathBuf)> {
     cell.check()?;
     for m in cell.models() {
         Inventory::of(m)?;
@@ -328,35 +329,27 @@ pub fn run_contained(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
         RunStatus::Exited { code } => (Some(*code), None),
         RunStatus::Signaled { signal, .. } => (None, Some(*signal)),
     };
-    let mut rec: serde_json::Value = match std::fs::read_to_string(inner.join(crate::record::RECORD_FILE)) {
+    let rec_path = inner.join(crate::record::RECORD_FILE);
+    let mut rec = match std::fs::read_to_string(&rec_path) {
         Ok(text) if run.status.success() => {
+            let rec = format::parse(&rec_path, &text).context("the worker's record")?;
             for entry in std::fs::read_dir(&inner)? {
                 let entry = entry?;
                 std::fs::rename(entry.path(), staging.dir().join(entry.file_name()))?;
             }
             std::fs::remove_dir(&inner)?;
-            serde_json::from_str(&text).context("the worker's record.json")?
+            rec
         }
         // A worker that did not exit 0 proves nothing, whatever it wrote.
         _ => {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let _ = std::fs::remove_dir_all(&inner);
-            serde_json::json!({
-                "format": cell.format(),
-                "outcome": "failed",
-                "error": observe::worker_error(code, signal, &log),
-                "build": build_identity()?,
-                "surfaces": {},
-            })
+            TypedRecord::failed(cell.format(), observe::worker_error(code, signal, &log), build_identity()?)?
         }
     };
-    if rec.get("outcome").is_none() {
-        rec["outcome"] = serde_json::json!(if run.status.success() { "completed" } else { "failed" });
-    }
-    let completed = rec["outcome"] == "completed";
-    run.admission.require_run("outcome completed", completed, rec["outcome"].to_string());
-    rec["resources"] = serde_json::to_value(&run)?;
-    rec["cache_protocol"] = serde_json::json!(cache_protocol);
+    let completed = rec.outcome() == format::Outcome::Completed;
+    run.admission.require_run("outcome completed", completed, rec.outcome().name().to_string());
+    rec.set_contained(run, cache_protocol);
     let dir = staging.commit(&rec)?;
     Ok((rec, dir))
 }

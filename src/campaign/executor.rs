@@ -218,10 +218,12 @@ impl CellExecutor for ProcessExecutor {
                         if let Ok(text) = std::fs::read_to_string(dir.join(cell::LOG_FILE)) {
                             out.write_all(text.as_bytes())?;
                         }
-                        let status = &rec["resources"]["status"];
-                        let code = status["code"].as_i64().map(|c| c as i32);
-                        let maxrss = rec["resources"]["procs"]["rss_hwm"].as_u64().unwrap_or(0);
-                        (code, status["signal"].as_i64().map(|s| s as i32), maxrss)
+                        let res = rec.resources().context("a contained record without its resources")?;
+                        let maxrss = res.procs.rss_hwm.unwrap_or(0);
+                        match res.status {
+                            RunStatus::Exited { code } => (Some(code), None, maxrss),
+                            RunStatus::Signaled { signal, .. } => (None, Some(signal), maxrss),
+                        }
                     }
                     Err(e) => {
                         writeln!(out, "error: {}", format!("{e:#}").replace('\n', " "))?;
@@ -253,7 +255,7 @@ impl CellExecutor for ProcessExecutor {
                 let text = std::fs::read_to_string(log).unwrap_or_default();
                 let line = match complete {
                     // The record says how the worker ended, in its own words.
-                    true => crate::record::load(staging).ok().and_then(|(r, _)| r["error"].as_str().map(str::to_string)),
+                    true => crate::record::load_typed(staging).ok().and_then(|r| r.error().map(str::to_string)),
                     false => None,
                 };
                 let line = line.unwrap_or_else(|| crate::observe::worker_error(code, signal, &text));

@@ -1,13 +1,14 @@
 //! `generate` (flags to a cell, run here or contained) and `cell` (the worker).
 
 use super::{print_json, status};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use sovereign::bounds::parse_bytes;
 use sovereign::cell::{self, Cell, Done, Experts, ExpertsMode, GenerateCell, Prompt};
 use sovereign::engine::ExecParams;
 use sovereign::generate;
 use sovereign::observe::ContainSpec;
+use sovereign::record::format::{Outcome, TypedRecord};
 use sovereign::plan::engine::{PlanOptions, SourceKind};
 use sovereign::source::fault::FaultCell;
 use std::path::PathBuf;
@@ -93,7 +94,7 @@ impl ContainArgs {
     }
 
     /// Runs `cell` as its own process tree under these bounds; the committed record.
-    pub fn run(&self, cell: &Cell) -> Result<(serde_json::Value, PathBuf)> {
+    pub fn run(&self, cell: &Cell) -> Result<(TypedRecord, PathBuf)> {
         cell.check()?;
         let cache = cell::cache_protocol(cell, self.warm_cache)?;
         cell::run_contained(cell, &self.spec(), cache, None)
@@ -205,7 +206,7 @@ pub fn generate(a: GenerateArgs) -> Result<ExitCode> {
     if a.contained.enabled() {
         let (rec, dir) = a.contained.run(&cell)?;
         print_contained(&rec, &dir, a.json)?;
-        return Ok(status(rec["outcome"] == "completed"));
+        return Ok(status(rec.outcome() == Outcome::Completed));
     }
     print_done(&cell::run(&cell)?, a.json)?;
     Ok(ExitCode::SUCCESS)
@@ -248,45 +249,51 @@ fn print_done(done: &Done, json: bool) -> Result<()> {
 }
 
 /// What a contained run put on record: outcome, what bounded memory, admission.
-pub fn print_contained(rec: &serde_json::Value, dir: &std::path::Path, json: bool) -> Result<()> {
-    let res = &rec["resources"];
+pub fn print_contained(rec: &TypedRecord, dir: &std::path::Path, json: bool) -> Result<()> {
+    let res = rec.resources().context("a contained record without its resources")?;
     if json {
         let mut v = serde_json::json!({
             "record": dir,
-            "outcome": rec["outcome"],
-            "admission": res["admission"],
-            "authority": res["authority"],
+            "outcome": rec.outcome(),
+            "admission": res.admission,
+            "authority": res.authority,
         });
-        match rec["format"].as_str() {
-            Some("sovereign.refine/1") => {
-                v["refine"] = rec["refine"].clone();
-                v["quality"] = rec["quality"].clone();
+        match rec {
+            TypedRecord::Refine(r) => {
+                v["refine"] = serde_json::to_value(&r.refine)?;
+                v["quality"] = serde_json::to_value(r.quality())?;
             }
-            _ => {
-                v["digests"] = serde_json::json!(rec["surfaces"]
-                    .as_object()
-                    .map(|m| m.iter().map(|(k, v)| (k.clone(), v["sha256"].clone())).collect::<serde_json::Map<_, _>>()));
+            TypedRecord::Generate(g) => {
+                v["digests"] = serde_json::to_value(g.surfaces.iter().map(|(k, s)| (k, &s.sha256)).collect::<std::collections::BTreeMap<_, _>>())?;
             }
         }
         return print_json(&v);
     }
     println!("record    {}", dir.display());
-    println!("outcome   {}", rec["outcome"].as_str().unwrap_or("?"));
-    if let Some(e) = rec["error"].as_str() {
+    println!("outcome   {}", rec.outcome().name());
+    if let Some(e) = rec.error() {
         println!("error     {e}");
     }
-    let host = &res["host"];
+    let host = &res.host;
+    let or_dash = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     println!(
         "host      limit {} bytes, kernel peak {} bytes, limit events {}, OOM kills {}",
-        host["limit"], host["kernel_peak"], host["limit_events"], host["oom_kills"]
+        or_dash(host.limit),
+        or_dash(host.kernel_peak),
+        host.limit_events,
+        host.oom_kills
     );
-    if rec["format"] == "sovereign.refine/1" {
-        println!("bytes     {} verification bytes per token (logical)", rec["refine"]["verification_bytes_per_token"]);
-        println!("quality   mean log-prob {}", rec["quality"]["mean_logprob"]);
+    if let TypedRecord::Refine(r) = rec {
+        if let Some(x) = &r.refine {
+            println!("bytes     {:.0} verification bytes per token (logical)", x.verification_bytes_per_token);
+        }
+        if let Some(q) = r.quality() {
+            println!("quality   mean log-prob {:.4}", q.mean_logprob);
+        }
     }
-    println!("authority host {} / gpu {}", res["authority"]["host"]["grade"], res["authority"]["gpu"]["grade"]);
-    let adm = &res["admission"];
-    let failed = adm["failed"].as_array().filter(|f| !f.is_empty()).map(|f| f.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", "));
-    println!("admission {}{}", if adm["admitted"] == true { "admitted" } else { "NOT admitted" }, failed.map(|f| format!(": {f}")).unwrap_or_default());
+    println!("authority host {} / gpu {}", res.authority.host.grade.grade.name(), res.authority.gpu.grade.grade.name());
+    let adm = &res.admission;
+    let failed = if adm.failed.is_empty() { String::new() } else { format!(": {}", adm.failed.join(", ")) };
+    println!("admission {}{failed}", if adm.admitted { "admitted" } else { "NOT admitted" });
     Ok(())
 }

@@ -176,7 +176,7 @@ pub fn refine(a: RefineArgs) -> Result<ExitCode> {
     if a.contained.enabled() {
         let (rec, dir) = a.contained.run(&cell)?;
         super::generate::print_contained(&rec, &dir, a.json)?;
-        return Ok(super::status(rec["outcome"] == "completed"));
+        return Ok(super::status(rec.outcome() == sovereign::record::format::Outcome::Completed));
     }
     match cell::run(&cell)? {
         Done::Refine(s) => print_summary(&s, a.json)?,

@@ -480,6 +480,67 @@ impl TypedRecord {
     }
 }
 
+impl TypedRecord {
+    /// The record of a worker that did not exit 0: it proves nothing, whatever it wrote, so
+    /// only how it ended is kept.
+    pub fn failed(format: &str, error: String, build: BuildIdentity) -> Result<TypedRecord> {
+        Ok(match format {
+            GENERATE_FORMAT => TypedRecord::Generate(Box::new(GenerateRecord {
+                format: GENERATE_FORMAT.into(),
+                outcome: Outcome::Failed,
+                error: Some(error),
+                model: None,
+                build,
+                params: None,
+                counts: None,
+                timing: None,
+                experts: None,
+                process: None,
+                surfaces: BTreeMap::new(),
+                resources: None,
+                cache_protocol: None,
+            })),
+            REFINE_FORMAT => TypedRecord::Refine(Box::new(RefineRecord {
+                format: REFINE_FORMAT.into(),
+                outcome: Outcome::Failed,
+                error: Some(error),
+                model: None,
+                verifier: None,
+                reference: None,
+                build,
+                params: None,
+                counts: None,
+                refine: None,
+                timing: None,
+                experts: None,
+                quality: None,
+                process: None,
+                surfaces: BTreeMap::new(),
+                resources: None,
+                cache_protocol: None,
+            })),
+            other => bail!("unknown record format {other:?}"),
+        })
+    }
+
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            TypedRecord::Generate(r) => r.error.as_deref(),
+            TypedRecord::Refine(r) => r.error.as_deref(),
+        }
+    }
+
+    /// Adds what bounded a contained run, and the page-cache protocol it started under.
+    pub fn set_contained(&mut self, resources: Resources, cache_protocol: &str) {
+        let (r, c) = match self {
+            TypedRecord::Generate(g) => (&mut g.resources, &mut g.cache_protocol),
+            TypedRecord::Refine(g) => (&mut g.resources, &mut g.cache_protocol),
+        };
+        *r = Some(resources);
+        *c = Some(cache_protocol.to_string());
+    }
+}
+
 impl Serialize for TypedRecord {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
