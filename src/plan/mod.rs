@@ -22,6 +22,7 @@ pub mod engine;
 mod lifecycle;
 mod manifest;
 mod policy;
+pub mod simulate;
 mod table;
 mod telemetry;
 
