@@ -9,8 +9,8 @@ use std::path::Path;
 
 const PROMPT: &str = "Experts move from storage into bounded slots; the simulator replays where they went.";
 
-fn simulate(rec: &Path, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec!["plan", "simulate", "--routes", rec.to_str().unwrap(), "--json"];
+fn simulate(rec: &Path, model: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["plan", "simulate", "--routes", rec.to_str().unwrap(), "--model", model.to_str().unwrap(), "--json"];
     args.extend_from_slice(extra);
     serde_json::from_str(&ok(&args).stdout).unwrap()
 }
@@ -23,12 +23,12 @@ fn simulated_policies_match_the_runs_own_telemetry() {
     // (several passes), decode fewer; prefetch loads ahead into the next layer.
     for (slots, policy) in [("5", "lru:3"), ("6", "zero+prefetch"), ("8", "lru:4+prefetch")] {
         let rec = dir.path().join(format!("rec-{slots}-{}", policy.replace([':', '+'], "-")));
-        let r = generate(&m, PROMPT, 12, &rec, &["--experts", "plan", "--slots", slots, "--policy", policy]);
+        let r = generate(&m, PROMPT, 8, &rec, &["--experts", "plan", "--slots", slots, "--policy", policy]);
         assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
         let record: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
         let t = &record["experts"]["telemetry"];
         assert!(t["loads"].as_u64().unwrap() > 0);
-        let s = simulate(&rec, &["--slots", slots, "--policy", policy]);
+        let s = simulate(&rec, &m, &["--slots", slots, "--policy", policy]);
         let rows = s["rows"].as_array().unwrap();
         let row = rows.iter().find(|r| r["policy"] == policy).expect("the policy's row");
         let what = format!("slots {slots} {policy}");
@@ -54,32 +54,42 @@ fn simulate_writes_csv_and_figure_and_refuses_bad_input() {
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let (csv, svg, png) = (dir.path().join("sim.csv"), dir.path().join("sim.svg"), dir.path().join("sim.png"));
     let rec_s = rec.to_str().unwrap();
-    let base = ["plan", "simulate", "--routes", rec_s, "--slots", "2,4,8,16", "--policy", "zero", "--policy", "lru:4"];
+    let m_s = m.to_str().unwrap();
+    let base = ["plan", "simulate", "--routes", rec_s, "--model", m_s, "--slots", "2,4,8,16", "--policy", "zero", "--policy", "lru:4", "--policy", "lru:16"];
     let out = ok(&[&base[..], &["--csv", csv.to_str().unwrap(), "--figure", svg.to_str().unwrap()]].concat());
     assert!(out.stdout.contains("MIN"), "{}", out.stdout);
     assert!(out.stdout.contains("refused: lru:4 exceeds the 2 slots"), "{}", out.stdout);
     let text = std::fs::read_to_string(&csv).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "policy,slots,requests,hits,loads,prefetch_loads,prefetch_hits,bytes_moved,bytes_read,refused");
-    assert_eq!(lines.len(), 1 + 4 * 3, "{text}");
-    // With every expert resident (16 slots) LRU and MIN both load each selected object once.
+    assert_eq!(lines.len(), 1 + 4 * 4, "{text}");
+    // With a slot and an LRU place for every expert, LRU and MIN both load each selected
+    // object once; a smaller LRU loads more.
     let col = |l: &str, i: usize| l.split(',').nth(i).unwrap().to_string();
     let at16: Vec<&str> = lines.iter().copied().filter(|l| col(l, 1) == "16").collect();
-    let (lru, min) = (at16.iter().find(|l| l.starts_with("lru:4")).unwrap(), at16.iter().find(|l| l.starts_with("MIN")).unwrap());
-    assert_eq!(col(lru, 4), col(min, 4), "{text}");
+    let find = |p: &str| *at16.iter().find(|l| l.starts_with(&format!("{p},"))).unwrap();
+    assert_eq!(col(find("lru:16"), 4), col(find("MIN"), 4), "{text}");
+    assert!(col(find("lru:4"), 4).parse::<u64>().unwrap() > col(find("MIN"), 4).parse().unwrap(), "{text}");
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(svg_text.starts_with("<svg") && svg_text.contains("MIN") && svg_text.contains("lru:4"), "figure");
     ok(&[&base[..], &["--figure", png.to_str().unwrap()]].concat());
     assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
 
     let bad = |extra: &[&str], needles: &[&str]| {
-        let r = run(&[&["plan", "simulate", "--slots", "4"][..], extra].concat());
+        let r = run(&[&["plan", "simulate", "--slots", "4", "--model", m_s][..], extra].concat());
         assert_one_line_error(&r, needles);
     };
     bad(&["--routes", rec_s, "--policy", "mru:2"], &["--policy", "mru:2"]);
     bad(&["--routes", rec_s, "--policy", "zero", "--figure", "x.pdf"], &["--figure", ".svg"]);
     bad(&["--routes", dir.path().to_str().unwrap(), "--policy", "zero"], &["not a record"]);
-    bad(&["--routes", rec_s, "--policy", "zero", "--model", m.with_extension("none").to_str().unwrap()], &["--model"]);
+    // The record names its model by file name only: without --model it is looked for here.
+    let r = run(&["plan", "simulate", "--slots", "4", "--routes", rec_s, "--policy", "zero"]);
+    assert_one_line_error(&r, &["tiny.gguf", "--model"]);
+    // A model of another layout is refused.
+    let other = dir.path().join("small.gguf");
+    ok(&["model", "forge", "--preset", "tiny", "--layers", "2", "--seed", "12", "--out", other.to_str().unwrap()]);
+    let r = run(&["plan", "simulate", "--slots", "4", "--routes", rec_s, "--policy", "zero", "--model", other.to_str().unwrap()]);
+    assert_one_line_error(&r, &["small.gguf", "differs from record"]);
     // A damaged routes surface is refused by its digest.
     let routes = rec.join("routes.bin");
     let mut bytes = std::fs::read(&routes).unwrap();
