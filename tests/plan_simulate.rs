@@ -55,7 +55,7 @@ fn simulate_writes_csv_and_figure_and_refuses_bad_input() {
     let (csv, svg, png) = (dir.path().join("sim.csv"), dir.path().join("sim.svg"), dir.path().join("sim.png"));
     let rec_s = rec.to_str().unwrap();
     let m_s = m.to_str().unwrap();
-    let base = ["plan", "simulate", "--routes", rec_s, "--model", m_s, "--slots", "2,4,8,16", "--policy", "zero", "--policy", "lru:4", "--policy", "lru:16"];
+    let base = ["plan", "simulate", "--routes", rec_s, "--model", m_s, "--slots", "2,4,8,16", "--policy", "zero", "--policy", "lru:4", "--policy", "lru:S"];
     let out = ok(&[&base[..], &["--csv", csv.to_str().unwrap(), "--figure", svg.to_str().unwrap()]].concat());
     assert!(out.stdout.contains("MIN"), "{}", out.stdout);
     assert!(out.stdout.contains("refused: lru:4 exceeds the 2 slots"), "{}", out.stdout);
@@ -68,7 +68,7 @@ fn simulate_writes_csv_and_figure_and_refuses_bad_input() {
     let col = |l: &str, i: usize| l.split(',').nth(i).unwrap().to_string();
     let at16: Vec<&str> = lines.iter().copied().filter(|l| col(l, 1) == "16").collect();
     let find = |p: &str| *at16.iter().find(|l| l.starts_with(&format!("{p},"))).unwrap();
-    assert_eq!(col(find("lru:16"), 4), col(find("MIN"), 4), "{text}");
+    assert_eq!(col(find("lru:S"), 4), col(find("MIN"), 4), "{text}");
     assert!(col(find("lru:4"), 4).parse::<u64>().unwrap() > col(find("MIN"), 4).parse().unwrap(), "{text}");
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(svg_text.starts_with("<svg") && svg_text.contains("MIN") && svg_text.contains("lru:4"), "figure");

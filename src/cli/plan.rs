@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use sovereign::export::{curves_figure, Curve};
 use sovereign::plan::simulate::{self, Row};
-use sovereign::plan::{Manifest, PolicySpec};
+use sovereign::plan::Manifest;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -25,7 +25,8 @@ pub struct SimulateArgs {
     /// Slot counts per MoE layer, comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     slots: Vec<u32>,
-    /// Replacement policy as `generate --policy` takes it; repeat for several.
+    /// Replacement policy as `generate --policy` takes it, where `lru:S` retains as many
+    /// objects as the slot count; repeat for several.
     #[arg(long = "policy", required = true)]
     policies: Vec<String>,
     /// The model file, when not at the path the record names.
@@ -43,9 +44,8 @@ pub struct SimulateArgs {
 
 pub fn plan(c: PlanCommand) -> Result<ExitCode> {
     let PlanCommand::Simulate(a) = c;
-    let mut policies = Vec::new();
     for p in &a.policies {
-        policies.push(p.parse::<PolicySpec>().with_context(|| "--policy")?);
+        simulate::policy_at(p, 1).with_context(|| "--policy")?;
     }
     if let Some(s) = a.slots.iter().find(|&&s| s == 0 || s > sovereign::bounds::MAX_SLOTS) {
         bail!("--slots {s}: expected 1..={}", sovereign::bounds::MAX_SLOTS);
@@ -55,12 +55,12 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
     }
     let rec = simulate::load_record(&a.routes, a.model.as_deref())?;
     let inv = &rec.inventory;
-    let rows = simulate::simulate(|s, pins| Manifest::new(inv, s, pins), &a.slots, &policies, &rec.events)?;
+    let rows = simulate::simulate(|s, pins| Manifest::new(inv, s, pins), &a.slots, &a.policies, &rec.events)?;
     if let Some(path) = &a.csv {
         write_csv(path, &rows).with_context(|| format!("--csv {}", path.display()))?;
     }
     if let Some(path) = &a.figure {
-        let mut names: Vec<String> = policies.iter().map(ToString::to_string).collect();
+        let mut names = a.policies.clone();
         names.push("MIN".into());
         let curves: Vec<Curve> = names
             .iter()

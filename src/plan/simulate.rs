@@ -285,19 +285,28 @@ pub fn min_row(manifest: &Manifest, events: &[LayerEvent]) -> Result<Row> {
     })
 }
 
+/// The policy `template` names at `slots` slots: `lru:S` retains as many objects as there are
+/// slots (whole-cache LRU); any other policy string stands for itself.
+pub fn policy_at(template: &str, slots: u32) -> Result<PolicySpec> {
+    let parts: Vec<String> =
+        template.split('+').map(|p| if p.trim() == "lru:S" { format!("lru:{slots}") } else { p.to_string() }).collect();
+    parts.join("+").parse()
+}
+
 /// Every (slot count, policy) cell and MIN per slot count. `manifest_for` builds the manifest
 /// for a slot count and pins. A policy the Plan refuses at a slot count (lru:K over the
 /// slots, pins filling a layer) becomes a refused row.
 pub fn simulate(
     manifest_for: impl Fn(u32, &[super::ObjectId]) -> Result<Manifest>,
     slots: &[u32],
-    policies: &[PolicySpec],
+    policies: &[String],
     events: &[LayerEvent],
 ) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for &s in slots {
-        for p in policies {
-            let name = p.to_string();
+        for template in policies {
+            let name = template.clone();
+            let p = policy_at(template, s)?;
             let manifest = match manifest_for(s, &p.pinned) {
                 Ok(m) => m,
                 Err(e) => {
@@ -309,7 +318,7 @@ pub fn simulate(
                 rows.push(Row::refused(name, s, format!("lru:{} exceeds the {} slots of layer {}", p.retain, lp.n_slots, lp.layer)));
                 continue;
             }
-            let t = replay(manifest, p, events)?;
+            let t = replay(manifest, &p, events)?;
             rows.push(Row {
                 policy: name,
                 slots: s,
@@ -538,14 +547,14 @@ mod tests {
     #[test]
     fn min_never_loads_more_than_any_policy() {
         let mut rng = Rng(0x5eed_0002);
-        let p = |s: &str| s.parse::<PolicySpec>().unwrap();
+        let p = |s: &str| s.to_string();
         for case in 0..40 {
             let (layers, experts, k) = (3, 8, 2);
             let events = random_events(&mut rng, layers, experts, k, 12);
             for slots in [2u32, 3, 4, 6, 8] {
                 let mut policies = vec![p("zero"), p("zero+prefetch"), p("lru:1"), p("lru:1+prefetch")];
                 if slots >= 2 {
-                    policies.push(p(&format!("lru:{slots}")));
+                    policies.push(p("lru:S"));
                     policies.push(p(&format!("lru:{}+prefetch", slots / 2)));
                 }
                 let rows = simulate(|s, pins| manifest(layers, experts, s, pins), &[slots], &policies, &events).unwrap();
@@ -564,8 +573,7 @@ mod tests {
     fn lru_with_every_slot_retained_loads_each_object_once() {
         let events = random_events(&mut Rng(7), 2, 8, 2, 30);
         let distinct: BTreeSet<(u32, i32)> = events.iter().flat_map(|e| e.ids.iter().map(move |&i| (e.layer, i))).collect();
-        let spec: PolicySpec = "lru:8".parse().unwrap();
-        let rows = simulate(|s, pins| manifest(2, 8, s, pins), &[8], &[spec], &events).unwrap();
+        let rows = simulate(|s, pins| manifest(2, 8, s, pins), &[8], &["lru:S".into()], &events).unwrap();
         assert_eq!(rows[0].loads, distinct.len() as u64);
         assert_eq!(rows[1].loads, distinct.len() as u64, "MIN with room for everything");
         assert_eq!(rows[0].bytes_moved, distinct.len() as u64 * 3000);
@@ -574,7 +582,7 @@ mod tests {
     #[test]
     fn lru_above_the_slots_is_a_refused_row() {
         let events = random_events(&mut Rng(9), 2, 8, 2, 3);
-        let rows = simulate(|s, pins| manifest(2, 8, s, pins), &[2], &["lru:4".parse().unwrap()], &events).unwrap();
+        let rows = simulate(|s, pins| manifest(2, 8, s, pins), &[2], &["lru:4".into()], &events).unwrap();
         assert!(rows[0].refused.as_deref().unwrap().contains("lru:4 exceeds the 2 slots"), "{:?}", rows[0]);
         assert_eq!(rows[1].policy, "MIN");
     }
@@ -606,6 +614,13 @@ mod tests {
         assert!(parse_routes(&back, 1).unwrap_err().to_string().contains("out of order"));
         let skip = encode(&[(0, 0, 0, 2, vec![1]), (0, 2, 2, 2, vec![1])]);
         assert!(parse_routes(&skip, 1).unwrap_err().to_string().contains("expected row 1"));
+    }
+
+    #[test]
+    fn lru_s_is_the_slot_count() {
+        assert_eq!(policy_at("lru:S+prefetch", 12).unwrap().to_string(), "lru:12+prefetch");
+        assert_eq!(policy_at("zero", 12).unwrap().to_string(), "zero");
+        assert!(policy_at("lru:T", 12).is_err());
     }
 
     #[test]
