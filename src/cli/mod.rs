@@ -7,6 +7,7 @@ mod envelope;
 mod generate;
 mod model;
 mod oracle;
+mod plan;
 mod refine;
 mod tables;
 
@@ -65,6 +66,9 @@ enum Command {
     Verify(claims::ClaimArgs),
     /// Recompute a claim's summaries (ratios, intervals, predicates, fault validations) from raw operands.
     Replay(claims::ClaimArgs),
+    /// The Plan offline: replacement policies replayed on recorded routes.
+    #[command(subcommand)]
+    Plan(plan::PlanCommand),
     /// Statistics over tables of measurements.
     #[command(subcommand)]
     Stats(tables::StatsCommand),
@@ -98,6 +102,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Certificate(c) => certificate::certificate(c),
         Command::Verify(a) => claims::claim(a, claims::Verb::Verify),
         Command::Replay(a) => claims::claim(a, claims::Verb::Replay),
+        Command::Plan(c) => plan::plan(c),
         Command::Stats(c) => tables::stats(c),
         Command::Export(a) => tables::export(a),
     }

@@ -256,3 +256,65 @@ pub fn envelope(path: &Path, e: &crate::envelope::Envelope) -> Result<()> {
         _ => anyhow::bail!("{}: the figure's name must end in .svg or .png", path.display()),
     }
 }
+
+/// One line of a curve figure; `bound` draws it dashed in black (a bound, not a measurement).
+pub struct Curve {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+    pub bound: bool,
+}
+
+fn draw_curves<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, axes: (&str, &str), curves: &[Curve]) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing the figure: {x:?}");
+    root.fill(&WHITE).map_err(e)?;
+    let all = curves.iter().flat_map(|c| c.points.iter());
+    let (x_lo, x_hi, y_hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY, 0.0f64), |(a, b, c), p| (a.min(p.0), b.max(p.0), c.max(p.1)));
+    let (x_lo, x_hi) = if x_lo.is_finite() { (x_lo - 0.5, x_hi + 0.5) } else { (0.0, 1.0) };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(x_lo..x_hi, 0.0..y_hi * 1.08 + 1e-9)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc(axes.0)
+        .y_desc(axes.1)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.1}"))
+        .label_style(("sans-serif", 13))
+        .draw()
+        .map_err(e)?;
+    let mut colour = 0;
+    for c in curves {
+        let style = if c.bound {
+            BLACK.stroke_width(2)
+        } else {
+            colour += 1;
+            Palette99::pick(colour - 1).to_rgba().stroke_width(2)
+        };
+        let pts = c.points.clone();
+        let anno = if c.bound {
+            chart.draw_series(DashedLineSeries::new(pts.clone(), 8, 5, style)).map_err(e)?
+        } else {
+            chart.draw_series(LineSeries::new(pts.clone(), style)).map_err(e)?
+        };
+        anno.label(c.label.clone()).legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], style));
+        chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, style.color.filled()))).map_err(e)?;
+    }
+    finish(&root, &mut chart, SeriesLabelPosition::UpperRight)
+}
+
+/// Lines over a shared x axis; `.svg` or `.png` by the path's extension.
+pub fn curves(path: &Path, title: &str, axes: (&str, &str), curves: &[Curve]) -> Result<()> {
+    register();
+    match path.extension().and_then(|x| x.to_str()) {
+        Some("svg") => draw_curves(SVGBackend::new(path, (900, 560)).into_drawing_area(), title, axes, curves),
+        Some("png") => draw_curves(BitMapBackend::new(path, (900, 560)).into_drawing_area(), title, axes, curves),
+        _ => anyhow::bail!("{}: the figure's name must end in .svg or .png", path.display()),
+    }
+}

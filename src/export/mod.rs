@@ -21,6 +21,7 @@ mod figure;
 mod refine;
 
 pub use figure::envelope as envelope_figure;
+pub use figure::{curves as curves_figure, Curve};
 
 use crate::campaign::runner::{histories, read_cell, CellDocument, CellState};
 use crate::campaign::spec::Campaign;

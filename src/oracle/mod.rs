@@ -34,7 +34,7 @@ impl SurfaceComparison {
 }
 
 /// Reads a surface's file and checks it against the digest its record states.
-fn read_checked(dir: &Path, s: &Surface) -> Result<Vec<u8>> {
+pub fn read_checked(dir: &Path, s: &Surface) -> Result<Vec<u8>> {
     let path = dir.join(&s.file);
     let bytes = std::fs::read(&path).with_context(|| format!("{}", path.display()))?;
     let digest = hex::encode(Sha256::digest(&bytes));

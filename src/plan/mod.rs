@@ -23,6 +23,7 @@ mod lifecycle;
 mod manifest;
 mod policy;
 pub mod report;
+pub mod simulate;
 mod table;
 mod telemetry;
 

@@ -1,0 +1,119 @@
+//! `plan simulate`: the Plan's replacement policies replayed on recorded routes, against MIN.
+
+use super::print_json;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use sovereign::export::{curves_figure, Curve};
+use sovereign::plan::simulate::{self, Row};
+use sovereign::plan::Manifest;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Subcommand)]
+pub enum PlanCommand {
+    /// Replay a generate record's routes through the Plan's replacement policies, without
+    /// compute or I/O: per slot count, hits, loads and bytes moved, beside Belady's MIN (the
+    /// fewest loads any policy could make with those slots).
+    Simulate(SimulateArgs),
+}
+
+#[derive(Args)]
+pub struct SimulateArgs {
+    /// A completed generate record (its routes surface).
+    #[arg(long)]
+    routes: PathBuf,
+    /// Slot counts per MoE layer, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    slots: Vec<u32>,
+    /// Replacement policy as `generate --policy` takes it, where `lru:S` retains as many
+    /// objects as the slot count; repeat for several.
+    #[arg(long = "policy", required = true)]
+    policies: Vec<String>,
+    /// The model file, when not at the path the record names.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+    /// Write the rows as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Draw bytes moved versus slots (.svg or .png).
+    #[arg(long)]
+    figure: Option<PathBuf>,
+}
+
+pub fn plan(c: PlanCommand) -> Result<ExitCode> {
+    let PlanCommand::Simulate(a) = c;
+    for p in &a.policies {
+        simulate::policy_at(p, 1).with_context(|| "--policy")?;
+    }
+    if let Some(s) = a.slots.iter().find(|&&s| s == 0 || s > sovereign::bounds::MAX_SLOTS) {
+        bail!("--slots {s}: expected 1..={}", sovereign::bounds::MAX_SLOTS);
+    }
+    if let Some(f) = a.figure.as_ref().filter(|f| !matches!(f.extension().and_then(|x| x.to_str()), Some("svg" | "png"))) {
+        bail!("--figure {}: the name must end in .svg or .png", f.display());
+    }
+    let rec = simulate::load_record(&a.routes, a.model.as_deref())?;
+    let inv = &rec.inventory;
+    let rows = simulate::simulate(|s, pins| Manifest::new(inv, s, pins), &a.slots, &a.policies, &rec.events)?;
+    if let Some(path) = &a.csv {
+        write_csv(path, &rows).with_context(|| format!("--csv {}", path.display()))?;
+    }
+    if let Some(path) = &a.figure {
+        let mut names = a.policies.clone();
+        names.push("MIN".into());
+        let curves: Vec<Curve> = names
+            .iter()
+            .map(|n| Curve {
+                label: n.clone(),
+                points: rows.iter().filter(|r| r.policy == *n && r.refused.is_none()).map(|r| (f64::from(r.slots), r.bytes_moved as f64 / 1e6)).collect(),
+                bound: *n == "MIN",
+            })
+            .collect();
+        let title = format!("Bytes moved versus slots: {} layer events of {}", rec.events.len(), rec.model.display());
+        curves_figure(path, &title, ("slots per MoE layer", "bytes moved (MB, logical)"), &curves)?;
+    }
+    if a.json {
+        print_json(&serde_json::json!({
+            "record": a.routes,
+            "model": rec.model,
+            "layer_events": rec.events.len(),
+            "rows": rows,
+        }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{}: {} layer events, model {}", a.routes.display(), rec.events.len(), rec.model.display());
+    println!("{:<24} {:>6} {:>10} {:>10} {:>10} {:>14} {:>8}", "policy", "slots", "requests", "hits", "loads", "bytes moved", "vs MIN");
+    for r in &rows {
+        if let Some(why) = &r.refused {
+            println!("{:<24} {:>6} refused: {why}", r.policy, r.slots);
+            continue;
+        }
+        let min = rows.iter().find(|m| m.policy == "MIN" && m.slots == r.slots).map_or(0, |m| m.bytes_moved);
+        let ratio = if min == 0 { "-".to_string() } else { format!("{:.3}", r.bytes_moved as f64 / min as f64) };
+        println!("{:<24} {:>6} {:>10} {:>10} {:>10} {:>14} {:>8}", r.policy, r.slots, r.requests, r.hits, r.loads, r.bytes_moved, ratio);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_csv(path: &std::path::Path, rows: &[Row]) -> Result<()> {
+    let mut w = csv::Writer::from_path(path)?;
+    w.write_record(["policy", "slots", "requests", "hits", "loads", "prefetch_loads", "prefetch_hits", "bytes_moved", "bytes_read", "refused"])?;
+    for r in rows {
+        let n = |v: u64| v.to_string();
+        w.write_record([
+            r.policy.clone(),
+            n(u64::from(r.slots)),
+            n(r.requests),
+            n(r.hits),
+            n(r.loads),
+            n(r.prefetch_loads),
+            n(r.prefetch_hits),
+            n(r.bytes_moved),
+            r.bytes_read.map(n).unwrap_or_default(),
+            r.refused.clone().unwrap_or_default(),
+        ])?;
+    }
+    w.flush()?;
+    Ok(())
+}
