@@ -103,6 +103,7 @@ const CELL_COLUMNS: &[&str] = &[
     "model_sha256",
     "binary_sha256",
     "engine_tree_sha256",
+    "node",
     "record_bytes",
     "logits_bytes",
     "source_logical_bytes",
@@ -158,6 +159,7 @@ fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Op
         s(get(rec, "/model/sha256")),
         s(get(rec, "/build/binary_sha256")),
         s(get(rec, "/build/engine/tree_sha256")),
+        s(get(rec, crate::record::NODE_POINTER)),
         opt(record_bytes),
         s(get(rec, "/surfaces/logits/bytes")),
         // Extension point: Plan arms report their source traffic under `experts`.
@@ -184,7 +186,7 @@ fn number(x: &Sealed, file: &str, pointer: &str) -> Option<f64> {
 pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     let (spec, digest) = frozen(results, id)?;
     let dir = CampaignDir::new(results, id);
-    let hist = histories(&Journal::read(&dir.journal())?);
+    let hist = histories(&Journal::read_all(&dir.journal_files()?)?);
     let cells = expand(&spec);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
 
@@ -247,7 +249,7 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
         let mut w = csv::Writer::from_path(&pairs_csv)?;
         w.write_record([
             "block", "order", "a_arm", "b_arm", "a_cell", "b_cell", "a_record", "b_record", "metric_file", "metric_pointer", "a", "b",
-            "ratio_b_over_a", "log_ratio", "a_admission", "b_admission",
+            "ratio_b_over_a", "log_ratio", "a_admission", "b_admission", "a_node", "b_node",
         ])?;
         for (block, order, ca, cb, xa, xb, va, vb) in &pair_rows {
             w.write_record([
@@ -267,6 +269,8 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
                 (vb / va).ln().to_string(),
                 opt(xa.doc.admission.passed),
                 opt(xb.doc.admission.passed),
+                s(get(&xa.record, crate::record::NODE_POINTER)),
+                s(get(&xb.record, crate::record::NODE_POINTER)),
             ])?;
         }
         w.flush()?;

@@ -149,6 +149,7 @@ struct Records<'a> {
     claim: &'a Claim,
     results: PathBuf,
     docs: BTreeMap<(String, String), Value>,
+    allow_mixed_nodes: bool,
 }
 
 impl Records<'_> {
@@ -166,6 +167,12 @@ impl Records<'_> {
             self.docs.insert(key.clone(), v);
         }
         Ok(&self.docs[&key])
+    }
+
+    /// The node a record ran on (None: not recorded, e.g. a failed cell or an older record).
+    fn node(&mut self, alias: &str) -> Option<String> {
+        let v = self.doc(alias, crate::record::RECORD_FILE).ok()?;
+        v.pointer(crate::record::NODE_POINTER).and_then(Value::as_str).map(str::to_string)
     }
 
     fn number(&mut self, alias: &str, op: &Operand) -> Result<f64> {
@@ -256,6 +263,13 @@ fn replayed_values(recs: &mut Records) -> Vec<f64> {
 fn paired(recs: &mut Records, pairs: &[[String; 2]], metric: &Operand, level: f64) -> Result<crate::stats::PairedRatio> {
     let (mut labels, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
     for [x, y] in pairs {
+        if !recs.allow_mixed_nodes {
+            let (nx, ny) = (recs.node(x), recs.node(y));
+            if nx != ny {
+                let show = |n: &Option<String>| n.as_deref().map_or("not recorded".to_string(), |n| n[..12.min(n.len())].to_string());
+                bail!("pair {x}/{y}: records from different nodes ({} and {}); --allow-mixed-nodes pairs them anyway", show(&nx), show(&ny));
+            }
+        }
         labels.push(format!("{x}/{y}"));
         a.push(recs.number(x, metric)?);
         b.push(recs.number(y, metric)?);
@@ -312,11 +326,11 @@ fn check(actual: Option<&Value>, c: &Check) -> (bool, String) {
 }
 
 /// `sovereign verify --claim ID`.
-pub fn verify(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
+pub fn verify(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: bool) -> Result<Report> {
     let l = load_ledger(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
-    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new() };
+    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new(), allow_mixed_nodes };
     verify_records(&mut r, &recs);
     for a in &c.assertions {
         let what = format!("{} {}{} {}", a.record, a.file, a.pointer, serde_json::to_string(&a.expect).unwrap_or_default());
@@ -346,11 +360,11 @@ fn close_opt(a: Option<f64>, b: Option<f64>, tol: f64) -> bool {
 }
 
 /// `sovereign replay --claim ID`.
-pub fn replay(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
+pub fn replay(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: bool) -> Result<Report> {
     let l = load_ledger(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
-    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new() };
+    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new(), allow_mixed_nodes };
     // Recomputing from damaged operands proves nothing: the records are verified first.
     verify_records(&mut r, &recs);
     if !r.ok {
