@@ -122,7 +122,9 @@ impl Journal {
     }
 
     /// Reads several journals (the local runner's and one per cluster task, each with a single
-    /// writer) as one: merged by time, each file's own order kept.
+    /// writer) as one: merged by time, each file's own order kept. Two files only ever hold
+    /// events of one cell when one runner took it over from another (resume), seconds apart, so
+    /// node clocks need only agree to within that.
     pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Entry>> {
         let mut files: Vec<std::collections::VecDeque<Entry>> =
             paths.iter().map(|p| Journal::read(p).map(Into::into)).collect::<Result<_>>()?;

@@ -494,6 +494,38 @@ mod tests {
     }
 
     #[test]
+    fn replay_refuses_pairs_from_different_nodes() {
+        let t = tempfile::tempdir().unwrap();
+        let results = t.path().join("results");
+        let seal = |name: &str, node: Option<&str>, x: f64| {
+            let st = t.path().join(name);
+            std::fs::create_dir_all(&st).unwrap();
+            let build = node.map_or(serde_json::json!({}), |n| serde_json::json!({ "node": { "id": n } }));
+            std::fs::write(st.join("record.json"), serde_json::json!({ "build": build, "x": x, "name": name }).to_string()).unwrap();
+            crate::record::prepare_seal(&st).unwrap().finish(&results).unwrap().digest
+        };
+        let (n1, n2) = ("1".repeat(64), "2".repeat(64));
+        let recs = [seal("a1", Some(&n1), 1.0), seal("b1", Some(&n1), 2.0), seal("a2", Some(&n1), 1.0), seal("b2", Some(&n2), 3.0)];
+        let want = crate::stats::paired_ratio(&["1".into(), "2".into()], &[1.0, 1.0], &[2.0, 3.0], 0.95).unwrap();
+        let ledger = |pairs: serde_json::Value| {
+            let l = serde_json::json!({ "format": LEDGER_FORMAT, "claims": { "c": {
+                "statement": "pairs",
+                "records": { "a1": recs[0], "b1": recs[1], "a2": recs[2], "b2": recs[3] },
+                "assertions": [],
+                "replay": [{ "paired_ratio": { "pairs": pairs, "metric": { "file": "record.json", "pointer": "/x" }, "level": 0.95,
+                    "expect": { "ratio": want.ratio, "lo": want.lo, "hi": want.hi, "tolerance": 1e-9 } } }] } } });
+            let p = t.path().join("ledger.json");
+            std::fs::write(&p, l.to_string()).unwrap();
+            p
+        };
+        let p = ledger(serde_json::json!([["a1", "b1"], ["a2", "b2"]]));
+        let r = replay(&p, "c", &results, false).unwrap();
+        assert!(!r.ok && r.failures().iter().any(|f| f.contains("different nodes")), "{:?}", r.failures());
+        let r = replay(&p, "c", &results, true).unwrap();
+        assert!(r.ok, "{:?}", r.failures());
+    }
+
+    #[test]
     fn records_and_files_stay_inside_results() {
         let r = Path::new("/results");
         let d = "a".repeat(64);
