@@ -269,8 +269,10 @@ pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Re
     let out_dir = dir.root.join("slurm");
     fs::create_dir_all(&out_dir)?;
     let out_dir = fs::canonicalize(&out_dir)?;
+    // The task refuses a binary that changed on the shared file system since submission.
+    let binary = crate::identity::build_identity()?.binary_sha256;
     let wrap = format!(
-        "exec {} campaign run-block {} --block \"$SLURM_ARRAY_TASK_ID\" --results {}",
+        "exec {} campaign run-block {} --block \"$SLURM_ARRAY_TASK_ID\" --results {} --binary-sha256 {binary}",
         sh_quote(&exe.display().to_string()),
         sh_quote(&file.display().to_string()),
         sh_quote(&root.display().to_string()),
@@ -326,7 +328,13 @@ pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Re
 }
 
 /// `campaign run-block`: one array task. Blocks after the lead wait for the oracle's record.
-pub fn run_block(c: &Loaded, results: &Path, block: usize) -> Result<RunSummary> {
+pub fn run_block(c: &Loaded, results: &Path, block: usize, binary_sha256: Option<&str>) -> Result<RunSummary> {
+    if let Some(want) = binary_sha256 {
+        let have = crate::identity::build_identity()?.binary_sha256;
+        if have != want {
+            bail!("block {block}: this binary's sha256 is {have}, but the campaign was submitted with {want}; the shared binary changed (resume resubmits with the new one)");
+        }
+    }
     let cells = expand(&c.spec);
     if !cells.iter().any(|x| x.block == block) {
         let have: BTreeSet<usize> = cells.iter().map(|x| x.block).collect();

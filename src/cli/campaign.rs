@@ -37,6 +37,9 @@ pub enum CampaignCommand {
         block: usize,
         #[arg(long, default_value = "results")]
         results: PathBuf,
+        /// Refuse to run unless this executable has this SHA-256 (the submitter's).
+        #[arg(long)]
+        binary_sha256: Option<String>,
     },
 }
 
@@ -112,9 +115,9 @@ pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
             }
         }
         CampaignCommand::Schema => print!("{}", campaign::schema_json()),
-        CampaignCommand::RunBlock { file, block, results } => {
+        CampaignCommand::RunBlock { file, block, results, binary_sha256 } => {
             let l = campaign::load(&file)?;
-            let s = campaign::slurm::run_block(&l, &results, block)?;
+            let s = campaign::slurm::run_block(&l, &results, block, binary_sha256.as_deref())?;
             println!("campaign {} block {block}: {} ran, {} interrupted attempts discarded", s.campaign, s.ran, s.discarded);
         }
     }
