@@ -161,6 +161,7 @@ struct Records<'a> {
     claim: &'a Claim,
     results: PathBuf,
     docs: BTreeMap<(String, String), Value>,
+    allow_mixed_nodes: bool,
 }
 
 impl Records<'_> {
@@ -178,6 +179,12 @@ impl Records<'_> {
             self.docs.insert(key.clone(), v);
         }
         Ok(&self.docs[&key])
+    }
+
+    /// The node a record ran on (None: not recorded, e.g. a failed cell or an older record).
+    fn node(&mut self, alias: &str) -> Option<String> {
+        let v = self.doc(alias, crate::record::RECORD_FILE).ok()?;
+        v.pointer(crate::record::NODE_POINTER).and_then(Value::as_str).map(str::to_string)
     }
 
     fn number(&mut self, alias: &str, op: &Operand) -> Result<f64> {
@@ -268,6 +275,13 @@ fn replayed_values(recs: &mut Records) -> Vec<f64> {
 fn paired(recs: &mut Records, pairs: &[[String; 2]], metric: &Operand, level: f64) -> Result<crate::stats::PairedRatio> {
     let (mut labels, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
     for [x, y] in pairs {
+        if !recs.allow_mixed_nodes {
+            let (nx, ny) = (recs.node(x), recs.node(y));
+            if nx != ny {
+                let show = |n: &Option<String>| n.as_deref().map_or("not recorded".to_string(), |n| n[..12.min(n.len())].to_string());
+                bail!("pair {x}/{y}: records from different nodes ({} and {}); --allow-mixed-nodes pairs them anyway", show(&nx), show(&ny));
+            }
+        }
         labels.push(format!("{x}/{y}"));
         a.push(recs.number(x, metric)?);
         b.push(recs.number(y, metric)?);
@@ -324,11 +338,11 @@ fn check(actual: Option<&Value>, c: &Check) -> (bool, String) {
 }
 
 /// `sovereign verify --claim ID`.
-pub fn verify(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
+pub fn verify(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: bool) -> Result<Report> {
     let l = load_ledger(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
-    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new() };
+    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new(), allow_mixed_nodes };
     verify_records(&mut r, &recs);
     for a in &c.assertions {
         let what = format!("{} {}{} {}", a.record, a.file, a.pointer, serde_json::to_string(&a.expect).unwrap_or_default());
@@ -413,11 +427,11 @@ fn close_opt(a: Option<f64>, b: Option<f64>, tol: f64) -> bool {
 }
 
 /// `sovereign replay --claim ID`.
-pub fn replay(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
+pub fn replay(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: bool) -> Result<Report> {
     let l = load_ledger(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
-    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new() };
+    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new(), allow_mixed_nodes };
     // Recomputing from damaged operands proves nothing: the records are verified first.
     verify_records(&mut r, &recs);
     if !r.ok {
@@ -546,6 +560,38 @@ mod tests {
         assert!(check_statement("F finishes in 32.3% of D's wall time", &[0.32291]).0);
         assert!(!check_statement("F finishes in 32.3% of D's wall time", &[]).0);
         assert!(check_statement("campaign t-run: 3 cells sealed", &[]).0);
+    }
+
+    #[test]
+    fn replay_refuses_pairs_from_different_nodes() {
+        let t = tempfile::tempdir().unwrap();
+        let results = t.path().join("results");
+        let seal = |name: &str, node: Option<&str>, x: f64| {
+            let st = t.path().join(name);
+            std::fs::create_dir_all(&st).unwrap();
+            let build = node.map_or(serde_json::json!({}), |n| serde_json::json!({ "node": { "id": n } }));
+            std::fs::write(st.join("record.json"), serde_json::json!({ "build": build, "x": x, "name": name }).to_string()).unwrap();
+            crate::record::prepare_seal(&st).unwrap().finish(&results).unwrap().digest
+        };
+        let (n1, n2) = ("1".repeat(64), "2".repeat(64));
+        let recs = [seal("a1", Some(&n1), 1.0), seal("b1", Some(&n1), 2.0), seal("a2", Some(&n1), 1.0), seal("b2", Some(&n2), 3.0)];
+        let want = crate::stats::paired_ratio(&["1".into(), "2".into()], &[1.0, 1.0], &[2.0, 3.0], 0.95).unwrap();
+        let ledger = |pairs: serde_json::Value| {
+            let l = serde_json::json!({ "format": LEDGER_FORMAT, "claims": { "c": {
+                "statement": "pairs",
+                "records": { "a1": recs[0], "b1": recs[1], "a2": recs[2], "b2": recs[3] },
+                "assertions": [],
+                "replay": [{ "paired_ratio": { "pairs": pairs, "metric": { "file": "record.json", "pointer": "/x" }, "level": 0.95,
+                    "expect": { "ratio": want.ratio, "lo": want.lo, "hi": want.hi, "tolerance": 1e-9 } } }] } } });
+            let p = t.path().join("ledger.json");
+            std::fs::write(&p, l.to_string()).unwrap();
+            p
+        };
+        let p = ledger(serde_json::json!([["a1", "b1"], ["a2", "b2"]]));
+        let r = replay(&p, "c", &results, false).unwrap();
+        assert!(!r.ok && r.failures().iter().any(|f| f.contains("different nodes")), "{:?}", r.failures());
+        let r = replay(&p, "c", &results, true).unwrap();
+        assert!(r.ok, "{:?}", r.failures());
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The campaign journal: `results/campaigns/<id>/journal.jsonl`, one JSON object per line,
-//! appended and fsynced before the step it describes is taken further.
+//! appended and fsynced before the step it describes is taken further. A block run as a
+//! cluster task writes its own `journals/bNN.jsonl` instead (one writer per file on a shared
+//! file system); readers merge every file by time ([`Journal::read_all`]).
 //!
 //! Every line is `{"seq": N, "unix_ms": T, "event": "<kind>", ...fields}`; `seq` counts from 0.
 //! Kinds, in the order a cell meets them:
@@ -80,7 +82,7 @@ pub struct Journal {
     next_seq: u64,
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
@@ -117,6 +119,20 @@ impl Journal {
         }
         let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
         Ok(parse(path, &text)?.0)
+    }
+
+    /// Reads several journals (the local runner's and one per cluster task, each with a single
+    /// writer) as one: merged by time, each file's own order kept. Two files only ever hold
+    /// events of one cell when one runner took it over from another (resume), seconds apart, so
+    /// node clocks need only agree to within that.
+    pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Entry>> {
+        let mut files: Vec<std::collections::VecDeque<Entry>> =
+            paths.iter().map(|p| Journal::read(p).map(Into::into)).collect::<Result<_>>()?;
+        let mut all = Vec::new();
+        while let Some(i) = (0..files.len()).filter(|&i| !files[i].is_empty()).min_by_key(|&i| files[i][0].unix_ms) {
+            all.push(files[i].pop_front().expect("not empty"));
+        }
+        Ok(all)
     }
 
     /// Opens (creating) a journal for appending and returns what it already holds; a torn last
@@ -181,6 +197,16 @@ mod tests {
         assert_eq!(all.len(), 4);
         assert!(matches!(all[2].event, Event::JournalRepaired { dropped_bytes: 24 }));
         assert!(std::fs::read_to_string(&p).unwrap().lines().all(|l| serde_json::from_str::<Entry>(l).is_ok()));
+        // Two writers' journals merge by time, each file in its own order.
+        let q = t.path().join("other.jsonl");
+        let line = |seq: u64, ms: u64, cell: &str| {
+            serde_json::to_string(&Entry { seq, unix_ms: ms, event: Event::CellSkipped { cell: cell.into(), reason: String::new() } }).unwrap() + "\n"
+        };
+        std::fs::write(&q, [line(0, 1, "x"), line(1, u64::MAX, "y")].concat()).unwrap();
+        let merged = Journal::read_all(&[p.clone(), q]).unwrap();
+        assert_eq!(merged.len(), 6);
+        assert_eq!(merged[0].event.cell(), Some("x"));
+        assert_eq!(merged[5].event.cell(), Some("y"));
         // A bad line in the middle is an error, not silently skipped.
         std::fs::write(&p, "garbage\n{}\n").unwrap();
         assert!(Journal::read(&p).is_err());

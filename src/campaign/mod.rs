@@ -13,6 +13,9 @@
 //! results/campaigns/<id>/journal.jsonl   the runner's journal (see journal.rs)
 //! results/campaigns/<id>/logs/<cell>.a<N>.log   output of attempt N of a cell
 //! results/campaigns/<id>/staging/        cells in progress (never records)
+//! results/campaigns/<id>/journals/bNN.jsonl   the journal of block NN run as a cluster task
+//!                                        (also logs/bNN/, staging/bNN/; see slurm.rs)
+//! results/campaigns/<id>/slurm.jsonl     cluster submissions: job, array tasks, blocks
 //! ```
 
 pub mod admission;
@@ -20,6 +23,7 @@ pub mod executor;
 pub mod expand;
 pub mod journal;
 pub mod runner;
+pub mod slurm;
 pub mod spec;
 
 pub use executor::{worker_cell, CellExecutor, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry};
@@ -80,11 +84,39 @@ pub fn check(file: &Path) -> Result<Vec<String>> {
 #[derive(Debug, Clone)]
 pub struct CampaignDir {
     pub root: PathBuf,
+    /// The block a cluster task runs: its own journal, lock, logs and staging.
+    pub block: Option<usize>,
 }
 
 impl CampaignDir {
     pub fn new(results: &Path, id: &str) -> CampaignDir {
-        CampaignDir { root: results.join("campaigns").join(id) }
+        CampaignDir { root: results.join("campaigns").join(id), block: None }
+    }
+    /// The state of one block run as its own task (`--executor slurm`).
+    pub fn block(&self, b: usize) -> CampaignDir {
+        CampaignDir { root: self.root.clone(), block: Some(b) }
+    }
+    fn sub(&self, plain: &str, dir: &str, ext: &str) -> PathBuf {
+        match self.block {
+            None => self.root.join(plain),
+            Some(b) => self.root.join(dir).join(format!("b{b:02}{ext}")),
+        }
+    }
+    /// Every journal of the campaign: the local runner's, then one per block task.
+    pub fn journal_files(&self) -> Result<Vec<PathBuf>> {
+        let mut files = vec![self.root.join("journal.jsonl")];
+        let dir = self.root.join("journals");
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            let mut more: Vec<PathBuf> =
+                rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "jsonl")).collect();
+            more.sort();
+            files.extend(more);
+        }
+        Ok(files)
+    }
+    /// The lock a local runner holds exclusively and block tasks hold shared.
+    pub fn campaign_lock(&self) -> PathBuf {
+        self.root.join("lock")
     }
     pub fn campaign_json(&self) -> PathBuf {
         self.root.join("campaign.json")
@@ -93,16 +125,16 @@ impl CampaignDir {
         self.root.join("campaign.yaml")
     }
     pub fn journal(&self) -> PathBuf {
-        self.root.join("journal.jsonl")
+        self.sub("journal.jsonl", "journals", ".jsonl")
     }
     pub fn lock(&self) -> PathBuf {
-        self.root.join("lock")
+        self.sub("lock", "journals", ".lock")
     }
     pub fn logs(&self) -> PathBuf {
-        self.root.join("logs")
+        self.sub("logs", "logs", "")
     }
     pub fn staging(&self) -> PathBuf {
-        self.root.join("staging")
+        self.sub("staging", "staging", "")
     }
 }
 

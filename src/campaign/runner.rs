@@ -98,6 +98,8 @@ pub struct RunOptions {
     pub mode: RunMode,
     /// Draw a progress bar (only where stderr is a terminal).
     pub progress: bool,
+    /// Run only this block, with its own journal (a cluster task; see slurm.rs).
+    pub block: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -162,13 +164,23 @@ pub fn histories(entries: &[Entry]) -> BTreeMap<String, CellHistory> {
 /// An exclusive lock on the campaign directory, released by the kernel when the runner dies.
 struct Lock(#[allow(dead_code)] fs::File);
 
-fn lock(dir: &CampaignDir) -> Result<Lock> {
-    let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.lock())?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        bail!("campaign `{}` is being run by another process", dir.root.file_name().unwrap_or_default().to_string_lossy());
+fn lock(dir: &CampaignDir) -> Result<Vec<Lock>> {
+    let take = |path: PathBuf, op: i32| -> Result<Lock> {
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
+            bail!("campaign `{}` is being run by another process", dir.root.file_name().unwrap_or_default().to_string_lossy());
+        }
+        Ok(Lock(f))
+    };
+    match dir.block {
+        None => Ok(vec![take(dir.lock(), libc::LOCK_EX)?]),
+        // Block tasks run side by side, never beside a local runner.
+        Some(_) => Ok(vec![take(dir.campaign_lock(), libc::LOCK_SH)?, take(dir.lock(), libc::LOCK_EX)?]),
     }
-    Ok(Lock(f))
 }
 
 fn is_locked(dir: &CampaignDir) -> bool {
@@ -180,7 +192,7 @@ fn is_locked(dir: &CampaignDir) -> bool {
 }
 
 /// The preregistered identities this build and these files must have before anything runs.
-fn check_identities(c: &Loaded) -> Result<()> {
+pub(crate) fn check_identities(c: &Loaded) -> Result<()> {
     let spec = &c.spec;
     let model = c.base.join(&spec.model.path);
     let got = crate::util::sha256_file(&model).with_context(|| format!("model {} (campaign {})", spec.model.path, c.file.display()))?;
@@ -263,9 +275,15 @@ struct Ctx<'a> {
     journal: Journal,
     entries: Vec<Entry>,
     hist: BTreeMap<String, CellHistory>,
+    block: Option<usize>,
 }
 
 impl Ctx<'_> {
+    /// Cells this runner settles (all, or those of its block).
+    fn mine(&self, cell: &CellSpec) -> bool {
+        self.block.is_none_or(|b| b == cell.block)
+    }
+
     fn append(&mut self, ev: Event) -> Result<()> {
         let e = self.journal.append(ev)?;
         self.entries.push(e);
@@ -343,6 +361,9 @@ fn sealed_event(cell: &str, attempt: u32, digest: &str, doc: &CellDocument, reco
 /// staging is discarded.
 fn recover(ctx: &mut Ctx, summary: &mut RunSummary) -> Result<()> {
     for cell in ctx.cells.clone() {
+        if !ctx.mine(&cell) {
+            continue;
+        }
         match ctx.state(&cell.key) {
             CellState::Sealing { attempt, digest } => {
                 let target = ctx.results.join(&digest);
@@ -499,6 +520,10 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
 pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<RunSummary> {
     let cells = expand(&c.spec);
     let dir = CampaignDir::new(&opts.results, c.id());
+    let dir = match opts.block {
+        Some(b) => dir.block(b),
+        None => dir,
+    };
     if opts.mode == RunMode::Resume && !dir.campaign_json().exists() {
         bail!("campaign `{}` is not preregistered under {}; start it with `campaign run`", c.id(), opts.results.display());
     }
@@ -511,9 +536,11 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
     let _lock = lock(&dir)?;
     fs::create_dir_all(dir.logs())?;
     fs::create_dir_all(dir.staging())?;
-    let (journal, entries) = Journal::open(&dir.journal())?;
+    let (journal, _) = Journal::open(&dir.journal())?;
+    // Cells run by other runners (local or cluster tasks) count as they were journaled.
+    let entries = Journal::read_all(&dir.journal_files()?)?;
     let hist = histories(&entries);
-    let mut ctx = Ctx { c, cells, dir, results: opts.results.clone(), journal, entries, hist };
+    let mut ctx = Ctx { c, cells, dir, results: opts.results.clone(), journal, entries, hist, block: opts.block };
     let mut summary = RunSummary {
         campaign: c.id().to_string(),
         digest: c.digest.clone(),
@@ -555,7 +582,7 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
     };
 
     for cell in ctx.cells.clone() {
-        if settled(&ctx.state(&cell.key)) {
+        if settled(&ctx.state(&cell.key)) || !ctx.mine(&cell) {
             continue;
         }
         let n = format!("[{}/{}]", cell.index + 1, ctx.cells.len());
@@ -639,6 +666,9 @@ pub struct StatusReport {
     pub finished: bool,
     pub counts: BTreeMap<String, usize>,
     pub cells: Vec<CellRow>,
+    /// Each block's cluster job, where the campaign was submitted to Slurm.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub blocks: Vec<super::slurm::BlockRow>,
 }
 
 /// `campaign status`: the journal folded per cell (read-only; safe while a runner is active).
@@ -652,7 +682,7 @@ pub fn status(c: &Loaded, results: &Path) -> Result<StatusReport> {
     } else {
         (c.spec.clone(), c.digest.clone(), false)
     };
-    let entries = Journal::read(&dir.journal())?;
+    let entries = Journal::read_all(&dir.journal_files()?)?;
     let hist = histories(&entries);
     let active = preregistered && is_locked(&dir);
     let mut counts = BTreeMap::new();
@@ -684,7 +714,7 @@ pub fn status(c: &Loaded, results: &Path) -> Result<StatusReport> {
         });
     }
     let finished = cells.iter().all(|r| matches!(r.state.as_str(), "sealed" | "skipped" | "abandoned"));
-    Ok(StatusReport { campaign: c.id().to_string(), digest, preregistered, file_changed, runner_active: active, finished, counts, cells })
+    Ok(StatusReport { campaign: c.id().to_string(), digest, preregistered, file_changed, runner_active: active, finished, counts, cells, blocks: Vec::new() })
 }
 
 impl StatusReport {
@@ -714,6 +744,7 @@ impl StatusReport {
         }
         let counts: Vec<String> = self.counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
         s += &format!("{} cells: {}{}\n", self.cells.len(), counts.join(", "), if self.finished { " (finished)" } else { "" });
+        s += &super::slurm::blocks_text(&self.blocks);
         s
     }
 }
@@ -773,6 +804,7 @@ mod tests {
                         libraries: vec![],
                         devices: vec![],
                         gpu: crate::observe::gpu::DeviceInfo::NotObserved { reason: "fake executor".into() },
+                        node: None,
                     },
                     params: None,
                     counts: Some(record::format::GenerateCounts {
@@ -836,7 +868,7 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
     }
 
     fn opts(results: &Path, mode: RunMode) -> RunOptions {
-        RunOptions { results: results.to_path_buf(), mode, progress: false }
+        RunOptions { results: results.to_path_buf(), mode, progress: false, block: None }
     }
 
     fn journal(results: &Path) -> Vec<Entry> {

@@ -29,6 +29,26 @@ pub enum CampaignCommand {
     },
     /// Print the JSON Schema of campaign files.
     Schema,
+    /// Run one block of a preregistered campaign (what a Slurm array task runs).
+    #[command(hide = true)]
+    RunBlock {
+        file: PathBuf,
+        #[arg(long)]
+        block: usize,
+        #[arg(long, default_value = "results")]
+        results: PathBuf,
+        /// Refuse to run unless this executable has this SHA-256 (the submitter's).
+        #[arg(long)]
+        binary_sha256: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Executor {
+    /// Every cell on this machine, one after another.
+    Local,
+    /// One Slurm job array: a task per counterbalanced block, sealing into the shared --results.
+    Slurm,
 }
 
 #[derive(Args)]
@@ -42,6 +62,25 @@ pub struct RunArgs {
     no_progress: bool,
     #[arg(long)]
     json: bool,
+    /// Where cells run.
+    #[arg(long, value_enum, default_value = "local")]
+    executor: Executor,
+    /// Slurm partition (--executor slurm).
+    #[arg(long)]
+    partition: Option<String>,
+    /// Slurm account (--executor slurm).
+    #[arg(long)]
+    account: Option<String>,
+    /// Time limit of one block's task, as sbatch takes it (--executor slurm).
+    #[arg(long)]
+    time: Option<String>,
+    /// A further sbatch argument, repeatable (--executor slurm), e.g. --sbatch-arg=--qos=long.
+    #[arg(long = "sbatch-arg", allow_hyphen_values = true)]
+    sbatch_arg: Vec<String>,
+    /// Share nodes with other jobs (by default a block's node is allocated exclusively, as
+    /// cells measure time and memory).
+    #[arg(long)]
+    no_exclusive: bool,
 }
 
 pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
@@ -65,7 +104,10 @@ pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
         CampaignCommand::Resume(a) => return run(a, campaign::RunMode::Resume),
         CampaignCommand::Status { file, results, json } => {
             let l = campaign::load(&file)?;
-            let r = campaign::status(&l, &results)?;
+            let mut r = campaign::status(&l, &results)?;
+            if r.preregistered {
+                r.blocks = campaign::slurm::block_rows(&l, &results)?;
+            }
             if json {
                 print_json(&r)?;
             } else {
@@ -73,14 +115,33 @@ pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
             }
         }
         CampaignCommand::Schema => print!("{}", campaign::schema_json()),
+        CampaignCommand::RunBlock { file, block, results, binary_sha256 } => {
+            let l = campaign::load(&file)?;
+            let s = campaign::slurm::run_block(&l, &results, block, binary_sha256.as_deref())?;
+            println!("campaign {} block {block}: {} ran, {} interrupted attempts discarded", s.campaign, s.ran, s.discarded);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn run(a: RunArgs, mode: campaign::RunMode) -> Result<ExitCode> {
     let l = campaign::load(&a.file)?;
+    if a.executor == Executor::Slurm {
+        return submit(a, &l, mode);
+    }
+    for (flag, given) in [
+        ("--partition", a.partition.is_some()),
+        ("--account", a.account.is_some()),
+        ("--time", a.time.is_some()),
+        ("--sbatch-arg", !a.sbatch_arg.is_empty()),
+        ("--no-exclusive", a.no_exclusive),
+    ] {
+        if given {
+            anyhow::bail!("{flag} needs --executor slurm");
+        }
+    }
     let exec = campaign::ProcessExecutor::current(&l.base)?;
-    let opts = campaign::RunOptions { results: a.results, mode, progress: !a.no_progress && !a.json };
+    let opts = campaign::RunOptions { results: a.results, mode, progress: !a.no_progress && !a.json, block: None };
     let s = campaign::run(&l, &exec, &opts)?;
     if a.json {
         print_json(&s)?;
@@ -90,5 +151,30 @@ fn run(a: RunArgs, mode: campaign::RunMode) -> Result<ExitCode> {
             s.campaign, s.digest, s.cells, s.sealed, s.skipped, s.abandoned, s.ran, s.discarded
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn submit(a: RunArgs, l: &campaign::Loaded, mode: campaign::RunMode) -> Result<ExitCode> {
+    let o = campaign::slurm::SlurmOptions {
+        partition: a.partition,
+        account: a.account,
+        time: a.time,
+        sbatch_args: a.sbatch_arg,
+        exclusive: !a.no_exclusive,
+    };
+    let s = campaign::slurm::submit(l, &a.results, mode, &o)?;
+    if a.json {
+        print_json(&s)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("campaign {} ({}): {} blocks, {} settled, {} still queued", s.campaign, s.digest, s.blocks, s.settled_blocks.len(), s.queued.len());
+    for x in &s.submitted {
+        let after = x.after.as_deref().map_or(String::new(), |j| format!(", after job {j}"));
+        println!("submitted job {}: blocks {:?}{after}", x.job, x.blocks);
+    }
+    if s.submitted.is_empty() {
+        println!("nothing to submit");
+    }
+    println!("watch: sovereign campaign status {} --results {}", a.file.display(), a.results.display());
     Ok(ExitCode::SUCCESS)
 }

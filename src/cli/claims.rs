@@ -17,6 +17,9 @@ pub struct ClaimArgs {
     results: PathBuf,
     #[arg(long)]
     json: bool,
+    /// Pair records from different nodes (by default a pair must share its node).
+    #[arg(long)]
+    allow_mixed_nodes: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -27,8 +30,8 @@ pub enum Verb {
 
 pub fn claim(a: ClaimArgs, verb: Verb) -> Result<ExitCode> {
     let (r, name) = match verb {
-        Verb::Verify => (claims::verify(&a.ledger, &a.claim, &a.results)?, "verify"),
-        Verb::Replay => (claims::replay(&a.ledger, &a.claim, &a.results)?, "replay"),
+        Verb::Verify => (claims::verify(&a.ledger, &a.claim, &a.results, a.allow_mixed_nodes)?, "verify"),
+        Verb::Replay => (claims::replay(&a.ledger, &a.claim, &a.results, a.allow_mixed_nodes)?, "replay"),
     };
     if a.json {
         print_json(&r)?;

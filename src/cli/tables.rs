@@ -23,6 +23,9 @@ pub enum StatsCommand {
         level: f64,
         #[arg(long)]
         json: bool,
+        /// Pair values from different nodes (`<COL>_node` columns); refused by default.
+        #[arg(long)]
+        allow_mixed_nodes: bool,
     },
 }
 
@@ -40,7 +43,10 @@ pub struct ExportArgs {
 }
 
 pub fn stats(c: StatsCommand) -> Result<ExitCode> {
-    let StatsCommand::Pairs { csv, a, b, level, json } = c;
+    let StatsCommand::Pairs { csv, a, b, level, json, allow_mixed_nodes } = c;
+    if !allow_mixed_nodes {
+        stats::check_pair_nodes(&csv, &a, &b)?;
+    }
     let (labels, xa, xb) = stats::read_pairs_csv(&csv, &a, &b)?;
     let r = stats::paired_ratio(&labels, &xa, &xb, level)?;
     if json {

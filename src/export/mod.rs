@@ -56,6 +56,11 @@ struct Sealed {
 }
 
 impl Sealed {
+    /// The node the record ran on (None: not recorded).
+    fn node(&self) -> Option<&String> {
+        self.record.as_ref().and_then(|r| r.build().node.as_ref()).map(|n| &n.id)
+    }
+
     fn generate(&self) -> Option<&GenerateRecord> {
         match &self.record {
             Some(TypedRecord::Generate(r)) => Some(r),
@@ -120,6 +125,7 @@ const CELL_COLUMNS: &[&str] = &[
     "model_sha256",
     "binary_sha256",
     "engine_tree_sha256",
+    "node",
     "record_bytes",
     "logits_bytes",
     "source_logical_bytes",
@@ -179,6 +185,7 @@ fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Op
         s(rec.and_then(|r| r.model()).map(|m| &m.sha256)),
         s(rec.map(|r| &r.build().binary_sha256)),
         s(rec.map(|r| &r.build().engine.tree_sha256)),
+        s(rec.and_then(|r| r.build().node.as_ref()).map(|n| &n.id)),
         opt(record_bytes),
         s(rec.and_then(|r| r.surfaces().get("logits")).map(|l| l.bytes)),
         // Plan arms report their source traffic (Q_run) in the Plan's telemetry.
@@ -208,7 +215,7 @@ fn number(x: &Sealed, file: &str, pointer: &str) -> Option<f64> {
 pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     let (spec, digest) = frozen(results, id)?;
     let dir = CampaignDir::new(results, id);
-    let hist = histories(&Journal::read(&dir.journal())?);
+    let hist = histories(&Journal::read_all(&dir.journal_files()?)?);
     let cells = expand(&spec);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
 
@@ -271,7 +278,7 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
         let mut w = csv::Writer::from_path(&pairs_csv)?;
         w.write_record([
             "block", "order", "a_arm", "b_arm", "a_cell", "b_cell", "a_record", "b_record", "metric_file", "metric_pointer", "a", "b",
-            "ratio_b_over_a", "log_ratio", "a_admission", "b_admission",
+            "ratio_b_over_a", "log_ratio", "a_admission", "b_admission", "a_node", "b_node",
         ])?;
         for (block, order, ca, cb, xa, xb, va, vb) in &pair_rows {
             w.write_record([
@@ -291,6 +298,8 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
                 (vb / va).ln().to_string(),
                 opt(xa.doc.admission.passed),
                 opt(xb.doc.admission.passed),
+                s(xa.node()),
+                s(xb.node()),
             ])?;
         }
         w.flush()?;

@@ -104,6 +104,30 @@ pub fn read_pairs_csv(path: &Path, col_a: &str, col_b: &str) -> Result<(Vec<Stri
     Ok((labels, a, b))
 }
 
+/// Refuses rows whose two columns come from different nodes: a column's node, when the table
+/// has it, is in `<COL>_node` (as `export` writes `a_node` / `b_node` in pairs.csv). A table
+/// without those columns says nothing about nodes and is not refused.
+pub fn check_pair_nodes(path: &Path, col_a: &str, col_b: &str) -> Result<()> {
+    let mut rd = csv::ReaderBuilder::new().trim(csv::Trim::All).from_path(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let headers = rd.headers().with_context(|| format!("{}: no header row", path.display()))?.clone();
+    let find = |c: &str| headers.iter().position(|h| h == format!("{c}_node"));
+    let (Some(ia), Some(ib)) = (find(col_a), find(col_b)) else { return Ok(()) };
+    for (i, row) in rd.records().enumerate() {
+        let row = row.with_context(|| format!("{}: row {}", path.display(), i + 1))?;
+        let (na, nb) = (row.get(ia).unwrap_or(""), row.get(ib).unwrap_or(""));
+        if na != nb {
+            bail!(
+                "{}: row {}: {col_a} and {col_b} ran on different nodes ({:?} and {:?}); --allow-mixed-nodes pairs them anyway",
+                path.display(),
+                i + 1,
+                &na[..12.min(na.len())],
+                &nb[..12.min(nb.len())]
+            );
+        }
+    }
+    Ok(())
+}
+
 impl PairedRatio {
     /// A table of the pairs and the overall line, for people.
     pub fn to_text(&self, a: &str, b: &str) -> String {
