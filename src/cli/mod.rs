@@ -8,6 +8,7 @@ mod generate;
 mod model;
 mod oracle;
 mod refine;
+mod reproduce;
 mod tables;
 
 use anyhow::Result;
@@ -65,6 +66,9 @@ enum Command {
     Verify(claims::ClaimArgs),
     /// Recompute a claim's summaries (ratios, intervals, predicates) from raw operands.
     Replay(claims::ClaimArgs),
+    /// Run a claim's cells again from its pinned identity, compare every surface with the
+    /// originals, recompute its summaries and seal a reproduction report.
+    Reproduce(reproduce::ReproduceArgs),
     /// Statistics over tables of measurements.
     #[command(subcommand)]
     Stats(tables::StatsCommand),
@@ -98,6 +102,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Certificate(c) => certificate::certificate(c),
         Command::Verify(a) => claims::claim(a, claims::Verb::Verify),
         Command::Replay(a) => claims::claim(a, claims::Verb::Replay),
+        Command::Reproduce(a) => reproduce::reproduce(a),
         Command::Stats(c) => tables::stats(c),
         Command::Export(a) => tables::export(a),
     }

@@ -139,25 +139,31 @@ pub fn load_ledger(path: &Path) -> Result<Ledger> {
     Ok(l)
 }
 
-fn claim<'a>(l: &'a Ledger, id: &str, path: &Path) -> Result<&'a Claim> {
+pub fn claim<'a>(l: &'a Ledger, id: &str, path: &Path) -> Result<&'a Claim> {
     l.claims.get(id).with_context(|| {
         format!("{}: no claim {id:?} (claims: {})", path.display(), l.claims.keys().cloned().collect::<Vec<_>>().join(", "))
     })
 }
 
-struct Records<'a> {
+/// A claim's records as found in one results directory: the originals, or a reproduction's
+/// records substituted under the same aliases.
+pub struct Records<'a> {
     claim: &'a Claim,
     results: PathBuf,
     docs: BTreeMap<(String, String), Value>,
 }
 
-impl Records<'_> {
-    fn dir(&self, alias: &str) -> Result<PathBuf> {
+impl<'a> Records<'a> {
+    pub fn new(claim: &'a Claim, results: &Path) -> Records<'a> {
+        Records { claim, results: results.to_path_buf(), docs: BTreeMap::new() }
+    }
+
+    pub fn dir(&self, alias: &str) -> Result<PathBuf> {
         let d = self.claim.records.get(alias).with_context(|| format!("record alias {alias:?} is not in the claim's `records`"))?;
         record_dir(&self.results, d)
     }
 
-    fn doc(&mut self, alias: &str, file: &str) -> Result<&Value> {
+    pub fn doc(&mut self, alias: &str, file: &str) -> Result<&Value> {
         let key = (alias.to_string(), file.to_string());
         if !self.docs.contains_key(&key) {
             let p = self.dir(alias)?.join(inside_record(file)?);
@@ -253,7 +259,7 @@ fn replayed_values(recs: &mut Records) -> Vec<f64> {
     out
 }
 
-fn paired(recs: &mut Records, pairs: &[[String; 2]], metric: &Operand, level: f64) -> Result<crate::stats::PairedRatio> {
+pub fn paired(recs: &mut Records, pairs: &[[String; 2]], metric: &Operand, level: f64) -> Result<crate::stats::PairedRatio> {
     let (mut labels, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
     for [x, y] in pairs {
         labels.push(format!("{x}/{y}"));
@@ -273,7 +279,7 @@ fn verify_records(r: &mut Report, recs: &Records) {
     }
 }
 
-fn check(actual: Option<&Value>, c: &Check) -> (bool, String) {
+pub fn check(actual: Option<&Value>, c: &Check) -> (bool, String) {
     let Some(a) = actual else { return (false, "pointer not found".into()) };
     let num = a.as_f64();
     match c {
@@ -316,7 +322,7 @@ pub fn verify(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
     let l = load_ledger(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
-    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new() };
+    let mut recs = Records::new(c, results);
     verify_records(&mut r, &recs);
     for a in &c.assertions {
         let what = format!("{} {}{} {}", a.record, a.file, a.pointer, serde_json::to_string(&a.expect).unwrap_or_default());
@@ -350,7 +356,7 @@ pub fn replay(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
     let l = load_ledger(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
-    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new() };
+    let mut recs = Records::new(c, results);
     // Recomputing from damaged operands proves nothing: the records are verified first.
     verify_records(&mut r, &recs);
     if !r.ok {
@@ -422,7 +428,7 @@ pub fn replay(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
 
 /// The admission predicate of one record recomputed from raw operands: telemetry, cap and
 /// validity from its cell.json, exactness by comparing its surfaces with the oracle record.
-fn replay_admission(recs: &Records, alias: &str) -> Result<(Option<bool>, Option<bool>)> {
+pub fn replay_admission(recs: &Records, alias: &str) -> Result<(Option<bool>, Option<bool>)> {
     let dir = recs.dir(alias)?;
     let doc = read_cell(&dir)?;
     let exact = match (&doc.oracle.record, doc.outcome.status) {
