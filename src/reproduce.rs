@@ -157,6 +157,38 @@ fn compact(v: &Value) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
+/// A value as a report shows it: long ones by size and digest, so a line stays a line.
+fn shown(v: Option<&Value>) -> String {
+    let Some(v) = v else { return "absent".into() };
+    let text = compact(v);
+    if text.len() <= 80 {
+        return text;
+    }
+    let size = match v {
+        Value::Array(a) => format!("array of {}", a.len()),
+        Value::Object(m) => format!("object of {}", m.len()),
+        Value::String(x) => format!("string of {} chars", x.chars().count()),
+        _ => format!("{} bytes of JSON", text.len()),
+    };
+    format!("<{size}, sha256 {}>", short(&crate::util::sha256(text.as_bytes())))
+}
+
+fn admission(a: Option<bool>) -> &'static str {
+    match a {
+        Some(true) => "admitted",
+        Some(false) => "not admitted",
+        None => "not evaluated",
+    }
+}
+
+fn record_name(alias: &str, key: &str) -> String {
+    if alias == key {
+        format!("record {alias}")
+    } else {
+        format!("record {alias} (cell {key})")
+    }
+}
+
 /// The campaign a record was run from: the file given, else the frozen copy beside the records.
 fn find_campaign(id: &str, sha: &str, given: Option<&Loaded>, results: &Path, alias: &str) -> Result<Loaded> {
     if let Some(c) = given.filter(|c| c.id() == id && c.digest == sha) {
@@ -381,7 +413,7 @@ pub fn reproduce(opts: &Options) -> Result<Reproduction> {
         };
         judged.push(Judged {
             kind: "surfaces",
-            what: format!("record {} ({})", o.alias, o.doc.cell.key),
+            what: record_name(&o.alias, &o.doc.cell.key),
             original: format!("{} {}", short(&o.digest), o.doc.outcome.status.name()),
             reproduced,
             holds,
@@ -403,11 +435,12 @@ pub fn reproduce(opts: &Options) -> Result<Reproduction> {
         let (holds, reproduced) = match value(&mut new) {
             Ok(v) => {
                 let (ok, detail) = claims::check(v.as_ref(), &a.expect);
-                (ok, format!("{} ({detail})", v.as_ref().map_or("absent".into(), compact)))
+                let detail = if detail.len() <= 80 { format!(" ({detail})") } else { String::new() };
+                (ok, format!("{}{detail}", shown(v.as_ref())))
             }
             Err(e) => (false, format!("{e:#}")),
         };
-        judged.push(Judged { kind: "value", what, original: o.as_ref().map_or("absent".into(), compact), reproduced, holds });
+        judged.push(Judged { kind: "value", what, original: shown(o.as_ref()), reproduced, holds });
     }
 
     let report = Report {
@@ -435,6 +468,14 @@ fn interval(lo: Option<f64>, hi: Option<f64>) -> String {
     }
 }
 
+/// [`TIMING_RULE`]: two intervals overlap; a missing (or non-finite) interval never holds.
+fn overlap(a: (Option<f64>, Option<f64>), b: (Option<f64>, Option<f64>)) -> bool {
+    match (a, b) {
+        ((Some(lo), Some(hi)), (Some(lo2), Some(hi2))) => [lo, hi, lo2, hi2].iter().all(|x| x.is_finite()) && lo.max(lo2) <= hi.min(hi2),
+        _ => false,
+    }
+}
+
 fn judge_replay(rp: &Replay, old: &mut Records, new: &mut Records) -> Vec<Judged> {
     match rp {
         Replay::PairedRatio { pairs, metric, level, expect } => {
@@ -442,11 +483,7 @@ fn judge_replay(rp: &Replay, old: &mut Records, new: &mut Records) -> Vec<Judged
             let original = format!("{:.6} {}", expect.ratio, interval(expect.lo, expect.hi));
             let (holds, reproduced) = match claims::paired(new, pairs, metric, *level) {
                 Ok(p) => {
-                    let overlap = match (expect.lo, expect.hi, p.lo, p.hi) {
-                        (Some(a), Some(b), Some(c), Some(d)) => a.max(c) <= b.min(d),
-                        _ => false,
-                    };
-                    (overlap, format!("{:.6} {}", p.ratio, interval(p.lo, p.hi)))
+                    (overlap((expect.lo, expect.hi), (p.lo, p.hi)), format!("{:.6} {}", p.ratio, interval(p.lo, p.hi)))
                 }
                 Err(e) => (false, format!("{e:#}")),
             };
@@ -479,10 +516,10 @@ fn judge_replay(rp: &Replay, old: &mut Records, new: &mut Records) -> Vec<Judged
             .zip(expect)
             .map(|(alias, want)| {
                 let (holds, reproduced) = match claims::replay_admission(&*new, alias) {
-                    Ok((got, stored)) => (got == *want && got == stored, format!("{got:?} (sealed {stored:?})")),
+                    Ok((got, stored)) => (got == *want && got == stored, format!("{} (sealed: {})", admission(got), admission(stored))),
                     Err(e) => (false, format!("{e:#}")),
                 };
-                Judged { kind: "admission", what: format!("admission {alias}"), original: format!("{want:?}"), reproduced, holds }
+                Judged { kind: "admission", what: format!("admission {alias}"), original: admission(*want).into(), reproduced, holds }
             })
             .collect(),
     }
@@ -528,4 +565,41 @@ fn seal_report(r: &Report, out: &Path) -> Result<PathBuf> {
         return Ok(target);
     }
     Ok(prepared.finish(out)?.dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timing_holds_only_on_overlapping_intervals() {
+        let i = |lo: f64, hi: f64| (Some(lo), Some(hi));
+        assert!(overlap(i(0.30, 0.35), i(0.34, 0.40)));
+        assert!(overlap(i(0.30, 0.35), i(0.35, 0.40)), "touching intervals overlap");
+        assert!(overlap(i(0.30, 0.35), i(0.10, 0.90)));
+        assert!(!overlap(i(0.30, 0.35), i(0.36, 0.40)));
+        assert!(!overlap(i(0.30, 0.35), i(0.20, 0.29)));
+        assert!(!overlap(i(0.30, 0.35), (None, None)), "no interval: not judged to hold");
+        assert!(!overlap((None, None), (None, None)));
+        assert!(!overlap(i(0.30, 0.35), i(f64::NAN, f64::NAN)));
+    }
+
+    #[test]
+    fn campaign_paths_stay_inside_the_input_directory() {
+        let (root, base) = (Path::new("/r"), Path::new("/r/base"));
+        assert_eq!(inside(root, base, "../models/m.gguf"), Some(PathBuf::from("/r/models/m.gguf")));
+        assert_eq!(inside(root, base, "prompts/./p.txt"), Some(PathBuf::from("/r/base/prompts/p.txt")));
+        assert_eq!(inside(root, base, "../../m.gguf"), None);
+        assert_eq!(inside(root, base, "a/../../../m.gguf"), None);
+        assert_eq!(inside(root, base, "/abs/m.gguf"), None);
+    }
+
+    #[test]
+    fn long_values_are_shown_by_size_and_digest() {
+        assert_eq!(shown(None), "absent");
+        assert_eq!(shown(Some(&Value::from(181))), "181");
+        let long = Value::from(vec!["a".repeat(64); 3]);
+        let s = shown(Some(&long));
+        assert!(s.starts_with("<array of 3, sha256 ") && s.len() < 50, "{s}");
+    }
 }
