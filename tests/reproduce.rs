@@ -104,8 +104,16 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     let (results, ledger) = run_and_export(t.path(), &file, id);
     let out = t.path().join("repro");
 
+    // The oracle's record says it ran with other CPU features: a warning, recorded, not a refusal.
+    let warned = altered(t.path(), &results, &ledger, id, "b00-p0-oracle", "other-cpu", |r| {
+        r["build"]["cpu_features"] = serde_json::json!(["NOT-THIS-CPU"]);
+    });
+    let ledger = warned;
     let v = reproduce_holds(id, &ledger, &results, &out, &["--campaign", s(&file)]);
     let report = &v["report"];
+    let warnings = report["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].as_str().unwrap().contains("CPU features") && warnings[0].as_str().unwrap().contains("NOT-THIS-CPU"));
     let k = kinds(report);
     assert_eq!(k.iter().filter(|k| *k == "surfaces").count(), 7);
     assert_eq!(k.iter().filter(|k| *k == "exactness").count(), 6);
@@ -152,25 +160,34 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     refused(&[], &ledger, &["model", &digest, "--campaign"]);
 
     // A different build: one record's engine tree digest altered and the record sealed again.
-    let mut l: Value = serde_json::from_str(&fs::read_to_string(&ledger).unwrap()).unwrap();
     let alias = "b01-p1-resident-t1";
-    let orig = l["claims"][id]["records"][alias].as_str().unwrap().to_string();
-    let staging = t.path().join("altered");
-    copy_writable(&results.join(&orig), &staging);
-    fs::remove_file(staging.join("manifest.json")).unwrap();
-    let mut rec: Value = serde_json::from_str(&fs::read_to_string(staging.join("record.json")).unwrap()).unwrap();
-    rec["build"]["engine"]["tree_sha256"] = "0".repeat(64).into();
-    fs::write(staging.join("record.json"), serde_json::to_string_pretty(&rec).unwrap()).unwrap();
-    let altered = sovereign::record::seal(&staging, &results).unwrap();
-    l["claims"][id]["records"][alias] = altered.digest.clone().into();
-    let other = t.path().join("other-build.json");
-    fs::write(&other, serde_json::to_string_pretty(&l).unwrap()).unwrap();
-    ok(&["verify", "--claim", id, "--ledger", s(&other), "--results", s(&results)]);
+    let other = altered(t.path(), &results, &ledger, id, alias, "other-build", |r| {
+        r["build"]["engine"]["tree_sha256"] = "0".repeat(64).into();
+    });
     refused(&["--campaign", s(&file)], &other, &[alias, "engine tree digest", &"0".repeat(64)]);
 
     // The originals' own directory is not a place for a reproduction.
     let r = run(&["reproduce", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--out", s(&results), "--campaign", s(&file)]);
     assert_one_line_error(&r, &["--out"]);
+}
+
+/// A copy of the ledger in which one record is replaced by a copy of it, edited by `edit` and
+/// sealed again beside the originals.
+fn altered(dir: &Path, results: &Path, ledger: &Path, id: &str, alias: &str, name: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let mut l: Value = serde_json::from_str(&fs::read_to_string(ledger).unwrap()).unwrap();
+    let orig = l["claims"][id]["records"][alias].as_str().unwrap().to_string();
+    let staging = dir.join(format!("{name}.staging"));
+    copy_writable(&results.join(&orig), &staging);
+    fs::remove_file(staging.join("manifest.json")).unwrap();
+    let mut rec: Value = serde_json::from_str(&fs::read_to_string(staging.join("record.json")).unwrap()).unwrap();
+    edit(&mut rec);
+    fs::write(staging.join("record.json"), serde_json::to_string_pretty(&rec).unwrap()).unwrap();
+    let sealed = sovereign::record::seal(&staging, results).unwrap();
+    l["claims"][id]["records"][alias] = sealed.digest.clone().into();
+    let out = dir.join(format!("{name}.json"));
+    fs::write(&out, serde_json::to_string_pretty(&l).unwrap()).unwrap();
+    ok(&["verify", "--claim", id, "--ledger", s(&out), "--results", s(results)]);
+    out
 }
 
 fn copy_writable(from: &Path, to: &Path) {
@@ -186,8 +203,9 @@ fn copy_writable(from: &Path, to: &Path) {
     }
 }
 
-/// pdf-pairs.yaml scaled down: the tiny model, D and F under a memory cap, three counterbalanced
-/// pairs of 8 outputs; its paired F/D ratio is reproduced within its interval.
+/// pdf-pairs.yaml scaled down: the tiny model, D and F under a memory cap, two counterbalanced
+/// pairs of 8 outputs (the fewest with an interval); its paired F/D ratio is reproduced within
+/// its interval.
 #[test]
 fn paired_ratio_claim_of_pdf_pairs_reproduces_under_its_cap() {
     if !cgroups_usable() {
@@ -209,9 +227,9 @@ fn paired_ratio_claim_of_pdf_pairs_reproduces_under_its_cap() {
         .replace("horizon: 32", "horizon: 8")
         .replace("lead: [oracle, P]", "lead: [oracle]")
         .replace("50331648", "67108864");
-    // P's page-cache charge is not what this test reproduces: only D and F, in three pairs.
+    // P's page-cache charge is not what this test reproduces: only D and F, in two pairs.
     let scaled = scaled.replace(&scaled[scaled.find("  - id: P\n").unwrap()..scaled.find("  - id: D\n").unwrap()], "");
-    let scaled = scaled.replace(blocks, "      - [D, F]\n      - [F, D]\n      - [D, F]\n");
+    let scaled = scaled.replace(blocks, "      - [D, F]\n      - [F, D]\n");
     fs::write(&file, &scaled).unwrap();
     let (results, ledger) = run_and_export(dir, &file, id);
     let l: Value = serde_json::from_str(&fs::read_to_string(&ledger).unwrap()).unwrap();
@@ -227,7 +245,7 @@ fn paired_ratio_claim_of_pdf_pairs_reproduces_under_its_cap() {
     let report = &v["report"];
     let timing: Vec<&Value> = report["assertions"].as_array().unwrap().iter().filter(|a| a["kind"] == "timing").collect();
     assert_eq!(timing.len(), 1);
-    assert!(timing[0]["what"].as_str().unwrap().contains("over 3 pairs"), "{}", timing[0]);
+    assert!(timing[0]["what"].as_str().unwrap().contains("over 2 pairs"), "{}", timing[0]);
     // The same cap: every reproduced cell ran under it.
     for p in report["records"].as_array().unwrap() {
         let cell: Value = serde_json::from_str(&fs::read_to_string(out.join(p["reproduced"].as_str().unwrap()).join("cell.json")).unwrap()).unwrap();
