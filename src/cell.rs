@@ -298,11 +298,11 @@ pub fn cache_protocol(cell: &Cell, warm: bool) -> Result<&'static str> {
     Ok("cold: model files dropped from the page cache (POSIX_FADV_DONTNEED) before the run")
 }
 
-/// The cell as its own process tree under `contain`: one worker (`sovereign cell SPEC`) writes
-/// its record inside ours; we add what bounded each memory tier and the admission outcome,
-/// then commit to the cell's record directory. A worker that dies still leaves a record of how
-/// it died. Returns the record and where it was committed.
-pub fn run_contained(cell: &Cell, contain: &ContainSpec, cache_protocol: &str) -> Result<(serde_json::Value, PathBuf)> {
+/// The cell as its own process tree under `contain`: one worker (`exe cell SPEC`, this binary
+/// unless told otherwise) writes its record inside ours; we add what bounded each memory tier
+/// and the admission outcome, then commit to the cell's record directory. A worker that dies
+/// still leaves a record of how it died. Returns the record and where it was committed.
+pub fn run_contained(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, exe: Option<&Path>) -> Result<(serde_json::Value, PathBuf)> {
     cell.check()?;
     for m in cell.models() {
         Inventory::of(m)?;
@@ -315,7 +315,11 @@ pub fn run_contained(cell: &Cell, contain: &ContainSpec, cache_protocol: &str) -
     *worker.record_mut() = inner.clone();
     std::fs::write(&spec_path, serde_json::to_vec_pretty(&worker)?).with_context(|| format!("{}", spec_path.display()))?;
     let log = std::fs::File::create(&log_path)?;
-    let mut cmd = std::process::Command::new(std::env::current_exe().context("locating this executable")?);
+    let exe = match exe {
+        Some(e) => e.to_path_buf(),
+        None => std::env::current_exe().context("locating this executable")?,
+    };
+    let mut cmd = std::process::Command::new(exe);
     cmd.arg("cell").arg(&spec_path).stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
     let run = observe::run_contained(cmd, contain);
     std::fs::remove_file(&spec_path)?;

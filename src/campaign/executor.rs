@@ -214,7 +214,7 @@ impl CellExecutor for ProcessExecutor {
             // The runner is the harness: it makes the cgroup and starts the one worker in it.
             Some(cap) => {
                 let contain = crate::observe::ContainSpec { memory_max: Some(cap), ..Default::default() };
-                let ran = cell::cache_protocol(&worker, false).and_then(|cache| cell::run_contained(&worker, &contain, cache));
+                let ran = cell::cache_protocol(&worker, false).and_then(|cache| cell::run_contained(&worker, &contain, cache, Some(&self.exe)));
                 match ran {
                     Ok((rec, dir)) => {
                         if let Ok(text) = std::fs::read_to_string(dir.join(cell::LOG_FILE)) {

@@ -96,7 +96,7 @@ impl ContainArgs {
     pub fn run(&self, cell: &Cell) -> Result<(serde_json::Value, PathBuf)> {
         cell.check()?;
         let cache = cell::cache_protocol(cell, self.warm_cache)?;
-        cell::run_contained(cell, &self.spec(), cache)
+        cell::run_contained(cell, &self.spec(), cache, None)
     }
 }
 
