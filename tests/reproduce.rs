@@ -105,7 +105,7 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     let out = t.path().join("repro");
 
     // The oracle's record says it ran with other CPU features: a warning, recorded, not a refusal.
-    let warned = altered(t.path(), &results, &ledger, id, "b00-p0-oracle", "other-cpu", |r| {
+    let warned = altered(t.path(), &results, &ledger, id, "b00-p0-oracle", "other-cpu", |r, _| {
         r["build"]["cpu_features"] = serde_json::json!(["NOT-THIS-CPU"]);
     });
     let ledger = warned;
@@ -130,6 +130,23 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     let r = ok(&["reproduce", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--out", s(&out), "--campaign", s(&file)]);
     assert!(r.stdout.contains("holds timing") && r.stdout.contains("original") && r.stdout.contains("reproduced"), "{}", r.stdout);
     assert!(r.stdout.contains("reproduction holds"), "{}", r.stdout);
+
+    // A record whose logits are not what this build computes: the reproduction does not hold,
+    // names the surface, and exits 1 (the cells are not run again: the same --out resumes).
+    let forged = altered(t.path(), &results, &ledger, id, "b02-p1-resident", "forged-logits", |r, dir| {
+        let f = dir.join("logits.bin");
+        let mut bytes = fs::read(&f).unwrap();
+        let n = bytes.len();
+        bytes[n - 2] ^= 0x40;
+        fs::write(&f, &bytes).unwrap();
+        r["surfaces"]["logits"]["sha256"] = sovereign::util::sha256(&bytes).into();
+    });
+    let r = run(&["reproduce", "--claim", id, "--ledger", s(&forged), "--results", s(&results), "--out", s(&out), "--campaign", s(&file)]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("FAILS surfaces   record b02-p1-resident: ") && r.stdout.contains("differs in logits"), "{}", r.stdout);
+    assert!(r.stdout.contains("holds timing") && r.stdout.contains("reproduction FAILED"), "{}", r.stdout);
+    assert!(r.stderr.contains("reproduce failed: record b02-p1-resident"), "{}", r.stderr);
+    assert!(r.stderr.contains("0 ran now"), "{}", r.stderr);
 
     let model = t.path().join("models/tiny.gguf");
     let digest = sha256(&model);
@@ -161,7 +178,7 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
 
     // A different build: one record's engine tree digest altered and the record sealed again.
     let alias = "b01-p1-resident-t1";
-    let other = altered(t.path(), &results, &ledger, id, alias, "other-build", |r| {
+    let other = altered(t.path(), &results, &ledger, id, alias, "other-build", |r, _| {
         r["build"]["engine"]["tree_sha256"] = "0".repeat(64).into();
     });
     refused(&["--campaign", s(&file)], &other, &[alias, "engine tree digest", &"0".repeat(64)]);
@@ -171,19 +188,24 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     assert_one_line_error(&r, &["--out"]);
 }
 
-/// A copy of the ledger in which one record is replaced by a copy of it, edited by `edit` and
-/// sealed again beside the originals.
-fn altered(dir: &Path, results: &Path, ledger: &Path, id: &str, alias: &str, name: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
+/// A copy of the ledger in which one record is replaced by a copy of it, edited by `edit` (its
+/// record.json, and the directory) and sealed again beside the originals.
+fn altered(dir: &Path, results: &Path, ledger: &Path, id: &str, alias: &str, name: &str, edit: impl FnOnce(&mut Value, &Path)) -> PathBuf {
     let mut l: Value = serde_json::from_str(&fs::read_to_string(ledger).unwrap()).unwrap();
     let orig = l["claims"][id]["records"][alias].as_str().unwrap().to_string();
     let staging = dir.join(format!("{name}.staging"));
     copy_writable(&results.join(&orig), &staging);
     fs::remove_file(staging.join("manifest.json")).unwrap();
     let mut rec: Value = serde_json::from_str(&fs::read_to_string(staging.join("record.json")).unwrap()).unwrap();
-    edit(&mut rec);
+    edit(&mut rec, &staging);
     fs::write(staging.join("record.json"), serde_json::to_string_pretty(&rec).unwrap()).unwrap();
     let sealed = sovereign::record::seal(&staging, results).unwrap();
     l["claims"][id]["records"][alias] = sealed.digest.clone().into();
+    if name == "forged-logits" {
+        // A claim that states no exactness or admission for the forged record (else its own
+        // replay fails first): only the surfaces can tell.
+        l["claims"][id]["replay"].as_array_mut().unwrap().retain(|r| r.get("paired_ratio").is_some());
+    }
     let out = dir.join(format!("{name}.json"));
     fs::write(&out, serde_json::to_string_pretty(&l).unwrap()).unwrap();
     ok(&["verify", "--claim", id, "--ledger", s(&out), "--results", s(results)]);

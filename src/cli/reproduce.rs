@@ -60,5 +60,8 @@ pub fn reproduce(a: ReproduceArgs) -> Result<ExitCode> {
         print!("{}", r.report.to_text());
         println!("report sealed: {}", r.sealed.display());
     }
+    for j in r.report.assertions.iter().filter(|j| !j.holds) {
+        eprintln!("reproduce failed: {}: original {}; reproduced {}", j.what, j.original, j.reproduced);
+    }
     Ok(status(r.report.holds))
 }
