@@ -50,7 +50,12 @@ pub fn reproduce(a: ReproduceArgs) -> Result<ExitCode> {
     let mut inputs = BTreeMap::new();
     by_digest("model", &a.model, &mut inputs)?;
     by_digest("prompt", &a.prompt, &mut inputs)?;
-    let out = a.out.unwrap_or_else(|| PathBuf::from("reproductions").join(&a.c.claim));
+    let plain = |c: &str| !c.is_empty() && !c.starts_with('.') && c.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    let out = match a.out {
+        Some(o) => o,
+        None if plain(&a.c.claim) => PathBuf::from("reproductions").join(&a.c.claim),
+        None => bail!("--claim {:?}: not a plain name, so there is no default --out; give one", a.c.claim),
+    };
     let progress = !a.no_progress && !a.json && std::io::stderr().is_terminal();
     let opts = Options { ledger: a.c.ledger, claim: a.c.claim, results: a.c.results, out, campaign: a.campaign, inputs, progress };
     let r = reproduce::reproduce(&opts)?;
