@@ -308,10 +308,14 @@ pub fn reproduce(opts: &Options) -> Result<Reproduction> {
     }
 
     // The originals must stand as claimed before anything runs again.
-    let original = claims::replay(&opts.ledger, &opts.claim, &opts.results)?;
-    if !original.ok {
-        let first = original.failures().into_iter().next().unwrap_or_default();
-        bail!("claim {} does not replay from its own records ({first}); nothing to reproduce", opts.claim);
+    let mut checks = vec![("verify", claims::verify(&opts.ledger, &opts.claim, &opts.results)?)];
+    if !claim.replay.is_empty() {
+        checks.push(("replay", claims::replay(&opts.ledger, &opts.claim, &opts.results)?));
+    }
+    for (verb, r) in checks {
+        if let Some(first) = r.failures().into_iter().next() {
+            bail!("claim {} does not {verb} from its own records ({first}); nothing to reproduce", opts.claim);
+        }
     }
     let mut originals = Vec::new();
     for (alias, digest) in &claim.records {

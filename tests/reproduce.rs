@@ -186,6 +186,16 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     // The originals' own directory is not a place for a reproduction.
     let r = run(&["reproduce", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--out", s(&results), "--campaign", s(&file)]);
     assert_one_line_error(&r, &["--out"]);
+
+    // Nor is a claim whose own records no longer verify.
+    let l: Value = serde_json::from_str(&fs::read_to_string(&ledger).unwrap()).unwrap();
+    let victim = results.join(l["claims"][id]["records"]["b03-p0-resident"].as_str().unwrap()).join("tokens.bin");
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bytes = fs::read(&victim).unwrap();
+    bytes[0] ^= 1;
+    fs::write(&victim, bytes).unwrap();
+    refused(&["--campaign", s(&file)], &ledger, &["does not verify", "tokens.bin"]);
 }
 
 /// A copy of the ledger in which one record is replaced by a copy of it, edited by `edit` (its
