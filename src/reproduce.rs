@@ -9,6 +9,11 @@
 //! resumes), compares every new record with its original surface by surface, recomputes the
 //! claim's summaries from the new records with the replay code, and seals a report.
 //!
+//! Inputs found by digest are linked under `<out>/inputs/<campaign id>/` at the campaign's own
+//! relative paths, so the runner's identity checks and its executor run unchanged and the new
+//! records name the same relative paths as the originals. The whole campaign runs again (the
+//! runner's stop rules and oracle comparisons need its order), not only the claim's cells.
+//!
 //! Judgement, per assertion:
 //! - surfaces: every output surface of every reproduced record is bitwise equal to the original's;
 //! - exactness: recomputed on the new records, it must state what the claim states;
