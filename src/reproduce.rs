@@ -487,6 +487,20 @@ fn overlap(a: (Option<f64>, Option<f64>), b: (Option<f64>, Option<f64>)) -> bool
 
 fn judge_replay(rp: &Replay, old: &mut Records, new: &mut Records) -> Vec<Judged> {
     match rp {
+        Replay::Fault { record, cell, control, expect } => {
+            let mut r = claims::Report { claim: String::new(), statement: String::new(), ok: true, items: Vec::new() };
+            claims::fault_item(&mut r, new, record, *cell, control.as_deref(), expect);
+            r.items
+                .into_iter()
+                .map(|i| Judged {
+                    kind: "fault",
+                    what: i.what,
+                    original: if expect.passed { "validated".into() } else { format!("not validated: {}", compact(&serde_json::to_value(expect).unwrap_or_default())) },
+                    reproduced: i.detail,
+                    holds: i.ok,
+                })
+                .collect()
+        }
         Replay::PairedRatio { pairs, metric, level, expect } => {
             let what = format!("paired ratio {}{} over {} pairs", metric.file, metric.pointer, pairs.len());
             let original = format!("{:.6} {}", expect.ratio, interval(expect.lo, expect.hi));

@@ -17,19 +17,6 @@ struct Setup {
     results: PathBuf,
 }
 
-fn build_identity() -> (String, String) {
-    let r = ok(&["build-info", "--json"]);
-    let v: Value = serde_json::from_str(&r.stdout).unwrap();
-    let tree = v["engine"]["tree_sha256"].as_str().unwrap().to_string();
-    let patches: Vec<String> = v["engine"]["patches"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| format!("    - {{ name: {}, sha256: {} }}\n", p["name"].as_str().unwrap(), p["sha256"].as_str().unwrap()))
-        .collect();
-    (tree, if patches.is_empty() { "  patches: []\n".into() } else { format!("  patches:\n{}", patches.concat()) })
-}
-
 fn sha256(p: &Path) -> String {
     sovereign::util::sha256_file(p).unwrap()
 }

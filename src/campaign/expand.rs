@@ -64,6 +64,13 @@ pub fn block_orders(blocks: &Blocks) -> Vec<Vec<String>> {
     }
 }
 
+/// The control a fault cell is validated against: the nearest earlier cell of its block whose
+/// arm plays no fault (so its record is sealed before the fault cell runs).
+pub fn block_control<'a>(cells: &'a [CellSpec], cell: &CellSpec) -> Option<&'a CellSpec> {
+    use super::spec::FaultCell;
+    cells.iter().rev().find(|c| c.block == cell.block && c.position < cell.position && matches!(c.arm.fault, None | Some(FaultCell::None)))
+}
+
 /// Every cell of a (validated) campaign in execution order.
 pub fn expand(c: &Campaign) -> Vec<CellSpec> {
     let mut blocks: Vec<(usize, Vec<String>)> = Vec::new();

@@ -10,9 +10,10 @@
 
 use super::admission::{self, AdmissionResult, Operands};
 use super::executor::{CellExecutor, CellOutcome, CellStatus};
-use super::expand::{expand, CellSpec};
+use super::expand::{block_control, expand, CellSpec};
 use super::journal::{Entry, Event, Journal};
-use super::spec::{Admission, Campaign, Relation};
+use super::spec::{Admission, Campaign, FaultCell, Relation};
+use crate::oracle::fault::Verdict;
 use super::{preregister, CampaignDir, Loaded};
 use crate::record::{self, prepare_seal, verify_record};
 use anyhow::{bail, Context, Result};
@@ -38,6 +39,20 @@ pub struct CellDocument {
     pub oracle: OracleRef,
     pub admission_rule: Admission,
     pub admission: AdmissionResult,
+    /// A fault cell's validation (absent for arms without `fault`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<FaultRef>,
+}
+
+/// The fault cell's validator (seed 000 Table 7) applied to this record, against the sealed
+/// record of the block's control.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultRef {
+    pub cell: FaultCell,
+    /// Digest of the control's sealed record (None: the block has none sealed before this cell).
+    pub control: Option<String>,
+    pub validation: Verdict,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -419,8 +434,11 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
         make_writable(&partial);
         fs::remove_dir_all(&partial)?;
     }
-    if outcome.status == CellStatus::Failed && staging.exists() {
-        // A failed cell's record holds only its cell.json: whatever it half-wrote is not evidence.
+    // A failed cell's record holds only its cell.json: whatever it half-wrote is not evidence.
+    // A fault cell's committed record is kept: failing closed is its outcome, and the record is
+    // what its validator reads.
+    let evidence = cell.arm.fault.is_some() && staging.join(record::RECORD_FILE).is_file();
+    if outcome.status == CellStatus::Failed && staging.exists() && !evidence {
         remove_staging(&staging)?;
     }
     fs::create_dir_all(&staging)?;
@@ -446,6 +464,14 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
             telemetry: &outcome.telemetry,
         },
     );
+    let fault = cell.arm.fault.map(|f| {
+        let control = block_control(&ctx.cells, cell).and_then(|c| match ctx.state(&c.key) {
+            CellState::Sealed { digest, .. } => Some(digest),
+            _ => None,
+        });
+        let (validation, _) = crate::oracle::fault::verdict(f, &staging, control.as_ref().map(|d| ctx.results.join(d)).as_deref());
+        FaultRef { cell: f, control, validation }
+    });
     let doc = CellDocument {
         format: CELL_FORMAT.to_string(),
         campaign: CampaignRef { id: ctx.c.id().to_string(), sha256: ctx.c.digest.clone() },
@@ -463,6 +489,7 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
         },
         admission_rule: spec.admission.clone(),
         admission: adm,
+        fault,
     };
     let mut text = serde_json::to_string_pretty(&doc)?;
     text.push('\n');
@@ -569,7 +596,12 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
             Some(false) => ", NOT exact",
             None => "",
         };
-        say(&pb, format!("{n} {} {} in {:.2} s{exact}, {adm}: sealed {digest}", cell.key, doc.outcome.status.name(), doc.outcome.wall_s));
+        let fault = match &doc.fault {
+            Some(f) if f.validation.passed => format!(", fault {} validated", f.cell.name()),
+            Some(f) => format!(", fault {} FAILED its validation ({})", f.cell.name(), f.validation.failed.join(", ")),
+            None => String::new(),
+        };
+        say(&pb, format!("{n} {} {} in {:.2} s{exact}, {adm}{fault}: sealed {digest}", cell.key, doc.outcome.status.name(), doc.outcome.wall_s));
         pb.inc(1);
     }
     pb.finish_and_clear();

@@ -62,9 +62,9 @@ enum Command {
     /// Certificates C = (I, B, A, E, L): predicates (1)-(3) and claim classes R, W, E[E,h], L[F].
     #[command(subcommand)]
     Certificate(certificate::CertificateCommand),
-    /// Re-hash every file of a claim's records and check its assertions offline.
+    /// Re-hash every file of a claim's records and check its assertions and fault validations offline.
     Verify(claims::ClaimArgs),
-    /// Recompute a claim's summaries (ratios, intervals, predicates) from raw operands.
+    /// Recompute a claim's summaries (ratios, intervals, predicates, fault validations) from raw operands.
     Replay(claims::ClaimArgs),
     /// Run a claim's cells again from its pinned identity, compare every surface with the
     /// originals, recompute its summaries and seal a reproduction report.

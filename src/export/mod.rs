@@ -14,7 +14,8 @@
 //! - `refine.csv`, `quality_bytes.svg`, `quality_bytes.png` (refinement campaigns): the τ sweep
 //!   and the quality-versus-bytes figure with the base and verifier endpoints;
 //! - `claims.json`: a draft claim ledger for the campaign (records, assertions and replay
-//!   values as computed now), ready for `verify` / `replay`.
+//!   values as computed now, every fault cell's validation included), ready for `verify` /
+//!   `replay`.
 
 mod figure;
 mod refine;
@@ -23,7 +24,9 @@ pub use figure::envelope as envelope_figure;
 
 use crate::campaign::runner::{histories, read_cell, CellDocument, CellState};
 use crate::campaign::spec::Campaign;
+use crate::campaign::expand::block_control;
 use crate::campaign::{expand, frozen, journal::Journal, CampaignDir, CellSpec, CellStatus};
+use crate::oracle::fault::Verdict;
 use crate::record::claims::{Assertion, Check, Claim, Ledger, PairedExpect, Replay, LEDGER_FORMAT};
 use crate::record::{verify_record, RECORD_FILE};
 use crate::stats::{paired_ratio, PairedRatio};
@@ -113,6 +116,8 @@ const CELL_COLUMNS: &[&str] = &[
     "swap_peak_bytes",
     "child_max_rss_bytes",
     "error",
+    "fault_validated",
+    "fault_failed_checks",
 ];
 
 fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Option<&Sealed>, record_bytes: Option<u64>) -> Vec<String> {
@@ -169,6 +174,8 @@ fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Op
         opt(t.and_then(|t| t.swap_peak_bytes)),
         opt(t.and_then(|t| t.child_max_rss_bytes)),
         opt(doc.and_then(|d| d.outcome.error.clone())),
+        opt(doc.and_then(|d| d.fault.as_ref()).map(|f| f.validation.passed)),
+        opt(doc.and_then(|d| d.fault.as_ref()).map(|f| f.validation.failed.join(";"))),
     ]
 }
 
@@ -309,7 +316,7 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     }
 
     // A draft claim ledger: what the records say now, for `verify` and `replay` later.
-    let ledger = draft_ledger(&spec, &cells, &sealed, &ledger_pairs, summary.as_ref());
+    let ledger = draft_ledger(results, &spec, &cells, &sealed, &ledger_pairs, summary.as_ref());
     let lpath = out.join("claims.json");
     std::fs::write(&lpath, serde_json::to_string_pretty(&ledger)? + "\n")?;
     files.push(lpath);
@@ -318,6 +325,7 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
 }
 
 fn draft_ledger(
+    results: &Path,
     spec: &Campaign,
     cells: &[CellSpec],
     sealed: &BTreeMap<String, Sealed>,
@@ -375,6 +383,34 @@ fn draft_ledger(
             expect: PairedExpect { ratio: sum.ratio, lo: sum.lo, hi: sum.hi, tolerance: 1e-9 },
         });
     }
+    // Every fault cell's validation as recomputed from the sealed records now; a cell without a
+    // sealed record is named anyway, so the claim cannot hold without it.
+    let mut faults = Vec::new();
+    for c in cells {
+        let Some(f) = c.arm.fault else { continue };
+        let control = block_control(cells, c).filter(|k| sealed.contains_key(&k.key)).map(|k| k.key.clone());
+        let expect = match sealed.get(&c.key) {
+            Some(x) => {
+                let cdir = control.as_ref().map(|k| results.join(&sealed[k].digest));
+                crate::oracle::fault::verdict(f, &results.join(&x.digest), cdir.as_deref()).0
+            }
+            None => Verdict { passed: false, failed: vec!["sealed record".into()] },
+        };
+        faults.push((c.key.clone(), expect.clone()));
+        replay.push(Replay::Fault { record: c.key.clone(), cell: f, control, expect });
+    }
+    let fault_part = if faults.is_empty() {
+        String::new()
+    } else {
+        let failed: Vec<String> =
+            faults.iter().filter(|(_, v)| !v.passed).map(|(k, v)| format!("{k} ({})", v.failed.join(", "))).collect();
+        format!(
+            "; {} fault cells validated, {} passed{}",
+            faults.len(),
+            faults.len() - failed.len(),
+            if failed.is_empty() { String::new() } else { format!(", failed: {}", failed.join(", ")) }
+        )
+    };
     let statement = match summary {
         Some(s) => format!(
             "campaign {id}: {} cells sealed; paired {}/{} ratio {:.6}{}",
@@ -388,7 +424,7 @@ fn draft_ledger(
             }
         ),
         None => format!("campaign {id}: {} cells sealed", sealed.len()),
-    };
+    } + &fault_part;
     let mut claims = BTreeMap::new();
     claims.insert(id.clone(), Claim { statement, records, assertions, replay });
     Ledger { format: LEDGER_FORMAT.into(), claims }

@@ -3,7 +3,7 @@
 use crate::record;
 use crate::source::fault::{Expect, FaultCell};
 use anyhow::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
 
@@ -91,4 +91,39 @@ pub fn validate(cell: FaultCell, record_dir: &Path, control: Option<&Path>) -> R
     }
     let passed = checks.iter().all(|c| c.passed);
     Ok(Validation { cell, expect: cell.expect(), invariant: cell.invariant(), passed, checks })
+}
+
+/// A cell's validation as a campaign's `cell.json` and claim ledger carry it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Verdict {
+    pub passed: bool,
+    /// The checks that failed, by name.
+    pub failed: Vec<String>,
+}
+
+impl Verdict {
+    /// The failing checks with their details, for reports.
+    pub fn explain(v: &Validation) -> String {
+        let bad: Vec<String> = v.checks.iter().filter(|c| !c.passed).map(|c| format!("{} ({})", c.name, c.detail)).collect();
+        if bad.is_empty() {
+            "every check passed".into()
+        } else {
+            format!("failed: {}", bad.join("; "))
+        }
+    }
+}
+
+/// [`validate`] that never errs: a record or control that cannot be read is a failing check,
+/// so a cell without evidence fails its validation instead of passing unseen.
+pub fn verdict(cell: FaultCell, record_dir: &Path, control: Option<&Path>) -> (Verdict, String) {
+    let v = validate(cell, record_dir, control).unwrap_or_else(|e| Validation {
+        cell,
+        expect: cell.expect(),
+        invariant: cell.invariant(),
+        passed: false,
+        checks: vec![Check { name: "records readable", passed: false, detail: format!("{e:#}") }],
+    });
+    let failed = v.checks.iter().filter(|c| !c.passed).map(|c| c.name.to_string()).collect();
+    (Verdict { passed: v.passed, failed }, Verdict::explain(&v))
 }

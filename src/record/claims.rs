@@ -23,7 +23,9 @@
 //!         { "paired_ratio": { "pairs": [["D1", "F1"]], "metric": { "file": "cell.json", "pointer": "/outcome/wall_s" },
 //!                             "level": 0.95, "expect": { "ratio": 0.3229, "lo": null, "hi": null, "tolerance": 1e-6 } } },
 //!         { "exactness": { "oracle": "O", "candidates": ["D1", "F1"], "expect": true } },
-//!         { "admission": { "records": ["D1", "F1"], "expect": [true, true] } }
+//!         { "admission": { "records": ["D1", "F1"], "expect": [true, true] } },
+//!         { "fault": { "record": "F1", "cell": "short_read", "control": "C1",
+//!                      "expect": { "passed": true, "failed": [] } } }
 //!       ]
 //!     }
 //!   }
@@ -34,11 +36,18 @@
 //! `file` defaults to `record.json`; pointers are RFC 6901. Checks: `eq` (JSON equality,
 //! numbers compared as numbers), `approx` (`|actual − value| ≤ tolerance`), `len` (array,
 //! string or object size), `gt`, `ge`. Paired ratios are b/a for each `[a, b]` pair.
+//!
+//! A `fault` entry is a fault cell's validator (seed 000 Table 7) applied to its record against
+//! the block's control record; `verify` and `replay` both recompute it. It holds only when the
+//! recomputed validation passed and equals both the stated one and the one the record's
+//! `cell.json` carries: a fault cell that never fired, a fatal cell with output or a recoverable
+//! cell not exact against its control fails the claim, its failing checks named.
 
 use super::verify_record;
 use crate::campaign::admission::{self, Operands};
 use crate::campaign::runner::{exactness, read_cell};
-use crate::campaign::spec::{default_file, Operand, Relation};
+use crate::campaign::spec::{default_file, FaultCell, Operand, Relation};
+use crate::oracle::fault::Verdict;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -96,6 +105,8 @@ pub enum Replay {
     Exactness { oracle: String, candidates: Vec<String>, expect: bool },
     /// The admission predicate of each record, recomputed from its cell.json operands.
     Admission { records: Vec<String>, expect: Vec<Option<bool>> },
+    /// A fault cell's validation, recomputed from its record and its control's.
+    Fault { record: String, cell: FaultCell, control: Option<String>, expect: Verdict },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -336,7 +347,62 @@ pub fn verify(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
     }
     let (ok, detail) = check_statement(&c.statement, &replayed_values(&mut recs));
     r.push("statement".into(), ok, detail);
+    for rp in &c.replay {
+        if let Replay::Fault { record, cell, control, expect } = rp {
+            fault_item(&mut r, &recs, record, *cell, control.as_deref(), expect);
+        }
+    }
+    unvalidated_faults(&mut r, &recs);
     Ok(r)
+}
+
+/// A record of a fault cell that the claim names without a `fault` entry: a ledger cannot
+/// leave a cell's validation out.
+fn unvalidated_faults(r: &mut Report, recs: &Records) {
+    for alias in recs.claim.records.keys() {
+        let covered = recs.claim.replay.iter().any(|rp| matches!(rp, Replay::Fault { record, .. } if record == alias));
+        let fault = recs.dir(alias).and_then(|d| read_cell(&d)).ok().and_then(|doc| doc.cell.arm.fault);
+        if let (Some(f), false) = (fault, covered) {
+            r.push(format!("fault {alias} ({})", f.name()), false, "a fault cell's record without its validation in the claim".into());
+        }
+    }
+}
+
+/// Recomputes a fault cell's validation; the item holds only when it passed and agrees with
+/// the ledger and with the record's cell.json.
+pub fn fault_item(r: &mut Report, recs: &Records, alias: &str, cell: FaultCell, control: Option<&str>, expect: &Verdict) {
+    let what = format!("fault {alias} ({})", cell.name());
+    let computed = (|| -> Result<(Verdict, String, Verdict)> {
+        let dir = recs.dir(alias)?;
+        let cdir = control.map(|c| recs.dir(c)).transpose()?;
+        let doc = read_cell(&dir)?;
+        let recorded = match &doc.fault {
+            None => bail!("its cell.json carries no fault validation"),
+            Some(f) if f.cell != cell || doc.cell.arm.fault != Some(cell) => {
+                bail!("its cell.json is a run of {:?}, not {}", doc.cell.arm.fault.map(|f| f.name()), cell.name())
+            }
+            Some(f) if f.control.as_deref() != control.and_then(|c| recs.claim.records.get(c)).map(String::as_str) => {
+                bail!("its cell.json was validated against control {:?}, not the control named here", f.control)
+            }
+            Some(f) => f.validation.clone(),
+        };
+        let (got, detail) = crate::oracle::fault::verdict(cell, &dir, cdir.as_deref());
+        Ok((got, detail, recorded))
+    })();
+    match computed {
+        Ok((got, detail, recorded)) => {
+            let agrees = &got == expect && recorded == got;
+            let mut d = format!("recomputed: {detail}");
+            if &got != expect {
+                d += &format!("; the ledger states {}", serde_json::to_string(expect).unwrap_or_default());
+            }
+            if recorded != got {
+                d += &format!("; cell.json records {}", serde_json::to_string(&recorded).unwrap_or_default());
+            }
+            r.push(what, got.passed && agrees, d);
+        }
+        Err(e) => r.push(what, false, format!("{e:#}")),
+    }
 }
 
 fn close(a: f64, b: f64, tol: f64) -> bool {
@@ -421,8 +487,10 @@ pub fn replay(ledger_path: &Path, id: &str, results: &Path) -> Result<Report> {
                     }
                 }
             }
+            Replay::Fault { record, cell, control, expect } => fault_item(&mut r, &recs, record, *cell, control.as_deref(), expect),
         }
     }
+    unvalidated_faults(&mut r, &recs);
     Ok(r)
 }
 

@@ -105,3 +105,17 @@ pub fn cgroups_usable() -> bool {
 pub fn test_name() -> String {
     std::thread::current().name().unwrap_or("test").to_string()
 }
+
+/// This build's engine tree digest and its patch series as a campaign's `build:` lines.
+pub fn build_identity() -> (String, String) {
+    let r = ok(&["build-info", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let tree = v["engine"]["tree_sha256"].as_str().unwrap().to_string();
+    let patches: Vec<String> = v["engine"]["patches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| format!("    - {{ name: {}, sha256: {} }}\n", p["name"].as_str().unwrap(), p["sha256"].as_str().unwrap()))
+        .collect();
+    (tree, if patches.is_empty() { "  patches: []\n".into() } else { format!("  patches:\n{}", patches.concat()) })
+}
