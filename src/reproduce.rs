@@ -24,6 +24,7 @@
 use crate::campaign::journal::Journal;
 use crate::campaign::runner::{histories, read_cell, CellDocument, CellState};
 use crate::campaign::{self, CampaignDir, Loaded, ProcessExecutor, RunMode, RunOptions};
+use crate::oracle::Outcome;
 use crate::record::claims::{self, Claim, Records, Replay};
 use crate::record::{prepare_seal, verify_record};
 use anyhow::{bail, Context, Result};
@@ -408,14 +409,19 @@ pub fn reproduce(opts: &Options) -> Result<Reproduction> {
                     (true, format!("status {} (no surfaces)", ndoc.outcome.status.name()))
                 } else {
                     let cmp = crate::oracle::compare(&opts.results.join(&o.digest), &ndir)?;
+                    // A surface neither record has (a fail-closed run's) is reproduced too.
+                    let absent = |s: &crate::oracle::SurfaceComparison| matches!(s.outcome, Outcome::Missing { in_a: false, in_b: false });
                     for s in &cmp {
                         let v = serde_json::to_value(&s.outcome)?;
-                        p.surfaces.insert(s.surface.clone(), if s.is_exact() { "exact".into() } else { compact(&v) });
+                        let shown = if s.is_exact() { "exact".into() } else if absent(s) { "absent in both".into() } else { compact(&v) };
+                        p.surfaces.insert(s.surface.clone(), shown);
                     }
-                    let differing: Vec<&str> = cmp.iter().filter(|s| !s.is_exact()).map(|s| s.surface.as_str()).collect();
-                    match differing.is_empty() {
-                        true => (true, format!("{} surfaces bitwise equal", cmp.len())),
-                        false => (false, format!("differs in {}", differing.join(", "))),
+                    let differing: Vec<&str> = cmp.iter().filter(|s| !s.is_exact() && !absent(s)).map(|s| s.surface.as_str()).collect();
+                    let exact = cmp.iter().filter(|s| s.is_exact()).count();
+                    match (differing.is_empty(), cmp.len() - exact) {
+                        (true, 0) => (true, format!("{exact} surfaces bitwise equal")),
+                        (true, n) => (true, format!("{exact} surfaces bitwise equal, {n} absent in both")),
+                        (false, _) => (false, format!("differs in {}", differing.join(", "))),
                     }
                 }
             }
