@@ -1,9 +1,10 @@
 //! One generate run: greedy decoding through the engine with every oracle surface recorded.
 
-use crate::engine::{Context, ExecParams, ExpertSource, Model, RouteEvent};
+use crate::engine::{Context, DeviceCheck, ExecParams, ExpertSource, Model, PlacementReport, RouteEvent};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
-use crate::record::Staging;
+use crate::record::format::{ExpertsParams, ExpertsReport, GenerateCounts, GenerateParams, Outcome, ProcessReport};
+use crate::record::{GenerateRecord, Staging, GENERATE_FORMAT};
 use anyhow::{bail, Result};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -18,38 +19,8 @@ pub struct GenerateSpec {
     pub record: PathBuf,
 }
 
-#[derive(Debug, Serialize)]
-pub struct Timing {
-    pub load_s: f64,
-    pub prefill_s: f64,
-    pub decode_s: f64,
-    pub prefill_tokens_per_s: f64,
-    pub decode_tokens_per_s: f64,
-}
 
-#[derive(Debug, Serialize)]
-pub struct ModelIdentity {
-    pub file: String,
-    pub sha256: String,
-    pub bytes: u64,
-    pub architecture: String,
-    pub t_repr_bytes: u64,
-    pub expert_bytes: u64,
-}
-
-impl ModelIdentity {
-    /// The identity a record names the model file `path` (already inventoried as `inv`) by.
-    pub fn of(path: &std::path::Path, inv: &Inventory) -> Result<ModelIdentity> {
-        Ok(ModelIdentity {
-            file: inv.file.clone(),
-            sha256: crate::util::sha256_file(path)?,
-            bytes: inv.file_bytes,
-            architecture: inv.architecture.clone(),
-            t_repr_bytes: inv.t_repr_bytes,
-            expert_bytes: inv.expert_bytes,
-        })
-    }
-}
+pub use crate::record::format::{ModelIdentity, Timing};
 
 /// Loads `path`, resident or with its experts from `source`. llama.cpp reads a served model's
 /// non-expert tensors through the page cache; those pages are copies, not the run's working
@@ -61,27 +32,6 @@ pub fn load_model(path: &std::path::Path, source: Option<Box<dyn ExpertSource>>)
         crate::util::drop_file_cache(path)?;
     }
     Ok(model)
-}
-
-#[derive(Debug, Serialize)]
-struct Params {
-    n_predict: u32,
-    ignore_eos: bool,
-    experts: serde_json::Value,
-    sampling: &'static str,
-    #[serde(flatten)]
-    exec: ExecParams,
-}
-
-#[derive(Debug, Serialize)]
-struct Counts {
-    prompt_tokens: usize,
-    generated_tokens: usize,
-    logits_rows: usize,
-    n_vocab: usize,
-    route_events: usize,
-    route_k: usize,
-    stop: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -123,18 +73,21 @@ fn f32_bytes(rows: &[f32]) -> Vec<u8> {
 
 /// Before decoding, with every buffer of the run allocated (weights, slot pools, KV cache,
 /// compute buffers): the device memory of this process, refused over `--gpu-budget`.
-fn device_check() -> Result<serde_json::Value> {
+fn device_check() -> Result<DeviceCheck> {
     let budget = crate::engine::placement().gpu_budget;
     Ok(match crate::observe::gpu::own_usage() {
         Ok(used) => {
             if let Some(b) = budget.filter(|&b| used >= b) {
                 bail!("--gpu-budget {b}: the run's device buffers take {used} bytes before decoding (NVML, this process); refused");
             }
-            serde_json::json!({ "observed": true, "own_bytes": used, "budget": budget })
+            DeviceCheck { observed: true, own_bytes: Some(used), reason: None, budget }
         }
-        Err(why) => serde_json::json!({ "observed": false, "reason": why, "budget": budget }),
+        Err(why) => DeviceCheck { observed: false, own_bytes: None, reason: Some(why), budget },
     })
 }
+
+/// How a run picks each token.
+pub const SAMPLING: &str = "greedy (first maximum)";
 
 pub fn run(spec: &GenerateSpec) -> Result<Summary> {
     run_with(spec, |_| Ok(None))
@@ -153,7 +106,10 @@ pub fn run_with(
     let model_id = ModelIdentity::of(&spec.model, &inv)?;
 
     let source = make_source(&inv)?;
-    let experts = source.as_ref().map_or(serde_json::json!("resident"), |s| s.describe());
+    let experts = match &source {
+        Some(s) => ExpertsParams::of_source(s.describe())?,
+        None => ExpertsParams::Resident,
+    };
     let t0 = Instant::now();
     let model = load_model(&spec.model, source)?;
     let load_s = t0.elapsed().as_secs_f64();
@@ -168,15 +124,14 @@ pub fn run_with(
     }
     let mut ctx = Context::new(&model, spec.exec, true)?;
     let device = device_check()?;
-    let mut params = serde_json::to_value(Params {
+    let params = GenerateParams {
         n_predict: spec.n_predict,
         ignore_eos: spec.ignore_eos,
         experts,
-        sampling: "greedy (first maximum)",
+        sampling: SAMPLING.into(),
         exec: spec.exec,
-    })?;
-    params["placement"] = crate::engine::placement_report();
-    params["placement"]["device_before_decode"] = device;
+        placement: Some(PlacementReport { device_before_decode: Some(device), ..crate::engine::placement_report() }),
+    };
 
     let mut logits: Vec<f32> = Vec::with_capacity(need * n_vocab);
     let mut generated: Vec<i32> = Vec::with_capacity(spec.n_predict as usize);
@@ -219,34 +174,38 @@ pub fn run_with(
     if let Err(e) = decoded {
         // Fail closed, and keep the evidence: nothing of the failed step is accepted, and the
         // record says what failed and how the source closed.
-        let record = serde_json::json!({
-            "format": "sovereign.generate/1",
-            "outcome": "failed",
-            "error": format!("{e:#}"),
-            "model": model_id,
-            "build": build_identity()?,
-            "params": params,
-            "counts": Counts {
+        let experts = match source_report {
+            Some(Ok(r)) => Some(ExpertsReport::of_source(r)?),
+            Some(Err(f)) => Some(ExpertsReport::FinishError(format!("{f:#}"))),
+            None => None,
+        };
+        let record = GenerateRecord {
+            format: GENERATE_FORMAT.into(),
+            outcome: Outcome::Failed,
+            error: Some(format!("{e:#}")),
+            model: Some(model_id),
+            build: build_identity()?,
+            params: Some(params),
+            counts: Some(GenerateCounts {
                 prompt_tokens: prompt.len(),
                 generated_tokens: 0,
                 logits_rows: 0,
                 n_vocab,
                 route_events: 0,
                 route_k: k,
-                stop: "failed",
-            },
-            "experts": match source_report {
-                Some(Ok(r)) => r,
-                Some(Err(f)) => serde_json::json!({ "finish_error": format!("{f:#}") }),
-                None => serde_json::Value::Null,
-            },
-            "process": { "vm_hwm_bytes": crate::util::vm_hwm_bytes() },
-            "surfaces": {},
-        });
+                stop: "failed".into(),
+            }),
+            timing: None,
+            experts: Some(experts),
+            process: Some(ProcessReport::now()),
+            surfaces: Default::default(),
+            resources: None,
+            cache_protocol: None,
+        };
         let dir = staging.commit(&record)?;
         return Err(e.context(format!("run failed closed; record {}", dir.display())));
     }
-    let source_report = source_report.transpose()?;
+    let source_report = source_report.transpose()?.map(ExpertsReport::of_source).transpose()?;
 
     let mut staging = staging;
     let tokens: Vec<u8> = prompt.iter().chain(&generated).flat_map(|t| t.to_le_bytes()).collect();
@@ -274,28 +233,31 @@ pub fn run_with(
         prefill_tokens_per_s: prompt.len() as f64 / prefill_s.max(1e-9),
         decode_tokens_per_s: decode_steps as f64 / decode_s.max(1e-9),
     };
-    let counts = Counts {
+    let counts = GenerateCounts {
         prompt_tokens: prompt.len(),
         generated_tokens: generated.len(),
         logits_rows: logits.len() / n_vocab,
         n_vocab,
         route_events: routes.len(),
         route_k: k,
-        stop,
+        stop: stop.into(),
     };
     let digests = staging.surfaces().iter().map(|(k, s)| (k.clone(), s.sha256.clone())).collect();
-    let record = serde_json::json!({
-        "format": "sovereign.generate/1",
-        "model": model_id,
-        "build": build_identity()?,
-        "params": params,
-        "outcome": "completed",
-        "counts": counts,
-        "timing": timing,
-        "experts": source_report,
-        "process": { "vm_hwm_bytes": crate::util::vm_hwm_bytes() },
-        "surfaces": staging.surfaces(),
-    });
+    let record = GenerateRecord {
+        format: GENERATE_FORMAT.into(),
+        outcome: Outcome::Completed,
+        error: None,
+        model: Some(model_id),
+        build: build_identity()?,
+        params: Some(params),
+        counts: Some(counts),
+        timing: Some(timing.clone()),
+        experts: Some(source_report),
+        process: Some(ProcessReport::now()),
+        surfaces: staging.surfaces().clone(),
+        resources: None,
+        cache_protocol: None,
+    };
     let dir = staging.commit(&record)?;
     Ok(Summary {
         record: dir,

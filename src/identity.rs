@@ -3,17 +3,18 @@
 use crate::engine::{self, EngineIdentity};
 use anyhow::Result;
 use serde::Serialize;
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct BuildIdentity {
-    pub sovereign_version: &'static str,
+    pub sovereign_version: Cow<'static, str>,
     pub engine: EngineIdentity,
     /// SHA-256 of the running executable.
     pub binary_sha256: String,
     /// CPU features the engine's kernels were compiled for.
     pub cpu_features: Vec<String>,
-    pub target: &'static str,
+    pub target: Cow<'static, str>,
     /// Engine libraries and backend modules mapped into the process, by SHA-256.
     pub libraries: Vec<engine::backends::LoadedLibrary>,
     /// Devices of the loaded backends (ggml registry), with NVML's view of GPU boards.
@@ -31,11 +32,11 @@ pub fn build_identity() -> Result<BuildIdentity> {
         }
     };
     Ok(BuildIdentity {
-        sovereign_version: env!("CARGO_PKG_VERSION"),
+        sovereign_version: env!("CARGO_PKG_VERSION").into(),
         engine: engine::identity(),
         binary_sha256,
         cpu_features: engine::cpu_features(),
-        target: std::env::consts::ARCH,
+        target: std::env::consts::ARCH.into(),
         libraries: engine::backends::loaded_libraries(),
         devices: engine::backends::devices(),
         gpu: crate::observe::gpu::device_info(),

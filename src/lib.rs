@@ -4,6 +4,7 @@ pub mod bounds;
 pub mod campaign;
 pub mod cell;
 pub mod certificate;
+pub mod claims;
 pub mod engine;
 pub mod envelope;
 pub mod export;

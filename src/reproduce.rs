@@ -25,7 +25,7 @@ use crate::campaign::journal::Journal;
 use crate::campaign::runner::{histories, read_cell, CellDocument, CellState};
 use crate::campaign::{self, CampaignDir, Loaded, ProcessExecutor, RunMode, RunOptions};
 use crate::oracle::Outcome;
-use crate::record::claims::{self, Claim, Records, Replay};
+use crate::claims::{self, Claim, Records, Replay};
 use crate::record::{prepare_seal, verify_record};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -523,7 +523,7 @@ fn judge_replay(rp: &Replay, old: &mut Records, new: &mut Records) -> Vec<Judged
             .map(|cand| {
                 let exact = |r: &mut Records| -> Result<(bool, Vec<String>)> {
                     let (o, d) = (r.dir(oracle)?, r.dir(cand)?);
-                    crate::campaign::runner::exactness(crate::campaign::spec::Relation::AllSurfaces, &o, &d)
+                    crate::oracle::exactness(crate::oracle::Relation::AllSurfaces, &o, &d)
                 };
                 let show = |x: &Result<(bool, Vec<String>)>| match x {
                     Ok((true, _)) => "bitwise exact".to_string(),

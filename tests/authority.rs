@@ -101,3 +101,78 @@ fn a_cap_below_the_need_is_an_oom_on_record() {
     assert!(res["host"]["removed"] == true, "{}", res["host"]);
     no_run_cgroups_left();
 }
+
+/// The parent pid and state of `pid`, from /proc (None once it is reaped).
+fn stat(pid: u32) -> Option<(u32, char)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut f = s[s.rfind(')')? + 2..].split(' ');
+    let state = f.next()?.chars().next()?;
+    Some((f.next()?.parse().ok()?, state))
+}
+
+/// Alive: not reaped and not a zombie (a zombie has released everything; its reaper may be slow).
+fn alive(pid: u32) -> bool {
+    stat(pid).is_some_and(|(_, s)| s != 'Z')
+}
+
+#[test]
+fn a_killed_harness_takes_its_worker_with_it() {
+    if !cgroups_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 43, &[]);
+    let rec = dir.path().join("r");
+    // Minutes of work: 1000 tokens with experts read through 4 slots per layer, O_DIRECT.
+    let mut harness = bin()
+        .args(["generate", "--model", m.to_str().unwrap(), "--prompt", "Outlive the harness.", "--n-predict", "1000"])
+        .args(["--ctx", "2048", "--ignore-eos", "--threads", "2", "--experts", "plan", "--slots", "4", "--source", "d"])
+        .args(["--memory-max", "256M", "--record", rec.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let h = harness.id();
+    // The worker: the harness's child, once it runs this binary inside the run cgroup.
+    let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_sovereign")).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let (worker, cgroup) = loop {
+        let found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            (stat(pid)?.0 == h && std::fs::read_link(format!("/proc/{pid}/exe")).ok()? == exe && cg.contains("/sovereign-"))
+                .then_some((pid, cg))
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(harness.try_wait().unwrap().is_none(), "the harness ended before its worker was seen");
+        assert!(std::time::Instant::now() < deadline, "no worker in a run cgroup after 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    // Let it get into its decode, then kill the harness outright.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(alive(worker), "the worker ended before the harness was killed");
+    harness.kill().unwrap();
+    harness.wait().unwrap();
+    let procs: Vec<std::path::PathBuf> = cgroup
+        .lines()
+        .filter_map(|l| l.split_once(":memory:").or_else(|| l.strip_prefix("0::").map(|p| ("", p))))
+        .filter(|(_, p)| p.contains("/sovereign-"))
+        .flat_map(|(_, p)| ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"].map(|b| std::path::Path::new(b).join(p.trim_start_matches('/')).join("cgroup.procs")))
+        .filter(|p| p.exists())
+        .collect();
+    assert!(!procs.is_empty(), "the run cgroup of {cgroup:?}");
+    let gone = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while alive(worker) || procs.iter().any(|p| std::fs::read_to_string(p).is_ok_and(|s| !s.trim().is_empty())) {
+        if std::time::Instant::now() > gone {
+            // SAFETY: a plain kill of the orphan this test made, so it does not run on.
+            unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+            panic!("worker {worker} of the killed harness {h} still runs 3 s later ({:?}, run cgroup {procs:?})", stat(worker));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The harness's run cgroup is a stale one now, which the next harness removes.
+    sovereign::observe::cleanup_stale().unwrap();
+    no_run_cgroups_left();
+}

@@ -126,8 +126,18 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     for m in ["tiny", "pdf", "tau-q4_k_m", "tau-q8_0", "tau-f32"] {
         fs::write(t.path().join("models").join(format!("{m}.gguf")), b"GGUF").unwrap();
     }
+    // Shipped campaigns pin this build: a changed patch series must be carried into them, or
+    // `campaign run` refuses every one of them.
+    let id: serde_json::Value = serde_json::from_str(&ok(&["build-info", "--json"]).stdout).unwrap();
+    let pins: Vec<String> = std::iter::once(id["engine"]["tree_sha256"].as_str().unwrap().to_string())
+        .chain(id["engine"]["patches"].as_array().unwrap().iter().map(|p| p["sha256"].as_str().unwrap().to_string()))
+        .collect();
     for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml"] {
         ok(&["campaign", "check", s(&shipped.join(f))]);
+        let text = fs::read_to_string(shipped.join(f)).unwrap();
+        for pin in &pins {
+            assert!(text.contains(pin.as_str()), "{f} does not pin this build's {pin}");
+        }
     }
     let text = fs::read_to_string(root.join("campaigns/exactness.yaml")).unwrap();
     let line_of = |needle: &str| text.lines().position(|l| l.contains(needle)).unwrap() + 1;

@@ -1,5 +1,5 @@
 //! Certificates through the real binary: the seed's C1 figures, and the certificates of forged-
-//! model runs under a 48 MiB cap (P fails admission for its limit events; D and F pass; E holds
+//! model runs under a 64 MiB cap (P fails admission for its limit events; D and F pass; E holds
 //! against a resident oracle), and the refusal to pool records of different binaries.
 
 mod common;
@@ -73,10 +73,10 @@ fn certificate_show_p_d_f_runs_under_a_cap() {
     let oracle = dir.path().join("resident");
     let r = generate(&m, "hello world", 8, &oracle, &[]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let cap = 48u64 << 20;
+    let cap = 64u64 << 20;
     for source in ["p", "d", "f"] {
         let rec = dir.path().join(source);
-        let r = generate(&m, "hello world", 8, &rec, &["--experts", "plan", "--slots", "4", "--source", source, "--memory-max", "48M"]);
+        let r = generate(&m, "hello world", 8, &rec, &["--experts", "plan", "--slots", "4", "--source", source, "--memory-max", "64M"]);
         assert_eq!(r.code, 0, "{source}: {}", r.stderr);
         let v = show(&rec, &oracle);
         let c = &v["certificate"];

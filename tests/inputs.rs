@@ -4,8 +4,10 @@
 mod common;
 
 use common::*;
+use sovereign::gguf::{Gguf, GgufWriter, TensorSpec};
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 fn tmp(name: &str) -> std::path::PathBuf {
@@ -170,4 +172,134 @@ fn campaign_check_applies_the_same_bounds() {
         assert_eq!(r.code, 1, "{to}: {}{}", r.stdout, r.stderr);
         assert!(r.stderr.contains(needle) && !r.stderr.contains("memory allocation"), "{to}: {}", r.stderr);
     }
+}
+
+/// Rewrites the model `src` into `dst` through the project's GGUF writer: metadata whose key
+/// `keep_kv` accepts, and the tensor directory `tensors` returns. A tensor kept with its name,
+/// type and shape keeps its payload; any other is zeros.
+fn rewrite(src: &Path, dst: &Path, keep_kv: impl Fn(&str) -> bool, tensors: impl FnOnce(&Gguf) -> Vec<TensorSpec>) {
+    let g = Gguf::open(src).unwrap();
+    let mut w = GgufWriter::default();
+    for (k, v) in g.metadata.iter().filter(|(k, _)| keep_kv(k)) {
+        w.kv(k.clone(), v.clone());
+    }
+    for t in tensors(&g) {
+        w.tensor(t);
+    }
+    let data = fs::read(src).unwrap();
+    w.write(dst, |_, spec, buf| {
+        if let Some(t) = g.tensor(&spec.name).filter(|t| t.dims == spec.dims && t.ggml_type == spec.ggml_type) {
+            buf.copy_from_slice(&data[t.offset as usize..t.end() as usize]);
+        }
+    })
+    .unwrap();
+}
+
+fn spec_of(t: &sovereign::gguf::TensorInfo) -> TensorSpec {
+    TensorSpec::new(t.name.clone(), t.ggml_type, &t.dims)
+}
+
+/// Address space the binary may use when it refuses a file: far below what the file's counts
+/// would make a careless reader allocate.
+const REFUSAL_AS: u64 = 1 << 30;
+
+/// Runs the binary under RLIMIT_AS = [`REFUSAL_AS`]; returns its result and peak RSS (wait4).
+fn run_in_little_memory(args: &[&str]) -> (Run, u64) {
+    use std::os::unix::process::CommandExt;
+    let d = tempfile::tempdir().unwrap();
+    let (out, err) = (d.path().join("out"), d.path().join("err"));
+    let mut cmd = bin();
+    cmd.args(args).stdout(fs::File::create(&out).unwrap()).stderr(fs::File::create(&err).unwrap());
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit { rlim_cur: REFUSAL_AS, rlim_max: REFUSAL_AS };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    let (mut status, mut ru) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    // SAFETY: waits for our own child; status and rusage are valid out-parameters.
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
+    assert_eq!(pid, child.id() as libc::pid_t);
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -libc::WTERMSIG(status) };
+    let run = Run { code, stdout: fs::read_to_string(&out).unwrap(), stderr: fs::read_to_string(&err).unwrap() };
+    (run, ru.ru_maxrss as u64 * 1024)
+}
+
+#[test]
+fn absurd_counts_and_shapes_are_refused_in_little_memory() {
+    let d = tmp("absurd");
+    let m = forge(&d, "m.gguf", 11, &[]);
+    let expert = |n: &str| n.contains("_exps.");
+    // Experts counted only by their shapes: no expert_count, no routers, each expert tensor
+    // [1, 1, 2^20] in the bytes of the real one (a million experts per layer).
+    let shapes = d.join("shapes.gguf");
+    rewrite(&m, &shapes, |k| !k.contains("expert_"), |g| {
+        g.tensors
+            .iter()
+            .filter(|t| !t.name.contains("ffn_gate_inp"))
+            .map(|t| if expert(&t.name) { TensorSpec::new(t.name.clone(), t.ggml_type, &[1, 1, 1 << 20]) } else { spec_of(t) })
+            .collect()
+    });
+    // One merged gate_up tensor per layer, [1, 1, 3 x 2^20], in place of gate, up and down.
+    let gate_up = d.join("gate_up.gguf");
+    rewrite(&m, &gate_up, |_| true, |g| {
+        g.tensors
+            .iter()
+            .filter_map(|t| match t.name.strip_suffix("ffn_gate_exps.weight") {
+                Some(blk) => Some(TensorSpec::new(format!("{blk}ffn_gate_up_exps.weight"), t.ggml_type, &[1, 1, 3 << 20])),
+                None => (!expert(&t.name)).then(|| spec_of(t)),
+            })
+            .collect()
+    });
+    // A metadata array of 2^25 one-byte values: every element is in the file.
+    let array = d.join("array.gguf");
+    {
+        let n: u64 = 1 << 25;
+        let key = b"general.padding";
+        let mut b = Vec::new();
+        b.extend_from_slice(b"GGUF");
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        b.extend_from_slice(key);
+        b.extend_from_slice(&9u32.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&n.to_le_bytes());
+        b.resize(b.len() + n as usize, 7);
+        fs::write(&array, b).unwrap();
+    }
+    for (file, needle) in [(&shapes, "expert"), (&gate_up, "gate_up"), (&array, "general.padding")] {
+        let f = file.to_str().unwrap();
+        let (r, rss) = run_in_little_memory(&["inventory", f]);
+        eprintln!("inventory {}: exit {}, peak RSS {} KiB: {}", file.display(), r.code, rss >> 10, r.stderr.trim());
+        assert_one_line_error(&r, &[f, needle]);
+        assert!(rss < 256 << 20, "inventory of {f} peaked at {rss} bytes");
+        let rec = d.join("r");
+        let (r, rss) = run_in_little_memory(&["generate", "--model", f, "--prompt", "hi", "--record", rec.to_str().unwrap()]);
+        assert_one_line_error(&r, &[f, needle]);
+        assert!(rss < 256 << 20, "generate on {f} peaked at {rss} bytes");
+        assert!(!rec.exists() && !d.join("r.partial").exists());
+    }
+}
+
+#[test]
+fn nan_logits_fail_the_run_naming_the_row() {
+    let d = tmp("nan");
+    let m = forge(&d, "m.gguf", 11, &[]);
+    let nan = with_nan(&m, "token_embd.weight", &d.join("nan.gguf"));
+    let rec = d.join("r");
+    let r = generate(&nan, "Every logit is NaN.", 8, &rec, &[]);
+    assert_ne!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("logits row 0 is not finite"), "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
+    assert_eq!(v["outcome"], "failed");
+    assert!(v["error"].as_str().unwrap().contains("logits row 0 is not finite (vocabulary entry 0 is NaN)"), "{v}");
+    assert_eq!(v["counts"]["generated_tokens"], 0);
+    assert!(!rec.join("tokens.bin").exists() && !d.join("r.partial").exists());
 }

@@ -9,7 +9,7 @@ mod common;
 
 use sovereign::observe::cgroup::{self, RunCgroup};
 use sovereign::observe::gpu::{self, GpuAudit};
-use sovereign::observe::{run_contained, ContainSpec, ContainedRun, Grade, RunStatus};
+use sovereign::observe::{run_contained, ContainSpec, ContainedRun, Grade, Graded, RunStatus};
 use std::fs::{self, File};
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -207,7 +207,7 @@ fn gpu_without_nvml_is_not_observed() {
         (Some(why), GpuAudit::NotObserved { reason }) => {
             assert_eq!(why, reason);
             assert!(reason.starts_with("NVML unavailable: ") || reason.contains("zero devices"), "{reason}");
-            assert_eq!(r.authority.gpu.grade, Grade::NotObserved { reason: reason.clone() });
+            assert_eq!(r.authority.gpu.grade, Graded::not_observed(reason.clone()));
             assert_eq!((r.authority.gpu.boundary, r.authority.gpu.peak), (None, None));
             assert!(r.admission.admitted, "{:?}", r.admission.failed);
             // Declaring a GPU allowance that cannot be audited is not admitted.

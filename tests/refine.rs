@@ -297,3 +297,30 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 3 }}\n",
     let r = run(&["campaign", "check", s(&bad)]);
     assert!(r.stderr.contains("use `relation: tokens`"), "{}", r.stderr);
 }
+
+#[test]
+fn nan_logits_of_base_verifier_or_reference_fail_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let good = forge(dir, "f32.gguf", 3, &[]);
+    let nan = with_nan(&good, "token_embd.weight", &dir.join("nan.gguf"));
+    let prompts = dir.join("prompts.txt");
+    fs::write(&prompts, "The verifier checks every decision.\n").unwrap();
+    for (name, base, verifier, reference, needle) in [
+        ("base", &nan, &good, &good, "base logits from position"),
+        ("verifier", &good, &nan, &good, "verifier logits from position"),
+        ("reference", &good, &good, &nan, "reference logits from position"),
+    ] {
+        let rec = dir.join(name);
+        let r = run(&[
+            "refine", "--base", s(base), "--verifier", s(verifier), "--reference", s(reference), "--prompts", s(&prompts),
+            "--n-predict", "6", "--window", "3", "--verify-all", "--record", s(&rec),
+        ]);
+        assert_ne!(r.code, 0, "{name}: {}{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains(needle) && r.stderr.contains("logits row 0 is not finite"), "{name}: {}", r.stderr);
+        let v: Value = serde_json::from_str(&fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
+        assert_eq!(v["outcome"], "failed", "{name}");
+        assert!(v["error"].as_str().unwrap().contains(needle), "{name}: {v}");
+        assert!(!rec.join("tokens.bin").exists() && !dir.join(format!("{name}.partial")).exists(), "{name}");
+    }
+}

@@ -148,15 +148,13 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
 
 /// What the contained run put on record about its memory tiers (None where not observed).
 fn resource_telemetry(record: &Path, max_rss_bytes: u64) -> Telemetry {
-    let rec: Option<serde_json::Value> = std::fs::read_to_string(record.join(crate::record::RECORD_FILE))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
-    let host = rec.as_ref().map(|r| r["resources"]["host"].clone()).unwrap_or_default();
+    let rec = crate::record::load_typed(record).ok();
+    let host = rec.as_ref().and_then(|r| r.resources()).map(|r| &r.host);
     Telemetry {
-        memory_peak_bytes: host["kernel_peak"].as_u64(),
-        memory_max_events: host["limit_events"].as_u64(),
-        oom_kill_events: host["oom_kills"].as_u64(),
-        swap_peak_bytes: host["swap"]["peak"].as_u64(),
+        memory_peak_bytes: host.and_then(|h| h.kernel_peak),
+        memory_max_events: host.map(|h| h.limit_events),
+        oom_kill_events: host.map(|h| h.oom_kills),
+        swap_peak_bytes: host.and_then(|h| h.swap.peak),
         child_max_rss_bytes: Some(max_rss_bytes),
     }
 }

@@ -196,7 +196,7 @@ fn check_identities(c: &Loaded) -> Result<()> {
     if e.tree_sha256 != spec.build.engine_tree_sha256.0 {
         bail!("this build's engine tree is {}, but the campaign expects {}", e.tree_sha256, spec.build.engine_tree_sha256);
     }
-    let have: Vec<(&str, &str)> = e.patches.iter().map(|p| (p.name, p.sha256)).collect();
+    let have: Vec<(&str, &str)> = e.patches.iter().map(|p| (&*p.name, &*p.sha256)).collect();
     let want: Vec<(&str, &str)> = spec.build.patches.iter().map(|p| (p.name.as_str(), p.sha256.0.as_str())).collect();
     if have != want {
         bail!("this build's patch series {:?} differs from the campaign's {:?}", have, want);
@@ -208,34 +208,43 @@ fn check_identities(c: &Loaded) -> Result<()> {
 fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome) -> Validity {
     let mut problems = Vec::new();
     if outcome.status == CellStatus::Completed {
-        match record::load(staging) {
-            Ok((v, _)) => {
-                let s = |p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap_or("").to_string();
-                let u = |p: &str| v.pointer(p).and_then(|x| x.as_u64());
-                if s("/model/sha256") != spec.model.sha256.0 {
-                    problems.push(format!("model sha256 {} is not the preregistered {}", s("/model/sha256"), spec.model.sha256));
+        match record::load_typed(staging) {
+            Ok(rec) => {
+                let model = rec.model().map_or("", |m| m.sha256.as_str());
+                if model != spec.model.sha256.0 {
+                    problems.push(format!("model sha256 {} is not the preregistered {}", model, spec.model.sha256));
                 }
-                if s("/build/engine/tree_sha256") != spec.build.engine_tree_sha256.0 {
+                if rec.build().engine.tree_sha256 != spec.build.engine_tree_sha256.0 {
                     problems.push("engine tree digest differs from the preregistered one".into());
                 }
+                let refine = match &rec {
+                    record::TypedRecord::Refine(r) => Some(r),
+                    record::TypedRecord::Generate(_) => None,
+                };
                 if let Some(r) = &spec.refine {
-                    for (what, m) in [("verifier", &r.verifier), ("reference", &r.reference)] {
-                        if s(&format!("/{what}/sha256")) != m.sha256.0 {
-                            problems.push(format!("{what} sha256 {} is not the preregistered {}", s(&format!("/{what}/sha256")), m.sha256));
+                    for (what, m, had) in [
+                        ("verifier", &r.verifier, refine.and_then(|x| x.verifier.as_ref())),
+                        ("reference", &r.reference, refine.and_then(|x| x.reference())),
+                    ] {
+                        let had = had.map_or("", |h| h.sha256.as_str());
+                        if had != m.sha256.0 {
+                            problems.push(format!("{what} sha256 {had} is not the preregistered {}", m.sha256));
                         }
                     }
                 }
-                if u("/counts/prompt_tokens") != Some(spec.workload.prompt_tokens as u64) {
-                    problems.push(format!("{:?} prompt tokens where {} were preregistered", u("/counts/prompt_tokens"), spec.workload.prompt_tokens));
+                let prompt_tokens = rec.prompt_tokens().map(|n| n as u64);
+                if prompt_tokens != Some(spec.workload.prompt_tokens as u64) {
+                    problems.push(format!("{:?} prompt tokens where {} were preregistered", prompt_tokens, spec.workload.prompt_tokens));
                 }
                 // A refinement record counts the outputs of all its prompts.
-                let per = if spec.refine.is_some() { u("/counts/prompts").unwrap_or(0) } else { 1 };
+                let per = if spec.refine.is_some() { refine.and_then(|r| r.counts.as_ref()).map_or(0, |c| c.prompts as u64) } else { 1 };
                 let outputs = spec.workload.outputs as u64 * per;
-                if spec.workload.ignore_eos && u("/counts/generated_tokens") != Some(outputs) {
-                    problems.push(format!("{:?} outputs where {outputs} were preregistered", u("/counts/generated_tokens")));
+                let generated = rec.generated_tokens().map(|n| n as u64);
+                if spec.workload.ignore_eos && generated != Some(outputs) {
+                    problems.push(format!("{generated:?} outputs where {outputs} were preregistered"));
                 }
-                if let Some(prompt) = v.pointer("/surfaces/prompt/sha256").and_then(|x| x.as_str()) {
-                    if prompt != spec.workload.prompt_sha256.0 {
+                if let Some(prompt) = rec.surfaces().get("prompt") {
+                    if prompt.sha256 != spec.workload.prompt_sha256.0 {
                         problems.push("prompt bytes differ from the preregistered prompt".into());
                     }
                 }
@@ -244,22 +253,6 @@ fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome) -> Validity 
         }
     }
     Validity { valid: problems.is_empty(), problems }
-}
-
-/// Exactness of a staged cell against the oracle's sealed record under the relation.
-pub fn exactness(relation: Relation, oracle_dir: &Path, cell_dir: &Path) -> Result<(bool, Vec<String>)> {
-    match relation {
-        Relation::AllSurfaces => {
-            let cmp = crate::oracle::compare(oracle_dir, cell_dir)?;
-            let differing: Vec<String> = cmp.iter().filter(|c| !c.is_exact()).map(|c| c.surface.clone()).collect();
-            Ok((differing.is_empty(), differing))
-        }
-        Relation::Tokens => {
-            let cmp = crate::oracle::compare(oracle_dir, cell_dir)?;
-            let exact = cmp.iter().any(|c| c.surface == "tokens" && c.is_exact());
-            Ok((exact, if exact { vec![] } else { vec!["tokens".to_string()] }))
-        }
-    }
 }
 
 struct Ctx<'a> {
@@ -448,7 +441,7 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
     let oracle_record = if cell.is_oracle { None } else { ctx.oracle_record() };
     let (exact, differing) = match (&oracle_record, outcome.status) {
         (Some(d), CellStatus::Completed) => {
-            let (e, diff) = exactness(spec.oracle.relation, &ctx.results.join(d), &staging)?;
+            let (e, diff) = crate::oracle::exactness(spec.oracle.relation, &ctx.results.join(d), &staging)?;
             (Some(e), diff)
         }
         _ => (None, Vec::new()),
@@ -744,22 +737,60 @@ mod tests {
             if !failed {
                 let part = staging.with_extension("tmp");
                 fs::create_dir_all(&part)?;
-                let mut surfaces = serde_json::Map::new();
+                let mut surfaces = std::collections::BTreeMap::new();
                 for name in crate::oracle::SURFACES.iter().chain(&["prompt"]) {
                     let bytes = format!("{name} bytes");
                     fs::write(part.join(format!("{name}.bin")), &bytes)?;
                     surfaces.insert(
                         name.to_string(),
-                        serde_json::json!({"file": format!("{name}.bin"), "sha256": crate::util::sha256(bytes.as_bytes()), "bytes": bytes.len(), "unit_bytes": 1}),
+                        record::Surface {
+                            file: format!("{name}.bin"),
+                            sha256: crate::util::sha256(bytes.as_bytes()),
+                            bytes: bytes.len() as u64,
+                            unit_bytes: 1,
+                            unit_sha256: vec![],
+                        },
                     );
                 }
-                let e = crate::engine::identity();
-                let rec = serde_json::json!({
-                    "model": {"sha256": cell.model.sha256.0},
-                    "build": {"engine": {"tree_sha256": e.tree_sha256}},
-                    "counts": {"prompt_tokens": cell.workload.prompt_tokens, "generated_tokens": cell.workload.outputs},
-                    "surfaces": surfaces,
-                });
+                let rec = record::GenerateRecord {
+                    format: record::GENERATE_FORMAT.into(),
+                    outcome: record::format::Outcome::Completed,
+                    error: None,
+                    model: Some(record::format::ModelIdentity {
+                        file: "m.bin".into(),
+                        sha256: cell.model.sha256.0.clone(),
+                        bytes: 0,
+                        architecture: "fake".into(),
+                        t_repr_bytes: 0,
+                        expert_bytes: 0,
+                    }),
+                    build: crate::identity::BuildIdentity {
+                        sovereign_version: env!("CARGO_PKG_VERSION").into(),
+                        engine: crate::engine::identity(),
+                        binary_sha256: String::new(),
+                        cpu_features: vec![],
+                        target: std::env::consts::ARCH.into(),
+                        libraries: vec![],
+                        devices: vec![],
+                        gpu: crate::observe::gpu::DeviceInfo::NotObserved { reason: "fake executor".into() },
+                    },
+                    params: None,
+                    counts: Some(record::format::GenerateCounts {
+                        prompt_tokens: cell.workload.prompt_tokens as usize,
+                        generated_tokens: cell.workload.outputs as usize,
+                        logits_rows: 0,
+                        n_vocab: 0,
+                        route_events: 0,
+                        route_k: 0,
+                        stop: "n_predict".into(),
+                    }),
+                    timing: None,
+                    experts: None,
+                    process: None,
+                    surfaces,
+                    resources: None,
+                    cache_protocol: None,
+                };
                 fs::write(part.join("record.json"), serde_json::to_vec(&rec)?)?;
                 fs::rename(&part, staging)?;
             }

@@ -257,15 +257,7 @@ pub struct OracleSpec {
     pub horizon: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Relation {
-    /// Every byte of tokens, full logits rows, response bytes and route events equal.
-    AllSurfaces,
-    /// The token surface (prompt and output token ids) equal: for refinement cells, which
-    /// record no logits rows.
-    Tokens,
-}
+pub use crate::oracle::Relation;
 
 /// The admission predicate a cell must pass (seed 000 §5.3: positive headroom, no limit event).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -133,32 +133,8 @@ impl JsonSchema for Bytes {
 
 pub use crate::bounds::parse_bytes;
 
-/// Authority grades (seed 000 §2.1). Not comparable on one scale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Grade {
-    /// Enforced by the kernel or runtime (a cgroup limit).
-    HardLimit,
-    /// A capacity that cannot be exceeded (board size, installed memory).
-    PhysicalCeiling,
-    /// An instrumented, kernel-kept high-water mark.
-    HighWaterMark,
-    /// Periodic samples: an audit, not a bound between samples.
-    SampledAudit,
-    NotObserved,
-}
-
-impl Grade {
-    pub fn name(self) -> &'static str {
-        match self {
-            Grade::HardLimit => "hard_limit",
-            Grade::PhysicalCeiling => "physical_ceiling",
-            Grade::HighWaterMark => "high_water_mark",
-            Grade::SampledAudit => "sampled_audit",
-            Grade::NotObserved => "not_observed",
-        }
-    }
-}
+/// Authority grades: the one type the record's authority vector and the certificate share.
+pub use crate::observe::Grade;
 
 /// The whole certificate.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

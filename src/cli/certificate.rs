@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use clap::Subcommand;
 use sovereign::bounds::parse_bytes;
 use sovereign::certificate;
-use sovereign::record::claims;
+use sovereign::claims;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

@@ -3,7 +3,7 @@
 use super::print_json;
 use anyhow::Result;
 use clap::Args;
-use sovereign::record::claims;
+use sovereign::claims;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -12,7 +12,7 @@ pub const BACKEND_DIR_ENV: &str = "SOVEREIGN_BACKEND_DIR";
 const CPU_MODULE: &str = "libggml-cpu.so";
 
 /// An engine library or backend module mapped into this process.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct LoadedLibrary {
     pub name: String,
     pub path: String,
@@ -20,11 +20,11 @@ pub struct LoadedLibrary {
 }
 
 /// A device as ggml's registry describes it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Device {
     pub name: String,
     pub description: String,
-    pub kind: &'static str,
+    pub kind: std::borrow::Cow<'static, str>,
     pub memory_total: u64,
     pub memory_free: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -135,7 +135,7 @@ pub fn devices() -> Vec<Device> {
                 Device {
                     name: s(p.name),
                     description: s(p.description),
-                    kind,
+                    kind: kind.into(),
                     memory_total: p.memory_total as u64,
                     memory_free: p.memory_free as u64,
                     device_id: (!p.device_id.is_null()).then(|| s(p.device_id)),

@@ -14,6 +14,7 @@ use experts::Bridge;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
 use std::ptr::NonNull;
@@ -59,38 +60,38 @@ pub fn gguf_tensors(path: &Path) -> Result<Vec<GgufTensor>> {
 }
 
 /// What identifies the engine this binary was built with.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct EngineIdentity {
-    pub package: &'static str,
-    pub version: &'static str,
-    pub checksum: &'static str,
-    pub tree_sha256: &'static str,
+    pub package: Cow<'static, str>,
+    pub version: Cow<'static, str>,
+    pub checksum: Cow<'static, str>,
+    pub tree_sha256: Cow<'static, str>,
     pub patches: Vec<PatchId>,
-    pub cmake_options: Vec<&'static str>,
-    pub build_key: &'static str,
+    pub cmake_options: Vec<Cow<'static, str>>,
+    pub build_key: Cow<'static, str>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct PatchId {
-    pub name: &'static str,
-    pub sha256: &'static str,
+    pub name: Cow<'static, str>,
+    pub sha256: Cow<'static, str>,
 }
 
 pub fn identity() -> EngineIdentity {
     let split = |s: &'static str| s.split(';').filter(|x| !x.is_empty());
     EngineIdentity {
-        package: env!("SOVEREIGN_PIN_PACKAGE"),
-        version: env!("SOVEREIGN_PIN_VERSION"),
-        checksum: env!("SOVEREIGN_PIN_CHECKSUM"),
-        tree_sha256: env!("SOVEREIGN_TREE_SHA256"),
+        package: env!("SOVEREIGN_PIN_PACKAGE").into(),
+        version: env!("SOVEREIGN_PIN_VERSION").into(),
+        checksum: env!("SOVEREIGN_PIN_CHECKSUM").into(),
+        tree_sha256: env!("SOVEREIGN_TREE_SHA256").into(),
         patches: split(env!("SOVEREIGN_PATCHES"))
             .map(|p| {
                 let (name, sha256) = p.split_once('=').unwrap_or((p, ""));
-                PatchId { name, sha256 }
+                PatchId { name: name.into(), sha256: sha256.into() }
             })
             .collect(),
-        cmake_options: split(env!("SOVEREIGN_CMAKE_OPTIONS")).collect(),
-        build_key: env!("SOVEREIGN_ENGINE_KEY"),
+        cmake_options: split(env!("SOVEREIGN_CMAKE_OPTIONS")).map(Cow::from).collect(),
+        build_key: env!("SOVEREIGN_ENGINE_KEY").into(),
     }
 }
 
@@ -181,8 +182,44 @@ pub fn placement() -> Placement {
     PLACEMENT.get().copied().unwrap_or_default()
 }
 
+/// `"all"`, or a number of layers: llama's `n_gpu_layers` as a record states it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum GpuLayers {
+    All(AllLayers),
+    Count(i32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AllLayers {
+    All,
+}
+
+/// The device memory of the run's own process before decoding, against `--gpu-budget`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct DeviceCheck {
+    pub observed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub budget: Option<u64>,
+}
+
 /// The placement as a record states it, with what it amounts to on this machine's devices.
-pub fn placement_report() -> serde_json::Value {
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct PlacementReport {
+    pub gpu_layers: GpuLayers,
+    pub experts_host: bool,
+    pub gpu_budget: Option<u64>,
+    pub gpu_devices: Vec<String>,
+    pub effective: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_before_decode: Option<DeviceCheck>,
+}
+
+pub fn placement_report() -> PlacementReport {
     init();
     let p = placement();
     let gpus: Vec<String> =
@@ -196,13 +233,14 @@ pub fn placement_report() -> serde_json::Value {
     } else {
         format!("{} layers offloaded to {}", p.gpu_layers, gpus.join(", "))
     };
-    serde_json::json!({
-        "gpu_layers": if p.gpu_layers < 0 { serde_json::json!("all") } else { serde_json::json!(p.gpu_layers) },
-        "experts_host": p.experts_host,
-        "gpu_budget": p.gpu_budget,
-        "gpu_devices": gpus,
-        "effective": effective,
-    })
+    PlacementReport {
+        gpu_layers: if p.gpu_layers < 0 { GpuLayers::All(AllLayers::All) } else { GpuLayers::Count(p.gpu_layers) },
+        experts_host: p.experts_host,
+        gpu_budget: p.gpu_budget,
+        gpu_devices: gpus,
+        effective,
+        device_before_decode: None,
+    }
 }
 
 /// Expert tensors (`ffn_{up,down,gate,gate_up}_exps`) as llama.cpp's `--cpu-moe` names them.

@@ -27,8 +27,8 @@ use crate::campaign::spec::Campaign;
 use crate::campaign::expand::block_control;
 use crate::campaign::{expand, frozen, journal::Journal, CampaignDir, CellSpec, CellStatus};
 use crate::oracle::fault::Verdict;
-use crate::record::claims::{Assertion, Check, Claim, Ledger, PairedExpect, Replay, LEDGER_FORMAT};
-use crate::record::{verify_record, RECORD_FILE};
+use crate::claims::{Assertion, Check, Claim, Ledger, PairedExpect, Replay, LEDGER_FORMAT};
+use crate::record::{verify_record, GenerateRecord, RefineRecord, TypedRecord, RECORD_FILE};
 use crate::stats::{paired_ratio, PairedRatio};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -51,18 +51,31 @@ pub struct ExportSummary {
 struct Sealed {
     digest: String,
     doc: CellDocument,
-    record: Option<Value>,
+    record: Option<TypedRecord>,
 }
 
-fn get<'a>(v: &'a Option<Value>, p: &str) -> Option<&'a Value> {
-    v.as_ref().and_then(|v| v.pointer(p))
+impl Sealed {
+    fn generate(&self) -> Option<&GenerateRecord> {
+        match &self.record {
+            Some(TypedRecord::Generate(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    fn refine(&self) -> Option<&RefineRecord> {
+        match &self.record {
+            Some(TypedRecord::Refine(r)) => Some(r),
+            _ => None,
+        }
+    }
 }
 
-fn s(v: Option<&Value>) -> String {
-    match v {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(x) => x.to_string(),
+/// A record value as a CSV field, written as the record writes it (nothing for none or null).
+fn s<T: Serialize>(v: Option<T>) -> String {
+    match v.map(serde_json::to_value) {
+        None | Some(Ok(Value::Null)) | Some(Err(_)) => String::new(),
+        Some(Ok(Value::String(s))) => s,
+        Some(Ok(x)) => x.to_string(),
     }
 }
 
@@ -122,10 +135,12 @@ const CELL_COLUMNS: &[&str] = &[
 
 fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Option<&Sealed>, record_bytes: Option<u64>) -> Vec<String> {
     let a = &cell.arm;
-    let (rec, doc) = match sealed {
-        Some(x) => (&x.record, Some(&x.doc)),
-        None => (&None, None),
-    };
+    let rec = sealed.and_then(|x| x.record.as_ref());
+    let doc = sealed.map(|x| &x.doc);
+    let generate = sealed.and_then(Sealed::generate);
+    let refine = sealed.and_then(Sealed::refine);
+    let timing = generate.and_then(|r| r.timing.as_ref());
+    let q_run = generate.and_then(|r| r.plan()).map(|p| &p.telemetry.q_run);
     let t = doc.map(|d| &d.outcome.telemetry);
     vec![
         c.id.value.clone(),
@@ -153,21 +168,21 @@ fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Op
         opt(doc.and_then(|d| d.oracle.exact)),
         opt(doc.and_then(|d| d.admission.passed)),
         opt(doc.map(|d| d.outcome.wall_s)),
-        s(get(rec, "/timing/load_s")),
-        s(get(rec, "/timing/prefill_s")),
-        s(get(rec, "/timing/decode_s")),
-        s(get(rec, "/timing/prefill_tokens_per_s")),
-        s(get(rec, "/timing/decode_tokens_per_s")),
-        s(get(rec, "/counts/prompt_tokens")),
-        s(get(rec, "/counts/generated_tokens")),
-        s(get(rec, "/model/sha256")),
-        s(get(rec, "/build/binary_sha256")),
-        s(get(rec, "/build/engine/tree_sha256")),
+        s(generate.and_then(|r| r.timing.as_ref()).map(|t| t.load_s).or(refine.and_then(|r| r.timing.as_ref()).map(|t| t.load_s))),
+        s(timing.map(|t| t.prefill_s)),
+        s(timing.map(|t| t.decode_s)),
+        s(timing.map(|t| t.prefill_tokens_per_s)),
+        s(timing.map(|t| t.decode_tokens_per_s)),
+        s(rec.and_then(TypedRecord::prompt_tokens)),
+        s(rec.and_then(TypedRecord::generated_tokens)),
+        s(rec.and_then(|r| r.model()).map(|m| &m.sha256)),
+        s(rec.map(|r| &r.build().binary_sha256)),
+        s(rec.map(|r| &r.build().engine.tree_sha256)),
         opt(record_bytes),
-        s(get(rec, "/surfaces/logits/bytes")),
-        // Extension point: Plan arms report their source traffic under `experts`.
-        s(get(rec, "/experts/logical_bytes")),
-        s(get(rec, "/experts/physical_bytes")),
+        s(rec.and_then(|r| r.surfaces().get("logits")).map(|l| l.bytes)),
+        // Plan arms report their source traffic (Q_run) in the Plan's telemetry.
+        s(q_run.map(|q| q.logical_bytes)),
+        s(q_run.map(|q| q.physical_bytes)),
         opt(t.and_then(|t| t.memory_peak_bytes)),
         opt(t.and_then(|t| t.memory_max_events)),
         opt(t.and_then(|t| t.oom_kill_events)),
@@ -183,7 +198,8 @@ fn number(x: &Sealed, file: &str, pointer: &str) -> Option<f64> {
     if file == crate::campaign::runner::CELL_FILE {
         serde_json::to_value(&x.doc).ok()?.pointer(pointer)?.as_f64()
     } else {
-        x.record.as_ref()?.pointer(pointer)?.as_f64()
+        // The campaign names its metric by JSON pointer into the record as written.
+        serde_json::to_value(x.record.as_ref()?).ok()?.pointer(pointer)?.as_f64()
     }
 }
 
@@ -214,7 +230,7 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
             let v = verify_record(&rdir).with_context(|| format!("cell {}", cell.key))?;
             sizes.insert(cell.key.clone(), v.manifest.total_bytes());
             let doc = read_cell(&rdir)?;
-            let record = if rdir.join(RECORD_FILE).is_file() { Some(crate::record::load(&rdir)?.0) } else { None };
+            let record = if rdir.join(RECORD_FILE).is_file() { Some(crate::record::load_typed(&rdir)?) } else { None };
             sealed.insert(cell.key.clone(), Sealed { digest, doc, record });
         }
     }
@@ -352,10 +368,10 @@ fn draft_ledger(
             pointer: "/counts/prompt_tokens".into(),
             expect: Check::Eq(spec.workload.prompt_tokens.into()),
         });
-        if let Some(n) = x.record.as_ref().and_then(|r| r.pointer("/counts/generated_tokens")).cloned() {
-            assertions.push(Assertion { record: c.key.clone(), file: RECORD_FILE.into(), pointer: "/counts/generated_tokens".into(), expect: Check::Eq(n) });
+        if let Some(n) = x.record.as_ref().and_then(TypedRecord::generated_tokens) {
+            assertions.push(Assertion { record: c.key.clone(), file: RECORD_FILE.into(), pointer: "/counts/generated_tokens".into(), expect: Check::Eq(n.into()) });
         }
-        if let Some(rows) = x.record.as_ref().and_then(|r| r.pointer("/counts/logits_rows")).and_then(Value::as_u64) {
+        if let Some(rows) = x.generate().and_then(|r| r.counts.as_ref()).map(|c| c.logits_rows as u64) {
             assertions.push(Assertion { record: c.key.clone(), file: RECORD_FILE.into(), pointer: "/surfaces/logits/unit_sha256".into(), expect: Check::Len(rows) });
         }
         assertions.push(Assertion { record: c.key.clone(), file: "cell.json".into(), pointer: "/outcome/wall_s".into(), expect: Check::Gt(0.0) });

@@ -1,7 +1,8 @@
 //! The τ sweep of a refinement campaign: one row per completed cell, and the
 //! quality-versus-bytes figure (seed 001 Figure 3) with the pure-base and verifier endpoints.
 
-use super::{figure, get, s, Sealed};
+use super::{figure, s, Sealed};
+use crate::record::format::VerifierParams;
 use crate::campaign::{CellSpec, CellStatus};
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -26,38 +27,42 @@ pub fn write(out: &Path, title: &str, cells: &[CellSpec], sealed: &BTreeMap<Stri
         if x.doc.outcome.status != CellStatus::Completed {
             continue;
         }
-        let r = &x.record;
-        let f = |p: &str| get(r, p).and_then(|v| v.as_f64());
-        let streamed = get(r, "/params/verifier/streamed").is_some();
+        let r = x.refine();
+        let params = r.and_then(|r| r.params.as_ref());
+        let counters = r.and_then(|r| r.refine.as_ref()).map(|c| &c.counters);
+        let report = r.and_then(|r| r.refine.as_ref());
+        let quality = r.and_then(|r| r.quality());
+        let host = r.and_then(|r| r.resources.as_ref()).map(|res| &res.host);
+        let streamed = params.is_some_and(|p| matches!(p.verifier, VerifierParams::Streamed { .. }));
         w.write_record([
             cell.key.clone(),
             cell.arm.id.value.clone(),
-            s(get(r, "/params/mode")),
+            s(params.map(|p| p.mode)),
             ra.tau.map(|t| t.to_string()).unwrap_or_default(),
             ra.verify_all.to_string(),
-            s(get(r, "/params/window")),
+            s(params.map(|p| p.window)),
             if streamed { "streamed" } else { "resident" }.to_string(),
-            s(get(r, "/counts/prompts")),
-            s(get(r, "/counts/generated_tokens")),
-            s(get(r, "/refine/counters/sweeps")),
-            s(get(r, "/refine/counters/rollbacks")),
-            s(get(r, "/refine/counters/deferred")),
-            s(get(r, "/refine/counters/checked")),
-            s(get(r, "/refine/verification_bytes_per_token")),
-            s(get(r, "/refine/bytes_per_token_over_verifier")),
-            s(get(r, "/refine/served_bytes_per_token")),
-            s(get(r, "/refine/verifier_bytes")),
-            s(get(r, "/timing/tokens_per_s")),
-            s(get(r, "/quality/mean_logprob")),
-            s(get(r, "/quality/reference_agreement")),
+            s(r.and_then(|r| r.counts.as_ref()).map(|c| c.prompts)),
+            s(r.and_then(|r| r.counts.as_ref()).map(|c| c.generated_tokens)),
+            s(counters.map(|c| c.sweeps)),
+            s(counters.map(|c| c.rollbacks)),
+            s(counters.map(|c| c.deferred)),
+            s(counters.map(|c| c.checked)),
+            s(report.map(|c| c.verification_bytes_per_token)),
+            s(report.map(|c| c.bytes_per_token_over_verifier)),
+            s(report.and_then(|c| c.served_bytes_per_token)),
+            s(report.map(|c| c.verifier_bytes)),
+            s(r.and_then(|r| r.timing.as_ref()).map(|t| t.tokens_per_s)),
+            s(quality.map(|q| q.mean_logprob)),
+            s(quality.map(|q| q.reference_agreement)),
             cell.arm.memory_cap_bytes.map(|b| b.to_string()).unwrap_or_default(),
-            s(get(r, "/resources/host/kernel_peak")),
-            s(get(r, "/resources/host/limit_events")),
+            s(host.and_then(|h| h.kernel_peak)),
+            s(host.map(|h| h.limit_events)),
             x.doc.admission.passed.map(|p| p.to_string()).unwrap_or_default(),
             x.doc.oracle.exact.map(|e| e.to_string()).unwrap_or_default(),
             x.digest.clone(),
         ])?;
-        if let (Some(b), Some(q)) = (f("/refine/verification_bytes_per_token"), f("/quality/mean_logprob")) {
+        if let (Some(b), Some(q)) = (report.map(|c| c.verification_bytes_per_token), quality.map(|q| q.mean_logprob)) {
             let kind = match ra.mode {
                 crate::refine::Mode::Base => PointKind::Base,
                 crate::refine::Mode::Verifier => PointKind::Verifier,

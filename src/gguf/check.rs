@@ -1,15 +1,23 @@
 //! Hyperparameters checked against the tensors before the engine sees the file: llama.cpp
 //! asserts, aborts or reads out of bounds on inconsistencies it does not expect.
 
-use super::{GgmlType, Gguf, TensorInfo, Value};
+use super::{expert_role, GgmlType, Gguf, TensorInfo, Value};
 use anyhow::{anyhow, bail, Result};
 use std::collections::HashSet;
 
 /// Alignments the engine's expert reads accept.
 const ALIGNMENT: std::ops::RangeInclusive<u64> = 32..=65536;
-/// Far beyond any real model; keeps a forged count from sizing allocations.
-const MAX_LAYERS: u64 = 4096;
-const MAX_EXPERTS: u64 = 1 << 16;
+/// The engine's own limits (LLAMA_MAX_LAYERS, LLAMA_MAX_EXPERTS): beyond them it asserts.
+const MAX_LAYERS: u64 = 512;
+const MAX_EXPERTS: u64 = 1024;
+/// Expert objects (layers x experts) the inventory and the Plan hold, each a few hundred bytes
+/// in memory however small in the file: ten times the largest MoE models published.
+const MAX_EXPERT_OBJECTS: u64 = 1 << 18;
+
+/// `a * b` of two hyperparameters, or an error naming them.
+fn mul(a: u64, b: u64, what: &str) -> Result<u64> {
+    a.checked_mul(b).ok_or_else(|| anyhow!("{what} ({a} x {b}) overflows"))
+}
 
 /// Tokenizer models the engine builds, with the metadata each one needs.
 const TOKENIZERS: &[(&str, &[&str])] = &[
@@ -125,6 +133,11 @@ fn check_inner(g: &Gguf) -> Result<()> {
 
     let experts = uint("expert_count")?.unwrap_or(0);
     let used = uint("expert_used_count")?.unwrap_or(0);
+    let expert_tensors: Vec<(&TensorInfo, &str)> =
+        g.tensors.iter().filter_map(|t| Some((t, expert_role(&t.name)?.1))).collect();
+    if let Some((t, _)) = expert_tensors.first().filter(|_| experts == 0) {
+        bail!("`{}` is an expert tensor but {} is missing", t.name, key("expert_count"));
+    }
     if experts > 0 || used > 0 {
         if experts < 2 || experts > MAX_EXPERTS {
             bail!("{} is {experts} (2 to {MAX_EXPERTS} supported)", key("expert_count"));
@@ -132,15 +145,33 @@ fn check_inner(g: &Gguf) -> Result<()> {
         if used == 0 || used > experts {
             bail!("{} is {used}; it must be 1 to {} is {experts}", key("expert_used_count"), key("expert_count"));
         }
+        if layers * experts > MAX_EXPERT_OBJECTS {
+            bail!("{layers} layers x {experts} experts is more than {MAX_EXPERT_OBJECTS} expert objects");
+        }
     }
     let expert_ff = uint("expert_feed_forward_length")?;
+    // Every expert tensor, whatever its layer or role: its shape sizes the expert objects.
+    for (t, role) in expert_tensors {
+        let d = |i: usize| t.dims.get(i).copied().unwrap_or(0);
+        let want = match (role, expert_ff) {
+            ("down", ff) => [ff.unwrap_or(d(0)), embd, experts],
+            ("gate_up", ff) => [embd, mul(2, ff.unwrap_or(d(1) / 2), "2 x expert_feed_forward_length")?, experts],
+            (_, ff) => [embd, ff.unwrap_or(d(1)), experts],
+        };
+        shape(t, &want)?;
+    }
     for l in 0..layers {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
         if let Some(q) = tensor(&n("attn_q")) {
-            shape(q, &[embd, heads * k_len])?;
-            require(&n("attn_k")).and_then(|t| shape(t, &[embd, kv_heads * k_len]))?;
-            require(&n("attn_v")).and_then(|t| shape(t, &[embd, kv_heads * v_len]))?;
-            require(&n("attn_output")).and_then(|t| shape(t, &[heads * v_len, embd]))?;
+            let (q_len, k_all, v_all) = (
+                mul(heads, k_len, "head_count x key_length")?,
+                mul(kv_heads, k_len, "head_count_kv x key_length")?,
+                mul(kv_heads, v_len, "head_count_kv x value_length")?,
+            );
+            shape(q, &[embd, q_len])?;
+            require(&n("attn_k")).and_then(|t| shape(t, &[embd, k_all]))?;
+            require(&n("attn_v")).and_then(|t| shape(t, &[embd, v_all]))?;
+            require(&n("attn_output")).and_then(|t| shape(t, &[mul(heads, v_len, "head_count x value_length")?, embd]))?;
         }
         for norm in ["attn_q_norm", "attn_k_norm"] {
             if let Some(t) = tensor(&n(norm)) {
@@ -156,12 +187,6 @@ fn check_inner(g: &Gguf) -> Result<()> {
             continue;
         }
         shape(router.ok_or_else(|| anyhow!("tensor `{}` is missing", n("ffn_gate_inp")))?, &[embd, experts])?;
-        for role in ["gate", "up", "down"] {
-            let name = format!("blk.{l}.ffn_{role}_exps.weight");
-            let Some(t) = tensor(&name) else { continue };
-            let ff = expert_ff.unwrap_or(t.dims[if role == "down" { 0 } else { 1 }]);
-            shape(t, &if role == "down" { [ff, embd, experts] } else { [embd, ff, experts] })?;
-        }
     }
     Ok(())
 }
@@ -236,6 +261,14 @@ mod tests {
     }
 
     #[test]
+    fn beyond_the_engine_limits() {
+        let e = refused(|g| set(g, "qwen3moe.expert_count", Value::U32(1025)));
+        assert!(e.contains("expert_count is 1025 (2 to 1024 supported)"), "{e}");
+        let e = refused(|g| set(g, "qwen3moe.block_count", Value::U32(513)));
+        assert!(e.contains("block_count is 513, more than 512"), "{e}");
+    }
+
+    #[test]
     fn expert_used_count_zero() {
         assert!(refused(|g| set(g, "qwen3moe.expert_used_count", Value::U32(0))).contains("expert_used_count"));
     }
@@ -248,7 +281,8 @@ mod tests {
     #[test]
     fn expert_count_one_or_beyond_tensors() {
         assert!(refused(|g| set(g, "qwen3moe.expert_count", Value::U32(1))).contains("expert_count is 1"));
-        assert!(refused(|g| set(g, "qwen3moe.expert_count", Value::U32(17))).contains("ffn_gate_inp"));
+        let e = refused(|g| set(g, "qwen3moe.expert_count", Value::U32(17)));
+        assert!(e.contains("_exps.weight` has shape [256, 256, 16], the hyperparameters say [256, 256, 17]"), "{e}");
     }
 
     #[test]
@@ -297,6 +331,25 @@ mod tests {
             assert!(e.contains("general.alignment"), "{e}");
         }
         assert!(refused(|g| set(g, "general.alignment", Value::U64(32))).contains("general.alignment"));
+    }
+
+    #[test]
+    fn expert_tensors_are_sized_by_expert_count() {
+        let e = refused(|g| {
+            g.metadata.remove("qwen3moe.expert_count");
+            g.metadata.remove("qwen3moe.expert_used_count");
+        });
+        assert!(e.contains("expert_count is missing"), "{e}");
+        let e = refused(|g| g.tensors.iter_mut().find(|t| t.name == "blk.2.ffn_up_exps.weight").unwrap().name = "blk.2.ffn_gate_up_exps.weight".into());
+        assert!(e.contains("blk.2.ffn_gate_up_exps.weight") && e.contains("[256, 512, 16]"), "{e}");
+        let e = refused(|g| {
+            g.tensors.iter_mut().find(|t| t.name == "blk.2.attn_norm.weight").unwrap().name = "blk.511.attn_norm.weight".into();
+            set(g, "qwen3moe.block_count", Value::U32(512));
+            set(g, "qwen3moe.expert_count", Value::U32(1024));
+        });
+        assert!(e.contains("expert objects"), "{e}");
+        let e = refused(|g| set(g, "qwen3moe.attention.key_length", Value::U64(1 << 62)));
+        assert!(e.contains("overflows"), "{e}");
     }
 
     #[test]

@@ -16,6 +16,17 @@ pub use writer::{GgufWriter, TensorSpec};
 
 use std::fmt;
 
+/// Parses an expert tensor name, `blk.L.ffn_ROLE_exps.weight`, into its layer and role.
+pub fn expert_role(name: &str) -> Option<(u32, &str)> {
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let role = rest.strip_prefix("ffn_")?.strip_suffix("_exps.weight")?;
+    matches!(role, "gate" | "up" | "down" | "gate_up").then_some(())?;
+    // Canonical numbers only: `blk.01` and `blk.1` must not name one layer twice.
+    let n: u32 = layer.parse().ok()?;
+    (n.to_string() == layer).then_some((n, role))
+}
+
 pub const MAGIC: [u8; 4] = *b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 

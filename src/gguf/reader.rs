@@ -10,6 +10,15 @@ use std::path::{Path, PathBuf};
 /// Limits that keep a hostile header from making us allocate without bound.
 const MAX_STRING: u64 = 1 << 24;
 const MAX_DIMS: u32 = 4;
+/// Smallest directory entries in the file: a tensor (empty name, one dimension, type, offset)
+/// and a metadata pair (empty key, type, one byte). Counts are bounded by the bytes left.
+const MIN_TENSOR_ENTRY: u64 = 8 + 4 + 8 + 4 + 8;
+const MIN_KV_ENTRY: u64 = 8 + 4 + 1;
+/// Metadata values decoded in all: each takes a `Value` in memory (32 bytes), however few bytes
+/// it has in the file. Four times the largest tokenizer (tokens, scores, types, merges) known.
+const MAX_VALUES: u64 = 1 << 22;
+/// Directory entries reserved up front; more grow as they are actually read.
+const RESERVE: u64 = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorInfo {
@@ -57,7 +66,7 @@ impl Gguf {
         let file = crate::bounds::open_regular(path).map_err(|e| anyhow!("cannot open: {e}"))?;
         let meta = file.metadata()?;
         let file_len = meta.len();
-        let mut r = Cursor { inner: BufReader::with_capacity(1 << 16, file), pos: 0, len: file_len };
+        let mut r = Cursor { inner: BufReader::with_capacity(1 << 16, file), pos: 0, len: file_len, values: 0 };
 
         let mut magic = [0u8; 4];
         r.exact(&mut magic).map_err(|_| anyhow!("not a GGUF file (shorter than its magic)"))?;
@@ -70,9 +79,12 @@ impl Gguf {
         }
         let n_tensors = r.u64()?;
         let n_kv = r.u64()?;
-        // Each entry needs at least a few bytes: bound the counts by the file size.
-        if n_tensors > file_len / 8 || n_kv > file_len / 8 {
-            bail!("header claims {n_tensors} tensors and {n_kv} metadata entries: more than the file can hold");
+        // Each entry needs at least a few bytes: bound the counts by the bytes left.
+        let need = n_tensors
+            .checked_mul(MIN_TENSOR_ENTRY)
+            .and_then(|t| n_kv.checked_mul(MIN_KV_ENTRY).and_then(|k| k.checked_add(t)));
+        if need.is_none_or(|n| n > r.left()) {
+            bail!("header claims {n_tensors} tensors and {n_kv} metadata entries: more than the file's {} bytes can hold", file_len);
         }
 
         let mut metadata = BTreeMap::new();
@@ -95,7 +107,7 @@ impl Gguf {
             }
         };
 
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity(n_tensors.min(RESERVE) as usize);
         let mut names = HashSet::new();
         for i in 0..n_tensors {
             let name = r.string().with_context(|| format!("tensor {i}"))?;
@@ -119,9 +131,17 @@ impl Gguf {
             if rel_offset % alignment != 0 {
                 bail!("tensor `{name}` offset {rel_offset} is not aligned to {alignment}");
             }
-            let bytes = ggml_type.tensor_bytes(&dims).ok_or_else(|| {
-                anyhow!("tensor `{name}` shape {dims:?} does not fit type {ggml_type} (block size)")
-            })?;
+            if dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).is_none_or(|n| n > i64::MAX as u64) {
+                bail!("tensor `{name}` shape {dims:?} has more elements than a tensor can (overflow)");
+            }
+            let blck = ggml_type.block_size().unwrap_or(1);
+            if dims[0] % blck != 0 {
+                bail!("tensor `{name}` shape {dims:?} does not fit type {ggml_type} (block size {blck})");
+            }
+            let bytes = ggml_type
+                .tensor_bytes(&dims)
+                .filter(|&b| b <= file_len)
+                .ok_or_else(|| anyhow!("tensor `{name}` shape {dims:?} of {ggml_type} needs more bytes than the file's {file_len}"))?;
             if !names.insert(name.clone()) {
                 bail!("duplicate tensor `{name}`");
             }
@@ -175,9 +195,27 @@ struct Cursor {
     inner: BufReader<File>,
     pos: u64,
     len: u64,
+    /// Metadata values decoded so far.
+    values: u64,
+}
+
+/// Bytes one value of GGUF type `ty` takes in the file at least; None: not a value type.
+fn min_value_bytes(ty: u32) -> Option<u64> {
+    Some(match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        8 | 10..=12 => 8,
+        9 => 4 + 8,
+        _ => return None,
+    })
 }
 
 impl Cursor {
+    fn left(&self) -> u64 {
+        self.len - self.pos
+    }
+
     fn exact(&mut self, buf: &mut [u8]) -> Result<()> {
         if self.pos + buf.len() as u64 > self.len {
             bail!("truncated: header needs byte {} but the file has {} bytes", self.pos + buf.len() as u64, self.len);
@@ -212,6 +250,10 @@ impl Cursor {
     }
 
     fn value(&mut self, ty: u32, depth: u32) -> Result<Value> {
+        self.values += 1;
+        if self.values > MAX_VALUES {
+            bail!("the metadata holds more than {MAX_VALUES} values");
+        }
         Ok(match ty {
             0 => Value::U8(self.array::<1>()?[0]),
             1 => Value::I8(self.array::<1>()?[0] as i8),
@@ -232,10 +274,14 @@ impl Cursor {
                 }
                 let elem = self.u32()?;
                 let n = self.u64()?;
-                if n > self.len - self.pos {
+                let size = min_value_bytes(elem).ok_or_else(|| anyhow!("array of unknown value type {elem}"))?;
+                if n.checked_mul(size).is_none_or(|b| b > self.left()) {
                     bail!("truncated: array of {n} elements runs past the end of the file");
                 }
-                let mut v = Vec::with_capacity(n.min(1 << 20) as usize);
+                if n > MAX_VALUES - self.values {
+                    bail!("array of {n} elements: the metadata may hold at most {MAX_VALUES} values");
+                }
+                let mut v = Vec::with_capacity(n.min(RESERVE) as usize);
                 for _ in 0..n {
                     v.push(self.value(elem, depth + 1)?);
                 }

@@ -1,6 +1,6 @@
 //! Inventory of a model: tensors, T_repr, and the logical expert objects of its MoE layers.
 
-use crate::gguf::Gguf;
+use crate::gguf::{expert_role, Gguf};
 use anyhow::{bail, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -74,15 +74,6 @@ pub struct Inventory {
     pub extent_overlaps: u64,
 }
 
-/// Parses an expert tensor name: `blk.L.ffn_ROLE_exps.weight`.
-fn expert_role(name: &str) -> Option<(u32, &str)> {
-    let rest = name.strip_prefix("blk.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let role = rest.strip_prefix("ffn_")?.strip_suffix("_exps.weight")?;
-    matches!(role, "gate" | "up" | "down" | "gate_up").then_some(())?;
-    Some((layer.parse().ok()?, role))
-}
-
 impl Inventory {
     /// Validates the file and builds its inventory. A model without expert tensors is refused.
     pub fn of(path: &Path) -> Result<Inventory> {
@@ -114,8 +105,9 @@ impl Inventory {
         let mut expert_bytes = 0;
         for t in &g.tensors {
             let Some((layer, role)) = expert_role(&t.name) else { continue };
-            if t.dims.len() != 3 {
-                bail!("{}: expert tensor `{}` is not three-dimensional", g.path.display(), t.name);
+            // The checks above bound the expert count; the objects are made only within it.
+            if t.dims.len() != 3 || Some(t.dims[2]) != g.arch_u64("expert_count") {
+                bail!("{}: expert tensor `{}` has shape {:?}, not [_, _, expert_count]", g.path.display(), t.name, t.dims);
             }
             let n = t.dims[2];
             let entry = layers.entry(layer).or_insert_with(|| MoeLayer {

@@ -6,35 +6,73 @@
 
 use super::gpu::GpuAudit;
 use super::HostReport;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// How strongly a number bounds a tier. The grades are not comparable on one scale.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "grade", rename_all = "snake_case")]
+/// Authority grades (seed 000 §2.1). Not comparable on one scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum Grade {
-    /// Enforced by the kernel (cgroup limit).
+    /// Enforced by the kernel or runtime (a cgroup limit).
     HardLimit,
-    /// A capacity that cannot be exceeded (board size, host MemTotal).
+    /// A capacity that cannot be exceeded (board size, installed memory).
     PhysicalCeiling,
-    /// A kernel-kept high-water mark of an instrumented boundary.
+    /// An instrumented, kernel-kept high-water mark.
     HighWaterMark,
     /// Periodic samples: an audit, not a bound between samples.
     SampledAudit,
-    NotObserved {
-        reason: String,
-    },
+    NotObserved,
+}
+
+impl Grade {
+    pub fn name(self) -> &'static str {
+        match self {
+            Grade::HardLimit => "hard_limit",
+            Grade::PhysicalCeiling => "physical_ceiling",
+            Grade::HighWaterMark => "high_water_mark",
+            Grade::SampledAudit => "sampled_audit",
+            Grade::NotObserved => "not_observed",
+        }
+    }
+}
+
+/// A tier's grade as the record states it (`{"grade": ..., "reason": ...}`): why, where
+/// nothing was observed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Graded {
+    pub grade: Grade,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Graded {
+    pub fn not_observed(reason: String) -> Graded {
+        Graded { grade: Grade::NotObserved, reason: Some(reason) }
+    }
+}
+
+impl From<Grade> for Graded {
+    fn from(grade: Grade) -> Graded {
+        Graded { grade, reason: None }
+    }
+}
+
+/// A grade with no reason attached is the bare grade.
+impl PartialEq<Grade> for Graded {
+    fn eq(&self, g: &Grade) -> bool {
+        self.grade == *g && self.reason.is_none()
+    }
 }
 
 /// One memory tier.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct TierAuthority {
     /// The authority of `boundary`.
-    pub grade: Grade,
+    pub grade: Graded,
     /// Bytes; None only when not observed.
     pub boundary: Option<u64>,
     /// The observed peak and how it was observed.
     pub peak: Option<u64>,
-    pub peak_grade: Grade,
+    pub peak_grade: Graded,
     /// boundary − peak (signed); None where there is no independent boundary.
     pub margin: Option<i64>,
     /// The physical ceiling, recorded separately from the boundary (host MemTotal, board size).
@@ -42,7 +80,7 @@ pub struct TierAuthority {
     pub ceiling_margin: Option<i64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct AuthorityVector {
     pub host: TierAuthority,
     pub gpu: TierAuthority,
@@ -61,17 +99,17 @@ pub fn authority(host: &HostReport, gpu: &GpuAudit, gpu_declared: Option<u64>) -
         None => (host.sampled_peak, Grade::SampledAudit),
     };
     let host_tier = TierAuthority {
-        grade: if host.limit.is_some() { Grade::HardLimit } else { peak_grade.clone() },
+        grade: if host.limit.is_some() { Grade::HardLimit } else { peak_grade }.into(),
         boundary: Some(host.limit.unwrap_or(peak)),
         peak: Some(peak),
-        peak_grade,
+        peak_grade: peak_grade.into(),
         margin: host.limit.map(|l| diff(l, peak)),
         ceiling: host.mem_total,
         ceiling_margin: host.mem_total.map(|t| diff(t, peak)),
     };
     let gpu_tier = match gpu {
         GpuAudit::NotObserved { reason } => {
-            let g = Grade::NotObserved { reason: reason.clone() };
+            let g = Graded::not_observed(reason.clone());
             TierAuthority {
                 grade: g.clone(),
                 boundary: None,
@@ -88,10 +126,10 @@ pub fn authority(host: &HostReport, gpu: &GpuAudit, gpu_declared: Option<u64>) -
                 None => (Grade::PhysicalCeiling, o.total),
             };
             TierAuthority {
-                grade,
+                grade: grade.into(),
                 boundary: Some(boundary),
                 peak: Some(o.used_peak),
-                peak_grade: Grade::SampledAudit,
+                peak_grade: Grade::SampledAudit.into(),
                 margin: Some(diff(boundary, o.used_peak)),
                 ceiling: Some(o.total),
                 ceiling_margin: Some(diff(o.total, o.used_peak)),
@@ -102,14 +140,14 @@ pub fn authority(host: &HostReport, gpu: &GpuAudit, gpu_declared: Option<u64>) -
 }
 
 /// One conjunct of the admission predicate.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Conjunct {
     pub name: String,
     pub passed: bool,
     pub value: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Admission {
     pub admitted: bool,
     pub conjuncts: Vec<Conjunct>,
@@ -287,7 +325,7 @@ mod tests {
         h.oom_events = Some(1);
         let g = GpuAudit::NotObserved { reason: "NVML unavailable: x".into() };
         let a = authority(&h, &g, None);
-        assert_eq!(a.gpu.grade, Grade::NotObserved { reason: "NVML unavailable: x".into() });
+        assert_eq!(a.gpu.grade, Graded::not_observed("NVML unavailable: x".into()));
         assert_eq!(a.gpu.boundary, None);
         let adm = admission(&h, &g, &a, None);
         assert_eq!(adm.failed, vec!["oom events: 1", "oom kills: 1", "swap: 8192 bytes"]);

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The hierarchy that carries the memory controller.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Version {
     V1,
@@ -388,7 +388,7 @@ pub fn parse_u64(text: &str) -> Option<u64> {
 }
 
 /// The anon/file split of `memory.stat`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct StatSplit {
     /// Usage when the stat was read.
     pub usage: u64,
@@ -698,7 +698,7 @@ pub fn parse_run_name(name: &str) -> Option<(u32, u64)> {
 }
 
 /// One stale run cgroup found at start.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Stale {
     pub name: String,
     pub creator_pid: u32,

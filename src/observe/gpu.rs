@@ -15,7 +15,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Board {
     pub index: u32,
     pub name: Option<String>,
@@ -24,7 +24,7 @@ pub struct Board {
 }
 
 /// A compute process on a board that is not in the run's cgroup.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ForeignProcess {
     pub pid: u32,
     pub board: u32,
@@ -35,7 +35,7 @@ pub struct ForeignProcess {
     pub samples: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct GpuObservation {
     pub boards: Vec<Board>,
     /// Sum of board sizes.
@@ -60,7 +60,7 @@ pub struct GpuObservation {
     pub last_error: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum GpuAudit {
     NotObserved { reason: String },
@@ -108,14 +108,14 @@ fn open() -> Result<(Nvml, u32), String> {
 }
 
 /// The GPU boards as NVML describes them, for the build identity.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum DeviceInfo {
     NotObserved { reason: String },
     Observed { driver: Option<String>, cuda_driver: Option<String>, boards: Vec<BoardInfo> },
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct BoardInfo {
     pub index: u32,
     pub name: Option<String>,

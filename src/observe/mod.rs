@@ -32,7 +32,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use authority::{Conjunct, Grade, TierAuthority};
+pub use authority::{Conjunct, Grade, Graded, TierAuthority};
 pub use cgroup::{SetupError, SetupErrorKind};
 
 /// What a run may use and how often it is sampled.
@@ -56,7 +56,7 @@ impl Default for ContainSpec {
 }
 
 /// How the direct child ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum RunStatus {
     Exited { code: i32 },
@@ -119,7 +119,7 @@ fn signal_name(sig: i32) -> String {
 }
 
 /// Swap of the run.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct SwapReport {
     /// Whether the cgroup accounts swap (v1 memsw files, v2 `memory.swap.current`).
     pub accounted: bool,
@@ -133,7 +133,7 @@ pub struct SwapReport {
 }
 
 /// The host tier: the run cgroup's charge.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct HostReport {
     pub hierarchy: Option<Version>,
     /// Name of the run's cgroup below the harness's own (removed afterwards; see `removed`).
@@ -175,7 +175,7 @@ pub struct HostReport {
 }
 
 /// Everything observed of one contained run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct ContainedRun {
     pub status: RunStatus,
     pub wall_s: f64,
@@ -274,8 +274,9 @@ fn wait_child(pid: u32) -> Result<(RunStatus, Option<Io>, libc::rusage)> {
     Ok((RunStatus::from_wait(status), io, ru))
 }
 
-/// The worker dies with the harness: a killed parent never leaves it running (in its cgroup or
-/// not). getppid after the prctl closes the race with a parent that died before it took effect.
+/// `cmd`'s process is killed (SIGKILL) when this process dies, however it dies. The death
+/// signal follows the thread that spawns, so spawn and wait on one thread. getppid after the
+/// prctl closes the race with a parent that died before it took effect.
 pub fn die_with_parent(cmd: &mut Command) {
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: prctl, getppid and raise are async-signal-safe.

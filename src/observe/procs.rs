@@ -94,7 +94,7 @@ impl TreeSampler {
 }
 
 /// The run's process-tree counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ProcCounters {
     /// Tree totals: the direct child's counters read at its exit (its own and those of every
     /// descendant waited for inside the tree) plus those of stragglers still alive at that

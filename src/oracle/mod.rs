@@ -83,3 +83,31 @@ pub fn unit_name(surface: &str) -> &'static str {
         _ => "byte",
     }
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    /// Every byte of tokens, full logits rows, response bytes and route events equal.
+    AllSurfaces,
+    /// The token surface (prompt and output token ids) equal: for refinement cells, which
+    /// record no logits rows.
+    Tokens,
+}
+
+/// Exactness of a record against the oracle's record under the relation: whether it holds, and
+/// the surfaces that differ.
+pub fn exactness(relation: Relation, oracle_dir: &Path, cell_dir: &Path) -> Result<(bool, Vec<String>)> {
+    match relation {
+        Relation::AllSurfaces => {
+            let cmp = compare(oracle_dir, cell_dir)?;
+            let differing: Vec<String> = cmp.iter().filter(|c| !c.is_exact()).map(|c| c.surface.clone()).collect();
+            Ok((differing.is_empty(), differing))
+        }
+        Relation::Tokens => {
+            let cmp = compare(oracle_dir, cell_dir)?;
+            let exact = cmp.iter().any(|c| c.surface == "tokens" && c.is_exact());
+            Ok((exact, if exact { vec![] } else { vec!["tokens".to_string()] }))
+        }
+    }
+}
+

@@ -9,7 +9,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Per MoE layer: events, passes, selections demanded and selections served.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct LayerCoverage {
     pub layer: u32,
     pub events: u64,
@@ -36,7 +36,7 @@ pub struct Coverage {
 }
 
 /// What a record carries about the completeness of service.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct CoverageReport {
     /// Every closed event was served exactly, and no event is open.
     pub complete: bool,

@@ -3,6 +3,7 @@
 
 use super::coverage::Coverage;
 use super::{Manifest, Plan, PolicySpec, Role, SlotWriter};
+use super::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, SourceBound, StepsReport, STEP_FIELDS};
 use crate::engine::{ExpertSource, SlotPool};
 use crate::inventory::Inventory;
 use crate::source::fault::{FaultCell, FaultySource};
@@ -24,6 +25,16 @@ pub enum SourceKind {
     D,
     /// io_uring O_DIRECT, registered windows, bounded depth.
     F,
+}
+
+impl SourceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceKind::P => "p",
+            SourceKind::D => "d",
+            SourceKind::F => "f",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
@@ -294,19 +305,31 @@ impl ExpertSource for PlanSource {
     }
 
     fn describe(&self) -> serde_json::Value {
-        serde_json::json!({
-            "mode": "plan",
-            "slots": self.n_slots,
-            "layer_buffers": self.plan.manifest().layer_buffers,
-            "policy": self.plan.telemetry().policy,
-            "source": self.options.source,
-            "windows": self.plan.window_states().len(),
-            "window_bytes": self.plan.manifest().window_size,
-            "depth": if self.options.source == SourceKind::F { Some(self.options.depth) } else { None },
-        })
+        serde_json::to_value(self.description()).unwrap_or_default()
     }
 
     fn finish(&mut self) -> Result<serde_json::Value> {
+        Ok(serde_json::to_value(self.report()?)?)
+    }
+}
+
+impl PlanSource {
+    /// What this Plan is, for the record's parameters.
+    pub fn description(&self) -> PlanDescription {
+        PlanDescription {
+            mode: PlanMode::Plan,
+            slots: self.n_slots,
+            layer_buffers: self.plan.manifest().layer_buffers,
+            policy: self.plan.telemetry().policy,
+            source: self.options.source,
+            windows: self.plan.window_states().len() as u64,
+            window_bytes: self.plan.manifest().window_size,
+            depth: if self.options.source == SourceKind::F { Some(self.options.depth) } else { None },
+        }
+    }
+
+    /// Closes the Plan after the run: its telemetry and closure.
+    pub fn report(&mut self) -> Result<PlanReport> {
         if let Some((layer, pass, _)) = self.held.take() {
             self.plan.release(layer, pass)?;
         }
@@ -335,50 +358,42 @@ impl ExpertSource for PlanSource {
         let m = self.plan.manifest();
         let windows = self.plan.window_states().len() as u64;
         let meta = std::mem::size_of::<Plan>() as u64;
-        Ok(serde_json::json!({
-            "manifest": {
-                "objects": m.objects.len(),
-                "managed_bytes": m.managed_bytes,
-                "window_bytes": m.window_size,
-                "slots_per_layer": self.n_slots,
-                "layer_buffers": m.layer_buffers,
-                "slot_pool_bytes": self.pool_bytes,
+        Ok(PlanReport {
+            manifest: ManifestReport {
+                objects: m.objects.len() as u64,
+                managed_bytes: m.managed_bytes,
+                window_bytes: m.window_size,
+                slots_per_layer: self.n_slots,
+                layer_buffers: m.layer_buffers,
+                slot_pool_bytes: self.pool_bytes,
             },
-            "telemetry": tel,
-            "closure": closure,
-            "clean_closure": closure.is_clean(),
-            "selections": self.coverage.report(),
-            "exposed_source_wait_s": self.wait.as_secs_f64(),
-            // Window → slot copies (host-to-device where a pool is on a device), each observed
-            // complete before its slot became DeviceReady.
-            "copy": {
-                "devices": self.devices,
-                "bytes": tel.bytes_copied,
-                "seconds": tel.copy_ns as f64 * 1e-9,
+            clean_closure: closure.is_clean(),
+            selections: self.coverage.report(),
+            exposed_source_wait_s: self.wait.as_secs_f64(),
+            copy: CopyReport { devices: self.devices.clone(), bytes: tel.bytes_copied, seconds: tel.copy_ns as f64 * 1e-9 },
+            steps: StepsReport {
+                fields: STEP_FIELDS.iter().map(|f| f.to_string()).collect(),
+                total: self.marks.map(|(first, _, last)| first.until(&last)),
+                per_step: steps,
             },
-            // Per step (one ubatch through the model, from its first MoE acquire) and in total.
-            "steps": {
-                "fields": ["read_s", "copy_s", "compute_s", "exposed_wait_s"],
-                "total": self.marks.map(|(first, _, last)| first.until(&last)),
-                "per_step": steps,
+            acquire_calls: self.acquire_calls,
+            uring_registered_buffers: self.uring_registered,
+            fault: FaultReport {
+                cell: self.options.fault,
+                expect: self.options.fault.expect(),
+                invariant: self.options.fault.invariant().to_string(),
+                fired: self.fault_fired + closure.source.faults_fired,
+                log: self.fault_log.clone(),
             },
-            "acquire_calls": self.acquire_calls,
-            "uring_registered_buffers": self.uring_registered,
-            "fault": {
-                "cell": self.options.fault,
-                "expect": self.options.fault.expect(),
-                "invariant": self.options.fault.invariant(),
-                "fired": self.fault_fired + closure.source.faults_fired,
-                "log": self.fault_log,
+            m_source_bound: SourceBound {
+                n_windows: windows,
+                window_bytes: m.window_size,
+                windows_bytes: windows * m.window_size,
+                queue_entries: if self.options.source == SourceKind::F { self.options.depth } else { 1 },
+                plan_struct_bytes: meta,
             },
-            // Seed 000 eq. (5): M_source <= N_w * W + M_queue + M_meta, with our values.
-            "m_source_bound": {
-                "n_windows": windows,
-                "window_bytes": m.window_size,
-                "windows_bytes": windows * m.window_size,
-                "queue_entries": if self.options.source == SourceKind::F { self.options.depth } else { 1 },
-                "plan_struct_bytes": meta,
-            },
-        }))
+            telemetry: tel,
+            closure,
+        })
     }
 }

@@ -22,6 +22,7 @@ pub mod engine;
 mod lifecycle;
 mod manifest;
 mod policy;
+pub mod report;
 mod table;
 mod telemetry;
 

@@ -44,7 +44,7 @@ impl RejectKind {
 }
 
 /// Cumulative traffic: every read the Plan submitted, rereads included.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Traffic {
     pub reads: u64,
     pub logical_bytes: u64,
@@ -54,14 +54,14 @@ pub struct Traffic {
 }
 
 /// A deduplicated set of objects and its logical bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Union {
     pub objects: u64,
     pub bytes: u64,
 }
 
 /// U_sem^LB: the union of the extents of every object the router selected at least once.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct SemanticUnion {
     pub objects: u64,
     pub extents: u64,
@@ -72,7 +72,7 @@ pub struct SemanticUnion {
     pub overlaps: u64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Telemetry {
     pub policy: String,
     pub epoch: u64,
@@ -113,7 +113,7 @@ pub struct Telemetry {
 }
 
 /// The terminal ledger of a Plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Closure {
     pub epoch: u64,
     /// Tickets submitted whose completion never came back: must be 0.

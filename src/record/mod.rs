@@ -5,12 +5,13 @@
 //! overwritten.
 //!
 //! [`seal`] then turns a complete record directory into an immutable one named by its digest
-//! (`results/<digest>`, see `seal.rs`); [`claims`] checks a ledger of claims against sealed
-//! records (`verify`) and recomputes their summaries from raw operands (`replay`).
+//! (`results/<digest>`, see `seal.rs`). Claims about sealed records live a room above, in
+//! `crate::claims`.
 
-pub mod claims;
+pub mod format;
 mod seal;
 
+pub use format::{load_generate, load_refine, load_typed, GenerateRecord, RefineRecord, TypedRecord, GENERATE_FORMAT, REFINE_FORMAT};
 pub use seal::{rename_noreplace, finish_modes, prepare_seal, seal, verify_record, FileEntry, Manifest, PreparedSeal, SealedRecord, MANIFEST_FILE, MANIFEST_FORMAT};
 
 use anyhow::{bail, Context, Result};
@@ -113,7 +114,8 @@ impl Staging {
     pub fn commit<T: Serialize>(mut self, record: &T) -> Result<PathBuf> {
         let path = self.dir.join(RECORD_FILE);
         let mut f = File::create(&path)?;
-        serde_json::to_writer_pretty(&mut f, record)?;
+        // Through a JSON value, so keys are sorted as every record's have been.
+        serde_json::to_writer_pretty(&mut f, &serde_json::to_value(record)?)?;
         f.write_all(b"\n")?;
         f.sync_all()?;
         rename_noreplace(&self.dir, &self.final_dir)?;

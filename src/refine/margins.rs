@@ -140,7 +140,7 @@ pub fn run(spec: &MarginsSpec) -> Result<(Report, Vec<Position>)> {
             }
             ctx.trim(0)?;
             let mut row = Vec::new();
-            ctx.decode(&prompt, false, &mut row)?;
+            super::decode_finite(&mut ctx, "reference", &prompt, false, &mut row)?;
             let mut out = Vec::new();
             loop {
                 let t = argmax(&row) as i32;
@@ -148,8 +148,7 @@ pub fn run(spec: &MarginsSpec) -> Result<(Report, Vec<Position>)> {
                 if out.len() == spec.n_predict as usize {
                     break;
                 }
-                row.clear();
-                ctx.decode(&[t], false, &mut row)?;
+                super::decode_finite(&mut ctx, "reference", &[t], false, &mut row)?;
             }
             trajectories.push((prompt, out));
         }
@@ -164,7 +163,7 @@ pub fn run(spec: &MarginsSpec) -> Result<(Report, Vec<Position>)> {
     let mut ctx = Context::new(&model, spec.exec, false)?;
     let mut positions = Vec::new();
     for (pi, (prompt, out)) in trajectories.iter().enumerate() {
-        let rows = super::teacher_force(&mut ctx, n_vocab, prompt, out)?;
+        let rows = super::teacher_force(&mut ctx, "candidate", n_vocab, prompt, out)?;
         for (j, (&t, row)) in out.iter().zip(rows.chunks_exact(n_vocab)).enumerate() {
             let c = argmax(row) as i32;
             positions.push(Position { prompt: pi, position: j, reference_token: t, candidate_token: c, margin: margin(row), agree: c == t });

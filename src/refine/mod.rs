@@ -9,11 +9,12 @@ pub mod margins;
 pub mod score;
 
 use crate::engine::{Context, ExecParams, ExpertSource, Model};
-use crate::generate::{argmax, load_model, ModelIdentity};
+use crate::generate::{argmax, check_finite, load_model, ModelIdentity};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::plan::engine::{PlanOptions, PlanSource};
-use crate::record::Staging;
+use crate::record::format::{ExpertsReport, Outcome, ProcessReport, RefineCounts, RefineParams, RefineReport, RefineTiming, Resident, VerifierParams};
+use crate::record::{RefineRecord, Staging, REFINE_FORMAT};
 use anyhow::{bail, Context as _, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -22,17 +23,7 @@ use std::time::Instant;
 /// Defer decisions whose top-1 margin is below this, unless told otherwise.
 pub const DEFAULT_TAU: f32 = 1.0;
 
-/// What a run decodes with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// Base generates, verifier checks windows (the runtime).
-    Refine,
-    /// The base alone: the zero-bytes endpoint.
-    Base,
-    /// The verifier alone, greedy and incremental: the quality ceiling, one pass per token.
-    Verifier,
-}
+pub use crate::record::format::{Counters, Mode};
 
 pub struct RefineSpec {
     pub base: PathBuf,
@@ -83,22 +74,6 @@ pub enum Decision {
     Verifier = 3,
 }
 
-/// Per-run counters of the runtime.
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct Counters {
-    /// Verifier passes (teacher-forcing sweeps; decode steps in verifier mode).
-    pub sweeps: u64,
-    pub rollbacks: u64,
-    /// Base decisions flagged for checking (margin under τ, or all with verify-all).
-    pub deferred: u64,
-    /// Deferred decisions the verifier actually checked.
-    pub checked: u64,
-    /// Tokens the verifier was fed (prefill and suffixes).
-    pub verifier_tokens: u64,
-    /// Base decode passes (prompt prefill counts one).
-    pub base_passes: u64,
-}
-
 struct PromptRun {
     prompt: Vec<i32>,
     out: Vec<i32>,
@@ -123,7 +98,7 @@ impl Runtime<'_> {
             let v = self.verifier.as_mut().expect("verifier mode loads the verifier");
             v.trim(0)?;
             let mut row = Vec::new();
-            v.decode(&r.prompt, false, &mut row)?;
+            decode_finite(v, "verifier", &r.prompt, false, &mut row)?;
             self.counters.sweeps += 1;
             self.counters.verifier_tokens += r.prompt.len() as u64;
             while r.out.len() < n {
@@ -132,8 +107,7 @@ impl Runtime<'_> {
                 r.margins.push(margin(&row));
                 r.decisions.push(Decision::Verifier);
                 if r.out.len() < n {
-                    row.clear();
-                    v.decode(&[t], false, &mut row)?;
+                    decode_finite(v, "verifier", &[t], false, &mut row)?;
                     self.counters.sweeps += 1;
                     self.counters.verifier_tokens += 1;
                 }
@@ -147,7 +121,7 @@ impl Runtime<'_> {
             v.trim(0)?;
         }
         let mut row = Vec::new();
-        base.decode(&r.prompt, false, &mut row)?;
+        decode_finite(base, "base", &r.prompt, false, &mut row)?;
         self.counters.base_passes += 1;
         let mut deferred: Vec<bool> = Vec::new();
         // Outputs before `verified` are final; the verifier holds positions before `fed`.
@@ -180,8 +154,7 @@ impl Runtime<'_> {
                         fed = p + j as i32;
                         verified = j + 1;
                         if r.out.len() < n {
-                            row.clear();
-                            base.decode(&[t], false, &mut row)?;
+                            decode_finite(base, "base", &[t], false, &mut row)?;
                             self.counters.base_passes += 1;
                         }
                         continue;
@@ -193,8 +166,7 @@ impl Runtime<'_> {
                 break;
             }
             let base = self.base.as_mut().expect("the base is loaded");
-            row.clear();
-            base.decode(&[*r.out.last().expect("one output at least")], false, &mut row)?;
+            decode_finite(base, "base", &[*r.out.last().expect("one output at least")], false, &mut row)?;
             self.counters.base_passes += 1;
         }
         Ok(r)
@@ -214,7 +186,7 @@ impl Runtime<'_> {
             bail!("verifier cache at {start} cannot check outputs from {from} (prompt {p}, {} outputs)", r.out.len());
         }
         let mut rows = Vec::with_capacity((end - start) * self.n_vocab);
-        v.decode(&seq[start..end], true, &mut rows)?;
+        decode_finite(v, "verifier", &seq[start..end], true, &mut rows)?;
         self.counters.sweeps += 1;
         self.counters.verifier_tokens += (end - start) as u64;
         *fed = end as i32;
@@ -254,13 +226,23 @@ fn load(path: &Path, inv: &Inventory, stream: &Option<PlanOptions>) -> Result<Mo
     load_model(path, source)
 }
 
-/// Teacher-forces `prompt` + `out` (all but its last token) from position 0: row j of the
-/// result (n_vocab floats each) is the distribution that predicts `out[j]`.
-fn teacher_force(ctx: &mut Context, n_vocab: usize, prompt: &[i32], out: &[i32]) -> Result<Vec<f32>> {
+/// Decodes `tokens` into `rows` (cleared first). Every row read must be finite, as in generate:
+/// a NaN row has no argmax, margin or log-probability, and would pass for a decision.
+fn decode_finite(ctx: &mut Context, who: &str, tokens: &[i32], all: bool, rows: &mut Vec<f32>) -> Result<()> {
+    let first = ctx.n_past() as usize + if all { 0 } else { tokens.len() - 1 };
+    rows.clear();
+    ctx.decode(tokens, all, rows)?;
+    let n_rows = if all { tokens.len() } else { 1 };
+    check_finite(rows, rows.len() / n_rows, 0).with_context(|| format!("{who} logits from position {first}"))
+}
+
+/// Teacher-forces `prompt` + `out` (all but its last token) from position 0 through `who`: row j
+/// of the result (n_vocab floats each) is the distribution that predicts `out[j]`.
+fn teacher_force(ctx: &mut Context, who: &str, n_vocab: usize, prompt: &[i32], out: &[i32]) -> Result<Vec<f32>> {
     ctx.trim(0)?;
     let seq: Vec<i32> = prompt.iter().chain(&out[..out.len() - 1]).copied().collect();
     let mut rows = Vec::with_capacity(seq.len() * n_vocab);
-    ctx.decode(&seq, true, &mut rows)?;
+    decode_finite(ctx, who, &seq, true, &mut rows)?;
     Ok(rows.split_off((prompt.len() - 1) * n_vocab))
 }
 
@@ -359,12 +341,12 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     drop(rt);
     // A source that cannot close clean is evidence too: it goes into the record, not lost.
     let stream_report = match ver_model.as_ref().and_then(|m| m.with_source(|s| s.finish())) {
-        Some(Ok(r)) => Some(r),
+        Some(Ok(r)) => Some(ExpertsReport::of_source(r)?),
         Some(Err(e)) => {
             if failure.is_none() {
                 failure = Some(anyhow::anyhow!("the verifier's expert source did not close clean: {e:#}"));
             }
-            Some(serde_json::json!({ "finish_error": format!("{e:#}") }))
+            Some(ExpertsReport::FinishError(format!("{e:#}")))
         }
         None => None,
     };
@@ -380,23 +362,29 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     // Logical verification bytes: one pass over the verifier checkpoint per sweep (seed 001).
     let verification_bytes = counters.sweeps * ver_id.t_repr_bytes;
     let per_token = verification_bytes as f64 / generated.max(1) as f64;
-    let params = serde_json::json!({
-        "mode": spec.mode,
-        "tau": spec.tau,
-        "window": spec.window,
-        "verify_all": spec.verify_all,
-        "n_predict": spec.n_predict,
-        "prompts": spec.prompts.len(),
-        "sampling": "greedy (first maximum)",
-        "verifier": match &spec.stream { None => serde_json::json!("resident"), Some(o) => serde_json::json!({"streamed": o}) },
-        "exec": spec.exec,
-    });
+    let params = RefineParams {
+        mode: spec.mode,
+        tau: spec.tau,
+        window: spec.window,
+        verify_all: spec.verify_all,
+        n_predict: spec.n_predict,
+        prompts: spec.prompts.len(),
+        sampling: crate::generate::SAMPLING.into(),
+        verifier: match &spec.stream {
+            None => VerifierParams::Resident(Resident::Resident),
+            Some(o) => VerifierParams::Streamed { streamed: o.clone() },
+        },
+        exec: spec.exec,
+    };
 
     let quality = match (&failure, &reference) {
         (None, Some((_, inv))) => {
             let r = spec.reference.as_ref().expect("reference identity implies a path");
             let seqs: Vec<(&[i32], &[i32])> = runs.iter().map(|r| (r.prompt.as_slice(), r.out.as_slice())).collect();
-            Some(score::score(r, inv, &seqs, spec.exec, &spec.reference_stream)?)
+            // A reference that cannot score the output fails the run on record.
+            score::score(r, inv, &seqs, spec.exec, &spec.reference_stream)
+                .map_err(|e| failure = Some(e.context("scoring under --reference")))
+                .ok()
         }
         _ => None,
     };
@@ -418,41 +406,42 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
         staging.surface("decisions", "decisions.bin", &decisions, 1, false)?;
     }
     let tokens_per_s = generated as f64 / gen_s.max(1e-9);
-    let record = serde_json::json!({
-        "format": "sovereign.refine/1",
-        "outcome": if failure.is_some() { "failed" } else { "completed" },
-        "error": failure.as_ref().map(|e| format!("{e:#}")),
-        "model": base_id,
-        "verifier": ver_id,
-        "reference": reference.as_ref().map(|(id, _)| id),
-        "build": build_identity()?,
-        "params": params,
-        "counts": {
-            "prompts": spec.prompts.len(),
-            "prompt_tokens": if failure.is_some() { serde_json::Value::Null } else { prompt_tokens.into() },
-            "prompt_tokens_each": runs.iter().map(|r| r.prompt.len()).collect::<Vec<_>>(),
-            "generated_tokens": generated,
-            "n_vocab": n_vocab,
-        },
-        "refine": {
-            "counters": counters,
-            "verification_bytes_logical": verification_bytes,
-            "verification_bytes_per_token": per_token,
-            "verifier_bytes": ver_id.t_repr_bytes,
-            "bytes_per_token_over_verifier": per_token / ver_id.t_repr_bytes.max(1) as f64,
-            "rollbacks_per_token": counters.rollbacks as f64 / generated.max(1) as f64,
-            // What the streamed verifier actually read from storage (its routed experts only).
-            "served_bytes_per_token": stream_report.as_ref()
-                .and_then(|r| r.pointer("/telemetry/q_run/logical_bytes"))
-                .and_then(|b| b.as_u64())
-                .map(|b| b as f64 / generated.max(1) as f64),
-        },
-        "timing": { "load_s": load_s, "generate_s": gen_s, "tokens_per_s": tokens_per_s },
-        "experts": stream_report,
-        "quality": quality,
-        "process": { "vm_hwm_bytes": crate::util::vm_hwm_bytes() },
-        "surfaces": staging.surfaces(),
-    });
+    let record = RefineRecord {
+        format: REFINE_FORMAT.into(),
+        outcome: if failure.is_some() { Outcome::Failed } else { Outcome::Completed },
+        error: failure.as_ref().map(|e| format!("{e:#}")),
+        model: Some(base_id),
+        reference: Some(reference.map(|(id, _)| id)),
+        build: build_identity()?,
+        params: Some(params),
+        counts: Some(RefineCounts {
+            prompts: spec.prompts.len(),
+            prompt_tokens: if failure.is_some() { None } else { Some(prompt_tokens) },
+            prompt_tokens_each: runs.iter().map(|r| r.prompt.len()).collect(),
+            generated_tokens: generated,
+            n_vocab,
+        }),
+        refine: Some(RefineReport {
+            counters: counters.clone(),
+            verification_bytes_logical: verification_bytes,
+            verification_bytes_per_token: per_token,
+            verifier_bytes: ver_id.t_repr_bytes,
+            bytes_per_token_over_verifier: per_token / ver_id.t_repr_bytes.max(1) as f64,
+            rollbacks_per_token: counters.rollbacks as f64 / generated.max(1) as f64,
+            served_bytes_per_token: stream_report
+                .as_ref()
+                .and_then(ExpertsReport::plan)
+                .map(|r| r.telemetry.q_run.logical_bytes as f64 / generated.max(1) as f64),
+        }),
+        verifier: Some(ver_id),
+        timing: Some(RefineTiming { load_s, generate_s: gen_s, tokens_per_s }),
+        experts: Some(stream_report),
+        quality: Some(quality.clone()),
+        process: Some(ProcessReport::now()),
+        surfaces: staging.surfaces().clone(),
+        resources: None,
+        cache_protocol: None,
+    };
     let dir = staging.commit(&record)?;
     if let Some(e) = failure {
         return Err(e.context(format!("run failed closed; record {}", dir.display())));

@@ -6,19 +6,10 @@ use crate::generate::argmax;
 use crate::inventory::Inventory;
 use crate::plan::engine::PlanOptions;
 use anyhow::Result;
-use serde::Serialize;
+
 use std::path::Path;
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Quality {
-    /// Mean over every output token of every prompt, natural log.
-    pub mean_logprob: f64,
-    pub per_prompt: Vec<f64>,
-    pub tokens: usize,
-    /// Share of output tokens that are the reference's own greedy choice at that position.
-    pub reference_agreement: f64,
-    pub reference_streamed: bool,
-}
+pub use crate::record::format::Quality;
 
 /// log softmax(row)[t], in f64.
 pub fn logprob(row: &[f32], t: usize) -> f64 {
@@ -39,7 +30,7 @@ pub fn score(path: &Path, inv: &Inventory, seqs: &[(&[i32], &[i32])], exec: Exec
             per_prompt.push(f64::NAN);
             continue;
         }
-        let rows = super::teacher_force(&mut ctx, n_vocab, prompt, out)?;
+        let rows = super::teacher_force(&mut ctx, "reference", n_vocab, prompt, out)?;
         let mut s = 0.0;
         for (&t, row) in out.iter().zip(rows.chunks_exact(n_vocab)) {
             s += logprob(row, t as usize);

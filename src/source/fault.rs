@@ -28,7 +28,7 @@ pub enum FaultCell {
 }
 
 /// What a cell must show (Table 7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Expect {
     /// Exact output and clean closure.

@@ -108,7 +108,7 @@ impl Completion {
 }
 
 /// Counters every source keeps.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct SourceStats {
     pub submissions: u64,
     pub completions: u64,

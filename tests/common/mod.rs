@@ -119,3 +119,17 @@ pub fn build_identity() -> (String, String) {
         .collect();
     (tree, if patches.is_empty() { "  patches: []\n".into() } else { format!("  patches:\n{}", patches.concat()) })
 }
+
+/// A copy of `model` at `out` whose F32 tensor `tensor` holds only NaN: every logit it feeds
+/// becomes NaN, which must fail a run, never pass for a decision.
+pub fn with_nan(model: &Path, tensor: &str, out: &Path) -> PathBuf {
+    let g = sovereign::gguf::Gguf::open(model).unwrap();
+    let t = g.tensor(tensor).unwrap_or_else(|| panic!("{} has no `{tensor}`", model.display()));
+    assert_eq!(t.ggml_type, sovereign::gguf::GgmlType::F32);
+    let mut bytes = std::fs::read(model).unwrap();
+    for v in bytes[t.offset as usize..t.end() as usize].chunks_exact_mut(4) {
+        v.copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    std::fs::write(out, bytes).unwrap();
+    out.to_path_buf()
+}

@@ -43,11 +43,12 @@
 //! `cell.json` carries: a fault cell that never fired, a fatal cell with output or a recoverable
 //! cell not exact against its control fails the claim, its failing checks named.
 
-use super::verify_record;
 use crate::campaign::admission::{self, Operands};
-use crate::campaign::runner::{exactness, read_cell};
-use crate::campaign::spec::{default_file, FaultCell, Operand, Relation};
+use crate::campaign::runner::read_cell;
+use crate::campaign::spec::{default_file, FaultCell, Operand};
 use crate::oracle::fault::Verdict;
+use crate::oracle::{exactness, Relation};
+use crate::record::verify_record;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

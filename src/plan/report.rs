@@ -1,0 +1,98 @@
+//! What the Plan puts on record as an expert source: its description before the run
+//! (`params.experts`) and its report after it (`experts`).
+
+use super::coverage::CoverageReport;
+use super::engine::SourceKind;
+use super::telemetry::{Closure, Telemetry};
+use crate::source::fault::{Expect, FaultCell};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// `"mode": "plan"`: what marks a source description as the Plan's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlanMode {
+    #[default]
+    Plan,
+}
+
+/// The Plan as a run's parameters name it (`plan zero, 4 slots, source F`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanDescription {
+    pub mode: PlanMode,
+    pub slots: u32,
+    pub layer_buffers: u32,
+    pub policy: String,
+    pub source: SourceKind,
+    pub windows: u64,
+    pub window_bytes: u64,
+    /// Reads in flight (source F only).
+    pub depth: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestReport {
+    pub objects: u64,
+    pub managed_bytes: u64,
+    pub window_bytes: u64,
+    pub slots_per_layer: u32,
+    pub layer_buffers: u32,
+    pub slot_pool_bytes: u64,
+}
+
+/// Window → slot copies (host-to-device where a pool is on a device), each observed complete
+/// before its slot became DeviceReady.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CopyReport {
+    pub devices: BTreeSet<String>,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// The names of a step's four times.
+pub const STEP_FIELDS: [&str; 4] = ["read_s", "copy_s", "compute_s", "exposed_wait_s"];
+
+/// Per step (one ubatch through the model, from its first MoE acquire) and in total:
+/// [read, copy, compute, exposed wait] seconds, named by `fields`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepsReport {
+    pub fields: Vec<String>,
+    pub total: Option<[f64; 4]>,
+    pub per_step: Vec<[f64; 4]>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultReport {
+    pub cell: FaultCell,
+    pub expect: Expect,
+    pub invariant: String,
+    pub fired: u64,
+    pub log: Vec<String>,
+}
+
+/// Seed 000 eq. (5): M_source <= N_w * W + M_queue + M_meta, with our values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceBound {
+    pub n_windows: u64,
+    pub window_bytes: u64,
+    pub windows_bytes: u64,
+    pub queue_entries: u32,
+    pub plan_struct_bytes: u64,
+}
+
+/// The Plan's telemetry and closure after a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanReport {
+    pub manifest: ManifestReport,
+    pub telemetry: Telemetry,
+    pub closure: Closure,
+    pub clean_closure: bool,
+    pub selections: CoverageReport,
+    pub exposed_source_wait_s: f64,
+    pub copy: CopyReport,
+    pub steps: StepsReport,
+    pub acquire_calls: u64,
+    pub uring_registered_buffers: Option<bool>,
+    pub fault: FaultReport,
+    pub m_source_bound: SourceBound,
+}

@@ -1,0 +1,530 @@
+//! The typed records: what `record.json` says for a `generate` run (`sovereign.generate/1`)
+//! and a `refine` run (`sovereign.refine/1`), written and read through serde.
+//!
+//! Field names and shapes are the records' own since their first format: fields a run may
+//! lack are `Option`, absent from the file where they always were. Records are written through
+//! a JSON value, so keys stay sorted (`Staging::commit`).
+
+use super::{Surface, RECORD_FILE};
+use crate::engine::{ExecParams, PlacementReport};
+use crate::identity::BuildIdentity;
+use crate::inventory::Inventory;
+use crate::observe::ContainedRun;
+use crate::plan::engine::PlanOptions;
+use crate::plan::report::{PlanDescription, PlanReport};
+use anyhow::{bail, Context, Result};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The format of a `generate` record.
+pub const GENERATE_FORMAT: &str = "sovereign.generate/1";
+/// The format of a `refine` record.
+pub const REFINE_FORMAT: &str = "sovereign.refine/1";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Completed,
+    Failed,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    pub load_s: f64,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelIdentity {
+    pub file: String,
+    pub sha256: String,
+    pub bytes: u64,
+    pub architecture: String,
+    pub t_repr_bytes: u64,
+    pub expert_bytes: u64,
+}
+
+impl ModelIdentity {
+    /// The identity a record names the model file `path` (already inventoried as `inv`) by.
+    pub fn of(path: &Path, inv: &Inventory) -> Result<ModelIdentity> {
+        Ok(ModelIdentity {
+            file: inv.file.clone(),
+            sha256: crate::util::sha256_file(path)?,
+            bytes: inv.file_bytes,
+            architecture: inv.architecture.clone(),
+            t_repr_bytes: inv.t_repr_bytes,
+            expert_bytes: inv.expert_bytes,
+        })
+    }
+}
+
+/// What the run's process held at its end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessReport {
+    pub vm_hwm_bytes: Option<u64>,
+}
+
+impl ProcessReport {
+    pub fn now() -> ProcessReport {
+        ProcessReport { vm_hwm_bytes: crate::util::vm_hwm_bytes() }
+    }
+}
+
+/// What bounded each memory tier of a contained run, and its admission.
+pub type Resources = ContainedRun;
+
+/// `"resident"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Resident {
+    Resident,
+}
+
+/// Where a run's experts came from (`params.experts`): resident, the Plan, or another
+/// source's own description.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExpertsParams {
+    Resident,
+    Plan(PlanDescription),
+    Other(Value),
+}
+
+impl ExpertsParams {
+    /// A source's description as the engine hands it over.
+    pub fn of_source(v: Value) -> Result<ExpertsParams, serde_json::Error> {
+        Ok(if v == "resident" {
+            ExpertsParams::Resident
+        } else if v.get("mode").and_then(Value::as_str) == Some("plan") {
+            ExpertsParams::Plan(serde_json::from_value(v)?)
+        } else {
+            ExpertsParams::Other(v)
+        })
+    }
+
+    pub fn plan(&self) -> Option<&PlanDescription> {
+        match self {
+            ExpertsParams::Plan(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+impl Serialize for ExpertsParams {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ExpertsParams::Resident => Resident::Resident.serialize(s),
+            ExpertsParams::Plan(d) => d.serialize(s),
+            ExpertsParams::Other(v) => v.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ExpertsParams {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        ExpertsParams::of_source(Value::deserialize(d)?).map_err(|e| D::Error::custom(format!("params.experts: {e}")))
+    }
+}
+
+/// How a run's expert source closed (`experts`): the Plan's report, the error of a source that
+/// did not close, or another source's own report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExpertsReport {
+    Plan(Box<PlanReport>),
+    FinishError(String),
+    Other(Value),
+}
+
+impl ExpertsReport {
+    /// A source's report as the engine hands it over.
+    pub fn of_source(v: Value) -> Result<ExpertsReport, serde_json::Error> {
+        let finish_error = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.get("finish_error")).and_then(Value::as_str);
+        Ok(if let Some(e) = finish_error {
+            ExpertsReport::FinishError(e.to_string())
+        } else if v.get("manifest").is_some() {
+            ExpertsReport::Plan(Box::new(serde_json::from_value(v)?))
+        } else {
+            ExpertsReport::Other(v)
+        })
+    }
+
+    pub fn plan(&self) -> Option<&PlanReport> {
+        match self {
+            ExpertsReport::Plan(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// A JSON object (a Plan report, a finish error, or an object of another source).
+    pub fn is_object(&self) -> bool {
+        !matches!(self, ExpertsReport::Other(v) if !v.is_object())
+    }
+}
+
+#[derive(Serialize)]
+struct FinishError<'a> {
+    finish_error: &'a str,
+}
+
+impl Serialize for ExpertsReport {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ExpertsReport::Plan(r) => r.serialize(s),
+            ExpertsReport::FinishError(e) => FinishError { finish_error: e }.serialize(s),
+            ExpertsReport::Other(v) => v.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ExpertsReport {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        ExpertsReport::of_source(Value::deserialize(d)?).map_err(|e| D::Error::custom(format!("experts: {e}")))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateParams {
+    pub n_predict: u32,
+    pub ignore_eos: bool,
+    pub experts: ExpertsParams,
+    pub sampling: String,
+    #[serde(flatten)]
+    pub exec: ExecParams,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerateCounts {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub logits_rows: usize,
+    pub n_vocab: usize,
+    pub route_events: usize,
+    pub route_k: usize,
+    /// `n_predict`, `end_of_generation`, or `failed`.
+    pub stop: String,
+}
+
+/// `record.json` of a `generate` run. A contained run that failed before its worker wrote a
+/// record has only `format`, `outcome`, `error`, `build`, `surfaces` and what the container
+/// adds (`resources`, `cache_protocol`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRecord {
+    pub format: String,
+    pub outcome: Outcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelIdentity>,
+    pub build: BuildIdentity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<GenerateParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<GenerateCounts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<Timing>,
+    /// The source's report: null for a resident run and for a source that never finished;
+    /// absent where the worker wrote no record.
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub experts: Option<Option<ExpertsReport>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessReport>,
+    #[serde(default)]
+    pub surfaces: BTreeMap<String, Surface>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_protocol: Option<String>,
+}
+
+/// What a run decodes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Base generates, verifier checks windows (the runtime).
+    Refine,
+    /// The base alone: the zero-bytes endpoint.
+    Base,
+    /// The verifier alone, greedy and incremental: the quality ceiling, one pass per token.
+    Verifier,
+}
+
+/// Per-run counters of the runtime.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Verifier passes (teacher-forcing sweeps; decode steps in verifier mode).
+    pub sweeps: u64,
+    pub rollbacks: u64,
+    /// Base decisions flagged for checking (margin under τ, or all with verify-all).
+    pub deferred: u64,
+    /// Deferred decisions the verifier actually checked.
+    pub checked: u64,
+    /// Tokens the verifier was fed (prefill and suffixes).
+    pub verifier_tokens: u64,
+    /// Base decode passes (prompt prefill counts one).
+    pub base_passes: u64,
+}
+
+/// The quality of a refinement run's outputs under the reference (seed 001 §5.1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quality {
+    /// Mean over every output token of every prompt, natural log.
+    pub mean_logprob: f64,
+    pub per_prompt: Vec<f64>,
+    pub tokens: usize,
+    /// Share of output tokens that are the reference's own greedy choice at that position.
+    pub reference_agreement: f64,
+    pub reference_streamed: bool,
+}
+
+/// The verifier of a refinement run: resident, or streamed through the Plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum VerifierParams {
+    Resident(Resident),
+    Streamed { streamed: PlanOptions },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RefineParams {
+    pub mode: Mode,
+    pub tau: f32,
+    pub window: u32,
+    pub verify_all: bool,
+    pub n_predict: u32,
+    pub prompts: usize,
+    pub sampling: String,
+    pub verifier: VerifierParams,
+    pub exec: ExecParams,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefineCounts {
+    pub prompts: usize,
+    /// None when the run failed.
+    pub prompt_tokens: Option<usize>,
+    pub prompt_tokens_each: Vec<usize>,
+    pub generated_tokens: usize,
+    pub n_vocab: usize,
+}
+
+/// What verification cost (seed 001): logical bytes per sweep over the verifier checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RefineReport {
+    pub counters: Counters,
+    pub verification_bytes_logical: u64,
+    pub verification_bytes_per_token: f64,
+    pub verifier_bytes: u64,
+    pub bytes_per_token_over_verifier: f64,
+    pub rollbacks_per_token: f64,
+    /// What the streamed verifier actually read from storage (its routed experts only).
+    pub served_bytes_per_token: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RefineTiming {
+    pub load_s: f64,
+    pub generate_s: f64,
+    pub tokens_per_s: f64,
+}
+
+/// `record.json` of a `refine` run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RefineRecord {
+    pub format: String,
+    pub outcome: Outcome,
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The base model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelIdentity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verifier: Option<ModelIdentity>,
+    /// Null when the run was not scored; absent where the worker wrote no record.
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<Option<ModelIdentity>>,
+    pub build: BuildIdentity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<RefineParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<RefineCounts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refine: Option<RefineReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<RefineTiming>,
+    /// The streamed verifier's source report (null when resident).
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub experts: Option<Option<ExpertsReport>>,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub quality: Option<Option<Quality>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessReport>,
+    #[serde(default)]
+    pub surfaces: BTreeMap<String, Surface>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_protocol: Option<String>,
+}
+
+/// A field that is present (null or not) deserializes to `Some`: absent and null differ.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+impl GenerateRecord {
+    /// The source's report, if the run has one.
+    pub fn experts(&self) -> Option<&ExpertsReport> {
+        self.experts.as_ref().and_then(Option::as_ref)
+    }
+
+    /// The Plan's report, if the Plan served the run and closed.
+    pub fn plan(&self) -> Option<&PlanReport> {
+        self.experts().and_then(ExpertsReport::plan)
+    }
+}
+
+impl RefineRecord {
+    pub fn experts(&self) -> Option<&ExpertsReport> {
+        self.experts.as_ref().and_then(Option::as_ref)
+    }
+
+    pub fn reference(&self) -> Option<&ModelIdentity> {
+        self.reference.as_ref().and_then(Option::as_ref)
+    }
+
+    pub fn quality(&self) -> Option<&Quality> {
+        self.quality.as_ref().and_then(Option::as_ref)
+    }
+}
+
+/// A record of either format.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TypedRecord {
+    Generate(Box<GenerateRecord>),
+    Refine(Box<RefineRecord>),
+}
+
+/// The parts both formats share, for readers that take either.
+impl TypedRecord {
+    pub fn format(&self) -> &str {
+        match self {
+            TypedRecord::Generate(_) => GENERATE_FORMAT,
+            TypedRecord::Refine(_) => REFINE_FORMAT,
+        }
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            TypedRecord::Generate(r) => r.outcome,
+            TypedRecord::Refine(r) => r.outcome,
+        }
+    }
+
+    pub fn model(&self) -> Option<&ModelIdentity> {
+        match self {
+            TypedRecord::Generate(r) => r.model.as_ref(),
+            TypedRecord::Refine(r) => r.model.as_ref(),
+        }
+    }
+
+    pub fn build(&self) -> &BuildIdentity {
+        match self {
+            TypedRecord::Generate(r) => &r.build,
+            TypedRecord::Refine(r) => &r.build,
+        }
+    }
+
+    pub fn surfaces(&self) -> &BTreeMap<String, Surface> {
+        match self {
+            TypedRecord::Generate(r) => &r.surfaces,
+            TypedRecord::Refine(r) => &r.surfaces,
+        }
+    }
+
+    pub fn resources(&self) -> Option<&Resources> {
+        match self {
+            TypedRecord::Generate(r) => r.resources.as_ref(),
+            TypedRecord::Refine(r) => r.resources.as_ref(),
+        }
+    }
+
+    /// Prompt tokens, over every prompt of a refinement run (None where not counted).
+    pub fn prompt_tokens(&self) -> Option<usize> {
+        match self {
+            TypedRecord::Generate(r) => r.counts.as_ref().map(|c| c.prompt_tokens),
+            TypedRecord::Refine(r) => r.counts.as_ref().and_then(|c| c.prompt_tokens),
+        }
+    }
+
+    pub fn generated_tokens(&self) -> Option<usize> {
+        match self {
+            TypedRecord::Generate(r) => r.counts.as_ref().map(|c| c.generated_tokens),
+            TypedRecord::Refine(r) => r.counts.as_ref().map(|c| c.generated_tokens),
+        }
+    }
+}
+
+impl Serialize for TypedRecord {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            TypedRecord::Generate(r) => r.serialize(s),
+            TypedRecord::Refine(r) => r.serialize(s),
+        }
+    }
+}
+
+/// Reads `DIR/record.json` as the record of its format; an unknown format or a field of the
+/// wrong shape is one error naming the file.
+pub fn load_typed(dir: &Path) -> Result<TypedRecord> {
+    let path = dir.join(RECORD_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("{}: not a record", dir.display()))?;
+    parse(&path, &text)
+}
+
+/// Parses the text of `path` (a `record.json`).
+pub fn parse(path: &Path, text: &str) -> Result<TypedRecord> {
+    #[derive(Deserialize)]
+    struct Head {
+        format: Option<Value>,
+    }
+    let head: Head = serde_json::from_str(text).with_context(|| format!("{}: not a record", path.display()))?;
+    let format = head.format.unwrap_or(Value::Null);
+    let field = |e: serde_json::Error| anyhow::anyhow!("{}: {e}", path.display());
+    Ok(match format.as_str() {
+        Some(GENERATE_FORMAT) => TypedRecord::Generate(Box::new(serde_json::from_str(text).map_err(field)?)),
+        Some(REFINE_FORMAT) => TypedRecord::Refine(Box::new(serde_json::from_str(text).map_err(field)?)),
+        _ => bail!("{}: unknown record format {format} (known: {GENERATE_FORMAT}, {REFINE_FORMAT})", path.display()),
+    })
+}
+
+/// A `generate` record; a record of another format is refused, naming it.
+pub fn load_generate(dir: &Path) -> Result<GenerateRecord> {
+    match load_typed(dir)? {
+        TypedRecord::Generate(r) => Ok(*r),
+        other => bail!("{}: not a generate record (format \"{}\")", dir.display(), other.format()),
+    }
+}
+
+/// A `refine` record; a record of another format is refused, naming it.
+pub fn load_refine(dir: &Path) -> Result<RefineRecord> {
+    match load_typed(dir)? {
+        TypedRecord::Refine(r) => Ok(*r),
+        other => bail!("{}: not a refine record (format \"{}\")", dir.display(), other.format()),
+    }
+}
