@@ -151,26 +151,32 @@ pub fn load_ledger(path: &Path) -> Result<Ledger> {
     Ok(l)
 }
 
-fn claim<'a>(l: &'a Ledger, id: &str, path: &Path) -> Result<&'a Claim> {
+pub fn claim<'a>(l: &'a Ledger, id: &str, path: &Path) -> Result<&'a Claim> {
     l.claims.get(id).with_context(|| {
         format!("{}: no claim {id:?} (claims: {})", path.display(), l.claims.keys().cloned().collect::<Vec<_>>().join(", "))
     })
 }
 
-struct Records<'a> {
+/// A claim's records as found in one results directory: the originals, or a reproduction's
+/// records substituted under the same aliases.
+pub struct Records<'a> {
     claim: &'a Claim,
     results: PathBuf,
     docs: BTreeMap<(String, String), Value>,
     allow_mixed_nodes: bool,
 }
 
-impl Records<'_> {
-    fn dir(&self, alias: &str) -> Result<PathBuf> {
+impl<'a> Records<'a> {
+    pub fn new(claim: &'a Claim, results: &Path, allow_mixed_nodes: bool) -> Records<'a> {
+        Records { claim, results: results.to_path_buf(), docs: BTreeMap::new(), allow_mixed_nodes }
+    }
+
+    pub fn dir(&self, alias: &str) -> Result<PathBuf> {
         let d = self.claim.records.get(alias).with_context(|| format!("record alias {alias:?} is not in the claim's `records`"))?;
         record_dir(&self.results, d)
     }
 
-    fn doc(&mut self, alias: &str, file: &str) -> Result<&Value> {
+    pub fn doc(&mut self, alias: &str, file: &str) -> Result<&Value> {
         let key = (alias.to_string(), file.to_string());
         if !self.docs.contains_key(&key) {
             let p = self.dir(alias)?.join(inside_record(file)?);
@@ -272,7 +278,7 @@ fn replayed_values(recs: &mut Records) -> Vec<f64> {
     out
 }
 
-fn paired(recs: &mut Records, pairs: &[[String; 2]], metric: &Operand, level: f64) -> Result<crate::stats::PairedRatio> {
+pub fn paired(recs: &mut Records, pairs: &[[String; 2]], metric: &Operand, level: f64) -> Result<crate::stats::PairedRatio> {
     let (mut labels, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
     for [x, y] in pairs {
         if !recs.allow_mixed_nodes {
@@ -299,7 +305,7 @@ fn verify_records(r: &mut Report, recs: &Records) {
     }
 }
 
-fn check(actual: Option<&Value>, c: &Check) -> (bool, String) {
+pub fn check(actual: Option<&Value>, c: &Check) -> (bool, String) {
     let Some(a) = actual else { return (false, "pointer not found".into()) };
     let num = a.as_f64();
     match c {
@@ -342,7 +348,7 @@ pub fn verify(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: b
     let l = load_ledger(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
-    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new(), allow_mixed_nodes };
+    let mut recs = Records::new(c, results, allow_mixed_nodes);
     verify_records(&mut r, &recs);
     for a in &c.assertions {
         let what = format!("{} {}{} {}", a.record, a.file, a.pointer, serde_json::to_string(&a.expect).unwrap_or_default());
@@ -379,7 +385,7 @@ fn unvalidated_faults(r: &mut Report, recs: &Records) {
 
 /// Recomputes a fault cell's validation; the item holds only when it passed and agrees with
 /// the ledger and with the record's cell.json.
-fn fault_item(r: &mut Report, recs: &Records, alias: &str, cell: FaultCell, control: Option<&str>, expect: &Verdict) {
+pub fn fault_item(r: &mut Report, recs: &Records, alias: &str, cell: FaultCell, control: Option<&str>, expect: &Verdict) {
     let what = format!("fault {alias} ({})", cell.name());
     let computed = (|| -> Result<(Verdict, String, Verdict)> {
         let dir = recs.dir(alias)?;
@@ -431,7 +437,7 @@ pub fn replay(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: b
     let l = load_ledger(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
-    let mut recs = Records { claim: c, results: results.to_path_buf(), docs: BTreeMap::new(), allow_mixed_nodes };
+    let mut recs = Records::new(c, results, allow_mixed_nodes);
     // Recomputing from damaged operands proves nothing: the records are verified first.
     verify_records(&mut r, &recs);
     if !r.ok {
@@ -505,7 +511,7 @@ pub fn replay(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: b
 
 /// The admission predicate of one record recomputed from raw operands: telemetry, cap and
 /// validity from its cell.json, exactness by comparing its surfaces with the oracle record.
-fn replay_admission(recs: &Records, alias: &str) -> Result<(Option<bool>, Option<bool>)> {
+pub fn replay_admission(recs: &Records, alias: &str) -> Result<(Option<bool>, Option<bool>)> {
     let dir = recs.dir(alias)?;
     let doc = read_cell(&dir)?;
     let exact = match (&doc.oracle.record, doc.outcome.status) {

@@ -18,6 +18,7 @@ pub mod oracle;
 pub mod plan;
 pub mod record;
 pub mod refine;
+pub mod reproduce;
 pub mod source;
 pub mod spec;
 pub mod stats;

@@ -7,14 +7,22 @@ use sovereign::claims;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// A claim of a ledger and the directory of its records.
+#[derive(Args)]
+pub struct ClaimRef {
+    #[arg(long)]
+    pub claim: String,
+    #[arg(long, default_value = claims::DEFAULT_LEDGER)]
+    pub ledger: PathBuf,
+    /// Where the claim's records are.
+    #[arg(long, default_value = "results")]
+    pub results: PathBuf,
+}
+
 #[derive(Args)]
 pub struct ClaimArgs {
-    #[arg(long)]
-    claim: String,
-    #[arg(long, default_value = claims::DEFAULT_LEDGER)]
-    ledger: PathBuf,
-    #[arg(long, default_value = "results")]
-    results: PathBuf,
+    #[command(flatten)]
+    c: ClaimRef,
     #[arg(long)]
     json: bool,
     /// Pair records from different nodes (by default a pair must share its node).
@@ -29,9 +37,10 @@ pub enum Verb {
 }
 
 pub fn claim(a: ClaimArgs, verb: Verb) -> Result<ExitCode> {
+    let c = &a.c;
     let (r, name) = match verb {
-        Verb::Verify => (claims::verify(&a.ledger, &a.claim, &a.results, a.allow_mixed_nodes)?, "verify"),
-        Verb::Replay => (claims::replay(&a.ledger, &a.claim, &a.results, a.allow_mixed_nodes)?, "replay"),
+        Verb::Verify => (claims::verify(&c.ledger, &c.claim, &c.results, a.allow_mixed_nodes)?, "verify"),
+        Verb::Replay => (claims::replay(&c.ledger, &c.claim, &c.results, a.allow_mixed_nodes)?, "replay"),
     };
     if a.json {
         print_json(&r)?;

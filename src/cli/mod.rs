@@ -9,6 +9,7 @@ mod model;
 mod oracle;
 mod plan;
 mod refine;
+mod reproduce;
 mod tables;
 
 use anyhow::Result;
@@ -69,6 +70,9 @@ enum Command {
     /// The Plan offline: replacement policies replayed on recorded routes.
     #[command(subcommand)]
     Plan(plan::PlanCommand),
+    /// Run a claim's cells again from its pinned identity, compare every surface with the
+    /// originals, recompute its summaries and seal a reproduction report.
+    Reproduce(reproduce::ReproduceArgs),
     /// Statistics over tables of measurements.
     #[command(subcommand)]
     Stats(tables::StatsCommand),
@@ -103,6 +107,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Verify(a) => claims::claim(a, claims::Verb::Verify),
         Command::Replay(a) => claims::claim(a, claims::Verb::Replay),
         Command::Plan(c) => plan::plan(c),
+        Command::Reproduce(a) => reproduce::reproduce(a),
         Command::Stats(c) => tables::stats(c),
         Command::Export(a) => tables::export(a),
     }
