@@ -44,7 +44,7 @@
 //! cell not exact against its control fails the claim, its failing checks named.
 
 use crate::campaign::admission::{self, Operands};
-use crate::campaign::runner::read_cell;
+use crate::campaign::read_cell;
 use crate::campaign::spec::{default_file, FaultCell, Operand};
 use crate::oracle::fault::Verdict;
 use crate::oracle::{exactness, Relation};

@@ -22,7 +22,7 @@
 //! - value assertions: the ledger's check, applied to the reproduced record.
 
 use crate::campaign::journal::Journal;
-use crate::campaign::runner::{histories, read_cell, CellDocument, CellState};
+use crate::campaign::{histories, read_cell, CellDocument, CellState};
 use crate::campaign::{self, CampaignDir, Loaded, ProcessExecutor, RunMode, RunOptions};
 use crate::oracle::Outcome;
 use crate::claims::{self, Claim, Records, Replay};

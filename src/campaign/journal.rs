@@ -23,6 +23,7 @@
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -170,6 +171,51 @@ impl Journal {
         self.next_seq += 1;
         Ok(entry)
     }
+}
+
+/// What the journal says about one cell so far.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CellState {
+    Pending,
+    Started { attempt: u32, staging: String },
+    Sealing { attempt: u32, digest: String },
+    Sealed { digest: String, status: String, admission: Option<bool> },
+    Skipped { reason: String },
+    Abandoned,
+}
+
+#[derive(Debug, Clone)]
+pub struct CellHistory {
+    pub state: CellState,
+    pub attempts: u32,
+    pub discards: u32,
+}
+
+/// Folds the journal into one history per cell key.
+pub fn histories(entries: &[Entry]) -> BTreeMap<String, CellHistory> {
+    let mut h: BTreeMap<String, CellHistory> = BTreeMap::new();
+    for e in entries {
+        let Some(cell) = e.event.cell() else { continue };
+        let c = h.entry(cell.to_string()).or_insert(CellHistory { state: CellState::Pending, attempts: 0, discards: 0 });
+        match &e.event {
+            Event::CellStarted { attempt, staging, .. } => {
+                c.attempts = c.attempts.max(*attempt);
+                c.state = CellState::Started { attempt: *attempt, staging: staging.clone() };
+            }
+            Event::CellDiscarded { .. } => {
+                c.discards += 1;
+                c.state = CellState::Pending;
+            }
+            Event::CellSealing { attempt, digest, .. } => c.state = CellState::Sealing { attempt: *attempt, digest: digest.clone() },
+            Event::CellSealed { digest, status, admission, .. } => {
+                c.state = CellState::Sealed { digest: digest.clone(), status: status.clone(), admission: *admission }
+            }
+            Event::CellSkipped { reason, .. } => c.state = CellState::Skipped { reason: reason.clone() },
+            Event::CellAbandoned { .. } => c.state = CellState::Abandoned,
+            _ => {}
+        }
+    }
+    h
 }
 
 #[cfg(test)]

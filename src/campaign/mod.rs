@@ -19,6 +19,7 @@
 //! ```
 
 pub mod admission;
+pub mod document;
 pub mod executor;
 pub mod expand;
 pub mod journal;
@@ -26,8 +27,10 @@ pub mod runner;
 pub mod slurm;
 pub mod spec;
 
+pub use document::{read_cell, CellDocument, CELL_FILE};
 pub use executor::{worker_cell, CellExecutor, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry};
 pub use expand::{expand, CellSpec};
+pub use journal::{histories, CellHistory, CellState};
 pub use runner::{run, status, RunMode, RunOptions, RunSummary, StatusReport};
 pub use spec::{parse, schema_json, Campaign, Diagnostic};
 

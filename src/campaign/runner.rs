@@ -8,82 +8,20 @@
 //! attempt that never produced an outcome: it is deleted, `cell_discarded` is journaled, and
 //! the cell runs again. Cells that ran and failed are outcomes and are sealed, never rerun.
 
-use super::admission::{self, AdmissionResult, Operands};
+use super::admission::{self, Operands};
 use super::executor::{CellExecutor, CellOutcome, CellStatus};
 use super::expand::{block_control, expand, CellSpec};
-use super::journal::{Entry, Event, Journal};
-use super::spec::{Admission, Campaign, FaultCell, Relation};
-use crate::oracle::fault::Verdict;
+use super::document::{read_cell, CampaignRef, CellDocument, FaultRef, OracleRef, Validity, CELL_FILE, CELL_FORMAT};
+use super::journal::{histories, CellHistory, CellState, Entry, Event, Journal};
+use super::spec::Campaign;
 use super::{preregister, CampaignDir, Loaded};
 use crate::record::{self, prepare_seal, verify_record};
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-
-pub const CELL_FILE: &str = "cell.json";
-pub const CELL_FORMAT: &str = "sovereign.cell/1";
-
-/// `cell.json`, added by the runner to every record it seals.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CellDocument {
-    pub format: String,
-    pub campaign: CampaignRef,
-    pub cell: CellSpec,
-    pub attempt: u32,
-    pub outcome: CellOutcome,
-    pub validity: Validity,
-    pub oracle: OracleRef,
-    pub admission_rule: Admission,
-    pub admission: AdmissionResult,
-    /// A fault cell's validation (absent for arms without `fault`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fault: Option<FaultRef>,
-}
-
-/// The fault cell's validator (seed 000 Table 7) applied to this record, against the sealed
-/// record of the block's control.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FaultRef {
-    pub cell: FaultCell,
-    /// Digest of the control's sealed record (None: the block has none sealed before this cell).
-    pub control: Option<String>,
-    pub validation: Verdict,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CampaignRef {
-    pub id: String,
-    pub sha256: String,
-}
-
-/// Whether the record matches what the campaign preregistered.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Validity {
-    pub valid: bool,
-    pub problems: Vec<String>,
-}
-
-/// The oracle this cell was compared with, and the result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OracleRef {
-    pub arm: String,
-    pub relation: Relation,
-    pub horizon: u32,
-    /// Digest of the oracle's sealed record (None: this is the oracle, or it has no record).
-    pub record: Option<String>,
-    /// None: not compared.
-    pub exact: Option<bool>,
-    /// Surfaces that differ (or are missing), in oracle order.
-    pub differing: Vec<String>,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunMode {
@@ -114,51 +52,6 @@ pub struct RunSummary {
     /// Cells run by this invocation.
     pub ran: usize,
     pub discarded: usize,
-}
-
-/// What the journal says about one cell so far.
-#[derive(Debug, Clone, PartialEq)]
-pub enum CellState {
-    Pending,
-    Started { attempt: u32, staging: String },
-    Sealing { attempt: u32, digest: String },
-    Sealed { digest: String, status: String, admission: Option<bool> },
-    Skipped { reason: String },
-    Abandoned,
-}
-
-#[derive(Debug, Clone)]
-pub struct CellHistory {
-    pub state: CellState,
-    pub attempts: u32,
-    pub discards: u32,
-}
-
-/// Folds the journal into one history per cell key.
-pub fn histories(entries: &[Entry]) -> BTreeMap<String, CellHistory> {
-    let mut h: BTreeMap<String, CellHistory> = BTreeMap::new();
-    for e in entries {
-        let Some(cell) = e.event.cell() else { continue };
-        let c = h.entry(cell.to_string()).or_insert(CellHistory { state: CellState::Pending, attempts: 0, discards: 0 });
-        match &e.event {
-            Event::CellStarted { attempt, staging, .. } => {
-                c.attempts = c.attempts.max(*attempt);
-                c.state = CellState::Started { attempt: *attempt, staging: staging.clone() };
-            }
-            Event::CellDiscarded { .. } => {
-                c.discards += 1;
-                c.state = CellState::Pending;
-            }
-            Event::CellSealing { attempt, digest, .. } => c.state = CellState::Sealing { attempt: *attempt, digest: digest.clone() },
-            Event::CellSealed { digest, status, admission, .. } => {
-                c.state = CellState::Sealed { digest: digest.clone(), status: status.clone(), admission: *admission }
-            }
-            Event::CellSkipped { reason, .. } => c.state = CellState::Skipped { reason: reason.clone() },
-            Event::CellAbandoned { .. } => c.state = CellState::Abandoned,
-            _ => {}
-        }
-    }
-    h
 }
 
 /// An exclusive lock on the campaign directory, released by the kernel when the runner dies.
@@ -334,13 +227,6 @@ fn make_writable(p: &Path) {
             let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o644));
         }
     }
-}
-
-/// Reads `cell.json` of a sealed record.
-pub fn read_cell(dir: &Path) -> Result<CellDocument> {
-    let p = dir.join(CELL_FILE);
-    let text = fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{}: not a cell document", p.display()))
 }
 
 fn sealed_event(cell: &str, attempt: u32, digest: &str, doc: &CellDocument, recovered: bool) -> Event {

@@ -13,7 +13,8 @@
 
 use super::expand::expand;
 use super::journal::{now_ms, Journal};
-use super::runner::{self, histories, CellHistory, CellState, RunMode, RunOptions, RunSummary};
+use super::journal::{histories, CellHistory, CellState};
+use super::runner::{self, RunMode, RunOptions, RunSummary};
 use super::{preregister, CampaignDir, Loaded, ProcessExecutor};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};

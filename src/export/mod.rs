@@ -23,7 +23,7 @@ mod refine;
 pub use figure::envelope as envelope_figure;
 pub use figure::{curves as curves_figure, Curve};
 
-use crate::campaign::runner::{histories, read_cell, CellDocument, CellState};
+use crate::campaign::{histories, read_cell, CellDocument, CellState};
 use crate::campaign::spec::Campaign;
 use crate::campaign::expand::block_control;
 use crate::campaign::{expand, frozen, journal::Journal, CampaignDir, CellSpec, CellStatus};
@@ -203,7 +203,7 @@ fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Op
 }
 
 fn number(x: &Sealed, file: &str, pointer: &str) -> Option<f64> {
-    if file == crate::campaign::runner::CELL_FILE {
+    if file == crate::campaign::CELL_FILE {
         serde_json::to_value(&x.doc).ok()?.pointer(pointer)?.as_f64()
     } else {
         // The campaign names its metric by JSON pointer into the record as written.
