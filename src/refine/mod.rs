@@ -265,7 +265,8 @@ pub fn prompts_of(text: &[u8]) -> Vec<Vec<u8>> {
     text.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l)).filter(|l| !l.iter().all(u8::is_ascii_whitespace)).map(<[u8]>::to_vec).collect()
 }
 
-pub fn run(spec: &RefineSpec) -> Result<Summary> {
+/// Refuses a spec no run can honour.
+fn check(spec: &RefineSpec) -> Result<()> {
     if spec.prompts.is_empty() {
         bail!("no prompts (one per non-empty line)");
     }
@@ -278,6 +279,47 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     if !spec.tau.is_finite() || spec.tau < 0.0 {
         bail!("--tau must be a finite number at least 0");
     }
+    Ok(())
+}
+
+/// Every prompt as tokens; each must fit the context with its outputs.
+fn tokenize(model: &Model, spec: &RefineSpec) -> Result<Vec<Vec<i32>>> {
+    let mut tokenized = Vec::new();
+    for (i, p) in spec.prompts.iter().enumerate() {
+        let t = model.tokenize(p, true)?;
+        if t.is_empty() {
+            bail!("prompt {} tokenized to nothing", i + 1);
+        }
+        if t.len() + spec.n_predict as usize > spec.exec.n_ctx as usize {
+            bail!("prompt {} ({} tokens) + --n-predict {} exceeds the context of {}", i + 1, t.len(), spec.n_predict, spec.exec.n_ctx);
+        }
+        tokenized.push(t);
+    }
+    Ok(tokenized)
+}
+
+/// The run's surfaces: the prompt always; outputs only when the run completed.
+fn write_surfaces(staging: &mut Staging, spec: &RefineSpec, runs: &[PromptRun], responses: &[Vec<u8>], completed: bool) -> Result<()> {
+    let mut tokens = Vec::new();
+    let mut margins = Vec::new();
+    let mut decisions = Vec::new();
+    for r in runs {
+        tokens.extend(r.prompt.iter().chain(&r.out).flat_map(|t| t.to_le_bytes()));
+        margins.extend(r.margins.iter().flat_map(|m| m.to_le_bytes()));
+        decisions.extend(r.decisions.iter().map(|&d| d as u8));
+    }
+    staging.surface("prompt", "prompt.bin", &spec.prompt_bytes, 1, false)?;
+    if completed {
+        staging.surface("tokens", "tokens.bin", &tokens, 4, false)?;
+        staging.surface("response", "response.bin", &responses.join(&b"\n"[..]), 1, false)?;
+        staging.surface("margins", "margins.bin", &margins, 4, false)?;
+        staging.surface("decisions", "decisions.bin", &decisions, 1, false)?;
+    }
+    Ok(())
+}
+
+pub fn run(spec: &RefineSpec) -> Result<Summary> {
+    check(spec)?;
     let (base_id, base_inv) = identity_of(&spec.base).context("--base")?;
     let (ver_id, ver_inv) = identity_of(&spec.verifier).context("--verifier")?;
     if base_inv.architecture != ver_inv.architecture {
@@ -306,17 +348,7 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
         }
     }
     let n_vocab = tok_model.n_vocab();
-    let mut tokenized = Vec::new();
-    for (i, p) in spec.prompts.iter().enumerate() {
-        let t = tok_model.tokenize(p, true)?;
-        if t.is_empty() {
-            bail!("prompt {} tokenized to nothing", i + 1);
-        }
-        if t.len() + spec.n_predict as usize > spec.exec.n_ctx as usize {
-            bail!("prompt {} ({} tokens) + --n-predict {} exceeds the context of {}", i + 1, t.len(), spec.n_predict, spec.exec.n_ctx);
-        }
-        tokenized.push(t);
-    }
+    let tokenized = tokenize(tok_model, spec)?;
     let mut rt = Runtime {
         base: base_model.as_ref().map(|m| Context::new(m, spec.exec, false)).transpose()?,
         verifier: ver_model.as_ref().map(|m| Context::new(m, spec.exec, false)).transpose()?,
@@ -390,21 +422,7 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     };
 
     let mut staging = staging;
-    let mut tokens = Vec::new();
-    let mut margins = Vec::new();
-    let mut decisions = Vec::new();
-    for r in &runs {
-        tokens.extend(r.prompt.iter().chain(&r.out).flat_map(|t| t.to_le_bytes()));
-        margins.extend(r.margins.iter().flat_map(|m| m.to_le_bytes()));
-        decisions.extend(r.decisions.iter().map(|&d| d as u8));
-    }
-    staging.surface("prompt", "prompt.bin", &spec.prompt_bytes, 1, false)?;
-    if failure.is_none() {
-        staging.surface("tokens", "tokens.bin", &tokens, 4, false)?;
-        staging.surface("response", "response.bin", &responses.join(&b"\n"[..]), 1, false)?;
-        staging.surface("margins", "margins.bin", &margins, 4, false)?;
-        staging.surface("decisions", "decisions.bin", &decisions, 1, false)?;
-    }
+    write_surfaces(&mut staging, spec, &runs, &responses, failure.is_none())?;
     let tokens_per_s = generated as f64 / gen_s.max(1e-9);
     let record = RefineRecord {
         format: REFINE_FORMAT.into(),
