@@ -53,7 +53,7 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
     if let Some(f) = a.figure.as_ref().filter(|f| !matches!(f.extension().and_then(|x| x.to_str()), Some("svg" | "png"))) {
         bail!("--figure {}: the name must end in .svg or .png", f.display());
     }
-    let rec = simulate::load_record(&a.routes, a.model.as_deref())?;
+    let rec = sovereign::oracle::routes::load(&a.routes, a.model.as_deref())?;
     let inv = &rec.inventory;
     let rows = simulate::simulate(|s, pins| Manifest::new(inv, s, pins), &a.slots, &a.policies, &rec.events)?;
     if let Some(path) = &a.csv {

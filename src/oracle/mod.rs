@@ -1,6 +1,7 @@
 //! Exactness oracle: compares the raw surfaces of two records byte for byte.
 
 pub mod fault;
+pub mod routes;
 
 use crate::record::{self, Surface};
 use anyhow::{bail, Context, Result};

@@ -337,60 +337,6 @@ pub fn simulate(
     Ok(rows)
 }
 
-/// A generate record's routes and the model they came from, checked against each other.
-pub struct Recorded {
-    pub events: Vec<LayerEvent>,
-    pub inventory: crate::inventory::Inventory,
-    pub model: std::path::PathBuf,
-    /// The record's own Plan settings and telemetry, when it ran with `--experts plan`.
-    pub experts: serde_json::Value,
-}
-
-/// Reads the routes of the completed generate record `dir` (digest checked) and inventories
-/// its model: `model`, else the file the record names. Object sizes need only the model's
-/// layout, so the file must agree with the record's size, architecture, T_repr and expert
-/// bytes (and with the Plan manifest the record states, if any); its digest is not needed.
-pub fn load_record(dir: &std::path::Path, model: Option<&std::path::Path>) -> Result<Recorded> {
-    let (rec, surfaces) = crate::record::load(dir)?;
-    let name = dir.display();
-    if rec["format"] != "sovereign.generate/1" || rec["outcome"] != "completed" {
-        bail!("{name}: not a completed generate record (format {}, outcome {})", rec["format"], rec["outcome"]);
-    }
-    let surface = surfaces.get("routes").ok_or_else(|| anyhow!("{name}: the record has no routes surface"))?;
-    let k = rec["counts"]["route_k"].as_u64().ok_or_else(|| anyhow!("{name}: counts.route_k is missing"))? as usize;
-    if surface.unit_bytes != 16 + 4 * k as u64 {
-        bail!("{name}: routes unit of {} bytes disagrees with route_k {k}", surface.unit_bytes);
-    }
-    let bytes = crate::oracle::read_checked(dir, surface)?;
-    let events = parse_routes(&bytes, k).map_err(|e| anyhow!("{name}/{}: {e:#}", surface.file))?;
-    let named = rec["model"]["file"].as_str().ok_or_else(|| anyhow!("{name}: model.file is missing"))?;
-    let model = model.map_or_else(|| std::path::PathBuf::from(named), std::path::Path::to_path_buf);
-    let inventory = crate::inventory::Inventory::of(&model)
-        .map_err(|e| anyhow!("{e:#} (the model of record {name}; name another with --model)"))?;
-    let m = &rec["model"];
-    let agree = [
-        ("bytes", m["bytes"].as_u64(), inventory.file_bytes),
-        ("t_repr_bytes", m["t_repr_bytes"].as_u64(), inventory.t_repr_bytes),
-        ("expert_bytes", m["expert_bytes"].as_u64(), inventory.expert_bytes),
-    ];
-    for (field, want, got) in agree {
-        if want != Some(got) {
-            bail!("{}: {field} {got} differs from record {name}'s {}", model.display(), m[field]);
-        }
-    }
-    if m["architecture"].as_str() != Some(inventory.architecture.as_str()) {
-        bail!("{}: architecture {} differs from record {name}'s {}", model.display(), inventory.architecture, m["architecture"]);
-    }
-    let experts = rec["experts"].clone();
-    if let Some(managed) = experts["manifest"]["managed_bytes"].as_u64() {
-        let ours: u64 = inventory.objects.iter().map(|o| o.bytes()).sum();
-        if managed != ours {
-            bail!("{}: {ours} bytes of expert objects, record {name}'s Plan managed {managed}", model.display());
-        }
-    }
-    Ok(Recorded { events, inventory, model, experts })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,56 @@
+//! The routes a generate record captured, read back as the Plan's layer events, with the model
+//! they came from: what `plan simulate` replays.
+
+use crate::inventory::Inventory;
+use crate::plan::simulate::{parse_routes, LayerEvent};
+use crate::record::format::Outcome;
+use anyhow::{anyhow, bail, Result};
+use std::path::{Path, PathBuf};
+
+/// A generate record's routes and the model they came from, checked against each other.
+pub struct Recorded {
+    pub events: Vec<LayerEvent>,
+    pub inventory: Inventory,
+    pub model: PathBuf,
+}
+
+/// Reads the routes of the completed generate record `dir` (digest checked) and inventories
+/// its model: `model`, else the file the record names. Object sizes need only the model's
+/// layout, so the file must agree with the record's size, architecture, T_repr and expert
+/// bytes (and with the Plan manifest the record states, if any); its digest is not needed.
+pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
+    let rec = crate::record::load_generate(dir)?;
+    let name = dir.display();
+    let (Outcome::Completed, Some(counts), Some(m)) = (rec.outcome, &rec.counts, &rec.model) else {
+        bail!("{name}: not a completed generate record (outcome {})", rec.outcome.name());
+    };
+    let surface = rec.surfaces.get("routes").ok_or_else(|| anyhow!("{name}: the record has no routes surface"))?;
+    let k = counts.route_k;
+    if surface.unit_bytes != 16 + 4 * k as u64 {
+        bail!("{name}: routes unit of {} bytes disagrees with route_k {k}", surface.unit_bytes);
+    }
+    let bytes = super::read_checked(dir, surface)?;
+    let events = parse_routes(&bytes, k).map_err(|e| anyhow!("{name}/{}: {e:#}", surface.file))?;
+    let model = model.map_or_else(|| PathBuf::from(&m.file), Path::to_path_buf);
+    let inventory = Inventory::of(&model).map_err(|e| anyhow!("{e:#} (the model of record {name}; name another with --model)"))?;
+    let agree = [
+        ("bytes", m.bytes, inventory.file_bytes),
+        ("t_repr_bytes", m.t_repr_bytes, inventory.t_repr_bytes),
+        ("expert_bytes", m.expert_bytes, inventory.expert_bytes),
+    ];
+    for (field, want, got) in agree {
+        if want != got {
+            bail!("{}: {field} {got} differs from record {name}'s {want}", model.display());
+        }
+    }
+    if m.architecture != inventory.architecture {
+        bail!("{}: architecture {} differs from record {name}'s {}", model.display(), inventory.architecture, m.architecture);
+    }
+    if let Some(plan) = rec.plan() {
+        let ours: u64 = inventory.objects.iter().map(|o| o.bytes()).sum();
+        if plan.manifest.managed_bytes != ours {
+            bail!("{}: {ours} bytes of expert objects, record {name}'s Plan managed {}", model.display(), plan.manifest.managed_bytes);
+        }
+    }
+    Ok(Recorded { events, inventory, model })
+}
