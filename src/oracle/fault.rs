@@ -1,10 +1,9 @@
 //! Validators of the deterministic fault cells (seed 000 Table 7), read from records.
 
-use crate::record;
+use crate::record::{self, format::Outcome};
 use crate::source::fault::{Expect, FaultCell};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use std::path::Path;
 
 #[derive(Debug, Serialize)]
@@ -37,40 +36,53 @@ fn rejection(cell: FaultCell) -> Option<&'static str> {
 /// Checks `record` as a run of `cell`; recoverable cells and the control are compared with the
 /// no-fault `control` record on every surface.
 pub fn validate(cell: FaultCell, record_dir: &Path, control: Option<&Path>) -> Result<Validation> {
-    let (rec, _) = record::load(record_dir)?;
+    let rec = record::load_generate(record_dir)?;
     let mut checks = Vec::new();
     let mut check = |name: &'static str, passed: bool, detail: String| checks.push(Check { name, passed, detail });
-    let e = &rec["experts"];
-    let closure = &e["closure"];
-    let u = |v: &Value| v.as_u64().unwrap_or(u64::MAX);
-    check("cell on record", e["fault"]["cell"] == serde_json::to_value(cell)?, format!("{}", e["fault"]["cell"]));
+    // A record whose source did not report (or not as the Plan) fails every check it names.
+    let plan = rec.plan();
+    let closure = plan.map(|p| &p.closure);
+    let fault = plan.map(|p| &p.fault);
+    let shown = |v: Option<u64>| v.map_or("not on record".to_string(), |v| v.to_string());
+    let counts = rec.counts.as_ref();
+    let on_record = fault.map(|f| f.cell);
+    check("cell on record", on_record == Some(cell), on_record.map_or("not on record".into(), |c| c.name()));
     if cell != FaultCell::None {
-        check("fault fired", u(&e["fault"]["fired"]) >= 1 && u(&e["fault"]["fired"]) != u64::MAX, format!("{}", e["fault"]["fired"]));
+        let fired = fault.map(|f| f.fired);
+        check("fault fired", fired.is_some_and(|n| n >= 1), shown(fired));
     }
-    check("no active tickets", u(&closure["active_tickets"]) == 0, format!("{}", closure["active_tickets"]));
-    check("source drained", u(&closure["source_outstanding"]) == 0, format!("{}", closure["source_outstanding"]));
+    let active = closure.map(|c| c.active_tickets);
+    check("no active tickets", active == Some(0), shown(active));
+    let outstanding = closure.map(|c| c.source_outstanding);
+    check("source drained", outstanding == Some(0), shown(outstanding));
+    let outcome = rec.outcome;
     match cell.expect() {
         Expect::Fatal => {
-            check("failed closed", rec["outcome"] == "failed", format!("outcome {}", rec["outcome"]));
-            check("zero tokens accepted", u(&rec["counts"]["generated_tokens"]) == 0, format!("{}", rec["counts"]["generated_tokens"]));
-            check("zero logits accepted", u(&rec["counts"]["logits_rows"]) == 0, format!("{}", rec["counts"]["logits_rows"]));
-            let surfaces = rec["surfaces"].as_object().map_or(0, |m| m.len());
+            check("failed closed", outcome == Outcome::Failed, format!("outcome {}", outcome.name()));
+            let generated = counts.map(|c| c.generated_tokens as u64);
+            check("zero tokens accepted", generated == Some(0), shown(generated));
+            let rows = counts.map(|c| c.logits_rows as u64);
+            check("zero logits accepted", rows == Some(0), shown(rows));
+            let surfaces = rec.surfaces.len();
             check("no output surfaces", surfaces == 0, format!("{surfaces} surfaces"));
             let kind = rejection(cell).unwrap_or("");
-            let n = e["telemetry"]["rejections"][kind].as_u64().unwrap_or(0);
-            check("rejected before visibility", n >= 1, format!("{kind}: {n}; plan failure: {}", closure["failed"]));
-            let busy = u(&closure["windows_total"]).saturating_sub(u(&closure["windows_free"]));
-            let discarded = u(&e["telemetry"]["windows_discarded"]);
+            let n = plan.and_then(|p| p.telemetry.rejections.get(kind).copied()).unwrap_or(0);
+            let failure = closure.and_then(|c| c.failed.as_deref()).unwrap_or("none");
+            check("rejected before visibility", n >= 1, format!("{kind}: {n}; plan failure: {failure}"));
+            let busy = closure.map(|c| c.windows_total.saturating_sub(c.windows_free));
+            let discarded = plan.map(|p| p.telemetry.windows_discarded);
             check(
                 "windows free, abandoned bundles discarded",
-                busy == 0 && discarded >= 1 && discarded != u64::MAX,
-                format!("{busy} window(s) not Free, {discarded} discarded uncopied"),
+                busy == Some(0) && discarded.is_some_and(|d| d >= 1),
+                format!("{} window(s) not Free, {} discarded uncopied", shown(busy.map(u64::from)), shown(discarded)),
             );
-            check("consumers balanced", u(&closure["consumers_live"]) == 0, format!("{}", closure["consumers_live"]));
+            let live = closure.map(|c| c.consumers_live);
+            check("consumers balanced", live == Some(0), shown(live));
         }
         Expect::Control | Expect::Recoverable => {
-            check("completed", rec["outcome"] == "completed", format!("outcome {}: {}", rec["outcome"], rec["error"]));
-            check("clean closure", e["clean_closure"] == true, format!("{closure}"));
+            check("completed", outcome == Outcome::Completed, format!("outcome {}: {}", outcome.name(), rec.error.as_deref().unwrap_or("no error")));
+            let clean = plan.is_some_and(|p| p.clean_closure);
+            check("clean closure", clean, closure.map_or("no closure on record".into(), |c| serde_json::to_string(c).unwrap_or_default()));
             match control {
                 Some(c) if c != record_dir => {
                     let cmp = crate::oracle::compare(c, record_dir)?;
@@ -84,8 +96,8 @@ pub fn validate(cell: FaultCell, record_dir: &Path, control: Option<&Path>) -> R
                 None => {}
             }
             if cell == FaultCell::ResetOutstanding {
-                let d = u(&closure["drained_completions"]);
-                check("stale work drained, never published", d >= 1 && d != u64::MAX, format!("{d} drained"));
+                let d = closure.map(|c| c.drained_completions);
+                check("stale work drained, never published", d.is_some_and(|d| d >= 1), format!("{} drained", shown(d)));
             }
         }
     }
