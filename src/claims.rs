@@ -189,8 +189,7 @@ impl<'a> Records<'a> {
 
     /// The node a record ran on (None: not recorded, e.g. a failed cell or an older record).
     fn node(&mut self, alias: &str) -> Option<String> {
-        let v = self.doc(alias, crate::record::RECORD_FILE).ok()?;
-        v.pointer(crate::record::NODE_POINTER).and_then(Value::as_str).map(str::to_string)
+        crate::record::format::node_id(&self.dir(alias).ok()?).ok().flatten()
     }
 
     fn number(&mut self, alias: &str, op: &Operand) -> Result<f64> {

@@ -104,7 +104,7 @@ struct Original {
     alias: String,
     digest: String,
     doc: CellDocument,
-    record: Option<Value>,
+    record: Option<crate::record::TypedRecord>,
 }
 
 fn short(d: &str) -> &str {
@@ -124,7 +124,8 @@ const ENGINE_FIELDS: &[(&str, &str)] = &[
 /// Refuses a record whose build is not this one; returns warnings for other hardware.
 fn check_build(o: &Original, ours: &Value, warnings: &mut BTreeSet<String>) -> Result<()> {
     let Some(rec) = &o.record else { return Ok(()) };
-    let theirs = rec.pointer("/build/engine").cloned().unwrap_or(Value::Null);
+    let build = rec.build();
+    let theirs = serde_json::to_value(&build.engine)?;
     for (field, name) in ENGINE_FIELDS {
         let (t, u) = (theirs.get(field).unwrap_or(&Value::Null), ours.get(field).unwrap_or(&Value::Null));
         if t != u {
@@ -138,12 +139,9 @@ fn check_build(o: &Original, ours: &Value, warnings: &mut BTreeSet<String>) -> R
         }
     }
     let cpu = serde_json::to_value(crate::engine::cpu_features())?;
-    if rec.pointer("/build/cpu_features") != Some(&cpu) {
-        warnings.insert(format!(
-            "CPU features differ from the records' ({} here, {} recorded): kernels may differ",
-            compact(&cpu),
-            compact(rec.pointer("/build/cpu_features").unwrap_or(&Value::Null))
-        ));
+    let recorded = serde_json::to_value(&build.cpu_features)?;
+    if recorded != cpu {
+        warnings.insert(format!("CPU features differ from the records' ({} here, {} recorded): kernels may differ", compact(&cpu), compact(&recorded)));
     }
     // Free memory changes between runs; the device itself does not.
     let devices = |v: &Value| -> Vec<Value> {
@@ -152,7 +150,7 @@ fn check_build(o: &Original, ours: &Value, warnings: &mut BTreeSet<String>) -> R
             .unwrap_or_default()
     };
     let here = devices(&serde_json::to_value(crate::engine::backends::devices())?);
-    let there = devices(rec.pointer("/build/devices").unwrap_or(&Value::Null));
+    let there = devices(&serde_json::to_value(&build.devices)?);
     if here != there {
         warnings.insert(format!("devices differ from the records' ({} here, {} recorded): kernels may differ", compact(&Value::from(here)), compact(&Value::from(there))));
     }
@@ -328,7 +326,7 @@ pub fn reproduce(opts: &Options) -> Result<Reproduction> {
         let dir = opts.results.join(digest);
         let doc = read_cell(&dir).with_context(|| format!("record {alias}: only campaign records (with cell.json) can be run again"))?;
         let record = match dir.join(crate::record::RECORD_FILE).is_file() {
-            true => Some(crate::record::load(&dir)?.0),
+            true => Some(crate::record::load_typed(&dir)?),
             false => None,
         };
         originals.push(Original { alias: alias.clone(), digest: digest.clone(), doc, record });

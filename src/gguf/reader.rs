@@ -84,7 +84,7 @@ impl Gguf {
             .checked_mul(MIN_TENSOR_ENTRY)
             .and_then(|t| n_kv.checked_mul(MIN_KV_ENTRY).and_then(|k| k.checked_add(t)));
         if need.is_none_or(|n| n > r.left()) {
-            bail!("header claims {n_tensors} tensors and {n_kv} metadata entries: more than the file's {} bytes can hold", file_len);
+            bail!("header claims {n_tensors} tensors and {n_kv} metadata entries: more than the file's {} bytes can hold (truncated or corrupt)", file_len);
         }
 
         let mut metadata = BTreeMap::new();

@@ -574,6 +574,26 @@ pub fn parse(path: &Path, text: &str) -> Result<TypedRecord> {
     })
 }
 
+/// The node a record ran on (`build.node.id`), read alone: None where the record names none.
+pub fn node_id(dir: &Path) -> Result<Option<String>> {
+    #[derive(Deserialize)]
+    struct Head {
+        build: Option<BuildHead>,
+    }
+    #[derive(Deserialize)]
+    struct BuildHead {
+        node: Option<NodeHead>,
+    }
+    #[derive(Deserialize)]
+    struct NodeHead {
+        id: String,
+    }
+    let path = dir.join(RECORD_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("{}: not a record", dir.display()))?;
+    let head: Head = serde_json::from_str(&text).with_context(|| format!("{}: not a record", path.display()))?;
+    Ok(head.build.and_then(|b| b.node).map(|n| n.id))
+}
+
 /// A `generate` record; a record of another format is refused, naming it.
 pub fn load_generate(dir: &Path) -> Result<GenerateRecord> {
     match load_typed(dir)? {

@@ -22,8 +22,6 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-/// Where a record names the node it ran on (`build.node.id`, see identity.rs).
-pub const NODE_POINTER: &str = "/build/node/id";
 pub const RECORD_FILE: &str = "record.json";
 
 /// One raw surface: a file of the record and how to index into it.

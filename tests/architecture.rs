@@ -1,0 +1,117 @@
+//! The shape of the code, checked: rooms (top-level modules of `src/`) import each other in one
+//! direction only, `main.rs` only parses and dispatches, and records are read through their
+//! types, not by string paths, outside `record`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The code a build of the library compiles: comments and `#[cfg(test)]` tails dropped.
+fn code(text: &str) -> String {
+    let body = text.split("#[cfg(test)]").next().unwrap_or("");
+    body.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+}
+
+/// room -> rooms it names as `crate::ROOM`.
+fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(src).unwrap();
+        let room = rel.iter().next().unwrap().to_string_lossy().trim_end_matches(".rs").to_string();
+        if matches!(room.as_str(), "main" | "lib" | "cli") {
+            continue;
+        }
+        let text = code(&std::fs::read_to_string(&f).unwrap());
+        let deps = g.entry(room.clone()).or_default();
+        for (i, _) in text.match_indices("crate::") {
+            let name: String = text[i + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            if !name.is_empty() && name != room {
+                deps.insert(name);
+            }
+        }
+    }
+    g
+}
+
+/// A cycle of the graph, if it has one (depth-first search).
+fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(n: &str, g: &BTreeMap<String, BTreeSet<String>>, path: &mut Vec<String>, done: &mut BTreeSet<String>) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut c = path[i..].to_vec();
+            c.push(n.to_string());
+            return Some(c);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_string());
+        for m in g.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, g, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    g.keys().find_map(|n| visit(n, g, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_cycle_finder_finds_cycles() {
+    let g = |edges: &[(&str, &str)]| {
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in edges {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+        }
+        g
+    };
+    assert_eq!(cycle(&g(&[("a", "b"), ("b", "c")])), None);
+    assert_eq!(cycle(&g(&[("a", "b"), ("b", "c"), ("c", "a")])), Some(vec!["a".into(), "b".into(), "c".into(), "a".into()]));
+    assert!(cycle(&g(&[("x", "y"), ("a", "b"), ("b", "a")])).is_some());
+}
+
+#[test]
+fn rooms_import_each_other_in_one_direction() {
+    let g = imports(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    assert!(g.len() > 10, "rooms found: {:?}", g.keys());
+    assert_eq!(cycle(&g), None, "module imports form a cycle");
+}
+
+#[test]
+fn main_only_parses_and_dispatches() {
+    let main = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/main.rs")).unwrap();
+    assert!(main.lines().count() <= 40, "src/main.rs has {} lines", main.lines().count());
+    // Only the one-line error of a failed command is printed there.
+    assert_eq!(main.matches("println!").count(), main.matches("eprintln!").count(), "src/main.rs prints: printing belongs to the command in src/cli/");
+}
+
+#[test]
+fn records_are_read_through_their_types_outside_record() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut found = Vec::new();
+    for f in files.iter().filter(|f| !f.starts_with(src.join("record"))) {
+        let text = code(&std::fs::read_to_string(f).unwrap());
+        for needle in ["pointer(\"/", "[\"outcome\"]", "[\"experts\"]", "[\"counts\"]", "[\"resources\"]", "[\"surfaces\"]"] {
+            if text.contains(needle) {
+                found.push(format!("{}: {needle}", f.strip_prefix(&src).unwrap().display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "records read by string path: {found:?}");
+}
