@@ -189,7 +189,7 @@ impl<'a> Records<'a> {
 
     /// The node a record ran on (None: not recorded, e.g. a failed cell or an older record).
     fn node(&mut self, alias: &str) -> Option<String> {
-        crate::record::format::node_id(&self.dir(alias).ok()?).ok().flatten()
+        crate::record::format::node_id(self.doc(alias, crate::record::RECORD_FILE).ok()?)
     }
 
     fn number(&mut self, alias: &str, op: &Operand) -> Result<f64> {

@@ -93,9 +93,9 @@ impl ContainArgs {
         }
     }
 
-    /// Runs `cell` as its own process tree under these bounds; the committed record.
+    /// Runs `cell` (checked by the caller) as its own process tree under these bounds; the
+    /// committed record.
     pub fn run(&self, cell: &Cell) -> Result<(TypedRecord, PathBuf)> {
-        cell.check()?;
         let cache = cell::cache_protocol(cell, self.warm_cache)?;
         cell::run_contained(cell, &self.spec(), cache, None)
     }

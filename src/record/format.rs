@@ -574,8 +574,9 @@ pub fn parse(path: &Path, text: &str) -> Result<TypedRecord> {
     })
 }
 
-/// The node a record ran on (`build.node.id`), read alone: None where the record names none.
-pub fn node_id(dir: &Path) -> Result<Option<String>> {
+/// The node a record ran on (`build.node.id`) from its `record.json` as read: None where the
+/// record names none.
+pub fn node_id(record: &Value) -> Option<String> {
     #[derive(Deserialize)]
     struct Head {
         build: Option<BuildHead>,
@@ -588,10 +589,8 @@ pub fn node_id(dir: &Path) -> Result<Option<String>> {
     struct NodeHead {
         id: String,
     }
-    let path = dir.join(RECORD_FILE);
-    let text = std::fs::read_to_string(&path).with_context(|| format!("{}: not a record", dir.display()))?;
-    let head: Head = serde_json::from_str(&text).with_context(|| format!("{}: not a record", path.display()))?;
-    Ok(head.build.and_then(|b| b.node).map(|n| n.id))
+    let head = Head::deserialize(record).ok()?;
+    head.build.and_then(|b| b.node).map(|n| n.id)
 }
 
 /// A `generate` record; a record of another format is refused, naming it.
