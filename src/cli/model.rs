@@ -44,6 +44,10 @@ pub enum ModelCommand {
         expert_ff: Option<u64>,
         #[arg(long)]
         vocab: Option<u64>,
+        /// Tensor data alignment (general.alignment, a power of two); 4096 puts every expert of
+        /// a 4096-multiple size on its own pages, so direct reads land straight in slots.
+        #[arg(long)]
+        alignment: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -98,8 +102,8 @@ pub fn build_info(a: BuildInfoArgs) -> Result<ExitCode> {
 
 pub fn model(c: ModelCommand) -> Result<ExitCode> {
     match c {
-        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, json } => {
-            let dims = preset.dims().with(&Overrides { layers, experts, top_k, embd, expert_ff, vocab })?;
+        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, json } => {
+            let dims = preset.dims().with(&Overrides { layers, experts, top_k, embd, expert_ff, vocab, alignment })?;
             if out.symlink_metadata().is_ok() {
                 bail!("{}: --out exists; forge never overwrites (remove it first)", out.display());
             }

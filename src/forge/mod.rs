@@ -43,6 +43,8 @@ pub struct Dims {
     pub kv_heads: u64,
     pub head_dim: u64,
     pub context: u64,
+    /// Tensor data alignment in the file.
+    pub alignment: u64,
 }
 
 impl Preset {
@@ -58,6 +60,7 @@ impl Preset {
             kv_heads: 2,
             head_dim: 64,
             context: 4096,
+            alignment: crate::gguf::DEFAULT_ALIGNMENT,
         };
         match self {
             Preset::Tiny => base,
@@ -76,6 +79,8 @@ pub struct Overrides {
     pub embd: Option<u64>,
     pub expert_ff: Option<u64>,
     pub vocab: Option<u64>,
+    /// Tensor data alignment (`general.alignment`); absent: GGUF's default of 32.
+    pub alignment: Option<u64>,
 }
 
 impl Dims {
@@ -86,6 +91,7 @@ impl Dims {
         self.embd = o.embd.unwrap_or(self.embd);
         self.expert_ff = o.expert_ff.unwrap_or(self.expert_ff);
         self.vocab = o.vocab.unwrap_or(self.vocab);
+        self.alignment = o.alignment.unwrap_or(self.alignment);
         if o.embd.is_some() {
             self.heads = (self.embd / self.head_dim).max(1);
             self.kv_heads = (self.heads / 2).max(1);
@@ -95,6 +101,9 @@ impl Dims {
     }
 
     fn check(&self) -> Result<()> {
+        if !self.alignment.is_power_of_two() || !(32..=65_536).contains(&self.alignment) {
+            bail!("--alignment must be a power of two from 32 to 65536");
+        }
         if self.layers == 0 || self.experts < 2 {
             bail!("need at least 1 layer and 2 experts");
         }
@@ -159,6 +168,10 @@ pub fn forge(arch: Arch, dims: Dims, seed: u64, out: &Path) -> Result<Forged> {
         .kv(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
         .kv(format!("{a}.rope.freq_base"), Value::F32(1_000_000.0))
         .kv("sovereign.forge.seed", Value::U64(seed));
+    // Only when asked: files forged before keep their bytes.
+    if d.alignment != crate::gguf::DEFAULT_ALIGNMENT {
+        w.kv("general.alignment", Value::U32(d.alignment as u32));
+    }
     tokenizer::add(&mut w, d.vocab);
 
     let f32t = |name: String, dims: &[u64]| TensorSpec::new(name, GgmlType::F32, dims);

@@ -50,13 +50,25 @@ impl GgufWriter {
         header.len() as u64 + last
     }
 
+    /// The data alignment: `general.alignment` when the metadata sets it, as readers take it.
+    fn alignment(&self) -> u64 {
+        self.metadata
+            .iter()
+            .find_map(|(k, v)| match (k.as_str(), v) {
+                ("general.alignment", Value::U32(a)) if a.is_power_of_two() => Some(u64::from(*a)),
+                _ => None,
+            })
+            .unwrap_or(DEFAULT_ALIGNMENT)
+    }
+
     /// Header bytes (padded to the alignment) and each tensor's offset in the data section.
     fn layout(&self) -> (Vec<u8>, Vec<u64>) {
+        let align = self.alignment();
         let mut offsets = Vec::with_capacity(self.tensors.len());
         let mut at = 0u64;
         for t in &self.tensors {
             offsets.push(at);
-            at = (at + t.bytes()).div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT;
+            at = (at + t.bytes()).div_ceil(align) * align;
         }
         let mut h = Vec::new();
         h.extend_from_slice(&MAGIC);
@@ -77,7 +89,7 @@ impl GgufWriter {
             h.extend_from_slice(&t.ggml_type.0.to_le_bytes());
             h.extend_from_slice(&off.to_le_bytes());
         }
-        h.resize((h.len() as u64).div_ceil(DEFAULT_ALIGNMENT) as usize * DEFAULT_ALIGNMENT as usize, 0);
+        h.resize((h.len() as u64).div_ceil(align) as usize * align as usize, 0);
         (h, offsets)
     }
 
