@@ -12,6 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 pub struct SlotPool {
     handle: *mut c_void,
     write: unsafe extern "C" fn(*mut c_void, u32, *const c_void, usize) -> i32,
+    host: Option<unsafe extern "C" fn(*mut c_void, u32) -> *mut c_void>,
     device: String,
     bytes: u64,
 }
@@ -38,6 +39,16 @@ impl SlotPool {
             bail!("the engine refused a write of {} bytes into slot {slot} of a {} pool", src.len(), self.device);
         }
         Ok(())
+    }
+
+    /// Where `slot` lies in host memory when the pool is plain host memory (a write is then a
+    /// memcpy there); `None` on a device, for a slot out of range, or before the engine has
+    /// allocated the pool (after the pool callback returns).
+    pub fn host(&self, slot: u32) -> Option<std::ptr::NonNull<u8>> {
+        let f = self.host?;
+        // SAFETY: the handle is this pool's; the engine checks the slot and returns NULL when it
+        // has no host address.
+        std::ptr::NonNull::new(unsafe { f(self.handle, slot) }.cast())
     }
 }
 
@@ -137,7 +148,7 @@ unsafe extern "C" fn pool_cb(
         let Some(write) = pool.write else { bail!("the engine gave no write function for {name}") };
         // SAFETY: the device name is NUL-terminated and owned by the backend registry.
         let device = if pool.device.is_null() { "?".into() } else { unsafe { CStr::from_ptr(pool.device) }.to_string_lossy().into_owned() };
-        let buffer = b.source.pool(il as u32, &name, slot_bytes, n_slots, SlotPool { handle: pool.handle, write, device, bytes: pool.bytes as u64 })?;
+        let buffer = b.source.pool(il as u32, &name, slot_bytes, n_slots, SlotPool { handle: pool.handle, write, host: pool.host, device, bytes: pool.bytes as u64 })?;
         out = i32::try_from(buffer)?;
         Ok(())
     });
