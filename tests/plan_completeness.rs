@@ -103,8 +103,8 @@ fn fewer_passes_than_groups_fail_the_decode_closed() {
         slots: 4,
         policy: "pin:0/0".into(),
         source: SourceKind::F,
-        windows: 4,
-        depth: 4,
+        windows: Some(4),
+        depth: Some(4),
         layer_buffers: 0,
         fault: FaultCell::None,
     };

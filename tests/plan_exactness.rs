@@ -157,3 +157,49 @@ fn two_shared_layer_buffers_stream_layer_by_layer_and_stay_exact() {
     let r = generate(&m, PROMPT, OUTPUTS, &bad, &["--experts", "plan", "--layer-buffers", "1"]);
     assert_one_line_error(&r, &["layer buffers"]);
 }
+
+#[test]
+fn manifest_sized_f_with_coalesced_and_direct_reads_is_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    // 4096-aligned tensors: every F32 expert extent (256 KiB) starts on a page, so F reads it
+    // straight into the engine's host slot pool; neighbours in a tensor go out as one read.
+    let aligned = forge(dir.path(), "a.gguf", 35, &["--alignment", "4096"]);
+    let unaligned = forge(dir.path(), "u.gguf", 35, &[]);
+    for (name, m) in [("aligned", &aligned), ("unaligned", &unaligned)] {
+        let resident = dir.path().join(format!("{name}-resident"));
+        gen(m, &resident, &[]);
+        for (source, policy) in [("f", "zero"), ("f", "lru:3+prefetch"), ("d", "zero")] {
+            let rec = dir.path().join(format!("{name}-{source}-{}", policy.replace([':', '+'], "")));
+            let r = gen(m, &rec, &["--experts", "plan", "--slots", "5", "--source", source, "--policy", policy]);
+            assert_exact(&resident, &rec);
+            assert_clean(&r);
+            let sizing = &r["params"]["experts"]["sizing"];
+            let mv = &r["experts"]["telemetry"]["movement"];
+            let t = &r["experts"]["telemetry"];
+            let n = |v: &serde_json::Value| v.as_u64().unwrap();
+            if source == "d" {
+                // D stays the one-window synchronous baseline: one read per extent, via its window.
+                assert_eq!((n(&sizing["windows"]), n(&mv["sqes"]), n(&mv["coalesced_sqes"]), n(&mv["direct_bytes"])), (1, n(&t["q_run"]["reads"]), 0, 0), "{mv}");
+                continue;
+            }
+            // Sized from the manifest: one window per slot (a pass's misses), 3 extents each.
+            assert_eq!(sizing["from"], "manifest", "{sizing}");
+            assert_eq!((n(&sizing["windows"]), n(&sizing["depth"])), (5, 15), "{sizing}");
+            assert_eq!(r["params"]["experts"]["depth"], 15);
+            assert_eq!(r["experts"]["m_source_bound"]["n_windows"], 5);
+            assert!(n(&mv["coalesced_sqes"]) > 0 && n(&mv["sqes"]) < n(&t["q_run"]["reads"]), "{mv}");
+            assert_eq!(n(&mv["direct_bytes"]) + n(&mv["window_bytes"]), n(&t["q_run"]["logical_bytes"]), "{mv}");
+            if name == "aligned" {
+                assert_eq!((n(&mv["window_bytes"]), n(&r["experts"]["copy"]["bytes"])), (0, 0), "every extent went straight to its slot: {mv}");
+            } else {
+                assert_eq!(n(&mv["direct_bytes"]), 0, "{mv}");
+            }
+        }
+    }
+    // Flags still win, and the record says so.
+    let rec = dir.path().join("flags");
+    let r = gen(&aligned, &rec, &["--experts", "plan", "--slots", "5", "--source", "f", "--windows", "2", "--depth", "4"]);
+    assert_eq!(r["params"]["experts"]["sizing"]["from"], "flags");
+    assert_eq!((r["params"]["experts"]["windows"].as_u64(), r["params"]["experts"]["depth"].as_u64()), (Some(2), Some(4)));
+    assert_exact(&dir.path().join("aligned-resident"), &rec);
+}

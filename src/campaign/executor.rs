@@ -105,8 +105,8 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
         slots: arm.slots.unwrap_or(0),
         policy: arm.policy.as_ref().map(|v| v.to_string()).unwrap_or_default(),
         source: arm.source.unwrap_or(SourceKind::F),
-        windows: arm.windows.unwrap_or(0),
-        depth: arm.depth.unwrap_or(0),
+        windows: arm.windows,
+        depth: arm.depth,
         layer_buffers: arm.layer_buffers.unwrap_or(0),
         fault,
     };

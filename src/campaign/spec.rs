@@ -206,10 +206,10 @@ pub struct Arm {
     pub policy: Option<Policy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SourceKind>,
-    /// Host staging windows.
+    /// Host staging windows (absent: sized from the model's manifest for source F).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub windows: Option<u32>,
-    /// Source queue depth.
+    /// Source queue depth (absent: sized from the manifest for source F).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub depth: Option<u32>,
     /// Layer buffers shared by the layers' slot pools (absent or 0: one pool per layer; 2:
@@ -413,12 +413,12 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             ("slots", a.slots.is_some()),
             ("policy", a.policy.is_some()),
             ("source", a.source.is_some()),
-            ("windows", a.windows.is_some()),
-            ("depth", a.depth.is_some()),
         ];
+        // Windows and depth may be left to the manifest; resident arms may not name them.
+        let sized = [("windows", a.windows.is_some()), ("depth", a.depth.is_some())];
         match a.experts {
             ExpertsMode::Resident | ExpertsMode::Host => {
-                for (name, set) in plan_fields.iter().chain(&[("fault", a.fault.is_some()), ("layer_buffers", a.layer_buffers.is_some())]) {
+                for (name, set) in plan_fields.iter().chain(&sized).chain(&[("fault", a.fault.is_some()), ("layer_buffers", a.layer_buffers.is_some())]) {
                     if *set {
                         out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` applies only to `experts: plan`", a.id.value)));
                     }

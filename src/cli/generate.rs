@@ -28,10 +28,13 @@ pub struct PlanArgs {
     /// window, f = io_uring O_DIRECT with --windows windows and --depth reads in flight.
     #[arg(long, value_enum, default_value_t = SourceKind::F)]
     source: SourceKind,
-    #[arg(long, default_value_t = 8)]
-    windows: u32,
-    #[arg(long, default_value_t = 8)]
-    depth: u32,
+    /// Staging windows (p, f). Default for f: the most distinct experts one pass of a layer can
+    /// miss (its unpinned slots), so a pass's reads are all in flight together; p: 8.
+    #[arg(long)]
+    windows: Option<u32>,
+    /// Reads in flight (f). Default: windows x the most extents per expert.
+    #[arg(long)]
+    depth: Option<u32>,
     /// Layer buffers (plan): 0 gives every layer its own slot pools; 2 streams layer by layer
     /// through two shared, alternating buffers (layer i uses buffer i mod 2).
     #[arg(long, default_value_t = 0)]

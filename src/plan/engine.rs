@@ -43,8 +43,11 @@ pub struct PlanOptions {
     pub slots: u32,
     pub policy: String,
     pub source: SourceKind,
-    pub windows: u32,
-    pub depth: u32,
+    /// Windows and reads in flight; absent: sized from the manifest (F) or 8 (P).
+    #[serde(default)]
+    pub windows: Option<u32>,
+    #[serde(default)]
+    pub depth: Option<u32>,
     /// Layer buffers (0: one pool per layer; 2: double-buffered layer by layer).
     pub layer_buffers: u32,
     pub fault: FaultCell,
@@ -53,6 +56,7 @@ pub struct PlanOptions {
 pub struct PlanSource {
     plan: Plan,
     options: PlanOptions,
+    sizing: Sizing,
     n_slots: u32,
     /// (layer, pass) acquires that took consumers and so must be released.
     served: HashSet<(u32, u32)>,
@@ -88,11 +92,12 @@ impl PlanSource {
             bail!("layers with different expert counts need per-layer slot counts, which the engine does not take");
         }
         let w = manifest.window_size;
+        let sizing = Sizing::of(&manifest, &options);
         let (source, registered): (Box<dyn Source>, Option<bool>) = match options.source {
-            SourceKind::P => (Box::new(BufferedSource::open(model, options.windows, w)?), None),
+            SourceKind::P => (Box::new(BufferedSource::open(model, sizing.windows, w)?), None),
             SourceKind::D => (Box::new(BufferedSource::open_direct(model, w)?), None),
             SourceKind::F => {
-                let s = UringSource::open(model, options.windows, w, options.depth)?;
+                let s = UringSource::open(model, sizing.windows, w, sizing.depth)?;
                 let r = s.registered();
                 (Box::new(s), Some(r))
             }
@@ -104,6 +109,7 @@ impl PlanSource {
             coverage,
             plan,
             options,
+            sizing,
             n_slots,
             served: HashSet::new(),
             wait: Duration::ZERO,
@@ -182,6 +188,60 @@ impl Mark {
 impl SlotWriter for SlotPool {
     fn write(&self, slot: u32, src: &[u8]) -> Result<(), String> {
         SlotPool::write(self, slot, src).map_err(|e| format!("{e:#}"))
+    }
+
+    fn host(&self, slot: u32) -> Option<std::ptr::NonNull<u8>> {
+        SlotPool::host(self, slot)
+    }
+}
+
+/// Windows and depth of a run's source: the flags', or sized from the manifest so that every
+/// read a layer's pass needs is in flight together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Sizing {
+    pub from: SizedFrom,
+    pub windows: u32,
+    pub depth: u32,
+    /// What the manifest asks for: the most distinct misses of one pass (a layer's unpinned
+    /// slots) and the most extents per bundle.
+    pub pass_capacity: u32,
+    pub extents_per_bundle: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SizedFrom {
+    /// Both given on the command line or in the arm.
+    Flags,
+    /// Both sized from the manifest.
+    Manifest,
+    /// One given, the other sized.
+    Mixed,
+}
+
+/// Windows of P when none are given (P reads synchronously: more windows only batch).
+const P_WINDOWS: u32 = 8;
+
+impl Sizing {
+    pub fn of(m: &Manifest, o: &PlanOptions) -> Sizing {
+        let pass_capacity = m.layers.iter().map(|l| l.capacity()).max().unwrap_or(1).max(1);
+        let extents_per_bundle = m.objects.iter().map(|o| o.extents.len() as u32).max().unwrap_or(1).max(1);
+        let sized_windows = pass_capacity.min(crate::bounds::MAX_WINDOWS);
+        let (windows, depth) = match o.source {
+            SourceKind::D => (1, 1),
+            SourceKind::P => (o.windows.unwrap_or(P_WINDOWS), 1),
+            SourceKind::F => {
+                let windows = o.windows.unwrap_or(sized_windows);
+                let depth = o.depth.unwrap_or_else(|| windows.saturating_mul(extents_per_bundle).min(crate::bounds::MAX_DEPTH));
+                (windows, depth)
+            }
+        };
+        let from = match (o.windows.is_some(), o.depth.is_some()) {
+            (true, true) => SizedFrom::Flags,
+            (false, false) => SizedFrom::Manifest,
+            _ => SizedFrom::Mixed,
+        };
+        Sizing { from, windows, depth, pass_capacity, extents_per_bundle }
     }
 }
 
@@ -324,7 +384,8 @@ impl PlanSource {
             source: self.options.source,
             windows: self.plan.window_states().len() as u64,
             window_bytes: self.plan.manifest().window_size,
-            depth: if self.options.source == SourceKind::F { Some(self.options.depth) } else { None },
+            depth: if self.options.source == SourceKind::F { Some(self.sizing.depth) } else { None },
+            sizing: Some(self.sizing),
         }
     }
 
@@ -389,7 +450,7 @@ impl PlanSource {
                 n_windows: windows,
                 window_bytes: m.window_size,
                 windows_bytes: windows * m.window_size,
-                queue_entries: if self.options.source == SourceKind::F { self.options.depth } else { 1 },
+                queue_entries: if self.options.source == SourceKind::F { self.sizing.depth } else { 1 },
                 plan_struct_bytes: meta,
             },
             telemetry: tel,

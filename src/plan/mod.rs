@@ -32,9 +32,9 @@ pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version
 pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
 pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};
-pub use telemetry::{Closure, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
+pub use telemetry::{Closure, Movement, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
 
-use crate::source::{AlignedBuf, Completion, ReadRequest, Source, SourceError};
+use crate::source::{AlignedBuf, Completion, ReadRequest, Source, SourceError, ALIGN};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::time::Instant;
@@ -172,14 +172,19 @@ pub struct Ticket {
     pub window: u32,
 }
 
-/// A bundle being assembled in a window.
+/// A bundle being assembled in a window (or, extent by extent, straight in its slot).
 struct Bundle {
     object: ObjectId,
     slot: u32,
     version: Version,
     received: Vec<bool>,
     remaining: usize,
+    /// Per extent: its covering read lands in the slot itself, not in the window.
+    direct: Vec<bool>,
 }
+
+/// One bundle to submit: its window, object, slot and the slot's loading version.
+type Job = (u32, ObjectId, u32, Version);
 
 struct Pool {
     role: Role,
@@ -191,6 +196,12 @@ struct Pool {
 pub trait SlotWriter: Send {
     /// Copies `src` (one slot's bytes) into `slot`; returns once the copy has completed.
     fn write(&self, slot: u32, src: &[u8]) -> Result<(), String>;
+    /// Where `slot` lies when the pool is plain host memory, so that a write would be a memcpy
+    /// there; `None` otherwise (device memory, or not allocated yet). A source may then read
+    /// straight into it.
+    fn host(&self, _slot: u32) -> Option<std::ptr::NonNull<u8>> {
+        None
+    }
 }
 
 enum PoolMem {
@@ -486,6 +497,10 @@ impl Plan {
     pub fn telemetry(&self) -> Telemetry {
         let mut t = self.tel.clone();
         t.epoch = self.table.epoch();
+        if let Some(mv) = &mut t.movement {
+            let st = self.source.stats();
+            (mv.sqes, mv.coalesced_sqes, mv.coalesced_extents) = (st.sqes, st.coalesced_sqes, st.coalesced_requests);
+        }
         t.u_sched = Union {
             objects: self.sched.len() as u64,
             bytes: self.sched.iter().filter_map(|o| self.manifest.object(*o)).map(|o| o.logical_bytes).sum(),
@@ -725,11 +740,8 @@ impl Plan {
         let mut inflight = HashMap::new();
         let submitted = free.len().min(loads.len());
         // As many bundles as there are free windows go out now; the rest load at completion.
-        for (&(object, slot, version), &w) in loads.iter().zip(&free) {
-            self.submit_bundle(w, object, slot, version)?;
-            let n = self.manifest.object(object).expect("manifest object").extents.len();
-            inflight.insert(w, Bundle { object, slot, version, received: vec![false; n], remaining: n });
-        }
+        let jobs: Vec<Job> = loads.iter().zip(&free).map(|(&(object, slot, version), &w)| (w, object, slot, version)).collect();
+        self.submit_bundles(nli, &jobs, &mut inflight)?;
         if !loads.is_empty() {
             self.prefetching = Some((nli, loads, inflight, submitted));
         }
@@ -759,13 +771,17 @@ impl Plan {
         let mut pending: VecDeque<_> = jobs.iter().copied().collect();
         let mut inflight: HashMap<u32, Bundle> = HashMap::new();
         loop {
-            while !pending.is_empty() {
-                let Some(w) = self.windows.iter().position(|s| *s == WindowState::Free) else { break };
-                let (object, slot, version) = pending.pop_front().expect("not empty");
-                self.submit_bundle(w as u32, object, slot, version)?;
-                let n = self.manifest.object(object).expect("manifest object").extents.len();
-                inflight.insert(w as u32, Bundle { object, slot, version, received: vec![false; n], remaining: n });
+            // Every bundle that has a Free window goes out at once, so the source sees all of
+            // them together (and can coalesce neighbours in the file).
+            let mut jobs = Vec::new();
+            for (w, state) in self.windows.iter().enumerate() {
+                if *state != WindowState::Free || inflight.contains_key(&(w as u32)) {
+                    continue;
+                }
+                let Some((object, slot, version)) = pending.pop_front() else { break };
+                jobs.push((w as u32, object, slot, version));
             }
+            self.submit_bundles(li, &jobs, &mut inflight)?;
             if inflight.is_empty() {
                 if pending.is_empty() {
                     return Ok(());
@@ -777,41 +793,104 @@ impl Plan {
         }
     }
 
-    fn submit_bundle(&mut self, w: u32, object: ObjectId, slot: u32, version: Version) -> Result<(), PlanError> {
-        self.windows[w as usize].step(w, WindowTransition::BeginRead)?;
-        let n = self.manifest.object(object).expect("manifest object").extents.len();
-        for i in 0..n {
-            let e = self.manifest.object(object).expect("manifest object").extents[i];
-            let id = self.next_ticket;
-            self.next_ticket += 1;
-            let t = Ticket {
-                id,
-                object,
-                extent: i as u32,
-                slot,
-                generation: version.generation,
-                epoch: version.epoch,
-                window: w,
-            };
-            let started = Instant::now();
-            let submitted = self.source.submit(ReadRequest {
-                ticket: id,
-                object,
-                extent: i as u32,
-                offset: e.extent.offset,
-                len: e.extent.len,
-                window: w,
-                window_offset: e.window_offset,
-                epoch: version.epoch,
-                generation: version.generation,
-            });
-            self.tel.read_ns += started.elapsed().as_nanos() as u64;
-            submitted?;
-            self.tickets.insert(id, t);
+    /// Where extent `i` of a bundle for `slot` of layer index `li` can be read straight into
+    /// its slot: a source that takes host targets, pool memory on the host, and an extent whose
+    /// covering read is exactly its logical bytes at an aligned slot address. `None`: the window.
+    fn direct_target(&self, li: usize, i: usize, slot: u32, e: &ExtentPlan) -> Option<std::ptr::NonNull<u8>> {
+        let aligned = e.covering.head == 0 && e.covering.len == e.extent.len && e.extent.len % ALIGN == 0;
+        if !aligned || !self.source.reads_into_host() {
+            return None;
+        }
+        let pool = &self.pools[self.manifest.buffer_of(li)][i];
+        if pool.role != e.role || pool.bytes_per_slot != e.extent.len {
+            return None;
+        }
+        let p = match &pool.mem {
+            // SAFETY: slot < n_slots, so the offset stays inside the pool's allocation.
+            PoolMem::Host(buf) => std::ptr::NonNull::new(unsafe { buf.as_ptr().add((u64::from(slot) * pool.bytes_per_slot) as usize) }),
+            PoolMem::Engine(Some(w)) => w.host(slot),
+            PoolMem::Engine(None) => None,
+        }?;
+        (p.as_ptr() as u64 % ALIGN == 0).then_some(p)
+    }
+
+    /// Starts the reads of every bundle of `jobs` (windows Free, slots Loading) and adds the
+    /// bundles to `inflight`. All extent reads go to the source in one call, in file order, so
+    /// that neighbours in the file can become one read; an aligned extent whose slot is host
+    /// memory is read straight into the slot. Either way each extent keeps its own ticket.
+    fn submit_bundles(&mut self, li: usize, jobs: &[Job], inflight: &mut HashMap<u32, Bundle>) -> Result<(), PlanError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let mut reads = Vec::new();
+        for &(w, object, slot, version) in jobs {
+            self.windows[w as usize].step(w, WindowTransition::BeginRead)?;
+            let extents = self.manifest.object(object).expect("manifest object").extents.clone();
+            let mut direct = Vec::with_capacity(extents.len());
+            for (i, e) in extents.iter().enumerate() {
+                let id = self.next_ticket;
+                self.next_ticket += 1;
+                let t = Ticket {
+                    id,
+                    object,
+                    extent: i as u32,
+                    slot,
+                    generation: version.generation,
+                    epoch: version.epoch,
+                    window: w,
+                };
+                let into = self.direct_target(li, i, slot, e);
+                direct.push(into.is_some());
+                reads.push((
+                    ReadRequest {
+                        ticket: id,
+                        object,
+                        extent: i as u32,
+                        offset: e.extent.offset,
+                        len: e.extent.len,
+                        window: w,
+                        window_offset: e.window_offset,
+                        epoch: version.epoch,
+                        generation: version.generation,
+                    },
+                    into,
+                ));
+                self.tickets.insert(id, t);
+            }
+            let n = extents.len();
+            inflight.insert(w, Bundle { object, slot, version, received: vec![false; n], remaining: n, direct });
+        }
+        reads.sort_by_key(|(r, _)| r.offset);
+        let started = Instant::now();
+        // SAFETY: each host target is the start of a Loading slot's region of its pool, valid
+        // for the extent's bytes (checked in `direct_target`); no consumer reads a Loading slot,
+        // no copy writes it, and the slot is not published or reloaded before every completion
+        // of its bundle came back (a failed Plan publishes nothing and drains the source).
+        let submitted = unsafe { self.source.submit_vectored(&reads) };
+        self.tel.read_ns += started.elapsed().as_nanos() as u64;
+        let mv = self.tel.movement.get_or_insert_with(Default::default);
+        mv.batches += 1;
+        mv.max_batch = mv.max_batch.max(reads.len() as u64);
+        let done = match submitted {
+            Ok(()) => reads.len(),
+            Err((n, _)) => n,
+        };
+        for (r, into) in &reads[..done] {
+            let e = &self.manifest.object(r.object).expect("manifest object").extents[r.extent as usize];
             self.tel.q_run.reads += 1;
             self.tel.q_run.logical_bytes += e.extent.len;
             self.tel.q_run.physical_bytes += e.covering.len;
             self.tel.q_run.padding_bytes += e.padding();
+            if into.is_some() {
+                mv.direct_extents += 1;
+            }
+        }
+        if let Err((_, e)) = submitted {
+            // Requests the source never took have no completion to wait for.
+            for (r, _) in &reads[done..] {
+                self.tickets.remove(&r.ticket);
+            }
+            return Err(e.into());
         }
         Ok(())
     }
@@ -894,8 +973,15 @@ impl Plan {
         let op = self.manifest.object(b.object).expect("manifest object");
         let window = self.source.window(w);
         let started = Instant::now();
-        for (e, pool) in op.extents.iter().zip(&self.pools[self.manifest.buffer_of(li)]) {
+        let (mut direct_bytes, mut copied) = (0, 0);
+        for ((e, pool), &direct) in op.extents.iter().zip(&self.pools[self.manifest.buffer_of(li)]).zip(&b.direct) {
             assert_eq!(e.role, pool.role, "pools are in role order");
+            if direct {
+                // Read straight into the slot and validated like every extent: nothing to copy.
+                direct_bytes += e.extent.len;
+                continue;
+            }
+            copied += e.extent.len;
             let src = &window[e.window_range()];
             assert_eq!(src.len() as u64, pool.bytes_per_slot);
             match &pool.mem {
@@ -915,11 +1001,14 @@ impl Plan {
             }
         }
         self.tel.copy_ns += started.elapsed().as_nanos() as u64;
-        let (logical, object) = (op.logical_bytes, op.id);
+        let object = op.id;
         self.windows[w as usize].step(w, WindowTransition::CopyDone)?;
         self.table.publish(li, b.slot, b.version)?;
         self.tel.loads += 1;
-        self.tel.bytes_copied += logical;
+        self.tel.bytes_copied += copied;
+        let mv = self.tel.movement.get_or_insert_with(Default::default);
+        mv.direct_bytes += direct_bytes;
+        mv.window_bytes += copied;
         self.sched.insert(object);
         Ok(())
     }

@@ -28,6 +28,9 @@ pub struct PlanDescription {
     pub window_bytes: u64,
     /// Reads in flight (source F only).
     pub depth: Option<u32>,
+    /// Where windows and depth came from: the flags, or the manifest (absent in earlier records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizing: Option<super::engine::Sizing>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -110,6 +110,28 @@ pub struct Telemetry {
     pub q_run: Traffic,
     pub u_sched: Union,
     pub u_sem_lb: SemanticUnion,
+    /// How the reads went out and where their bytes landed (absent in earlier records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub movement: Option<Movement>,
+}
+
+/// How the Plan's reads went out: batches handed to the source, the device reads (SQEs) they
+/// became, and where the bytes landed. `q_run.reads` counts extent reads (one per ticket).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Movement {
+    /// Calls that handed extent reads to the source, and the most extent reads in one.
+    pub batches: u64,
+    pub max_batch: u64,
+    /// Reads the source issued (io_uring SQEs; one per extent for P and D).
+    pub sqes: u64,
+    /// Vectored reads that carried more than one extent, and the extents they carried.
+    pub coalesced_sqes: u64,
+    pub coalesced_extents: u64,
+    /// Extent reads that landed straight in their slot, and their logical bytes.
+    pub direct_extents: u64,
+    pub direct_bytes: u64,
+    /// Logical bytes copied from a window into a slot.
+    pub window_bytes: u64,
 }
 
 /// The terminal ledger of a Plan.

@@ -15,23 +15,25 @@ struct Model {
 }
 
 /// `--preset tiny` (3 layers, 16 experts, top-4, F32 experts of 256 KiB per role), seed 7.
-/// Forged once into `target/plan-test/` through a temporary file renamed into place, and
-/// reused by later runs: the tests compare slots with the bytes of that very file.
 fn model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/plan-test");
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("tiny-seed7.gguf");
-        if !path.exists() {
-            let tmp = tempfile::Builder::new().suffix(".gguf").tempfile_in(&dir).unwrap();
-            forge(Arch::Qwen3moe, Preset::Tiny.dims(), 7, tmp.path()).unwrap();
-            tmp.persist(&path).unwrap();
-        }
-        let bytes = std::fs::read(&path).unwrap();
-        let inv = Inventory::of(&path).unwrap();
-        Model { path, bytes, inv }
-    })
+    MODEL.get_or_init(|| forged("tiny-seed7.gguf", Preset::Tiny.dims()))
+}
+
+/// Forged once into `target/plan-test/` through a temporary file renamed into place, and
+/// reused by later runs: the tests compare slots with the bytes of that very file.
+fn forged(name: &str, dims: crate::forge::Dims) -> Model {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/plan-test");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    if !path.exists() {
+        let tmp = tempfile::Builder::new().suffix(".gguf").tempfile_in(&dir).unwrap();
+        forge(Arch::Qwen3moe, dims, 7, tmp.path()).unwrap();
+        tmp.persist(&path).unwrap();
+    }
+    let bytes = std::fs::read(&path).unwrap();
+    let inv = Inventory::of(&path).unwrap();
+    Model { path, bytes, inv }
 }
 
 fn obj(layer: u32, expert: u32) -> ObjectId {
@@ -818,4 +820,146 @@ fn a_failed_slot_copy_fails_the_plan_and_drains_clean() {
     let mut p = Plan::for_engine(manifest, &"zero".parse().unwrap(), Box::new(source)).unwrap();
     assert!(matches!(acq(&mut p, layer, 0, &[1]), Err(PlanError::Copy { .. })));
     assert!(p.shutdown().unwrap().balanced());
+}
+
+// ---------------------------------------------------------------------------------------------
+// All of a pass's reads at once: coalesced neighbours, reads straight into host slots
+
+/// The tiny preset of seed 7 forged with 4096-byte tensor alignment: every expert extent (256
+/// KiB of F32) starts on a page, so covering reads are exact and neighbours abut.
+fn aligned_model() -> &'static Model {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL.get_or_init(|| forged("tiny-seed7-a4096.gguf", crate::forge::Dims { alignment: 4096, ..Preset::Tiny.dims() }))
+}
+
+/// A Plan with host pools over F (io_uring) reading `file` (the model's own file unless given),
+/// sized as a run without flags would be: one window per slot, 3 extents per window.
+fn uring_plan(m: &Model, n_slots: u32, file: Option<&std::path::Path>, cell: crate::source::fault::FaultCell) -> Plan {
+    let spec: PolicySpec = "zero".parse().unwrap();
+    let manifest = Manifest::new(&m.inv, n_slots, &[]).unwrap();
+    let source = crate::source::UringSource::open(file.unwrap_or(&m.path), n_slots, manifest.window_size, 3 * n_slots).unwrap();
+    Plan::new(manifest, &spec, crate::source::fault::FaultySource::wrap(Box::new(source), cell)).unwrap()
+}
+
+fn assert_holds_file(p: &Plan, m: &Model, slot: u32, object: ObjectId) {
+    for e in &p.manifest().object(object).unwrap().extents {
+        let want = &m.bytes[e.extent.offset as usize..e.extent.end() as usize];
+        assert!(p.slot_bytes(object.layer, e.role, slot).unwrap() == want, "slot {slot} {}: not the bytes of {object}", e.role);
+    }
+}
+
+#[test]
+fn neighbours_go_out_as_one_read_straight_into_host_slots() {
+    let m = aligned_model();
+    let mut p = uring_plan(m, 4, None, crate::source::fault::FaultCell::None);
+    // Experts 4..7 are neighbours in each of the three tensors: three vectored reads of four
+    // extents each, every byte read into its slot.
+    let ids = [5, 4, 7, 6, 5];
+    let slots = acq(&mut p, 1, 0, &ids).unwrap();
+    for (&id, &s) in ids.iter().zip(&slots) {
+        assert_holds_file(&p, m, s as u32, obj(1, id as u32));
+    }
+    let t = p.telemetry();
+    let mv = t.movement.unwrap();
+    let extent = 256 * 256 * 4;
+    assert_eq!((t.q_run.reads, mv.batches, mv.max_batch), (12, 1, 12), "{mv:?}");
+    assert_eq!((mv.sqes, mv.coalesced_sqes, mv.coalesced_extents), (3, 3, 12), "{mv:?}");
+    assert_eq!((mv.direct_extents, mv.direct_bytes, mv.window_bytes, t.bytes_copied), (12, 12 * extent, 0, 0), "{mv:?}");
+    p.release(1, 0).unwrap();
+    // Scattered experts: one read each, still straight into the slots.
+    let slots = acq(&mut p, 2, 0, &[0, 9]).unwrap();
+    assert_holds_file(&p, m, slots[0] as u32, obj(2, 0));
+    assert_holds_file(&p, m, slots[1] as u32, obj(2, 9));
+    let mv = p.telemetry().movement.unwrap();
+    assert_eq!((mv.sqes, mv.coalesced_sqes, mv.direct_extents), (9, 3, 18), "{mv:?}");
+    p.release(2, 0).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
+fn unaligned_neighbours_share_their_boundary_block_through_windows() {
+    // The default alignment (32): extents start mid-page, so neighbours share a block. One read
+    // carries both; the shared block is copied into the second window; nothing goes direct.
+    let m = model();
+    assert!(m.inv.objects.iter().any(|o| o.extents.iter().any(|(_, e)| e.offset % 4096 != 0)), "the test needs unaligned extents");
+    let mut p = uring_plan(m, 4, None, crate::source::fault::FaultCell::None);
+    let ids = [2, 3, 1, 0];
+    let slots = acq(&mut p, 0, 0, &ids).unwrap();
+    for (&id, &s) in ids.iter().zip(&slots) {
+        assert_holds(&p, s as u32, obj(0, id as u32));
+    }
+    let t = p.telemetry();
+    let mv = t.movement.unwrap();
+    assert_eq!((mv.sqes, mv.coalesced_sqes, mv.coalesced_extents, mv.direct_extents), (3, 3, 12, 0), "{mv:?}");
+    assert_eq!(mv.window_bytes, t.q_run.logical_bytes);
+    // Each file byte was read once: the union of the covering reads, shared blocks counted once.
+    let mut covs: Vec<(u64, u64)> = ids
+        .iter()
+        .flat_map(|&id| p.manifest().object(obj(0, id as u32)).unwrap().extents.iter().map(|e| (e.covering.offset, e.covering.offset + e.covering.len)))
+        .collect();
+    covs.sort();
+    let (mut union, mut end) = (0, 0);
+    for (a, b) in covs {
+        union += b - a.max(end).min(b);
+        end = end.max(b);
+    }
+    assert!(union < t.q_run.physical_bytes, "neighbours share blocks here");
+    assert_eq!(p.closure().source.physical_bytes, union);
+    p.release(0, 0).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
+fn a_short_coalesced_read_fails_the_tickets_it_did_not_cover() {
+    let m = aligned_model();
+    let man = Manifest::new(&m.inv, 4, &[]).unwrap();
+    let down1 = man.object(obj(2, 1)).unwrap().extents[2].extent;
+    assert_eq!(down1.end() + 14 * down1.len, m.bytes.len() as u64, "layer 2's down is the file's last tensor");
+    // The file ends halfway through layer 2's down of expert 1: the vectored read of downs 0
+    // and 1 returns down 0 whole and half of down 1.
+    let dir = tempfile::tempdir().unwrap();
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &m.bytes[..(down1.offset + down1.len / 2) as usize]).unwrap();
+    let mut p = uring_plan(m, 4, Some(&cut), crate::source::fault::FaultCell::None);
+    let err = acq(&mut p, 2, 0, &[0, 1]).unwrap_err();
+    let PlanError::Rejected { kind: RejectKind::ShortRead, ticket, ref detail } = err else { panic!("{err:?}") };
+    assert!(detail.contains(&format!("{} of {}", down1.len / 2, down1.len)), "{detail}");
+    assert_eq!(ticket, 6, "down of expert 1 (tickets 1..3 are expert 0's, 4..6 expert 1's)");
+    let st = p.closure().source;
+    assert_eq!((st.sqes, st.coalesced_sqes), (3, 3), "{st:?}");
+    // Expert 0 was whole and may be published; expert 1 never.
+    let cells = p.slots(2).unwrap();
+    assert!(cells.iter().any(|c| c.object == Some(obj(2, 1)) && c.state == SlotState::Loading), "{cells:?}");
+    assert_eq!(p.telemetry().rejections.get("short_read"), Some(&1));
+    assert_failed_closed_direct(p, 2, Some(obj(2, 0)));
+}
+
+/// Nothing of the layer is visible after a rejection on the direct path, and the Plan drains.
+fn assert_failed_closed_direct(mut p: Plan, layer: u32, whole: Option<ObjectId>) {
+    assert!(p.failure().is_some());
+    for c in p.slots(layer).unwrap() {
+        let published_ok = c.object.is_some() && c.object == whole && c.state == SlotState::DeviceReady;
+        assert!(published_ok || matches!(c.state, SlotState::Vacant | SlotState::Loading), "published after a rejection: {c:?}");
+        assert_eq!(c.consumers, 0);
+    }
+    assert!(matches!(acq(&mut p, layer, 0, &[0]), Err(PlanError::Failed { .. })));
+    let c = p.shutdown().unwrap();
+    assert_eq!((c.active_tickets, c.source_outstanding, c.consumers_live), (0, 0, 0), "{c:?}");
+    assert!(c.balanced() && c.failed.is_some(), "{c:?}");
+}
+
+#[test]
+fn wrong_object_and_stale_completions_into_slots_are_rejected() {
+    use crate::source::fault::FaultCell;
+    let m = aligned_model();
+    for (cell, kind) in [(FaultCell::WrongObject, RejectKind::WrongObject), (FaultCell::StaleCompletion, RejectKind::StaleEpoch)] {
+        let mut p = uring_plan(m, 4, None, cell);
+        let err = acq(&mut p, 1, 0, &[3, 4]).unwrap_err();
+        assert!(matches!(&err, PlanError::Rejected { kind: k, .. } if *k == kind), "{cell:?}: {err:?}");
+        let st = p.closure().source;
+        assert_eq!(st.faults_fired, 1);
+        assert!(st.host_target_requests >= 1 && st.coalesced_sqes >= 1, "the reads went straight to the slots: {st:?}");
+        assert_eq!(p.telemetry().loads, 0);
+        assert_failed_closed_direct(p, 1, None);
+    }
 }

@@ -9,6 +9,7 @@ use super::{Completion, ReadRequest, Source, SourceError, SourceStats};
 use clap::ValueEnum;
 use serde::Serialize;
 use std::collections::VecDeque;
+use std::ptr::NonNull;
 
 /// A deterministic fault cell (seed 000 §5.4, Table 7); `none` is the no-fault control.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
@@ -123,6 +124,20 @@ impl Source for FaultySource {
     fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError> {
         self.submitted += 1;
         self.inner.submit(req)
+    }
+
+    fn reads_into_host(&self) -> bool {
+        self.inner.reads_into_host()
+    }
+
+    unsafe fn submit_vectored(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)]) -> Result<(), (usize, SourceError)> {
+        // SAFETY: the caller's guarantees are passed on unchanged.
+        let r = unsafe { self.inner.submit_vectored(reads) };
+        self.submitted += match &r {
+            Ok(()) => reads.len(),
+            Err((n, _)) => *n,
+        } as u64;
+        r
     }
 
     fn wait(&mut self) -> Result<Completion, SourceError> {

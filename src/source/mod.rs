@@ -126,6 +126,25 @@ pub struct SourceStats {
     pub latency_us_log2: [u64; 32],
     /// Completions a deterministic fault cell perturbed (see [`fault`]).
     pub faults_fired: u64,
+    /// Reads handed to the device (SQEs for F): fewer than `submissions` when adjacent
+    /// requests went out as one vectored read.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sqes: u64,
+    /// Of those, vectored reads that carried more than one request, and the requests they carried.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub coalesced_sqes: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub coalesced_requests: u64,
+    /// Requests whose covering read landed in host memory the caller named (a slot) instead of
+    /// a window, and their logical bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_target_requests: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_target_bytes: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl SourceStats {
@@ -165,6 +184,9 @@ pub enum SourceError {
     NothingOutstanding,
     /// The I/O service itself failed (e.g. `io_uring_enter`): no completion can be trusted.
     Io { errno: i32 },
+    /// A request named host memory this source cannot read into, or memory not aligned to
+    /// [`ALIGN`].
+    HostTarget { detail: &'static str },
 }
 
 impl fmt::Display for SourceError {
@@ -185,6 +207,7 @@ impl fmt::Display for SourceError {
             SourceError::Io { errno } => {
                 write!(f, "source: I/O service failed: {}", std::io::Error::from_raw_os_error(*errno))
             }
+            SourceError::HostTarget { detail } => write!(f, "source: refused a read into host memory: {detail}"),
         }
     }
 }
@@ -203,6 +226,31 @@ pub trait Source: Send {
     fn outstanding(&self) -> usize;
     fn window(&self, w: u32) -> &[u8];
     fn stats(&self) -> SourceStats;
+
+    /// Whether [`Source::submit_vectored`] takes host targets (reads straight into a slot).
+    fn reads_into_host(&self) -> bool {
+        false
+    }
+
+    /// Submits `reads` in order, each with one completion as if submitted alone. Requests whose
+    /// covering reads follow each other in the file may go out as one vectored read. A request
+    /// with a host target reads its covering range there instead of into its window (the
+    /// window's bytes are then left as they were). `Err((n, e))`: the first `n` requests were
+    /// submitted and will complete, the others were not.
+    ///
+    /// # Safety
+    /// Each host target is valid for writes of its request's covering length and is neither
+    /// read nor written by anyone but the source until that request's completion has been
+    /// returned by `wait` (or the source dropped).
+    unsafe fn submit_vectored(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)]) -> Result<(), (usize, SourceError)> {
+        for (i, (req, into)) in reads.iter().enumerate() {
+            if into.is_some() {
+                return Err((i, SourceError::HostTarget { detail: "this source reads only into its windows" }));
+            }
+            self.submit(*req).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
 }
 
 /// Checks a request against the window geometry; returns its covering read.
@@ -378,6 +426,7 @@ impl Source for BufferedSource {
         let read = read_full(&self.file, &mut window.as_mut_slice()[start..start + cov.len as usize], cov.offset);
         self.stats.record_latency(t.elapsed());
         self.stats.submissions += 1;
+        self.stats.sqes += 1;
         let result = match read {
             Ok(phys) => Ok(self.stats.record_read(phys, &cov, req.len)),
             Err(errno) => {

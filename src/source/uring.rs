@@ -4,7 +4,7 @@
 //! allocates nothing. Completions are reaped as they come, in any order, and returned with the
 //! tags of their request. Latencies go into a log2 histogram.
 
-use super::{check_request, AlignedBuf, Completion, Covering, ReadRequest, Source, SourceError, SourceStats};
+use super::{check_request, AlignedBuf, Completion, Covering, ReadRequest, Source, SourceError, SourceStats, ALIGN};
 use super::open_direct;
 use anyhow::{bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
@@ -12,12 +12,34 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+use std::ptr::NonNull;
 use std::time::Instant;
 
-struct InFlight {
+/// Requests one vectored read may carry (well under IOV_MAX).
+pub const MAX_VECTOR: usize = 64;
+
+/// One request carried by an SQE.
+#[derive(Clone, Copy)]
+struct Member {
     req: ReadRequest,
     cov: Covering,
+    /// Bytes of this request's covering read the SQE itself reads (its iovec).
+    iov_len: u64,
+    /// The request's first block is the previous member's last one (unaligned neighbours): the
+    /// SQE reads it once, into the previous member's window, and it is copied over at completion.
+    shared_head: bool,
+    /// Where the covering read lands.
+    dst: *mut u8,
+    host: bool,
+}
+
+/// One SQE in flight: its requests in file order, and the iovecs the kernel reads through
+/// (kept here until completion). Both vectors are allocated once at open, at `MAX_VECTOR`.
+struct InFlight {
+    members: Vec<Member>,
+    iovecs: Vec<libc::iovec>,
     started: Instant,
+    busy: bool,
 }
 
 pub struct UringSource {
@@ -29,15 +51,27 @@ pub struct UringSource {
     registered: bool,
     depth: usize,
     /// In-flight table indexed by user_data; `free` lists unused entries.
-    table: Vec<Option<InFlight>>,
+    table: Vec<InFlight>,
     free: Vec<usize>,
+    /// Requests carried by the SQEs in flight.
+    requests_in_flight: usize,
     ready: VecDeque<Completion>,
     stats: SourceStats,
+    /// The run being gathered by `submit_vectored` (capacity `MAX_VECTOR`, allocated once).
+    run: Vec<Pending>,
 }
+
+/// A checked request waiting to join an SQE: request, covering read, destination, host target,
+/// first block shared with the previous request.
+type Pending = (ReadRequest, Covering, *mut u8, bool, bool);
+
+// SAFETY: the raw pointers in the in-flight table point into the windows this source owns or
+// into host targets the caller lent for the duration of the read (see `submit_vectored`).
+unsafe impl Send for UringSource {}
 
 impl UringSource {
     /// Opens `path` with O_DIRECT, allocates and registers `n_windows` windows of `window_size`
-    /// bytes, and allows at most `depth` reads in flight.
+    /// bytes, and allows at most `depth` reads (SQEs) in flight.
     pub fn open(path: &Path, n_windows: u32, window_size: u64, depth: u32) -> Result<UringSource> {
         if n_windows == 0 || depth == 0 {
             bail!("the asynchronous source needs at least one window and a depth of at least one");
@@ -52,6 +86,14 @@ impl UringSource {
             windows.iter().map(|w| libc::iovec { iov_base: w.as_ptr() as *mut _, iov_len: w.len() }).collect();
         // SAFETY: the windows outlive the ring (dropped after it: field order) and never move.
         let registered = unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
+        let table = (0..depth)
+            .map(|_| InFlight {
+                members: Vec::with_capacity(MAX_VECTOR),
+                iovecs: Vec::with_capacity(MAX_VECTOR),
+                started: Instant::now(),
+                busy: false,
+            })
+            .collect();
         Ok(UringSource {
             file,
             ring,
@@ -59,10 +101,12 @@ impl UringSource {
             window_size,
             registered,
             depth,
-            table: (0..depth).map(|_| None).collect(),
+            table,
             free: (0..depth).rev().collect(),
+            requests_in_flight: 0,
             ready: VecDeque::with_capacity(depth),
             stats: SourceStats::default(),
+            run: Vec::with_capacity(MAX_VECTOR),
         })
     }
 
@@ -85,17 +129,168 @@ impl UringSource {
         cq.sync();
         for cqe in &mut cq {
             let idx = cqe.user_data() as usize;
-            let f = self.table[idx].take().expect("a completion for an entry in flight");
+            let f = &mut self.table[idx];
+            assert!(f.busy, "a completion for an entry in flight");
+            f.busy = false;
             self.free.push(idx);
+            self.requests_in_flight -= f.members.len();
             self.stats.record_latency(f.started.elapsed());
             let res = cqe.result();
-            let result = if res < 0 {
+            if res < 0 {
                 self.stats.failed += 1;
-                Err(-res)
-            } else {
-                Ok(self.stats.record_read(res as u64, &f.cov, f.req.len))
+                for m in &f.members {
+                    self.ready.push_back(Completion::of(&m.req, Err(-res)));
+                }
+                continue;
+            }
+            // Hand each request the bytes of its covering read the SQE delivered, in file order.
+            let (got, mut at, mut logical_sum) = (res as u64, 0u64, 0u64);
+            let mut prev_full = false;
+            for (i, m) in f.members.iter().enumerate() {
+                let delivered = got.saturating_sub(at).min(m.iov_len);
+                let mut phys = delivered;
+                if m.shared_head {
+                    if prev_full {
+                        let p = &f.members[i - 1];
+                        // SAFETY: both are covering ranges inside this source's windows
+                        // (checked at submission), disjoint, and the read that filled the
+                        // source block has completed.
+                        unsafe { std::ptr::copy_nonoverlapping(p.dst.add((p.cov.len - ALIGN) as usize), m.dst, ALIGN as usize) };
+                        phys += ALIGN;
+                    } else {
+                        phys = 0;
+                    }
+                }
+                at += m.iov_len;
+                prev_full = delivered == m.iov_len;
+                let logical = phys.saturating_sub(m.cov.head).min(m.req.len);
+                logical_sum += logical;
+                if m.host {
+                    self.stats.host_target_bytes += logical;
+                }
+                self.ready.push_back(Completion::of(&m.req, Ok(logical)));
+            }
+            self.stats.physical_bytes += got;
+            self.stats.logical_bytes += logical_sum;
+            self.stats.padding_bytes += got.saturating_sub(logical_sum);
+        }
+        Ok(())
+    }
+
+    /// Queues one SQE for `table[idx]`, already filled.
+    fn push(&mut self, idx: usize) -> Result<(), SourceError> {
+        let f = &self.table[idx];
+        let fd = types::Fd(self.file.as_raw_fd());
+        let first = f.members[0];
+        let sqe = if f.members.len() == 1 && !first.host && self.registered {
+            opcode::ReadFixed::new(fd, first.dst, first.iov_len as u32, first.req.window as u16).offset(first.cov.offset).build()
+        } else if f.members.len() == 1 {
+            opcode::Read::new(fd, first.dst, first.iov_len as u32).offset(first.cov.offset).build()
+        } else {
+            opcode::Readv::new(fd, f.iovecs.as_ptr(), f.iovecs.len() as u32).offset(first.cov.offset).build()
+        }
+        .user_data(idx as u64);
+        // SAFETY: the destinations stay valid and untouched by us until the completion is
+        // reaped; the iovecs live in the table entry until then.
+        unsafe {
+            let mut sq = self.ring.submission();
+            if sq.push(&sqe).is_err() {
+                drop(sq);
+                match self.ring.submit() {
+                    Ok(_) => self.ring.submission().push(&sqe).map_err(|_| SourceError::Io { errno: libc::EBUSY })?,
+                    Err(e) => return Err(io_error(&e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One SQE for `run` (requests adjacent in the file, at most `MAX_VECTOR`).
+    fn submit_run(&mut self, run: &[Pending]) -> Result<(), SourceError> {
+        // Bounded depth: make room by reaping (completions wait in `ready`).
+        while self.free.is_empty() {
+            self.reap(true)?;
+        }
+        let idx = self.free.pop().expect("a free entry");
+        let f = &mut self.table[idx];
+        f.members.clear();
+        f.iovecs.clear();
+        for &(req, cov, dst, host, shared_head) in run {
+            let skip = if shared_head { ALIGN } else { 0 };
+            let m = Member { req, cov, iov_len: cov.len - skip, shared_head, dst, host };
+            // SAFETY: inside the covering range (cov.len > ALIGN when shared_head).
+            let base = unsafe { dst.add(skip as usize) };
+            f.iovecs.push(libc::iovec { iov_base: base.cast(), iov_len: m.iov_len as usize });
+            f.members.push(m);
+        }
+        f.started = Instant::now();
+        f.busy = true;
+        let n = run.len();
+        if let Err(e) = self.push(idx) {
+            // Never queued: give the entry back so drop does not wait for it.
+            self.table[idx].busy = false;
+            self.free.push(idx);
+            return Err(e);
+        }
+        // Queued: its completion will come (a failed submit below leaves it for the next enter).
+        self.requests_in_flight += n;
+        self.stats.submissions += n as u64;
+        self.stats.sqes += 1;
+        if n > 1 {
+            self.stats.coalesced_sqes += 1;
+            self.stats.coalesced_requests += n as u64;
+        }
+        self.stats.host_target_requests += run.iter().filter(|r| r.3).count() as u64;
+        let outstanding = self.outstanding() as u64;
+        self.stats.peak_outstanding = self.stats.peak_outstanding.max(outstanding);
+        self.ring.submit().map_err(|e| io_error(&e))?;
+        Ok(())
+    }
+
+    /// Checks `reads`, gathers adjacent ones into runs and submits each run as one SQE.
+    ///
+    /// # Safety
+    /// As [`Source::submit_vectored`].
+    unsafe fn submit_runs(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)], run: &mut Vec<Pending>) -> Result<(), (usize, SourceError)> {
+        let mut done = 0usize;
+        for &(req, into) in reads {
+            let cov = check_request(&req, self.n_windows(), self.window_size).map_err(|e| (done, e))?;
+            let (dst, host) = match into {
+                Some(p) if (p.as_ptr() as u64) % ALIGN != 0 => {
+                    return Err((done, SourceError::HostTarget { detail: "the target is not aligned to 4096 bytes" }))
+                }
+                Some(p) => (p.as_ptr(), true),
+                // SAFETY: the covering read lies inside the window (checked above).
+                None => (unsafe { self.windows[req.window as usize].as_ptr().add(req.window_offset as usize) }, false),
             };
-            self.ready.push_back(Completion::of(&f.req, result));
+            // Joins the run when its covering read starts where the previous one ends, or (two
+            // windows, unaligned neighbours) on the previous one's last block.
+            let joins = run.last().and_then(|&(_, pcov, _, phost, _)| {
+                let end = pcov.offset + pcov.len;
+                if run.len() >= MAX_VECTOR {
+                    None
+                } else if cov.offset == end {
+                    Some(false)
+                } else if !host && !phost && cov.offset + ALIGN == end && cov.len > ALIGN {
+                    Some(true)
+                } else {
+                    None
+                }
+            });
+            match joins {
+                Some(shared) => run.push((req, cov, dst, host, shared)),
+                None => {
+                    if !run.is_empty() {
+                        self.submit_run(run).map_err(|e| (done, e))?;
+                        done += run.len();
+                        run.clear();
+                    }
+                    run.push((req, cov, dst, host, false));
+                }
+            }
+        }
+        if !run.is_empty() {
+            self.submit_run(run).map_err(|e| (done, e))?;
         }
         Ok(())
     }
@@ -115,45 +310,20 @@ impl Source for UringSource {
     }
 
     fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError> {
-        let cov = check_request(&req, self.n_windows(), self.window_size)?;
-        // Bounded depth: make room by reaping (completions wait in `ready`).
-        while self.free.is_empty() {
-            self.reap(true)?;
-        }
-        let idx = self.free.pop().expect("a free entry");
-        let buf = self.windows[req.window as usize].as_ptr();
-        // SAFETY: the covering read lies inside the window (checked above).
-        let dst = unsafe { buf.add(req.window_offset as usize) };
-        let fd = types::Fd(self.file.as_raw_fd());
-        let sqe = if self.registered {
-            opcode::ReadFixed::new(fd, dst, cov.len as u32, req.window as u16).offset(cov.offset).build()
-        } else {
-            opcode::Read::new(fd, dst, cov.len as u32).offset(cov.offset).build()
-        }
-        .user_data(idx as u64);
-        self.table[idx] = Some(InFlight { req, cov, started: Instant::now() });
-        // SAFETY: the window stays alive and is not touched by us until the completion is reaped.
-        unsafe {
-            let mut sq = self.ring.submission();
-            if sq.push(&sqe).is_err() {
-                drop(sq);
-                // The entry was never queued: give it back so drop does not wait for it.
-                let pushed = match self.ring.submit() {
-                    Ok(_) => self.ring.submission().push(&sqe).map_err(|_| SourceError::Io { errno: libc::EBUSY }),
-                    Err(e) => Err(io_error(&e)),
-                };
-                if let Err(e) = pushed {
-                    self.table[idx] = None;
-                    self.free.push(idx);
-                    return Err(e);
-                }
-            }
-        }
-        self.ring.submit().map_err(|e| io_error(&e))?;
-        self.stats.submissions += 1;
-        let outstanding = self.outstanding() as u64;
-        self.stats.peak_outstanding = self.stats.peak_outstanding.max(outstanding);
-        Ok(())
+        // SAFETY: no host target.
+        unsafe { self.submit_vectored(&[(req, None)]) }.map_err(|(_, e)| e)
+    }
+
+    fn reads_into_host(&self) -> bool {
+        true
+    }
+
+    unsafe fn submit_vectored(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)]) -> Result<(), (usize, SourceError)> {
+        let mut run = std::mem::take(&mut self.run);
+        let r = self.submit_runs(reads, &mut run);
+        run.clear();
+        self.run = run;
+        r
     }
 
     fn wait(&mut self) -> Result<Completion, SourceError> {
@@ -171,7 +341,7 @@ impl Source for UringSource {
     }
 
     fn outstanding(&self) -> usize {
-        (self.depth - self.free.len()) + self.ready.len()
+        self.requests_in_flight + self.ready.len()
     }
 
     fn window(&self, w: u32) -> &[u8] {
