@@ -309,6 +309,10 @@ analysis:
         assert!(d.iter().any(|d| d.message.contains("must be the first cell")), "{d:?}");
         let d = diag(&GOOD.replace("  - id: O\n    experts: resident\n", "  - id: O\n    experts: resident\n    slots: 3\n"));
         assert!(d.iter().any(|d| d.message.contains("`slots` applies only")), "{d:?}");
+        // F's windows and depth may be left to the manifest; a resident arm may not name them.
+        parse(&GOOD.replace("    windows: 8\n    depth: 8\n", "")).expect("F sized from the manifest");
+        let d = diag(&GOOD.replace("  - id: O\n    experts: resident\n", "  - id: O\n    experts: resident\n    depth: 3\n"));
+        assert!(d.iter().any(|d| d.message.contains("`depth` applies only")), "{d:?}");
     }
 
     #[test]
