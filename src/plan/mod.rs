@@ -11,8 +11,9 @@
 //! - [`Plan::reset`] between requests, [`Plan::shutdown`] at the end.
 //!
 //! Publication: a slot's bytes become visible (DeviceReady, then InUse) only after every extent
-//! of its bundle was read into a window, every completion was validated (ticket, object,
-//! extent, window, epoch, generation, byte count), and the window was copied into the slot.
+//! of its bundle was read into a window (or, aligned and into host memory, straight into the
+//! Loading slot), every completion was validated (ticket, object, extent, window, epoch,
+//! generation, byte count), and the window was copied into the slot.
 //! Fail closed: the first error fails the Plan; every later acquire and reset returns an error.
 //! Release and shutdown still work on a failed Plan, so that consumers balance and the source
 //! drains; a failed Plan's interrupted windows are left as they were and reported.

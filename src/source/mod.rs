@@ -1,8 +1,10 @@
 //! The source boundary: reads of model-file extents into a fixed set of aligned host windows.
 //!
 //! A source owns its windows and its file; it never decides what is visible. The Plan submits
-//! one [`ReadRequest`] per extent, takes [`Completion`]s back with [`Source::wait`], validates
-//! them and only then copies bytes out of the window. The Plan does not know which source it
+//! one [`ReadRequest`] per extent (a pass's worth at once through [`Source::submit_vectored`],
+//! where F may join neighbours into one read and read aligned extents straight into a slot),
+//! takes [`Completion`]s back with [`Source::wait`], one per request, validates them and only
+//! then copies bytes out of the window. The Plan does not know which source it
 //! has: this module holds the trait and P, the buffered source; the direct sources (D, F) and
 //! fault plans live behind the same trait.
 //!

@@ -1,8 +1,11 @@
 //! F: asynchronous O_DIRECT reads through io_uring into registered windows, with bounded depth.
 //!
 //! Windows and the in-flight table are allocated once at open; the hot path (`submit`, `wait`)
-//! allocates nothing. Completions are reaped as they come, in any order, and returned with the
-//! tags of their request. Latencies go into a log2 histogram.
+//! allocates nothing. Requests whose covering reads follow each other in the file go out as one
+//! READV scattering into their windows or host targets; its completion becomes one completion
+//! per request, full only for the requests it covered entirely. Completions are reaped as they
+//! come, in any order, and returned with the tags of their request. Latencies (per SQE) go into
+//! a log2 histogram.
 
 use super::{check_request, AlignedBuf, Completion, Covering, ReadRequest, Source, SourceError, SourceStats, ALIGN};
 use super::open_direct;
