@@ -26,13 +26,14 @@ pub mod report;
 pub mod simulate;
 mod table;
 mod telemetry;
+mod verify;
 
 pub use coverage::{Coverage, CoverageReport, LayerCoverage};
 pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
 pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
 pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};
-pub use telemetry::{Closure, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
+pub use telemetry::{Closure, DigestCheck, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
 
 use crate::source::{AlignedBuf, Completion, ReadRequest, Source, SourceError};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -233,6 +234,8 @@ pub struct Plan {
     tel: Telemetry,
     sem: BTreeSet<ObjectId>,
     sched: BTreeSet<ObjectId>,
+    /// Expected extent digests ([`Plan::expect_digests`]); None verifies nothing.
+    digests: Option<verify::Expected>,
 }
 
 impl Plan {
@@ -315,6 +318,7 @@ impl Plan {
             tel,
             sem: BTreeSet::new(),
             sched: BTreeSet::new(),
+            digests: None,
         })
     }
 
@@ -875,6 +879,7 @@ impl Plan {
             Ok(n) if n > len => return Err(self.reject(RejectKind::LongRead, t.id, format!("{n} of {len} bytes"))),
             Ok(_) => {}
         }
+        self.verify_extent(&t)?;
         let b = bundle.expect("checked");
         b.received[t.extent as usize] = true;
         b.remaining -= 1;

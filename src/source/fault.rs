@@ -8,7 +8,7 @@
 use super::{Completion, ReadRequest, Source, SourceError, SourceStats};
 use clap::ValueEnum;
 use serde::Serialize;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// A deterministic fault cell (seed 000 §5.4, Table 7); `none` is the no-fault control.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
@@ -25,6 +25,9 @@ pub enum FaultCell {
     ResetOutstanding,
     ShutdownLiveConsumer,
     PartialBundle,
+    /// A delivered extent with one byte flipped: full byte count, every tag right, so that only
+    /// the digest check catches it.
+    CorruptByte,
 }
 
 /// What a cell must show (Table 7).
@@ -52,7 +55,8 @@ impl FaultCell {
             | FaultCell::Eio
             | FaultCell::StaleCompletion
             | FaultCell::WrongObject
-            | FaultCell::PartialBundle => Expect::Fatal,
+            | FaultCell::PartialBundle
+            | FaultCell::CorruptByte => Expect::Fatal,
             FaultCell::OutOfOrder
             | FaultCell::HeldConsumer
             | FaultCell::ResetOutstanding
@@ -70,6 +74,7 @@ impl FaultCell {
             FaultCell::StaleCompletion | FaultCell::WrongObject => {
                 "a published version denotes the requested object and epoch"
             }
+            FaultCell::CorruptByte => "a published version holds the requested object's bytes",
             FaultCell::OutOfOrder => "legal completion order is not overconstrained",
             FaultCell::HeldConsumer => "no reuse before declared consumers finish",
             FaultCell::ResetOutstanding | FaultCell::ShutdownLiveConsumer => "drain or invalidate outstanding versions",
@@ -86,6 +91,7 @@ impl FaultCell {
                 | FaultCell::WrongObject
                 | FaultCell::PartialBundle
                 | FaultCell::ResetOutstanding
+                | FaultCell::CorruptByte
         )
     }
 }
@@ -99,6 +105,8 @@ pub struct FaultySource {
     /// Late duplicates: handed out only when nothing else is outstanding, which a Plan never
     /// waits for; only a reset's or shutdown's drain retires them.
     late: VecDeque<Completion>,
+    /// corrupt_byte: the requests in flight, to find where a completion's bytes landed.
+    requests: HashMap<u64, ReadRequest>,
     fired: u64,
 }
 
@@ -107,7 +115,7 @@ impl FaultySource {
         if !cell.perturbs_source() {
             return inner;
         }
-        Box::new(FaultySource { inner, cell, submitted: 0, held: VecDeque::new(), late: VecDeque::new(), fired: 0 })
+        Box::new(FaultySource { inner, cell, submitted: 0, held: VecDeque::new(), late: VecDeque::new(), requests: HashMap::new(), fired: 0 })
     }
 }
 
@@ -122,7 +130,11 @@ impl Source for FaultySource {
 
     fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError> {
         self.submitted += 1;
-        self.inner.submit(req)
+        self.inner.submit(req)?;
+        if self.cell == FaultCell::CorruptByte && self.fired == 0 {
+            self.requests.insert(req.ticket, req);
+        }
+        Ok(())
     }
 
     fn wait(&mut self) -> Result<Completion, SourceError> {
@@ -145,8 +157,10 @@ impl Source for FaultySource {
         let mut c = self.inner.wait()?;
         // The first completion (fatal cells fire in the prefill, before any logits exist); a
         // partial bundle fails the second extent of a bundle.
+        let req = self.requests.remove(&c.ticket);
         let target = match self.cell {
             FaultCell::PartialBundle => c.extent == 1,
+            FaultCell::CorruptByte => req.is_some_and(|r| c.result == Ok(r.len)),
             _ => true,
         };
         if target && self.fired == 0 {
@@ -165,6 +179,16 @@ impl Source for FaultySource {
                     // (which must drain it, never publish it) or a stale check can retire it.
                     self.late.push_back(c);
                 }
+                FaultCell::CorruptByte => {
+                    // The middle byte of the extent's logical bytes, where they landed.
+                    let r = req.expect("checked above");
+                    let at = r.window_offset + (r.offset - super::align_down(r.offset)) + r.len / 2;
+                    if self.inner.corrupt(r.window, at) {
+                        self.requests.clear();
+                    } else {
+                        self.fired -= 1;
+                    }
+                }
                 _ => {}
             }
         }
@@ -177,6 +201,10 @@ impl Source for FaultySource {
 
     fn window(&self, w: u32) -> &[u8] {
         self.inner.window(w)
+    }
+
+    fn corrupt(&mut self, w: u32, at: u64) -> bool {
+        self.inner.corrupt(w, at)
     }
 
     fn stats(&self) -> SourceStats {
