@@ -263,14 +263,18 @@ pub fn obtain(path: &Path, inv: &Inventory, pin: Option<&str>) -> Result<Obtaine
         if let Some(p) = pin.filter(|p| *p != d.body.sha256) {
             bail!("{}: sha256 {}, but {p} is pinned; refused (its digest manifest was not cached)", path.display(), d.body.sha256);
         }
-        write_cache(&cache_file, &CacheFile {
+        let cached = write_cache(&cache_file, &CacheFile {
             format: FORMAT.into(),
             path: canonical.display().to_string(),
             key,
             build_s,
             manifest_sha256: d.manifest_sha256.clone(),
             body: d.body.clone(),
-        })?;
+        });
+        // The manifest holds for this run either way; only the next run pays the pass again.
+        if let Err(e) = cached {
+            eprintln!("sovereign: digest manifest of {} not cached: {e:#}", path.display());
+        }
         let provenance = Provenance {
             manifest_sha256: d.manifest_sha256.clone(),
             reused: false,

@@ -454,6 +454,17 @@ impl TypedRecord {
         }
     }
 
+    /// Every model the record names, by its role in the run.
+    pub fn models(&self) -> Vec<(&'static str, &ModelIdentity)> {
+        match self {
+            TypedRecord::Generate(r) => r.model.iter().map(|m| ("model", m)).collect(),
+            TypedRecord::Refine(r) => [("base", r.model.as_ref()), ("verifier", r.verifier.as_ref()), ("reference", r.reference())]
+                .into_iter()
+                .filter_map(|(k, m)| m.map(|m| (k, m)))
+                .collect(),
+        }
+    }
+
     pub fn build(&self) -> &BuildIdentity {
         match self {
             TypedRecord::Generate(r) => &r.build,
