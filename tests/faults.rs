@@ -166,6 +166,21 @@ fn the_shipped_fault_campaign_carries_every_cells_validation_into_its_claim() {
         assert_eq!(r.stdout.matches("  ok   fault b").count(), CELLS.len(), "{}", r.stdout);
     }
 
+    // verify re-hashes the records' models in full on demand: the campaign's model agrees
+    // (21 records, one model); a same-named copy with one byte flipped does not.
+    let r = ok(&["verify", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--rehash-models", s(&t.path().join("models"))]);
+    assert_eq!(r.stdout.matches("  ok   model b").count(), 1 + 2 * CELLS.len(), "{}", r.stdout);
+    let bad = t.path().join("bad");
+    fs::create_dir_all(&bad).unwrap();
+    let mut bytes = fs::read(&model).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    fs::write(bad.join("tiny.gguf"), bytes).unwrap();
+    let r = run(&["verify", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--rehash-models", s(&bad.join("tiny.gguf"))]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stderr.contains("tiny.gguf: sha256 ") && r.stderr.contains("; the record names sha256"), "{}", r.stderr);
+    assert!(!r.stdout.contains("  ok   model "), "{}", r.stdout);
+
     // A stated validation the records do not give is refused, and so is another control.
     let stated = serde_json::json!({"passed": false, "failed": ["fault fired"]});
     refused_with(&l, id, "b01-p1-short-read", "expect", stated, &results, &["fault b01-p1-short-read (short_read)", "the ledger states"]);
