@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub const FORMAT: &str = "sovereign.digests/1";
-/// A cache file larger than this is not read (a manifest of 100k extents is about 15 MB).
-const MAX_CACHE_BYTES: u64 = 256 << 20;
+/// A cache file is not read past 64 KiB plus 1 KiB per range of the model (a range takes about
+/// 200 bytes of JSON), so a hostile one costs no more memory than the model's own manifest.
+const CACHE_BASE_BYTES: u64 = 64 << 10;
+const CACHE_BYTES_PER_RANGE: u64 = 1 << 10;
 /// Block of the hashing pass, and blocks in flight between its reader and its two hashers.
 const BLOCK: usize = 8 << 20;
 const BLOCKS: usize = 4;
@@ -323,10 +325,16 @@ fn read_cache(file: &Path, inv: &Inventory) -> Result<CacheFile> {
     if !meta.is_file() {
         bail!("not a regular file");
     }
-    if meta.len() > MAX_CACHE_BYTES {
-        bail!("{} bytes, more than the {MAX_CACHE_BYTES} a manifest may take", meta.len());
+    let max = CACHE_BASE_BYTES + CACHE_BYTES_PER_RANGE * ranges(inv).len() as u64;
+    if meta.len() > max {
+        bail!("{} bytes, more than the {max} this model's manifest may take", meta.len());
     }
-    let bytes = std::fs::read(file).context("cannot read")?;
+    let mut bytes = Vec::new();
+    // Bounded even if the file grows after the stat above.
+    std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::open(file).context("cannot open")?, max + 1), &mut bytes).context("cannot read")?;
+    if bytes.len() as u64 > max {
+        bail!("more than the {max} bytes this model's manifest may take");
+    }
     let c: CacheFile = serde_json::from_slice(&bytes).map_err(|e| anyhow!("not a digest manifest: {e}"))?;
     if c.format != FORMAT || c.body.format != FORMAT {
         bail!("format {:?}, not {FORMAT:?}", c.format);
@@ -631,8 +639,14 @@ pub fn check(path: &Path, inv: &Inventory) -> Result<Check> {
 }
 
 /// The whole-file SHA-256 of a model through its manifest (cached or built), refused where it
-/// is not `pin`.
+/// is not `pin`. A file that is no MoE model has no manifest: it is hashed whole.
 pub fn model_sha256(path: &Path, pin: Option<&str>) -> Result<String> {
-    let inv = Inventory::of(path)?;
-    Ok(obtain(path, &inv, pin)?.digests.body.sha256.clone())
+    let sha = match Inventory::of(path) {
+        Ok(inv) => return Ok(obtain(path, &inv, pin)?.digests.body.sha256.clone()),
+        Err(_) => crate::util::sha256_file(path)?,
+    };
+    if let Some(p) = pin.filter(|p| *p != sha) {
+        bail!("{}: sha256 {sha}, but {p} is pinned; refused", path.display());
+    }
+    Ok(sha)
 }

@@ -25,8 +25,8 @@ pub enum FaultCell {
     ResetOutstanding,
     ShutdownLiveConsumer,
     PartialBundle,
-    /// A delivered extent with one byte flipped: full byte count, every tag right, so that only
-    /// the digest check catches it.
+    // A delivered extent with one byte flipped: full byte count, every tag right, so that only
+    // the digest check catches it. (No doc comment: the schema lists the cells as plain names.)
     CorruptByte,
 }
 
