@@ -370,6 +370,56 @@ pub fn verify(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: b
     Ok(r)
 }
 
+/// `verify --rehash-models AT`: every model file the claim's records name (`AT/<file>` where AT
+/// is a directory, else AT itself for the models of its file name) hashed again in full and
+/// compared with the recorded whole-file sha256 and digest manifest.
+pub fn rehash_models(r: &mut Report, ledger_path: &Path, id: &str, results: &Path, at: &Path) -> Result<()> {
+    let l = load_ledger(ledger_path)?;
+    let c = claim(&l, id, ledger_path)?;
+    let recs = Records::new(c, results, true);
+    let mut fresh: BTreeMap<PathBuf, std::result::Result<(String, String, f64), String>> = BTreeMap::new();
+    for alias in c.records.keys() {
+        let rec = match recs.dir(alias).and_then(|d| crate::record::load_typed(&d)) {
+            Ok(rec) => rec,
+            Err(e) => {
+                r.push(format!("models of {alias}"), false, format!("{e:#}"));
+                continue;
+            }
+        };
+        for (role, m) in rec.models() {
+            let what = format!("model {alias} {role} {}", m.file);
+            let path = if at.is_dir() { at.join(&m.file) } else { at.to_path_buf() };
+            if !at.is_dir() && path.file_name().map(|n| n.to_string_lossy().into_owned()).as_deref() != Some(m.file.as_str()) {
+                r.push(what, false, format!("not re-hashed: {} is not {}", at.display(), m.file));
+                continue;
+            }
+            let got = fresh.entry(path.clone()).or_insert_with(|| {
+                let t = std::time::Instant::now();
+                crate::inventory::Inventory::of(&path)
+                    .and_then(|inv| crate::digests::build_body(&path, &inv))
+                    .and_then(|b| Ok((b.sha256.clone(), b.digest()?, t.elapsed().as_secs_f64())))
+                    .map_err(|e| format!("{e:#}"))
+            });
+            match got {
+                Err(e) => r.push(what, false, e.clone()),
+                Ok((sha, manifest, secs)) => {
+                    let recorded = m.digests.as_ref().map(|d| d.manifest_sha256.as_str());
+                    let ok = *sha == m.sha256 && recorded.is_none_or(|d| d == manifest);
+                    let mut d = format!("{}: sha256 {sha}, digest manifest {manifest} (re-hashed in {secs:.2} s)", path.display());
+                    if *sha != m.sha256 {
+                        d += &format!("; the record names sha256 {}", m.sha256);
+                    }
+                    if let Some(x) = recorded.filter(|x| x != manifest) {
+                        d += &format!("; the record names digest manifest {x}");
+                    }
+                    r.push(what, ok, d);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A record of a fault cell that the claim names without a `fault` entry: a ledger cannot
 /// leave a cell's validation out.
 fn unvalidated_faults(r: &mut Report, recs: &Records) {

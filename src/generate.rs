@@ -103,9 +103,9 @@ pub fn run_with(
         bail!("the prompt is empty");
     }
     let staging = Staging::new(&spec.record)?;
-    let model_id = ModelIdentity::of(&spec.model, &inv)?;
-
     let source = make_source(&inv)?;
+    let loads = if source.is_some() { crate::digests::Loads::NonExpert } else { crate::digests::Loads::All };
+    let model_id = ModelIdentity::of(&spec.model, &inv, Some(loads))?;
     let experts = match &source {
         Some(s) => ExpertsParams::of_source(s.describe())?,
         None => ExpertsParams::Resident,

@@ -5,6 +5,7 @@ pub mod campaign;
 pub mod cell;
 pub mod certificate;
 pub mod claims;
+pub mod digests;
 pub mod engine;
 pub mod envelope;
 pub mod export;

@@ -270,7 +270,9 @@ fn lay_out_inputs(c: &Loaded, opts: &Options, beside: Option<&Path>, farm: &Path
         let got = match hashed.get(&source) {
             Some(g) => g.clone(),
             None => {
-                let g = crate::util::sha256_file(&source).with_context(|| format!("{what} {}: cannot read", source.display()))?;
+                // A model's whole-file digest comes from its digest manifest (hashed once per file).
+                let g = if what == "model" { crate::digests::model_sha256(&source, None) } else { crate::util::sha256_file(&source) }
+                    .with_context(|| format!("{what} {}: cannot read", source.display()))?;
                 hashed.insert(source.clone(), g.clone());
                 g
             }

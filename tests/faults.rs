@@ -1,4 +1,4 @@
-//! The ten deterministic fault cells through the real engine path, in the same binary that
+//! The deterministic fault cells through the real engine path, in the same binary that
 //! runs the principal experiments: fatal cells fail closed, recoverable ones stay exact; a
 //! fault campaign's claim carries every cell's validation.
 
@@ -19,6 +19,7 @@ const CELLS: &[&str] = &[
     "reset_outstanding",
     "shutdown_live_consumer",
     "partial_bundle",
+    "corrupt_byte",
 ];
 
 fn cell_run(model: &std::path::Path, rec: &std::path::Path, source: &str, cell: &str) -> Run {
@@ -147,11 +148,11 @@ fn the_shipped_fault_campaign_carries_every_cells_validation_into_its_claim() {
     assert!(text.contains(&format!("sha256: {}", sovereign::util::sha256_file(&model).unwrap())), "faults.yaml names another model");
     let results = t.path().join("results");
     let r = ok(&["campaign", "run", s(&file), "--results", s(&results), "--no-progress"]);
-    assert_eq!(r.stderr.matches("validated: sealed").count(), 9, "{}", r.stderr);
+    assert_eq!(r.stderr.matches("validated: sealed").count(), CELLS.len(), "{}", r.stderr);
     let (ledger, l) = ledger_of(&results, "faults-tiny-1", &t.path().join("out"));
     let id = "faults-tiny-1";
     let statement = l["claims"][id]["statement"].as_str().unwrap();
-    assert!(statement.ends_with("9 fault cells validated, 9 passed"), "{statement}");
+    assert!(statement.ends_with(&format!("{0} fault cells validated, {0} passed", CELLS.len())), "{statement}");
     let faults = fault_entries(&l, id);
     let cells: Vec<&str> = faults.iter().map(|f| f["cell"].as_str().unwrap()).collect();
     assert_eq!(cells, CELLS);
@@ -162,8 +163,23 @@ fn the_shipped_fault_campaign_carries_every_cells_validation_into_its_claim() {
     }
     for verb in ["verify", "replay"] {
         let r = ok(&[verb, "--claim", id, "--ledger", s(&ledger), "--results", s(&results)]);
-        assert_eq!(r.stdout.matches("  ok   fault b").count(), 9, "{}", r.stdout);
+        assert_eq!(r.stdout.matches("  ok   fault b").count(), CELLS.len(), "{}", r.stdout);
     }
+
+    // verify re-hashes the records' models in full on demand: the campaign's model agrees
+    // (21 records, one model); a same-named copy with one byte flipped does not.
+    let r = ok(&["verify", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--rehash-models", s(&t.path().join("models"))]);
+    assert_eq!(r.stdout.matches("  ok   model b").count(), 1 + 2 * CELLS.len(), "{}", r.stdout);
+    let bad = t.path().join("bad");
+    fs::create_dir_all(&bad).unwrap();
+    let mut bytes = fs::read(&model).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    fs::write(bad.join("tiny.gguf"), bytes).unwrap();
+    let r = run(&["verify", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--rehash-models", s(&bad.join("tiny.gguf"))]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stderr.contains("tiny.gguf: sha256 ") && r.stderr.contains("; the record names sha256"), "{}", r.stderr);
+    assert!(!r.stdout.contains("  ok   model "), "{}", r.stdout);
 
     // A stated validation the records do not give is refused, and so is another control.
     let stated = serde_json::json!({"passed": false, "failed": ["fault fired"]});

@@ -88,10 +88,9 @@ fn is_locked(dir: &CampaignDir) -> bool {
 pub(crate) fn check_identities(c: &Loaded) -> Result<()> {
     let spec = &c.spec;
     let model = c.base.join(&spec.model.path);
-    let got = crate::util::sha256_file(&model).with_context(|| format!("model {} (campaign {})", spec.model.path, c.file.display()))?;
-    if got != spec.model.sha256.0 {
-        bail!("model {}: sha256 {got}, but the campaign expects {}", spec.model.path, spec.model.sha256);
-    }
+    // Through the model's digest manifest: hashed once per file, refused where it contradicts the pin.
+    crate::digests::model_sha256(&model, Some(&spec.model.sha256.0))
+        .with_context(|| format!("model {} (campaign {}): the campaign expects sha256 {}", spec.model.path, c.file.display(), spec.model.sha256))?;
     let prompt = c.base.join(&spec.workload.prompt_file);
     let got = crate::util::sha256_file(&prompt).with_context(|| format!("prompt {} (campaign {})", spec.workload.prompt_file, c.file.display()))?;
     if got != spec.workload.prompt_sha256.0 {
@@ -680,6 +679,7 @@ mod tests {
                         architecture: "fake".into(),
                         t_repr_bytes: 0,
                         expert_bytes: 0,
+                        digests: None,
                     }),
                     build: crate::identity::BuildIdentity {
                         sovereign_version: env!("CARGO_PKG_VERSION").into(),

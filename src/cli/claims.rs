@@ -28,6 +28,10 @@ pub struct ClaimArgs {
     /// Pair records from different nodes (by default a pair must share its node).
     #[arg(long)]
     allow_mixed_nodes: bool,
+    /// verify: also re-hash, in full, every model file the records name (DIR/<file>, or PATH
+    /// for the models of its file name) and compare with the recorded sha256 and digest manifest.
+    #[arg(long, value_name = "DIR|PATH")]
+    rehash_models: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy)]
@@ -39,8 +43,19 @@ pub enum Verb {
 pub fn claim(a: ClaimArgs, verb: Verb) -> Result<ExitCode> {
     let c = &a.c;
     let (r, name) = match verb {
-        Verb::Verify => (claims::verify(&c.ledger, &c.claim, &c.results, a.allow_mixed_nodes)?, "verify"),
-        Verb::Replay => (claims::replay(&c.ledger, &c.claim, &c.results, a.allow_mixed_nodes)?, "replay"),
+        Verb::Verify => {
+            let mut r = claims::verify(&c.ledger, &c.claim, &c.results, a.allow_mixed_nodes)?;
+            if let Some(at) = &a.rehash_models {
+                claims::rehash_models(&mut r, &c.ledger, &c.claim, &c.results, at)?;
+            }
+            (r, "verify")
+        }
+        Verb::Replay => {
+            if a.rehash_models.is_some() {
+                anyhow::bail!("--rehash-models: only `verify` re-hashes model files");
+            }
+            (claims::replay(&c.ledger, &c.claim, &c.results, a.allow_mixed_nodes)?, "replay")
+        }
     };
     if a.json {
         print_json(&r)?;

@@ -3,6 +3,7 @@
 use super::print_json;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use sovereign::digests;
 use sovereign::engine::{self, QuantType};
 use sovereign::forge::{self, Arch, Overrides, Preset};
 use sovereign::identity::build_identity;
@@ -59,6 +60,17 @@ pub enum ModelCommand {
         output: PathBuf,
         #[arg(long, default_value_t = 0)]
         threads: i32,
+    },
+    /// Build (once per file identity) or show the model's digest manifest: the SHA-256 of
+    /// every expert extent, every other tensor and the whole file. SOVEREIGN_CACHE (else
+    /// $XDG_CACHE_HOME/sovereign, else ~/.cache/sovereign) holds it.
+    Digests {
+        model: PathBuf,
+        /// Re-hash everything and compare with the cached manifest.
+        #[arg(long)]
+        check: bool,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -141,6 +153,62 @@ pub fn model(c: ModelCommand) -> Result<ExitCode> {
             }
             println!("{}: {:?}, {} bytes", output.display(), ty, std::fs::metadata(&output)?.len());
         }
+        ModelCommand::Digests { model, check, json } => return digests(&model, check, json),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn digests(model: &std::path::Path, check: bool, json: bool) -> Result<ExitCode> {
+    let inv = Inventory::of(model)?;
+    if check {
+        let c = digests::check(model, &inv)?;
+        let out = serde_json::json!({
+            "file": inv.file,
+            "sha256": c.fresh.sha256,
+            "manifest_sha256": c.fresh_sha256,
+            "cached_manifest_sha256": c.cached,
+            "build_s": c.build_s,
+            "ranges": 1 + c.fresh.tensors.len() + c.fresh.experts.len(),
+            "differ": c.differ,
+        });
+        if json {
+            print_json(&out)?;
+        } else {
+            println!("{}: sha256 {}, manifest {} (re-hashed in {:.2} s)", inv.file, c.fresh.sha256, c.fresh_sha256, c.build_s);
+            match &c.cached {
+                None => println!("no manifest was cached under this identity: nothing to compare; cached now"),
+                Some(m) if c.differ.is_empty() => println!("cached manifest {m}: every range agrees"),
+                Some(m) => println!("cached manifest {m}: {} ranges differ: {}", c.differ.len(), c.differ.join(", ")),
+            }
+        }
+        if !c.differ.is_empty() {
+            eprintln!("{}: {} ranges differ from the cached digest manifest; it was replaced by the fresh one", model.display(), c.differ.len());
+            return Ok(ExitCode::from(1));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let o = digests::obtain(model, &inv, None)?;
+    let b = &o.digests.body;
+    if json {
+        print_json(&serde_json::json!({
+            "file": inv.file,
+            "sha256": b.sha256,
+            "manifest_sha256": o.digests.manifest_sha256,
+            "provenance": o.provenance,
+            "cache_file": o.cache_file,
+            "header_bytes": b.header.len,
+            "tensors": b.tensors.len(),
+            "expert_extents": b.experts.len(),
+        }))?;
+    } else {
+        let how = match o.provenance.build_s {
+            Some(s) => format!("built in {s:.2} s ({:.0} MB/s)", b.file_bytes as f64 / s.max(1e-9) / 1e6),
+            None => "reused (file identity unchanged)".into(),
+        };
+        println!("{}: sha256 {}", inv.file, b.sha256);
+        println!("manifest   {} ({how})", o.digests.manifest_sha256);
+        println!("ranges     header {} bytes, {} tensors, {} expert extents", b.header.len, b.tensors.len(), b.experts.len());
+        println!("cache      {}", o.cache_file.display());
     }
     Ok(ExitCode::SUCCESS)
 }

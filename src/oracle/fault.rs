@@ -29,6 +29,7 @@ fn rejection(cell: FaultCell) -> Option<&'static str> {
         FaultCell::Eio | FaultCell::PartialBundle => Some("io_error"),
         FaultCell::StaleCompletion => Some("stale_epoch"),
         FaultCell::WrongObject => Some("wrong_object"),
+        FaultCell::CorruptByte => Some("digest_mismatch"),
         _ => None,
     }
 }

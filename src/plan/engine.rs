@@ -104,7 +104,10 @@ impl PlanSource {
         };
         let source = FaultySource::wrap(source, options.fault);
         let coverage = Coverage::new(manifest.layers.iter().map(|l| l.layer));
-        let plan = Plan::for_engine(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
+        let mut plan = Plan::for_engine(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
+        // Every extent read is verified against the model's digest manifest.
+        let digests = crate::digests::obtain(model, inv, None)?.digests;
+        plan.expect_digests(&digests).map_err(|e| anyhow!("{e}"))?;
         Ok(PlanSource {
             coverage,
             plan,

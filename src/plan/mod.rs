@@ -27,13 +27,14 @@ pub mod report;
 pub mod simulate;
 mod table;
 mod telemetry;
+mod verify;
 
 pub use coverage::{Coverage, CoverageReport, LayerCoverage};
 pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
 pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
 pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};
-pub use telemetry::{Closure, Movement, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
+pub use telemetry::{Closure, DigestCheck, Movement, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
 
 use crate::source::{AlignedBuf, Completion, ReadRequest, Source, SourceError, ALIGN};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -245,6 +246,8 @@ pub struct Plan {
     tel: Telemetry,
     sem: BTreeSet<ObjectId>,
     sched: BTreeSet<ObjectId>,
+    /// Expected extent digests ([`Plan::expect_digests`]); None verifies nothing.
+    digests: Option<verify::Expected>,
 }
 
 impl Plan {
@@ -327,6 +330,7 @@ impl Plan {
             tel,
             sem: BTreeSet::new(),
             sched: BTreeSet::new(),
+            digests: None,
         })
     }
 
@@ -956,6 +960,9 @@ impl Plan {
             Ok(_) => {}
         }
         let b = bundle.expect("checked");
+        let direct = b.direct[t.extent as usize];
+        self.verify_extent(li, &t, direct)?;
+        let b = inflight.get_mut(&t.window).expect("checked");
         b.received[t.extent as usize] = true;
         b.remaining -= 1;
         if b.remaining == 0 {

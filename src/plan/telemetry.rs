@@ -25,6 +25,8 @@ pub enum RejectKind {
     ShortRead,
     /// More logical bytes than the extent (object-size disagreement).
     LongRead,
+    /// The extent's bytes are not the ones the model's digest manifest names.
+    DigestMismatch,
 }
 
 impl RejectKind {
@@ -39,6 +41,7 @@ impl RejectKind {
             RejectKind::IoError => "io_error",
             RejectKind::ShortRead => "short_read",
             RejectKind::LongRead => "long_read",
+            RejectKind::DigestMismatch => "digest_mismatch",
         }
     }
 }
@@ -113,6 +116,10 @@ pub struct Telemetry {
     /// How the reads went out and where their bytes landed (absent in earlier records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub movement: Option<Movement>,
+    /// Extents verified against the model's digest manifest as they were read (absent where
+    /// the Plan had no manifest, as in older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digests: Option<DigestCheck>,
 }
 
 /// How the Plan's reads went out: batches handed to the source, the device reads (SQEs) they
@@ -132,6 +139,18 @@ pub struct Movement {
     pub direct_bytes: u64,
     /// Logical bytes copied from a window into a slot.
     pub window_bytes: u64,
+}
+
+/// What the Plan verified of the bytes it read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct DigestCheck {
+    /// The digest of the manifest the extents were compared with.
+    pub manifest_sha256: String,
+    pub extents: u64,
+    /// Logical bytes hashed: every byte read that could have become visible.
+    pub bytes: u64,
+    /// Time hashing them, on the thread that takes completions.
+    pub hash_ns: u64,
 }
 
 /// The terminal ledger of a Plan.

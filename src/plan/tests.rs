@@ -963,3 +963,123 @@ fn wrong_object_and_stale_completions_into_slots_are_rejected() {
         assert_failed_closed_direct(p, 1, None);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Digests: every extent verified against the model's digest manifest as it is read.
+
+fn digests() -> &'static crate::digests::ModelDigests {
+    static D: OnceLock<crate::digests::ModelDigests> = OnceLock::new();
+    D.get_or_init(|| {
+        let m = model();
+        crate::digests::ModelDigests::new(crate::digests::build_body(&m.path, &m.inv).unwrap()).unwrap()
+    })
+}
+
+/// A Plan over the buffered source wrapped in the binary's own fault cell `cell`.
+fn plan_faulty(cell: crate::source::fault::FaultCell, verify: bool) -> Plan {
+    let m = model();
+    let spec: PolicySpec = "zero".parse().unwrap();
+    let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
+    let inner = BufferedSource::open(&m.path, 2, manifest.window_size).unwrap();
+    let mut p = Plan::new(manifest, &spec, crate::source::fault::FaultySource::wrap(Box::new(inner), cell)).unwrap();
+    if verify {
+        p.expect_digests(digests()).unwrap();
+    }
+    p
+}
+
+#[test]
+fn digest_manifest_matches_the_file() {
+    let m = model();
+    let d = digests();
+    assert_eq!(d.body.sha256, crate::util::sha256(&m.bytes));
+    assert_eq!(d.body.experts.len(), 3 * 16 * 3);
+    for e in d.body.experts.iter().chain(std::iter::empty()) {
+        assert_eq!(e.sha256, crate::util::sha256(&m.bytes[e.offset as usize..(e.offset + e.len) as usize]), "{}/{} {}", e.layer, e.expert, e.role);
+    }
+    for t in std::iter::once(&d.body.header).chain(&d.body.tensors) {
+        assert_eq!(t.sha256, crate::util::sha256(&m.bytes[t.offset as usize..(t.offset + t.len) as usize]), "{}", t.name);
+    }
+    // Every byte of every tensor is in exactly one range.
+    let covered: u64 = d.body.experts.iter().map(|e| e.len).chain(d.body.tensors.iter().map(|t| t.len)).sum();
+    assert_eq!(covered, m.inv.t_repr_bytes);
+    assert_eq!(d.body.header.len, m.inv.data_offset);
+}
+
+#[test]
+fn verified_reads_count_every_logical_byte() {
+    let mut p = plan_faulty(crate::source::fault::FaultCell::None, true);
+    let slots = acq(&mut p, 1, 0, &[3, 9]).unwrap();
+    assert_group(&p, 1, &[3, 9], &slots, &[3, 9]);
+    p.release(1, 0).unwrap();
+    let t = p.telemetry().clone();
+    let d = t.digests.expect("a Plan with digests reports them");
+    assert_eq!(d.manifest_sha256, digests().manifest_sha256);
+    assert_eq!((d.extents, d.bytes), (t.q_run.reads, t.q_run.logical_bytes));
+    assert!(d.bytes > 0 && d.hash_ns > 0);
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
+fn a_flipped_byte_is_caught_only_by_the_digest() {
+    use crate::source::fault::FaultCell;
+    // Without the digest check the flipped byte is published: the fault is real and nothing
+    // else sees it.
+    let mut p = plan_faulty(FaultCell::CorruptByte, false);
+    let slots = acq(&mut p, 1, 0, &[6]).unwrap();
+    let m = model();
+    let e = p.manifest().object(obj(1, 6)).unwrap().extents[0];
+    let want = &m.bytes[e.extent.offset as usize..e.extent.end() as usize];
+    let got = p.slot_bytes(1, e.role, slots[0] as u32).unwrap();
+    let differ: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
+    assert_eq!(differ, vec![want.len() / 2], "exactly the middle byte of the first extent is flipped");
+    assert!(p.telemetry().rejections.is_empty());
+    p.release(1, 0).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+
+    // With it, the same completion is rejected before anything is copied.
+    let mut p = plan_faulty(FaultCell::CorruptByte, true);
+    let err = acq(&mut p, 1, 0, &[6]).unwrap_err();
+    assert_eq!(p.telemetry().bytes_copied, 0);
+    assert!(err.to_string().contains(&digests().manifest_sha256), "{err}");
+    assert_failed_closed(p, err, RejectKind::DigestMismatch, 1);
+}
+
+#[test]
+fn a_manifest_without_the_extent_is_refused() {
+    let m = model();
+    let mut body = digests().body.clone();
+    body.experts.retain(|e| !(e.layer == 2 && e.expert == 5 && e.role == "up"));
+    let partial = crate::digests::ModelDigests::new(body).unwrap();
+    let spec: PolicySpec = "zero".parse().unwrap();
+    let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
+    let inner = BufferedSource::open(&m.path, 1, manifest.window_size).unwrap();
+    let mut p = Plan::new(manifest, &spec, Box::new(inner)).unwrap();
+    let e = p.expect_digests(&partial).unwrap_err().to_string();
+    assert!(e.contains("object 2/5 up") && e.contains("has no extent"), "{e}");
+}
+
+#[test]
+fn a_flipped_byte_read_straight_into_a_slot_is_caught_by_the_digest() {
+    use crate::source::fault::FaultCell;
+    let m = aligned_model();
+    let d = crate::digests::ModelDigests::new(crate::digests::build_body(&m.path, &m.inv).unwrap()).unwrap();
+    // Without the digest check the flip lands in the slot and is published.
+    let mut p = uring_plan(m, 4, None, FaultCell::CorruptByte);
+    let slots = acq(&mut p, 1, 0, &[6]).unwrap();
+    assert_eq!(p.closure().source.faults_fired, 1);
+    assert!(p.telemetry().movement.unwrap().direct_extents > 0);
+    let e = p.manifest().object(obj(1, 6)).unwrap().extents[0];
+    let want = &m.bytes[e.extent.offset as usize..e.extent.end() as usize];
+    let got = p.slot_bytes(1, e.role, slots[0] as u32).unwrap();
+    assert_eq!((0..want.len()).filter(|&i| got[i] != want[i]).collect::<Vec<_>>(), vec![want.len() / 2]);
+    p.release(1, 0).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+    // With it, the slot's own bytes are hashed and the completion is rejected.
+    let mut p = uring_plan(m, 4, None, FaultCell::CorruptByte);
+    p.expect_digests(&d).unwrap();
+    let err = acq(&mut p, 1, 0, &[6]).unwrap_err();
+    assert!(matches!(&err, PlanError::Rejected { kind: RejectKind::DigestMismatch, .. }), "{err:?}");
+    assert_eq!(p.telemetry().loads, 0);
+    assert_failed_closed_direct(p, 1, None);
+}

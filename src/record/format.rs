@@ -49,26 +49,37 @@ pub struct Timing {
     pub decode_tokens_per_s: f64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelIdentity {
     pub file: String,
+    /// The whole file's SHA-256, from its digest manifest.
     pub sha256: String,
     pub bytes: u64,
     pub architecture: String,
     pub t_repr_bytes: u64,
     pub expert_bytes: u64,
+    /// The digest manifest the run verified its bytes against (absent in older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digests: Option<crate::digests::Provenance>,
 }
 
 impl ModelIdentity {
-    /// The identity a record names the model file `path` (already inventoried as `inv`) by.
-    pub fn of(path: &Path, inv: &Inventory) -> Result<ModelIdentity> {
+    /// The identity a record names the model file `path` (already inventoried as `inv`) by:
+    /// its digest manifest (cached while the file's identity is unchanged, built otherwise),
+    /// and the ranges llama.cpp is about to load, `loads` (None: the run does not load it),
+    /// checked against it.
+    pub fn of(path: &Path, inv: &Inventory, loads: Option<crate::digests::Loads>) -> Result<ModelIdentity> {
+        let o = crate::digests::obtain(path, inv, None)?;
+        let mut provenance = o.provenance;
+        provenance.load_check = loads.map(|l| crate::digests::check_load(path, &o.digests, l)).transpose()?;
         Ok(ModelIdentity {
             file: inv.file.clone(),
-            sha256: crate::util::sha256_file(path)?,
+            sha256: o.digests.body.sha256.clone(),
             bytes: inv.file_bytes,
             architecture: inv.architecture.clone(),
             t_repr_bytes: inv.t_repr_bytes,
             expert_bytes: inv.expert_bytes,
+            digests: Some(provenance),
         })
     }
 }
@@ -440,6 +451,17 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.model.as_ref(),
             TypedRecord::Refine(r) => r.model.as_ref(),
+        }
+    }
+
+    /// Every model the record names, by its role in the run.
+    pub fn models(&self) -> Vec<(&'static str, &ModelIdentity)> {
+        match self {
+            TypedRecord::Generate(r) => r.model.iter().map(|m| ("model", m)).collect(),
+            TypedRecord::Refine(r) => [("base", r.model.as_ref()), ("verifier", r.verifier.as_ref()), ("reference", r.reference())]
+                .into_iter()
+                .filter_map(|(k, m)| m.map(|m| (k, m)))
+                .collect(),
         }
     }
 

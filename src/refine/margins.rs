@@ -44,6 +44,9 @@ pub struct Escalation {
 pub struct Report {
     pub reference_sha256: String,
     pub candidate_sha256: String,
+    /// The digest manifests both whole-file digests come from, and the load checks.
+    pub reference_digests: Option<crate::digests::Provenance>,
+    pub candidate_digests: Option<crate::digests::Provenance>,
     pub prompts: usize,
     pub positions: usize,
     pub agreement: f64,
@@ -121,10 +124,14 @@ pub fn run(spec: &MarginsSpec) -> Result<(Report, Vec<Position>)> {
     if !(spec.target > 0.0 && spec.target <= 1.0) {
         bail!("--target must lie in (0, 1]");
     }
-    let reference_sha256 = crate::util::sha256_file(&spec.reference)?;
-    let candidate_sha256 = crate::util::sha256_file(&spec.candidate)?;
-    crate::inventory::Inventory::of(&spec.reference)?;
-    crate::inventory::Inventory::of(&spec.candidate)?;
+    let identity = |p: &std::path::Path| -> Result<crate::record::format::ModelIdentity> {
+        let inv = crate::inventory::Inventory::of(p)?;
+        crate::record::format::ModelIdentity::of(p, &inv, Some(crate::digests::Loads::All))
+    };
+    let reference = identity(&spec.reference)?;
+    let candidate = identity(&spec.candidate)?;
+    let (reference_sha256, reference_digests) = (reference.sha256, reference.digests);
+    let (candidate_sha256, candidate_digests) = (candidate.sha256, candidate.digests);
 
     // The reference's greedy trajectories.
     let mut trajectories = Vec::new();
@@ -174,6 +181,8 @@ pub fn run(spec: &MarginsSpec) -> Result<(Report, Vec<Position>)> {
     let report = Report {
         reference_sha256,
         candidate_sha256,
+        reference_digests,
+        candidate_digests,
         prompts: trajectories.len(),
         positions: points.len(),
         agreement: agree as f64 / points.len() as f64,

@@ -9,6 +9,7 @@ pub mod margins;
 pub mod score;
 
 use crate::engine::{Context, ExecParams, ExpertSource, Model};
+use crate::digests::Loads;
 use crate::generate::{argmax, check_finite, load_model, ModelIdentity};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
@@ -212,9 +213,14 @@ impl Runtime<'_> {
     }
 }
 
-fn identity_of(path: &Path) -> Result<(ModelIdentity, Inventory)> {
+fn identity_of(path: &Path, loads: Option<Loads>) -> Result<(ModelIdentity, Inventory)> {
     let inv = Inventory::of(path)?;
-    Ok((ModelIdentity::of(path, &inv)?, inv))
+    Ok((ModelIdentity::of(path, &inv, loads)?, inv))
+}
+
+/// What llama.cpp loads itself of a model: all of it, or all but the experts when streamed.
+fn loads(loaded: bool, stream: &Option<PlanOptions>) -> Option<Loads> {
+    loaded.then_some(if stream.is_some() { Loads::NonExpert } else { Loads::All })
 }
 
 /// Loads `path` resident, or with its experts served through the Plan.
@@ -320,13 +326,13 @@ fn write_surfaces(staging: &mut Staging, spec: &RefineSpec, runs: &[PromptRun], 
 
 pub fn run(spec: &RefineSpec) -> Result<Summary> {
     check(spec)?;
-    let (base_id, base_inv) = identity_of(&spec.base).context("--base")?;
-    let (ver_id, ver_inv) = identity_of(&spec.verifier).context("--verifier")?;
+    let (base_id, base_inv) = identity_of(&spec.base, loads(spec.mode != Mode::Verifier, &None)).context("--base")?;
+    let (ver_id, ver_inv) = identity_of(&spec.verifier, loads(spec.mode != Mode::Base, &spec.stream)).context("--verifier")?;
     if base_inv.architecture != ver_inv.architecture {
         bail!("base ({}) and verifier ({}) are not the same architecture", base_inv.architecture, ver_inv.architecture);
     }
     let reference = match &spec.reference {
-        Some(r) => Some(identity_of(r).context("--reference")?),
+        Some(r) => Some(identity_of(r, loads(true, &spec.reference_stream)).context("--reference")?),
         None => None,
     };
     let staging = Staging::new(&spec.record)?;

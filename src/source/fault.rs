@@ -8,7 +8,7 @@
 use super::{Completion, ReadRequest, Source, SourceError, SourceStats};
 use clap::ValueEnum;
 use serde::Serialize;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ptr::NonNull;
 
 /// A deterministic fault cell (seed 000 §5.4, Table 7); `none` is the no-fault control.
@@ -26,6 +26,9 @@ pub enum FaultCell {
     ResetOutstanding,
     ShutdownLiveConsumer,
     PartialBundle,
+    // A delivered extent with one byte flipped: full byte count, every tag right, so that only
+    // the digest check catches it. (No doc comment: the schema lists the cells as plain names.)
+    CorruptByte,
 }
 
 /// What a cell must show (Table 7).
@@ -53,7 +56,8 @@ impl FaultCell {
             | FaultCell::Eio
             | FaultCell::StaleCompletion
             | FaultCell::WrongObject
-            | FaultCell::PartialBundle => Expect::Fatal,
+            | FaultCell::PartialBundle
+            | FaultCell::CorruptByte => Expect::Fatal,
             FaultCell::OutOfOrder
             | FaultCell::HeldConsumer
             | FaultCell::ResetOutstanding
@@ -71,6 +75,7 @@ impl FaultCell {
             FaultCell::StaleCompletion | FaultCell::WrongObject => {
                 "a published version denotes the requested object and epoch"
             }
+            FaultCell::CorruptByte => "a published version holds the requested object's bytes",
             FaultCell::OutOfOrder => "legal completion order is not overconstrained",
             FaultCell::HeldConsumer => "no reuse before declared consumers finish",
             FaultCell::ResetOutstanding | FaultCell::ShutdownLiveConsumer => "drain or invalidate outstanding versions",
@@ -87,6 +92,7 @@ impl FaultCell {
                 | FaultCell::WrongObject
                 | FaultCell::PartialBundle
                 | FaultCell::ResetOutstanding
+                | FaultCell::CorruptByte
         )
     }
 }
@@ -100,6 +106,9 @@ pub struct FaultySource {
     /// Late duplicates: handed out only when nothing else is outstanding, which a Plan never
     /// waits for; only a reset's or shutdown's drain retires them.
     late: VecDeque<Completion>,
+    /// corrupt_byte: the requests in flight and their host targets (addresses), to find where
+    /// a completion's bytes landed.
+    requests: HashMap<u64, (ReadRequest, Option<usize>)>,
     fired: u64,
 }
 
@@ -108,7 +117,7 @@ impl FaultySource {
         if !cell.perturbs_source() {
             return inner;
         }
-        Box::new(FaultySource { inner, cell, submitted: 0, held: VecDeque::new(), late: VecDeque::new(), fired: 0 })
+        Box::new(FaultySource { inner, cell, submitted: 0, held: VecDeque::new(), late: VecDeque::new(), requests: HashMap::new(), fired: 0 })
     }
 }
 
@@ -123,7 +132,11 @@ impl Source for FaultySource {
 
     fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError> {
         self.submitted += 1;
-        self.inner.submit(req)
+        self.inner.submit(req)?;
+        if self.cell == FaultCell::CorruptByte && self.fired == 0 {
+            self.requests.insert(req.ticket, (req, None));
+        }
+        Ok(())
     }
 
     fn reads_into_host(&self) -> bool {
@@ -133,10 +146,16 @@ impl Source for FaultySource {
     unsafe fn submit_vectored(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)]) -> Result<(), (usize, SourceError)> {
         // SAFETY: the caller's guarantees are passed on unchanged.
         let r = unsafe { self.inner.submit_vectored(reads) };
-        self.submitted += match &r {
+        let n = match &r {
             Ok(()) => reads.len(),
             Err((n, _)) => *n,
-        } as u64;
+        };
+        self.submitted += n as u64;
+        if self.cell == FaultCell::CorruptByte && self.fired == 0 {
+            for (req, into) in &reads[..n] {
+                self.requests.insert(req.ticket, (*req, into.map(|p| p.as_ptr() as usize)));
+            }
+        }
         r
     }
 
@@ -160,8 +179,10 @@ impl Source for FaultySource {
         let mut c = self.inner.wait()?;
         // The first completion (fatal cells fire in the prefill, before any logits exist); a
         // partial bundle fails the second extent of a bundle.
+        let req = self.requests.remove(&c.ticket);
         let target = match self.cell {
             FaultCell::PartialBundle => c.extent == 1,
+            FaultCell::CorruptByte => req.is_some_and(|(r, _)| c.result == Ok(r.len)),
             _ => true,
         };
         if target && self.fired == 0 {
@@ -180,6 +201,25 @@ impl Source for FaultySource {
                     // (which must drain it, never publish it) or a stale check can retire it.
                     self.late.push_back(c);
                 }
+                FaultCell::CorruptByte => {
+                    // The middle byte of the extent's logical bytes, where they landed.
+                    let (r, into) = req.expect("checked above");
+                    let head = r.offset - super::align_down(r.offset);
+                    let flipped = match into {
+                        // SAFETY: a host target is valid for the covering read and the source's
+                        // alone until this completion is returned (submit_vectored's contract).
+                        Some(addr) => unsafe {
+                            *((addr as *mut u8).add((head + r.len / 2) as usize)) ^= 0xff;
+                            true
+                        },
+                        None => self.inner.corrupt(r.window, r.window_offset + head + r.len / 2),
+                    };
+                    if flipped {
+                        self.requests.clear();
+                    } else {
+                        self.fired -= 1;
+                    }
+                }
                 _ => {}
             }
         }
@@ -192,6 +232,10 @@ impl Source for FaultySource {
 
     fn window(&self, w: u32) -> &[u8] {
         self.inner.window(w)
+    }
+
+    fn corrupt(&mut self, w: u32, at: u64) -> bool {
+        self.inner.corrupt(w, at)
     }
 
     fn stats(&self) -> SourceStats {

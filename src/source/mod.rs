@@ -253,6 +253,12 @@ pub trait Source: Send {
         }
         Ok(())
     }
+
+    /// Flips every bit of the byte at `at` of window `w` (a fault cell's doing); false where
+    /// this source cannot.
+    fn corrupt(&mut self, _w: u32, _at: u64) -> bool {
+        false
+    }
 }
 
 /// Checks a request against the window geometry; returns its covering read.
@@ -313,6 +319,17 @@ impl AlignedBuf {
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr is valid for len bytes, initialized (zeroed) at allocation.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
+    }
+
+    /// Flips every bit of byte `at`; false outside the buffer. Only that byte is touched, so
+    /// reads still landing elsewhere in the buffer are not aliased.
+    pub fn flip(&mut self, at: u64) -> bool {
+        if at >= self.len() as u64 {
+            return false;
+        }
+        // SAFETY: inside the allocation; &mut self is exclusive on our side.
+        unsafe { *self.ptr.as_ptr().add(at as usize) ^= 0xff };
+        true
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
@@ -457,6 +474,10 @@ impl Source for BufferedSource {
 
     fn stats(&self) -> SourceStats {
         self.stats
+    }
+
+    fn corrupt(&mut self, w: u32, at: u64) -> bool {
+        self.windows.get_mut(w as usize).is_some_and(|b| b.flip(at))
     }
 }
 

@@ -351,6 +351,10 @@ impl Source for UringSource {
         self.windows[w as usize].as_slice()
     }
 
+    fn corrupt(&mut self, w: u32, at: u64) -> bool {
+        self.windows.get_mut(w as usize).is_some_and(|b| b.flip(at))
+    }
+
     fn stats(&self) -> SourceStats {
         self.stats
     }

@@ -4,8 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The binary, with its digest cache under target/ unless SOVEREIGN_CACHE says otherwise.
 pub fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sovereign"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sovereign"));
+    if std::env::var_os("SOVEREIGN_CACHE").is_none() {
+        c.env("SOVEREIGN_CACHE", Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-cache"));
+    }
+    c
 }
 
 pub struct Run {

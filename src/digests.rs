@@ -1,0 +1,652 @@
+//! The digest manifest of a model file: the SHA-256 of its header, of every non-expert tensor
+//! and of every expert extent (one per role of each layer/expert object, as the Plan reads
+//! them), and of the whole file, all from one O_DIRECT pass. It is built once per file and
+//! cached under the file's identity (device, inode, size, mtime, ctime); a run then names the
+//! manifest's digest and verifies only the bytes it reads, instead of hashing the whole file.
+
+use crate::inventory::{Extent, Inventory};
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+pub const FORMAT: &str = "sovereign.digests/1";
+/// A cache file is not read past 64 KiB plus 1 KiB per range of the model (a range takes about
+/// 200 bytes of JSON), so a hostile one costs no more memory than the model's own manifest.
+const CACHE_BASE_BYTES: u64 = 64 << 10;
+const CACHE_BYTES_PER_RANGE: u64 = 1 << 10;
+/// Block of the hashing pass, and blocks in flight between its reader and its two hashers.
+const BLOCK: usize = 8 << 20;
+const BLOCKS: usize = 4;
+
+/// What identifies a file's current contents without reading them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileKey {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl FileKey {
+    pub fn of(path: &Path) -> Result<FileKey> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).with_context(|| format!("{}: cannot stat", path.display()))?;
+        let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+        Ok(FileKey {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// The fields that differ from `now`, named.
+    fn changes(&self, now: &FileKey) -> String {
+        let mut c = Vec::new();
+        if self.dev != now.dev || self.ino != now.ino {
+            c.push("device/inode (replaced)".to_string());
+        }
+        if self.size != now.size {
+            c.push(format!("size {} -> {}", self.size, now.size));
+        }
+        if self.mtime_ns != now.mtime_ns {
+            c.push("mtime".into());
+        }
+        if self.ctime_ns != now.ctime_ns {
+            c.push("ctime".into());
+        }
+        c.join(", ")
+    }
+}
+
+/// One hashed byte range of the file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeDigest {
+    pub name: String,
+    pub offset: u64,
+    pub len: u64,
+    pub sha256: String,
+}
+
+/// One expert extent: object `layer/expert`, role as in the inventory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtentDigest {
+    pub layer: u32,
+    pub expert: u32,
+    pub role: String,
+    pub offset: u64,
+    pub len: u64,
+    pub sha256: String,
+}
+
+/// The manifest proper; its digest is the SHA-256 of its canonical JSON, so it depends only on
+/// the file's bytes and layout, not on where or when it was built.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Body {
+    pub format: String,
+    pub file_bytes: u64,
+    /// The whole file.
+    pub sha256: String,
+    /// Bytes before the tensor data (GGUF header, metadata, padding).
+    pub header: RangeDigest,
+    /// Every tensor that is not an expert tensor, in file order.
+    pub tensors: Vec<RangeDigest>,
+    /// Every expert extent, in file order.
+    pub experts: Vec<ExtentDigest>,
+}
+
+impl Body {
+    pub fn digest(&self) -> Result<String> {
+        Ok(crate::util::sha256(crate::util::canonical_json_of(self)?.as_bytes()))
+    }
+}
+
+/// What the cache holds for one model path.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CacheFile {
+    format: String,
+    /// For people reading the cache; lookups go by the file name (a digest of this path).
+    path: String,
+    key: FileKey,
+    build_s: f64,
+    manifest_sha256: String,
+    body: Body,
+}
+
+/// A manifest in memory, with its extents indexed by file offset.
+#[derive(Debug)]
+pub struct ModelDigests {
+    pub body: Body,
+    pub manifest_sha256: String,
+    by_offset: HashMap<u64, (u64, [u8; 32])>,
+}
+
+impl ModelDigests {
+    /// A manifest from its body, its digest computed.
+    pub fn new(body: Body) -> Result<ModelDigests> {
+        let manifest_sha256 = body.digest()?;
+        let mut by_offset = HashMap::with_capacity(body.experts.len());
+        for e in &body.experts {
+            by_offset.insert(e.offset, (e.len, parse_hex(&e.sha256).with_context(|| format!("extent {}/{} {}", e.layer, e.expert, e.role))?));
+        }
+        Ok(ModelDigests { body, manifest_sha256, by_offset })
+    }
+
+    /// The digest of the expert extent `e`, if the manifest has exactly that extent.
+    pub fn extent(&self, e: Extent) -> Option<[u8; 32]> {
+        self.by_offset.get(&e.offset).filter(|(len, _)| *len == e.len).map(|(_, d)| *d)
+    }
+
+    pub fn sha256(&self) -> &str {
+        &self.body.sha256
+    }
+}
+
+fn parse_hex(s: &str) -> Result<[u8; 32]> {
+    let mut d = [0u8; 32];
+    if s.len() != 64 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        bail!("`{}` is not a SHA-256 in lowercase hex", s.chars().take(80).collect::<String>());
+    }
+    hex::decode_to_slice(s, &mut d).map_err(|e| anyhow!("{e}"))?;
+    Ok(d)
+}
+
+/// How a run came by its manifest; goes on record with the model's identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    pub manifest_sha256: String,
+    /// Taken from the cache (identity unchanged) rather than built by this process.
+    pub reused: bool,
+    /// Seconds of the one hashing pass, when this process built it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_s: Option<f64>,
+    /// Why a cached manifest was not used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuilt_because: Option<String>,
+    /// The ranges llama.cpp loads itself, hashed at load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_check: Option<LoadCheck>,
+}
+
+/// The bytes llama.cpp loads from the file (the header and every tensor it does not leave to
+/// the Plan), hashed through the page cache just before the load and compared with the
+/// manifest: llama.cpp's own reads of them then come from those same cached pages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadCheck {
+    pub how: String,
+    pub ranges: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// The manifest of `path` and how it was obtained.
+pub struct Obtained {
+    pub digests: Arc<ModelDigests>,
+    pub provenance: Provenance,
+    pub cache_file: PathBuf,
+}
+
+/// The cache directory: `SOVEREIGN_CACHE`, else `$XDG_CACHE_HOME/sovereign`, else
+/// `~/.cache/sovereign`.
+pub fn cache_dir() -> Result<PathBuf> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(d) = var("SOVEREIGN_CACHE") {
+        return Ok(d);
+    }
+    if let Some(d) = var("XDG_CACHE_HOME") {
+        return Ok(d.join("sovereign"));
+    }
+    var("HOME").map(|h| h.join(".cache").join("sovereign")).ok_or_else(|| anyhow!("no cache directory: set SOVEREIGN_CACHE"))
+}
+
+fn cache_file_of(canonical: &Path) -> Result<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = crate::util::sha256(canonical.as_os_str().as_bytes());
+    Ok(cache_dir()?.join("digests").join(format!("{}.json", &name[..32])))
+}
+
+/// Manifests this process already holds, by canonical path, with how it first came by them.
+type Held = (PathBuf, FileKey, Arc<ModelDigests>, Provenance);
+static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
+
+/// The manifest of `path` (already inventoried as `inv`): the one this process holds or the
+/// cached one while the file's identity is unchanged, else built now (one line on stderr says
+/// why) and cached. With `pin`, a manifest whose whole-file SHA-256 is another is refused.
+pub fn obtain(path: &Path, inv: &Inventory, pin: Option<&str>) -> Result<Obtained> {
+    let canonical = std::fs::canonicalize(path).with_context(|| format!("{}: cannot resolve", path.display()))?;
+    let key = FileKey::of(&canonical)?;
+    let cache_file = cache_file_of(&canonical)?;
+    let held = HELD
+        .lock()
+        .map_err(|_| anyhow!("digest manifests: lock poisoned"))?
+        .iter()
+        .find(|(p, k, _, _)| *p == canonical && *k == key)
+        .map(|(_, _, d, v)| (d.clone(), v.clone()));
+    let (digests, provenance) = if let Some(h) = held {
+        h
+    } else {
+        let why = match read_cache(&cache_file, inv) {
+            Ok(c) if c.key == key => {
+                let d = Arc::new(ModelDigests::new(c.body)?);
+                let provenance = Provenance { manifest_sha256: d.manifest_sha256.clone(), reused: true, build_s: None, rebuilt_because: None, load_check: None };
+                hold(&canonical, key, &d, &provenance)?;
+                return finish(path, pin, Obtained { digests: d, provenance, cache_file });
+            }
+            Ok(c) => format!("{} changed since its digest manifest was built ({})", path.display(), c.key.changes(&key)),
+            Err(e) if e.is::<Missing>() => String::new(),
+            Err(e) => format!("digest cache {}: {e:#}", cache_file.display()),
+        };
+        if why.is_empty() {
+            eprintln!("sovereign: building the digest manifest of {} (one pass over {} bytes)", path.display(), key.size);
+        } else {
+            eprintln!("sovereign: {why}; rebuilding its digest manifest");
+        }
+        let t = Instant::now();
+        let body = build_body(&canonical, inv)?;
+        let build_s = t.elapsed().as_secs_f64();
+        let after = FileKey::of(&canonical)?;
+        if after != key {
+            bail!("{}: the file changed while its digest manifest was built ({})", path.display(), key.changes(&after));
+        }
+        let d = Arc::new(ModelDigests::new(body)?);
+        if let Some(p) = pin.filter(|p| *p != d.body.sha256) {
+            bail!("{}: sha256 {}, but {p} is pinned; refused (its digest manifest was not cached)", path.display(), d.body.sha256);
+        }
+        let cached = write_cache(&cache_file, &CacheFile {
+            format: FORMAT.into(),
+            path: canonical.display().to_string(),
+            key,
+            build_s,
+            manifest_sha256: d.manifest_sha256.clone(),
+            body: d.body.clone(),
+        });
+        // The manifest holds for this run either way; only the next run pays the pass again.
+        if let Err(e) = cached {
+            eprintln!("sovereign: digest manifest of {} not cached: {e:#}", path.display());
+        }
+        let provenance = Provenance {
+            manifest_sha256: d.manifest_sha256.clone(),
+            reused: false,
+            build_s: Some(build_s),
+            rebuilt_because: (!why.is_empty()).then_some(why),
+            load_check: None,
+        };
+        hold(&canonical, key, &d, &provenance)?;
+        (d, provenance)
+    };
+    finish(path, pin, Obtained { digests, provenance, cache_file })
+}
+
+fn finish(path: &Path, pin: Option<&str>, o: Obtained) -> Result<Obtained> {
+    if let Some(p) = pin.filter(|p| *p != o.digests.body.sha256) {
+        bail!("{}: sha256 {} (digest manifest {}), but {p} is pinned; refused", path.display(), o.digests.body.sha256, o.cache_file.display());
+    }
+    Ok(o)
+}
+
+fn hold(canonical: &Path, key: FileKey, d: &Arc<ModelDigests>, provenance: &Provenance) -> Result<()> {
+    let mut held = HELD.lock().map_err(|_| anyhow!("digest manifests: lock poisoned"))?;
+    held.retain(|(p, _, _, _)| p != canonical);
+    held.push((canonical.to_path_buf(), key, d.clone(), provenance.clone()));
+    Ok(())
+}
+
+/// No cache file: the first build, not worth a line of its own.
+#[derive(Debug)]
+struct Missing;
+
+impl std::fmt::Display for Missing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no cache file")
+    }
+}
+
+impl std::error::Error for Missing {}
+
+fn read_cache(file: &Path, inv: &Inventory) -> Result<CacheFile> {
+    let meta = match std::fs::symlink_metadata(file) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Missing.into()),
+        Err(e) => return Err(e).context("cannot stat"),
+    };
+    if !meta.is_file() {
+        bail!("not a regular file");
+    }
+    let max = CACHE_BASE_BYTES + CACHE_BYTES_PER_RANGE * ranges(inv).len() as u64;
+    if meta.len() > max {
+        bail!("{} bytes, more than the {max} this model's manifest may take", meta.len());
+    }
+    let mut bytes = Vec::new();
+    // Bounded even if the file grows after the stat above.
+    std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::open(file).context("cannot open")?, max + 1), &mut bytes).context("cannot read")?;
+    if bytes.len() as u64 > max {
+        bail!("more than the {max} bytes this model's manifest may take");
+    }
+    let c: CacheFile = serde_json::from_slice(&bytes).map_err(|e| anyhow!("not a digest manifest: {e}"))?;
+    if c.format != FORMAT || c.body.format != FORMAT {
+        bail!("format {:?}, not {FORMAT:?}", c.format);
+    }
+    let digest = c.body.digest()?;
+    if digest != c.manifest_sha256 {
+        bail!("its body digests to {digest}, not the {} it names (corrupt)", c.manifest_sha256);
+    }
+    consistent(&c.body, inv)?;
+    Ok(c)
+}
+
+/// The ranges the manifest must cover, from the inventory: (name, extent, expert object).
+fn ranges(inv: &Inventory) -> Vec<(String, Extent, Option<(u32, u32, String)>)> {
+    let mut out = vec![("header".to_string(), Extent { offset: 0, len: inv.data_offset }, None)];
+    let expert_tensors: std::collections::BTreeSet<&str> =
+        inv.moe_layers.iter().flat_map(|l| l.tensors.values().map(String::as_str)).collect();
+    for t in inv.tensors.iter().filter(|t| !expert_tensors.contains(t.name.as_str())) {
+        out.push((t.name.clone(), Extent { offset: t.offset, len: t.bytes }, None));
+    }
+    for o in &inv.objects {
+        for (role, e) in &o.extents {
+            out.push((format!("{}/{}/{role}", o.layer, o.expert), *e, Some((o.layer, o.expert, role.clone()))));
+        }
+    }
+    out
+}
+
+/// A cached body must describe exactly the inventory's ranges.
+fn consistent(b: &Body, inv: &Inventory) -> Result<()> {
+    if b.file_bytes != inv.file_bytes {
+        bail!("it describes a file of {} bytes, the model has {}", b.file_bytes, inv.file_bytes);
+    }
+    parse_hex(&b.sha256).context("whole-file sha256")?;
+    let want = ranges(inv);
+    let mut got: Vec<(String, Extent, Option<(u32, u32, String)>)> = Vec::with_capacity(want.len());
+    got.push((b.header.name.clone(), Extent { offset: b.header.offset, len: b.header.len }, None));
+    got.extend(b.tensors.iter().map(|t| (t.name.clone(), Extent { offset: t.offset, len: t.len }, None)));
+    got.extend(b.experts.iter().map(|e| {
+        (format!("{}/{}/{}", e.layer, e.expert, e.role), Extent { offset: e.offset, len: e.len }, Some((e.layer, e.expert, e.role.clone())))
+    }));
+    let key = |v: &mut Vec<(String, Extent, Option<(u32, u32, String)>)>| v.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+    let mut want = want;
+    key(&mut want);
+    key(&mut got);
+    if got != want {
+        bail!("its {} ranges are not the model's {} tensors and extents", got.len(), want.len());
+    }
+    for r in std::iter::once(&b.header).chain(&b.tensors) {
+        parse_hex(&r.sha256).with_context(|| r.name.clone())?;
+    }
+    Ok(())
+}
+
+fn write_cache(file: &Path, c: &CacheFile) -> Result<()> {
+    let dir = file.parent().expect("a cache file has a directory");
+    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create the digest cache", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.{}.tmp",
+        file.file_name().and_then(|n| n.to_str()).unwrap_or("digests"),
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0)
+    ));
+    let res = (|| -> Result<()> {
+        crate::util::write_new_durable(&tmp, &serde_json::to_vec(c)?)?;
+        std::fs::rename(&tmp, file).with_context(|| format!("{}: cannot rename into place", file.display()))?;
+        crate::util::sync_dir(dir)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// Hashes the whole file and every range of the inventory in one pass: a reader (O_DIRECT
+/// where the file system allows it, so the page cache never holds the file), a hasher of the
+/// ranges and a hasher of the whole file, with a few blocks in flight between them.
+pub fn build_body(path: &Path, inv: &Inventory) -> Result<Body> {
+    use std::os::unix::fs::FileExt;
+    use std::sync::mpsc::sync_channel;
+    let mut rs = ranges(inv);
+    rs.sort_by_key(|r| r.1);
+    if let Some(w) = rs.windows(2).find(|w| w[0].1.end() > w[1].1.offset) {
+        bail!("{}: ranges {} and {} overlap", path.display(), w[0].0, w[1].0);
+    }
+    let file = match crate::source::open_direct(path) {
+        Ok(f) => f,
+        Err(_) => std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?,
+    };
+    let len = file.metadata()?.len();
+    if len != inv.file_bytes {
+        bail!("{}: {len} bytes, the inventory read {}", path.display(), inv.file_bytes);
+    }
+    if let Some(r) = rs.last().filter(|r| r.1.end() > len) {
+        bail!("{}: {} ends past the end of the file", path.display(), r.0);
+    }
+    let (free_tx, free_rx) = sync_channel::<crate::source::AlignedBuf>(BLOCKS);
+    for _ in 0..BLOCKS {
+        free_tx.send(crate::source::AlignedBuf::new(BLOCK as u64)?).expect("room for every block");
+    }
+    let (full_tx, full_rx) = sync_channel::<(crate::source::AlignedBuf, u64, usize)>(BLOCKS);
+    let (whole_tx, whole_rx) = sync_channel::<(crate::source::AlignedBuf, usize)>(BLOCKS);
+    let (digests, whole) = std::thread::scope(|s| -> Result<(Vec<String>, String)> {
+        // Owned here, so that an early return ends the other two threads.
+        let (full_rx, whole_tx) = (full_rx, whole_tx);
+        let reader = s.spawn(move || -> Result<()> {
+            let mut off = 0u64;
+            while off < len {
+                let Ok(mut buf) = free_rx.recv() else { return Ok(()) };
+                let mut n = 0usize;
+                while n < BLOCK && off + (n as u64) < len {
+                    let got = file.read_at(&mut buf.as_mut_slice()[n..BLOCK], off + n as u64)
+                        .with_context(|| format!("{}: read at {}", path.display(), off + n as u64))?;
+                    if got == 0 {
+                        bail!("{}: unexpected end of file at {}", path.display(), off + n as u64);
+                    }
+                    n += got;
+                }
+                let n = n.min((len - off) as usize);
+                off += n as u64;
+                if full_tx.send((buf, off - n as u64, n)).is_err() {
+                    return Ok(());
+                }
+            }
+            Ok(())
+        });
+        let whole = s.spawn(move || {
+            let mut h = Sha256::new();
+            while let Ok((buf, n)) = whole_rx.recv() {
+                h.update(&buf.as_slice()[..n]);
+                let _ = free_tx.send(buf);
+            }
+            hex::encode(h.finalize())
+        });
+        let mut out = Vec::with_capacity(rs.len());
+        let mut i = 0;
+        let mut h = Sha256::new();
+        let mut expect = 0u64;
+        while let Ok((buf, off, n)) = full_rx.recv() {
+            if off != expect {
+                bail!("{}: read out of order at {off}", path.display());
+            }
+            expect = off + n as u64;
+            let end = off + n as u64;
+            while i < rs.len() && rs[i].1.offset < end {
+                let r = rs[i].1;
+                let (a, b) = (r.offset.max(off), r.end().min(end));
+                if a < b {
+                    h.update(&buf.as_slice()[(a - off) as usize..(b - off) as usize]);
+                }
+                if r.end() <= end {
+                    out.push(hex::encode(std::mem::take(&mut h).finalize()));
+                    i += 1;
+                } else {
+                    break;
+                }
+            }
+            if whole_tx.send((buf, n)).is_err() {
+                break;
+            }
+        }
+        drop(whole_tx);
+        // Empty ranges at the very end of the file.
+        while i < rs.len() && rs[i].1.len == 0 && rs[i].1.offset == expect {
+            out.push(hex::encode(std::mem::take(&mut h).finalize()));
+            i += 1;
+        }
+        reader.join().map_err(|_| anyhow!("the digest reader panicked"))??;
+        let whole = whole.join().map_err(|_| anyhow!("the digest hasher panicked"))?;
+        if expect != len || i != rs.len() {
+            bail!("{}: the pass stopped at {expect} of {len} bytes", path.display());
+        }
+        Ok((out, whole))
+    })?;
+    let mut body = Body {
+        format: FORMAT.into(),
+        file_bytes: len,
+        sha256: whole,
+        header: RangeDigest { name: String::new(), offset: 0, len: 0, sha256: String::new() },
+        tensors: Vec::new(),
+        experts: Vec::new(),
+    };
+    for ((name, e, obj), sha256) in rs.into_iter().zip(digests) {
+        match obj {
+            Some((layer, expert, role)) => body.experts.push(ExtentDigest { layer, expert, role, offset: e.offset, len: e.len, sha256 }),
+            None if name == "header" && e.offset == 0 => body.header = RangeDigest { name, offset: 0, len: e.len, sha256 },
+            None => body.tensors.push(RangeDigest { name, offset: e.offset, len: e.len, sha256 }),
+        }
+    }
+    Ok(body)
+}
+
+/// Which ranges llama.cpp loads itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loads {
+    /// Everything: the experts are resident.
+    All,
+    /// Everything but the expert extents, which the Plan serves (and verifies as it reads).
+    NonExpert,
+}
+
+/// Hashes the ranges llama.cpp is about to load (header and tensors; the expert extents too
+/// when they are resident) through the page cache and compares each with the manifest.
+pub fn check_load(path: &Path, d: &ModelDigests, loads: Loads) -> Result<LoadCheck> {
+    use std::os::unix::fs::FileExt;
+    let t = Instant::now();
+    let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let mut list: Vec<(String, u64, u64, &str)> = std::iter::once(&d.body.header)
+        .chain(&d.body.tensors)
+        .map(|r| (r.name.clone(), r.offset, r.len, r.sha256.as_str()))
+        .collect();
+    if loads == Loads::All {
+        list.extend(d.body.experts.iter().map(|e| (format!("{}/{}/{}", e.layer, e.expert, e.role), e.offset, e.len, e.sha256.as_str())));
+    }
+    list.sort_by_key(|r| r.1);
+    let mut buf = vec![0u8; 4 << 20];
+    let (mut bytes, ranges) = (0u64, list.len() as u64);
+    for (name, offset, len, want) in list {
+        let mut h = Sha256::new();
+        let mut done = 0u64;
+        while done < len {
+            let n = ((len - done) as usize).min(buf.len());
+            file.read_exact_at(&mut buf[..n], offset + done).with_context(|| format!("{}: {name}: read", path.display()))?;
+            h.update(&buf[..n]);
+            done += n as u64;
+        }
+        let got = hex::encode(h.finalize());
+        if got != want {
+            bail!("{}: {name} (bytes {offset}..{}) hashes to {got}, its digest manifest says {want}; refused", path.display(), offset + len);
+        }
+        bytes += len;
+    }
+    let how = match loads {
+        Loads::All => "header and every tensor (experts resident), hashed through the page cache just before llama.cpp loads them",
+        Loads::NonExpert => "header and every non-expert tensor, hashed through the page cache just before llama.cpp loads them; expert extents are verified by the Plan as they are read",
+    };
+    Ok(LoadCheck { how: how.into(), ranges, bytes, seconds: t.elapsed().as_secs_f64() })
+}
+
+/// A fresh pass compared with the cached manifest: the ranges whose digests differ.
+pub struct Check {
+    pub fresh: Body,
+    pub fresh_sha256: String,
+    pub build_s: f64,
+    pub cached: Option<String>,
+    pub differ: Vec<String>,
+}
+
+/// `model digests --check`: re-hashes everything, compares with the cached manifest (if one is
+/// cached under the current identity), and caches the fresh one.
+pub fn check(path: &Path, inv: &Inventory) -> Result<Check> {
+    let canonical = std::fs::canonicalize(path).with_context(|| format!("{}: cannot resolve", path.display()))?;
+    let key = FileKey::of(&canonical)?;
+    let cache_file = cache_file_of(&canonical)?;
+    let cached = match read_cache(&cache_file, inv) {
+        Ok(c) if c.key == key => Some(c),
+        Ok(c) => {
+            eprintln!("sovereign: {} changed since its digest manifest was built ({}); nothing cached to compare", path.display(), c.key.changes(&key));
+            None
+        }
+        Err(e) => {
+            if cache_file.exists() {
+                eprintln!("sovereign: digest cache {}: {e:#}; nothing cached to compare", cache_file.display());
+            }
+            None
+        }
+    };
+    let t = Instant::now();
+    let fresh = build_body(&canonical, inv)?;
+    let build_s = t.elapsed().as_secs_f64();
+    if FileKey::of(&canonical)? != key {
+        bail!("{}: the file changed while it was hashed", path.display());
+    }
+    let mut differ = Vec::new();
+    if let Some(c) = &cached {
+        let b = &c.body;
+        if b.sha256 != fresh.sha256 {
+            differ.push("whole file".to_string());
+        }
+        for (x, y) in std::iter::once((&b.header, &fresh.header)).chain(b.tensors.iter().zip(&fresh.tensors)) {
+            if x != y {
+                differ.push(y.name.clone());
+            }
+        }
+        for (x, y) in b.experts.iter().zip(&fresh.experts) {
+            if x != y {
+                differ.push(format!("{}/{}/{}", y.layer, y.expert, y.role));
+            }
+        }
+    }
+    let fresh_sha256 = fresh.digest()?;
+    // The fresh pass is the file's truth under this identity: it replaces what was cached.
+    write_cache(&cache_file, &CacheFile {
+        format: FORMAT.into(),
+        path: canonical.display().to_string(),
+        key,
+        build_s,
+        manifest_sha256: fresh_sha256.clone(),
+        body: fresh.clone(),
+    })?;
+    Ok(Check { fresh, fresh_sha256, build_s, cached: cached.map(|c| c.manifest_sha256), differ })
+}
+
+/// The whole-file SHA-256 of a model through its manifest (cached or built), refused where it
+/// is not `pin`. A file that is no MoE model has no manifest: it is hashed whole.
+pub fn model_sha256(path: &Path, pin: Option<&str>) -> Result<String> {
+    let sha = match Inventory::of(path) {
+        Ok(inv) => return Ok(obtain(path, &inv, pin)?.digests.body.sha256.clone()),
+        Err(_) => crate::util::sha256_file(path)?,
+    };
+    if let Some(p) = pin.filter(|p| *p != sha) {
+        bail!("{}: sha256 {sha}, but {p} is pinned; refused", path.display());
+    }
+    Ok(sha)
+}
