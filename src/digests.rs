@@ -249,9 +249,9 @@ pub fn obtain(path: &Path, inv: &Inventory, pin: Option<&str>) -> Result<Obtaine
             Err(e) if e.is::<Missing>() => String::new(),
             Err(e) => format!("digest cache {}: {e:#}", cache_file.display()),
         };
-        if why.is_empty() {
-            eprintln!("sovereign: building the digest manifest of {} (one pass over {} bytes)", path.display(), key.size);
-        } else {
+        // A first build is silent (the record says it was built, and how long it took); a
+        // rebuild says why.
+        if !why.is_empty() {
             eprintln!("sovereign: {why}; rebuilding its digest manifest");
         }
         let t = Instant::now();

@@ -55,7 +55,7 @@ fn built_once_reused_while_the_identity_holds_rebuilt_when_it_changes() {
     let sha = sovereign::util::sha256_file(&m).unwrap();
 
     let (v, err) = digests_json(&cache, &m);
-    assert_eq!(lines(&err), vec![format!("sovereign: building the digest manifest of {} (one pass over {} bytes)", m.display(), fs::metadata(&m).unwrap().len())]);
+    assert!(err.is_empty(), "a first build is silent: {err}");
     assert_eq!(v["sha256"], sha.as_str());
     assert_eq!(v["provenance"]["reused"], false);
     assert!(v["provenance"]["build_s"].as_f64().unwrap() > 0.0);
