@@ -26,6 +26,7 @@ pub mod report;
 pub mod simulate;
 mod table;
 mod telemetry;
+pub mod timeline;
 
 pub use coverage::{Coverage, CoverageReport, LayerCoverage};
 pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
@@ -33,6 +34,7 @@ pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
 pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};
 pub use telemetry::{Closure, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
+pub use timeline::Timeline;
 
 use crate::source::{AlignedBuf, Completion, ReadRequest, Source, SourceError};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -231,6 +233,7 @@ pub struct Plan {
     taking: Vec<Hold>,
     status: Status,
     tel: Telemetry,
+    tl: Timeline,
     sem: BTreeSet<ObjectId>,
     sched: BTreeSet<ObjectId>,
 }
@@ -313,6 +316,7 @@ impl Plan {
             taking: Vec::new(),
             status: Status::Running,
             tel,
+            tl: Timeline::default(),
             sem: BTreeSet::new(),
             sched: BTreeSet::new(),
         })
@@ -475,6 +479,20 @@ impl Plan {
             Err(e) => self.fail(e),
         }
         r
+    }
+
+    /// The token timeline, for the engine side's marks; off unless [`Plan::set_timeline`].
+    pub fn timeline(&mut self) -> &mut Timeline {
+        &mut self.tl
+    }
+
+    pub fn set_timeline(&mut self, tl: Timeline) {
+        self.tl = tl;
+    }
+
+    /// Reads submitted so far.
+    pub fn reads(&self) -> u64 {
+        self.tel.q_run.reads
     }
 
     /// Time so far in source reads and in window → slot copies, in nanoseconds.
@@ -807,6 +825,7 @@ impl Plan {
             });
             self.tel.read_ns += started.elapsed().as_nanos() as u64;
             submitted?;
+            self.tl.submitted(started, id, object, i as u32, e.extent.len, w);
             self.tickets.insert(id, t);
             self.tel.q_run.reads += 1;
             self.tel.q_run.logical_bytes += e.extent.len;
@@ -821,6 +840,9 @@ impl Plan {
         let started = Instant::now();
         let c = self.source.wait();
         self.tel.read_ns += started.elapsed().as_nanos() as u64;
+        if let Ok(c) = &c {
+            self.tl.completed(started, c);
+        }
         c
     }
 
@@ -916,8 +938,10 @@ impl Plan {
         }
         self.tel.copy_ns += started.elapsed().as_nanos() as u64;
         let (logical, object) = (op.logical_bytes, op.id);
+        self.tl.copied(started, object, b.slot, logical);
         self.windows[w as usize].step(w, WindowTransition::CopyDone)?;
         self.table.publish(li, b.slot, b.version)?;
+        self.tl.published(object, b.slot);
         self.tel.loads += 1;
         self.tel.bytes_copied += logical;
         self.sched.insert(object);
@@ -988,6 +1012,7 @@ impl Plan {
     fn drain(&mut self) -> Result<(), PlanError> {
         while self.source.outstanding() > 0 {
             let c = self.source.wait()?;
+            self.tl.completed(std::time::Instant::now(), &c);
             self.tickets.remove(&c.ticket);
             self.tel.drained_completions += 1;
         }
