@@ -147,7 +147,7 @@ pub struct Times {
     pub busy_ns: u64,
     /// No read in flight: the device sits idle.
     pub idle_ns: u64,
-    /// Why the device sat idle.
+    /// Why the device sat idle (its submit and wait are 0: a read is in flight during both).
     pub idle: Activity,
     /// What the engine did while reads were in flight (submit and wait: compute stalled).
     pub busy: Activity,
@@ -327,7 +327,7 @@ impl Timeline {
         self.advance(now, Cpu::Between);
         self.push(now, 0, |e| e, Kind::End);
         let Some(mut o) = self.open.take() else { return };
-        o.times.plan_reads = plan_reads - o.plan_reads;
+        o.times.plan_reads = plan_reads.saturating_sub(o.plan_reads);
         o.times.stalled_on_reads_ns = o.times.busy.submit_ns + o.times.busy.wait_ns + o.times.idle.submit_ns + o.times.idle.wait_ns;
         if o.keep {
             self.kept = Some((o.token, o.times));
