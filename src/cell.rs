@@ -258,10 +258,10 @@ pub fn run(cell: &Cell) -> Result<Done> {
                 Experts::Plan(o) => Some(o.clone()),
                 Experts::Resident | Experts::Host => None,
             };
-            let model = g.model.clone();
+            let (model, n_decode) = (g.model.clone(), g.n_predict.saturating_sub(1));
             let s = generate::run_with(&spec, move |inv: &Inventory| match plan {
                 None => Ok(None),
-                Some(o) => Ok(Some(Box::new(PlanSource::new(&model, inv, o)?) as Box<dyn ExpertSource>)),
+                Some(o) => Ok(Some(Box::new(PlanSource::new(&model, inv, o)?.expecting(n_decode)) as Box<dyn ExpertSource>)),
             })?;
             Ok(Done::Generate(s))
         }

@@ -166,6 +166,7 @@ pub fn run_with(
     let k = ctx.route_k().unwrap_or(0);
     drop(ctx);
     let source_report = model.with_source(|s| s.finish());
+    let source_surfaces = model.with_source(|s| s.surfaces()).unwrap_or_default();
     // A source that cannot close clean (or show its service complete) fails the run on record.
     let decoded = match (decoded, &source_report) {
         (Ok(()), Some(Err(f))) => Err(anyhow::anyhow!("the expert source did not close: {f:#}")),
@@ -224,6 +225,9 @@ pub fn run_with(
         })
         .collect();
     staging.surface("routes", "routes.bin", &route_bytes, 16 + 4 * k as u64, false)?;
+    for (name, file, bytes) in &source_surfaces {
+        staging.surface(name, file, bytes, 1, false)?;
+    }
 
     let decode_steps = generated.len().saturating_sub(1);
     let timing = Timing {

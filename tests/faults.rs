@@ -160,6 +160,9 @@ fn the_shipped_fault_campaign_carries_every_cells_validation_into_its_claim() {
         assert_eq!(f["expect"], serde_json::json!({"passed": true, "failed": []}), "{f}");
         let block = &f["record"].as_str().unwrap()[..3];
         assert_eq!(f["control"], format!("{block}-p0-control"), "{f}");
+        // Export draws the timeline of every completed Plan cell (a fail-closed one has none).
+        let figure = t.path().join("out").join(format!("timeline-{block}-p0-control.svg"));
+        assert!(fs::read_to_string(&figure).is_ok_and(|s| s.contains("<svg")), "{}", figure.display());
     }
     for verb in ["verify", "replay"] {
         let r = ok(&[verb, "--claim", id, "--ledger", s(&ledger), "--results", s(&results)]);

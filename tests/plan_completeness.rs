@@ -106,6 +106,7 @@ fn fewer_passes_than_groups_fail_the_decode_closed() {
         windows: Some(4),
         depth: Some(4),
         layer_buffers: 0,
+        timeline_token: None,
         fault: FaultCell::None,
     };
     let e = generate::run_with(&spec, |inv| {

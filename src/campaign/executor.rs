@@ -109,6 +109,7 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
         depth: arm.depth,
         layer_buffers: arm.layer_buffers.unwrap_or(0),
         fault,
+        timeline_token: arm.timeline_token,
     };
     let exec = |n_ctx| ExecParams { n_ctx, n_batch: cell::BATCH, n_ubatch: cell::BATCH, threads: arm.threads as i32, flash_attn: false };
     match (&arm.refine, &cell.refine, p.refine) {

@@ -218,6 +218,10 @@ pub struct Arm {
     pub layer_buffers: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<FaultCell>,
+    /// The decode token whose every event the record's `timeline` surface keeps (absent: the
+    /// middle one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline_token: Option<u32>,
     /// This arm runs `sovereign refine` (the campaign must name `refine` models).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refine: Option<RefineArm>,
@@ -418,7 +422,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         let sized = [("windows", a.windows.is_some()), ("depth", a.depth.is_some())];
         match a.experts {
             ExpertsMode::Resident | ExpertsMode::Host => {
-                for (name, set) in plan_fields.iter().chain(&sized).chain(&[("fault", a.fault.is_some()), ("layer_buffers", a.layer_buffers.is_some())]) {
+                for (name, set) in plan_fields.iter().chain(&sized).chain(&[("fault", a.fault.is_some()), ("layer_buffers", a.layer_buffers.is_some()), ("timeline_token", a.timeline_token.is_some())]) {
                     if *set {
                         out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` applies only to `experts: plan`", a.id.value)));
                     }

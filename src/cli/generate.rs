@@ -39,6 +39,10 @@ pub struct PlanArgs {
     /// through two shared, alternating buffers (layer i uses buffer i mod 2).
     #[arg(long, default_value_t = 0)]
     layer_buffers: u32,
+    /// The decode token (0: the first after the prompt) whose every read, copy and acquire the
+    /// record keeps in its `timeline` surface (plan); default: the middle one.
+    #[arg(long)]
+    timeline_token: Option<u32>,
 }
 
 impl PlanArgs {
@@ -51,6 +55,7 @@ impl PlanArgs {
             depth: self.depth,
             layer_buffers: self.layer_buffers,
             fault,
+            timeline_token: self.timeline_token,
         }
     }
 }
@@ -155,7 +160,7 @@ pub struct GenerateArgs {
 
 impl GenerateArgs {
     pub fn note_given(&mut self, m: &clap::ArgMatches) {
-        self.plan_given = ["slots", "policy", "source", "windows", "depth", "layer_buffers", "fault"]
+        self.plan_given = ["slots", "policy", "source", "windows", "depth", "layer_buffers", "fault", "timeline_token"]
             .into_iter()
             .filter(|id| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
             .collect();

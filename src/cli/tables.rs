@@ -30,12 +30,15 @@ pub enum StatsCommand {
 }
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct ExportArgs {
+    #[command(subcommand)]
+    what: Option<ExportCommand>,
     /// Campaign id (as in its file's `id`).
-    #[arg(long)]
-    campaign: String,
-    #[arg(long)]
-    out: PathBuf,
+    #[arg(long, required = true)]
+    campaign: Option<String>,
+    #[arg(long, required = true)]
+    out: Option<PathBuf>,
     #[arg(long, default_value = "results")]
     results: PathBuf,
     #[arg(long)]
@@ -57,8 +60,53 @@ pub fn stats(c: StatsCommand) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[derive(Subcommand)]
+enum ExportCommand {
+    /// The timeline of the decode token a Plan run's record kept (its `timeline` surface):
+    /// reads per extent, copies, acquires, compute; SVG or PNG by the name's extension.
+    Timeline {
+        #[arg(long)]
+        record: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// Print the token's summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn export_timeline(record: &std::path::Path, out: &std::path::Path, json: bool) -> Result<ExitCode> {
+    let f = export::timeline::export(record, out)?;
+    if json {
+        print_json(&f.times)?;
+    } else {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let (t, i) = (&f.times, &f.times.idle);
+        println!(
+            "decode token {}: {:.2} ms, {} reads; device busy {:.2} ms, idle {:.2} ms: compute {:.2}, expert matmuls {:.2}, copy {:.2}, Plan {:.2}, between tokens {:.2}; compute stalled on reads {:.2} ms",
+            f.token,
+            ms(t.wall_ns),
+            t.reads,
+            ms(t.busy_ns),
+            ms(t.idle_ns),
+            ms(i.compute_ns),
+            ms(i.expert_compute_ns),
+            ms(i.copy_ns),
+            ms(i.plan_ns + i.submit_ns + i.wait_ns),
+            ms(i.between_ns),
+            ms(t.stalled_on_reads_ns)
+        );
+        println!("wrote {}", out.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn export(a: ExportArgs) -> Result<ExitCode> {
-    let s = export::export(&a.results, &a.campaign, &a.out)?;
+    if let Some(ExportCommand::Timeline { record, out, json }) = &a.what {
+        return export_timeline(record, out, *json);
+    }
+    let (Some(campaign), Some(out)) = (&a.campaign, &a.out) else { anyhow::bail!("export needs --campaign and --out") };
+    let s = export::export(&a.results, campaign, out)?;
     if a.json {
         print_json(&s)?;
         return Ok(ExitCode::SUCCESS);

@@ -69,6 +69,10 @@ pub trait ExpertSource: Send {
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()>;
     /// The slots of (layer, pass) are no longer read.
     fn release(&mut self, layer: u32, pass: u32) -> Result<()>;
+    /// A llama_decode of `n_tokens` is about to start (a token's begin mark).
+    fn decoding(&mut self, n_tokens: usize) {
+        let _ = n_tokens;
+    }
     /// A decode returned (`ok`) or failed: the events it started are over. An error fails
     /// that decode closed.
     fn decoded(&mut self, ok: bool) -> Result<()> {
@@ -79,6 +83,10 @@ pub trait ExpertSource: Send {
     fn describe(&self) -> serde_json::Value;
     /// Closes the source after the run and reports its telemetry and closure.
     fn finish(&mut self) -> Result<serde_json::Value>;
+    /// Surfaces the source recorded, as (name, file, bytes), for the record (after `finish`).
+    fn surfaces(&mut self) -> Vec<(String, String, Vec<u8>)> {
+        Vec::new()
+    }
 }
 
 /// The source as llama.cpp sees it, plus the first error it reported (for the decode's error).

@@ -455,6 +455,7 @@ impl<'m> Context<'m> {
         let n_chunks = tokens.len().div_ceil(self.params.n_batch as usize);
         for (c, chunk) in tokens.chunks(self.params.n_batch as usize).enumerate() {
             let n = chunk.len() as i32;
+            self.model.with_source(|s| s.decoding(chunk.len()));
             // SAFETY: the batch is allocated for n tokens with one sequence id each and freed below.
             let rc = unsafe {
                 let mut b = sys::llama_batch_init(n, 0, 1);

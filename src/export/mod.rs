@@ -13,12 +13,14 @@
 //! - `pairs.svg`, `pairs.png`: the pair ratios with the overall ratio and interval;
 //! - `refine.csv`, `quality_bytes.svg`, `quality_bytes.png` (refinement campaigns): the τ sweep
 //!   and the quality-versus-bytes figure with the base and verifier endpoints;
+//! - `timeline-<cell>.svg` (Plan cells): the timeline of the decode token each record kept;
 //! - `claims.json`: a draft claim ledger for the campaign (records, assertions and replay
 //!   values as computed now, every fault cell's validation included), ready for `verify` /
 //!   `replay`.
 
 mod figure;
 mod refine;
+pub mod timeline;
 
 pub use figure::envelope as envelope_figure;
 pub use figure::{curves as curves_figure, Curve};
@@ -339,6 +341,15 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     if spec.refine.is_some() {
         let title = format!("{}: quality versus verification bytes", spec.id.value);
         files.extend(refine::write(out, &title, &cells, &sealed)?);
+    }
+
+    for cell in &cells {
+        if let Some(x) = sealed.get(&cell.key).filter(|x| x.generate().is_some_and(|r| r.surfaces.contains_key(timeline::SURFACE))) {
+            let path = out.join(format!("timeline-{}.svg", cell.key));
+            let f = timeline::read(&results.join(&x.digest)).with_context(|| format!("cell {}", cell.key))?;
+            timeline::figure(&path, &f, &format!("{}: ", cell.key))?;
+            files.push(path);
+        }
     }
 
     // A draft claim ledger: what the records say now, for `verify` and `replay` later.

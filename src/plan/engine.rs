@@ -2,6 +2,7 @@
 //! llama.cpp boundary, with the source chosen at run time (P, D or F).
 
 use super::coverage::Coverage;
+use super::timeline::{self, Timeline};
 use super::{Manifest, Plan, PolicySpec, Role, SlotWriter};
 use super::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, SourceBound, StepsReport, STEP_FIELDS};
 use crate::engine::{ExpertSource, SlotPool};
@@ -51,6 +52,9 @@ pub struct PlanOptions {
     /// Layer buffers (0: one pool per layer; 2: double-buffered layer by layer).
     pub layer_buffers: u32,
     pub fault: FaultCell,
+    /// The decode token whose every event the timeline keeps (absent: the middle one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline_token: Option<u32>,
 }
 
 pub struct PlanSource {
@@ -104,7 +108,11 @@ impl PlanSource {
         };
         let source = FaultySource::wrap(source, options.fault);
         let coverage = Coverage::new(manifest.layers.iter().map(|l| l.layer));
+        let n_roles = manifest.layers.iter().map(|l| l.roles.len()).max().unwrap_or(0);
+        let capacity = Timeline::capacity_for(manifest.layers.len(), n_slots, n_roles);
+        let timeline = Timeline::new(options.timeline_token, manifest.layers.iter().map(|l| l.layer).collect(), capacity);
         let mut plan = Plan::for_engine(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
+        plan.set_timeline(timeline);
         // Every extent read is verified against the model's digest manifest.
         let digests = crate::digests::obtain(model, inv, None)?.digests;
         plan.expect_digests(&digests).map_err(|e| anyhow!("{e}"))?;
@@ -132,6 +140,13 @@ impl PlanSource {
 
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// The run will decode `n` tokens after its prompt (the timeline keeps the middle one's
+    /// events unless told which).
+    pub fn expecting(mut self, n: u32) -> PlanSource {
+        self.plan.timeline().expect(n);
+        self
     }
 
     fn mark(&self, at: Instant) -> Mark {
@@ -327,6 +342,46 @@ impl ExpertSource for PlanSource {
     }
 
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
+        self.plan.timeline().acquire_enter(layer, pass);
+        let r = self.acquire_event(layer, pass, ids, slots);
+        self.plan.timeline().acquire_return(layer, pass);
+        r
+    }
+
+    fn release(&mut self, layer: u32, pass: u32) -> Result<()> {
+        self.plan.timeline().release(layer, pass);
+        self.release_event(layer, pass)
+    }
+
+    fn decoding(&mut self, n_tokens: usize) {
+        let reads = self.plan.reads();
+        self.plan.timeline().begin(n_tokens, reads);
+    }
+
+    fn decoded(&mut self, ok: bool) -> Result<()> {
+        let reads = self.plan.reads();
+        self.plan.timeline().end(reads);
+        self.decode_closed(ok)
+    }
+
+    fn describe(&self) -> serde_json::Value {
+        serde_json::to_value(self.description()).unwrap_or_default()
+    }
+
+    fn finish(&mut self) -> Result<serde_json::Value> {
+        Ok(serde_json::to_value(self.report()?)?)
+    }
+
+    fn surfaces(&mut self) -> Vec<(String, String, Vec<u8>)> {
+        let file = self.plan.timeline().file();
+        file.and_then(|f| serde_json::to_vec(&f).ok())
+            .map(|b| vec![(timeline::SURFACE.to_string(), timeline::SURFACE_FILE.to_string(), b)])
+            .unwrap_or_default()
+    }
+}
+
+impl PlanSource {
+    fn acquire_event(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
         self.coverage.begin(layer, pass, ids).map_err(|e| anyhow!(e))?;
         let t = Instant::now();
         self.step(layer, pass, t);
@@ -342,7 +397,7 @@ impl ExpertSource for PlanSource {
         Ok(())
     }
 
-    fn release(&mut self, layer: u32, pass: u32) -> Result<()> {
+    fn release_event(&mut self, layer: u32, pass: u32) -> Result<()> {
         // The graph sizes its passes for the worst case; a pass past the last group got nothing.
         if self.served.remove(&(layer, pass)) {
             if self.options.fault == FaultCell::HeldConsumer && self.fault_fired == 0 {
@@ -356,7 +411,7 @@ impl ExpertSource for PlanSource {
         Ok(())
     }
 
-    fn decoded(&mut self, ok: bool) -> Result<()> {
+    fn decode_closed(&mut self, ok: bool) -> Result<()> {
         // A decode the engine failed on its own, with the Plan healthy and no fault injected,
         // is checked too: an unserved selection is then its cause.
         if ok || (self.plan.failure().is_none() && self.options.fault == FaultCell::None) {
@@ -365,14 +420,6 @@ impl ExpertSource for PlanSource {
             self.coverage.abandon();
             Ok(())
         }
-    }
-
-    fn describe(&self) -> serde_json::Value {
-        serde_json::to_value(self.description()).unwrap_or_default()
-    }
-
-    fn finish(&mut self) -> Result<serde_json::Value> {
-        Ok(serde_json::to_value(self.report()?)?)
     }
 }
 
@@ -458,6 +505,7 @@ impl PlanSource {
             },
             telemetry: tel,
             closure,
+            timeline: self.plan.timeline().report(),
         })
     }
 }

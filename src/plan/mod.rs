@@ -28,6 +28,7 @@ pub mod simulate;
 mod table;
 mod telemetry;
 mod verify;
+pub mod timeline;
 
 pub use coverage::{Coverage, CoverageReport, LayerCoverage};
 pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
@@ -35,6 +36,7 @@ pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
 pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};
 pub use telemetry::{Closure, DigestCheck, Movement, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
+pub use timeline::Timeline;
 
 use crate::source::{AlignedBuf, Completion, ReadRequest, Source, SourceError, ALIGN};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -244,6 +246,7 @@ pub struct Plan {
     taking: Vec<Hold>,
     status: Status,
     tel: Telemetry,
+    tl: Timeline,
     sem: BTreeSet<ObjectId>,
     sched: BTreeSet<ObjectId>,
     /// Expected extent digests ([`Plan::expect_digests`]); None verifies nothing.
@@ -328,6 +331,7 @@ impl Plan {
             taking: Vec::new(),
             status: Status::Running,
             tel,
+            tl: Timeline::default(),
             sem: BTreeSet::new(),
             sched: BTreeSet::new(),
             digests: None,
@@ -491,6 +495,20 @@ impl Plan {
             Err(e) => self.fail(e),
         }
         r
+    }
+
+    /// The token timeline, for the engine side's marks; off unless [`Plan::set_timeline`].
+    pub fn timeline(&mut self) -> &mut Timeline {
+        &mut self.tl
+    }
+
+    pub fn set_timeline(&mut self, tl: Timeline) {
+        self.tl = tl;
+    }
+
+    /// Reads submitted so far.
+    pub fn reads(&self) -> u64 {
+        self.tel.q_run.reads
     }
 
     /// Time so far in source reads and in window → slot copies, in nanoseconds.
@@ -886,6 +904,7 @@ impl Plan {
             self.tel.q_run.logical_bytes += e.extent.len;
             self.tel.q_run.physical_bytes += e.covering.len;
             self.tel.q_run.padding_bytes += e.padding();
+            self.tl.submitted(started, r.ticket, r.object, r.extent, e.extent.len, r.window);
             if into.is_some() {
                 mv.direct_extents += 1;
             }
@@ -905,6 +924,9 @@ impl Plan {
         let started = Instant::now();
         let c = self.source.wait();
         self.tel.read_ns += started.elapsed().as_nanos() as u64;
+        if let Ok(c) = &c {
+            self.tl.completed(started, c);
+        }
         c
     }
 
@@ -1010,8 +1032,10 @@ impl Plan {
         }
         self.tel.copy_ns += started.elapsed().as_nanos() as u64;
         let object = op.id;
+        self.tl.copied(started, object, b.slot, copied);
         self.windows[w as usize].step(w, WindowTransition::CopyDone)?;
         self.table.publish(li, b.slot, b.version)?;
+        self.tl.published(object, b.slot);
         self.tel.loads += 1;
         self.tel.bytes_copied += copied;
         let mv = self.tel.movement.get_or_insert_with(Default::default);
@@ -1085,6 +1109,7 @@ impl Plan {
     fn drain(&mut self) -> Result<(), PlanError> {
         while self.source.outstanding() > 0 {
             let c = self.source.wait()?;
+            self.tl.completed(std::time::Instant::now(), &c);
             self.tickets.remove(&c.ticket);
             self.tel.drained_completions += 1;
         }

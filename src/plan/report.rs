@@ -4,6 +4,7 @@
 use super::coverage::CoverageReport;
 use super::engine::SourceKind;
 use super::telemetry::{Closure, Telemetry};
+use super::timeline::TimelineReport;
 use crate::source::fault::{Expect, FaultCell};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -98,4 +99,7 @@ pub struct PlanReport {
     pub uring_registered_buffers: Option<bool>,
     pub fault: FaultReport,
     pub m_source_bound: SourceBound,
+    /// Where each decode token's time went (absent in records made before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<TimelineReport>,
 }
