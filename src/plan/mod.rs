@@ -898,13 +898,16 @@ impl Plan {
             Ok(()) => reads.len(),
             Err((n, _)) => n,
         };
+        // The batch's time in submit is the first read's; the others follow it on the timeline.
+        let mut at = started;
         for (r, into) in &reads[..done] {
             let e = &self.manifest.object(r.object).expect("manifest object").extents[r.extent as usize];
             self.tel.q_run.reads += 1;
             self.tel.q_run.logical_bytes += e.extent.len;
             self.tel.q_run.physical_bytes += e.covering.len;
             self.tel.q_run.padding_bytes += e.padding();
-            self.tl.submitted(started, r.ticket, r.object, r.extent, e.extent.len, r.window);
+            self.tl.submitted(at, r.ticket, r.object, r.extent, e.extent.len, r.window);
+            at = Instant::now();
             if into.is_some() {
                 mv.direct_extents += 1;
             }
