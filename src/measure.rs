@@ -193,9 +193,14 @@ pub fn sequence_of_record(of: &Path, model: &Path, plan: &PlanOptions) -> Result
     if decode_steps != want_decode {
         bail!("{name}: the routes hold {decode_steps} decode ubatches, the run decoded {want_decode} tokens after its prompt");
     }
-    let run = report.telemetry.q_run;
-    let check = ReplayCheck { replayed: seq.traffic, run, equal: seq.traffic == run && seq.plan_traffic == run };
+    let check = check(&seq, report.telemetry.q_run);
     Ok((seq, check, decode_steps))
+}
+
+/// The derived sequence against a run's own traffic: the same reads, logical and physical
+/// bytes, counted both from the collected requests and by the dry Plan itself.
+pub fn check(seq: &Sequence, run: Traffic) -> ReplayCheck {
+    ReplayCheck { replayed: seq.traffic, run, equal: seq.traffic == run && seq.plan_traffic == run }
 }
 
 /// Reads `reads` with at most `bufs.len()` in flight; returns the physical bytes read. A read
