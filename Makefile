@@ -52,10 +52,12 @@ tau-sweep: build
 test: deps
 	$(CARGO) test --locked
 
-# Stock llama.cpp, P, D, F and F+LRU on the several-GiB bench model under one hard host cap,
-# with the device's read ceiling from the same run (BENCH_CAP, BENCH_OUTPUTS, ... override).
+# The shipped bench campaign (campaigns/bench.yaml) on the several-GiB bench model: stock, P,
+# D, F and F+LRU under one hard host cap against the resident oracle, with the envelope and a
+# replay of F's own reads in every block; then the bench table, F/D and F's ratio to its floor
+# (BENCH_OUTPUTS, BENCH_BLOCKS scale it down).
 bench: build
-	scripts/bench.sh
+	BIN=$(BIN) scripts/bench.sh
 
 clean:
 	$(CARGO) clean

@@ -6,6 +6,7 @@
 use crate::bounds;
 use crate::engine::{self, ExecParams, ExpertSource};
 use crate::generate::{self, GenerateSpec};
+pub use crate::measure::{EnvelopeCell, ReadReplayCell};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::observe::{self, ContainSpec, RunStatus};
@@ -36,6 +37,10 @@ pub const LOG_FILE: &str = "cell.log";
 pub enum Cell {
     Generate(GenerateCell),
     Refine(RefineCell),
+    /// The device's O_DIRECT read ceiling at a few depths.
+    Envelope(EnvelopeCell),
+    /// A run's own reads replayed with no compute.
+    ReadReplay(ReadReplayCell),
 }
 
 /// How a run holds its experts: the `--experts` flag and a campaign arm's `experts` field.
@@ -110,6 +115,7 @@ pub struct RefineCell {
 pub enum Done {
     Generate(generate::Summary),
     Refine(refine::Summary),
+    Measure(crate::measure::Summary),
 }
 
 impl Cell {
@@ -117,6 +123,8 @@ impl Cell {
         match self {
             Cell::Generate(g) => &g.record,
             Cell::Refine(r) => &r.record,
+            Cell::Envelope(e) => &e.record,
+            Cell::ReadReplay(r) => &r.record,
         }
     }
 
@@ -124,6 +132,8 @@ impl Cell {
         match self {
             Cell::Generate(g) => &mut g.record,
             Cell::Refine(r) => &mut r.record,
+            Cell::Envelope(e) => &mut e.record,
+            Cell::ReadReplay(r) => &mut r.record,
         }
     }
 
@@ -132,6 +142,8 @@ impl Cell {
         match self {
             Cell::Generate(g) => vec![g.model.as_path()],
             Cell::Refine(r) => [Some(&r.base), Some(&r.verifier), r.reference.as_ref()].into_iter().flatten().map(PathBuf::as_path).collect(),
+            Cell::Envelope(e) => vec![e.model.as_path()],
+            Cell::ReadReplay(r) => vec![r.model.as_path()],
         }
     }
 
@@ -140,6 +152,8 @@ impl Cell {
         match self {
             Cell::Generate(_) => format::GENERATE_FORMAT,
             Cell::Refine(_) => format::REFINE_FORMAT,
+            Cell::Envelope(_) => format::ENVELOPE_FORMAT,
+            Cell::ReadReplay(_) => format::READ_REPLAY_FORMAT,
         }
     }
 
@@ -159,6 +173,15 @@ impl Cell {
                 r.verifier = f(&r.verifier);
                 r.reference = r.reference.as_deref().map(&f);
                 r.prompts = f(&r.prompts);
+                r.record = f(&r.record);
+            }
+            Cell::Envelope(e) => {
+                e.model = f(&e.model);
+                e.record = f(&e.record);
+            }
+            Cell::ReadReplay(r) => {
+                r.model = f(&r.model);
+                r.of = f(&r.of);
                 r.record = f(&r.record);
             }
         }
@@ -189,6 +212,15 @@ impl Cell {
                 }
                 r.prompt_bytes()?;
             }
+            Cell::Envelope(e) => {
+                crate::measure::check_envelope(e.block_bytes, &e.depths, e.bytes_per_depth)?;
+                bounds::regular_file("--model", &e.model)?;
+            }
+            Cell::ReadReplay(r) => {
+                check_plan(&r.plan)?;
+                bounds::range("depth", r.depth as u64, 1, crate::measure::MAX_DEPTH as u64, "reads in flight")?;
+                bounds::regular_file("--model", &r.model)?;
+            }
         }
         Ok(())
     }
@@ -201,7 +233,7 @@ impl Cell {
                 experts_host: g.experts == Experts::Host,
                 gpu_budget: g.gpu_budget,
             },
-            Cell::Refine(_) => engine::Placement::default(),
+            Cell::Refine(_) | Cell::Envelope(_) | Cell::ReadReplay(_) => engine::Placement::default(),
         }
     }
 }
@@ -285,6 +317,8 @@ pub fn run(cell: &Cell) -> Result<Done> {
             };
             Ok(Done::Refine(refine::run(&spec)?))
         }
+        Cell::Envelope(e) => Ok(Done::Measure(crate::measure::Summary::Envelope(crate::measure::run_envelope(e)?))),
+        Cell::ReadReplay(r) => Ok(Done::Measure(crate::measure::Summary::ReadReplay(crate::measure::run_read_replay(r)?))),
     }
 }
 

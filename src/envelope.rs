@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
@@ -15,7 +15,7 @@ pub const ALIGN: usize = 4096;
 pub const BLOCK_SIZES: &[usize] = &[4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
 pub const DEPTHS: &[usize] = &[1, 2, 4, 8, 16, 32];
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Cell {
     pub block_bytes: usize,
     pub depth: usize,

@@ -14,6 +14,7 @@ pub mod generate;
 pub mod gguf;
 pub mod identity;
 pub mod inventory;
+pub mod measure;
 pub mod observe;
 pub mod oracle;
 pub mod plan;

@@ -117,13 +117,13 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
         fs::copy(e.path(), shipped.join("prompts").join(e.file_name())).unwrap();
     }
     fs::create_dir_all(t.path().join("models")).unwrap();
-    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml"] {
+    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml"] {
         fs::copy(root.join("campaigns").join(f), shipped.join(f)).unwrap();
         let r = run(&["campaign", "check", s(&shipped.join(f))]);
         assert_eq!(r.code, 1, "{f} with its models missing: {}{}", r.stdout, r.stderr);
         assert!(r.stderr.contains("cannot be read") || r.stderr.contains("models/"), "{f}: {}", r.stderr);
     }
-    for m in ["tiny", "pdf", "tau-q4_k_m", "tau-q8_0", "tau-f32"] {
+    for m in ["tiny", "pdf", "tau-q4_k_m", "tau-q8_0", "tau-f32", "bench"] {
         fs::write(t.path().join("models").join(format!("{m}.gguf")), b"GGUF").unwrap();
     }
     // Shipped campaigns pin this build: a changed patch series must be carried into them, or
@@ -132,7 +132,7 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     let pins: Vec<String> = std::iter::once(id["engine"]["tree_sha256"].as_str().unwrap().to_string())
         .chain(id["engine"]["patches"].as_array().unwrap().iter().map(|p| p["sha256"].as_str().unwrap().to_string()))
         .collect();
-    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml"] {
+    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml"] {
         ok(&["campaign", "check", s(&shipped.join(f))]);
         let text = fs::read_to_string(shipped.join(f)).unwrap();
         for pin in &pins {

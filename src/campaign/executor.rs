@@ -85,7 +85,83 @@ pub trait CellExecutor {
     fn preflight(&self, _cell: &CellSpec) -> Result<()> {
         Ok(())
     }
-    fn run(&self, cell: &CellSpec, staging: &Path, log: &Path) -> Result<CellOutcome>;
+    fn run(&self, cell: &CellSpec, inputs: &CellInputs, staging: &Path, log: &Path) -> Result<CellOutcome>;
+}
+
+/// What a cell may read of its block: the sealed, completed records of the cells that ran
+/// before it (a measurement cell reads them; a run reads nothing).
+#[derive(Debug, Clone, Default)]
+pub struct CellInputs {
+    pub block: Vec<BlockRecord>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BlockRecord {
+    pub arm: super::spec::Arm,
+    pub digest: String,
+    pub dir: PathBuf,
+}
+
+/// The typed cell of a measurement arm, its inputs resolved from the block; an input that
+/// is missing (its cell failed or was skipped) is an error that becomes the cell's outcome.
+pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: &Path) -> Result<Cell> {
+    use super::spec::Measure;
+    let id = &cell.arm.id.value;
+    match cell.arm.measure.as_ref().context("not a measurement arm")? {
+        Measure::Envelope(e) => Ok(Cell::Envelope(cell::EnvelopeCell {
+            model: model.to_path_buf(),
+            block_bytes: e.block_bytes,
+            depths: e.depths.clone(),
+            bytes_per_depth: e.bytes_per_depth,
+            record: record.to_path_buf(),
+        })),
+        Measure::ReadReplay(r) => {
+            let of = &r.of.value;
+            let source = inputs
+                .block
+                .iter()
+                .rev()
+                .find(|b| b.arm.id.value == *of)
+                .with_context(|| format!("arm `{id}`: no completed record of arm `{of}` earlier in block {}", cell.block))?;
+            let (depth, depth_from) = match r.depth {
+                Some(d) => (d, "fixed".to_string()),
+                None => {
+                    let env = inputs
+                        .block
+                        .iter()
+                        .rev()
+                        .find(|b| matches!(b.arm.measure, Some(Measure::Envelope(_))))
+                        .with_context(|| format!("arm `{id}`: no completed envelope record earlier in block {} to take the depth from", cell.block))?;
+                    let best = crate::record::load_envelope(&env.dir)?.best.with_context(|| format!("envelope record {} names no best depth", env.digest))?;
+                    (best.depth, format!("envelope {}", env.digest))
+                }
+            };
+            Ok(Cell::ReadReplay(cell::ReadReplayCell {
+                model: model.to_path_buf(),
+                of: source.dir.clone(),
+                of_arm: of.clone(),
+                of_record: source.digest.clone(),
+                plan: plan_options(&source.arm, FaultCell::None),
+                depth,
+                depth_from,
+                record: record.to_path_buf(),
+            }))
+        }
+    }
+}
+
+/// A Plan arm's settings as the run takes them.
+fn plan_options(arm: &super::spec::Arm, fault: FaultCell) -> PlanOptions {
+    PlanOptions {
+        slots: arm.slots.unwrap_or(0),
+        policy: arm.policy.as_ref().map(|v| v.to_string()).unwrap_or_default(),
+        source: arm.source.unwrap_or(SourceKind::F),
+        windows: arm.windows,
+        depth: arm.depth,
+        layer_buffers: arm.layer_buffers.unwrap_or(0),
+        fault,
+        timeline_token: arm.timeline_token,
+    }
 }
 
 /// The files one cell refers to.
@@ -101,17 +177,8 @@ pub struct CellPaths<'a> {
 /// runs. The cgroup/memory cap is the executor's business, not part of the cell.
 pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
     let arm = &cell.arm;
-    let plan = |fault: FaultCell| PlanOptions {
-        slots: arm.slots.unwrap_or(0),
-        policy: arm.policy.as_ref().map(|v| v.to_string()).unwrap_or_default(),
-        source: arm.source.unwrap_or(SourceKind::F),
-        windows: arm.windows,
-        depth: arm.depth,
-        layer_buffers: arm.layer_buffers.unwrap_or(0),
-        fault,
-        timeline_token: arm.timeline_token,
-    };
-    let exec = |n_ctx| ExecParams { n_ctx, n_batch: cell::BATCH, n_ubatch: cell::BATCH, threads: arm.threads as i32, flash_attn: false };
+    let plan = |fault: FaultCell| plan_options(arm, fault);
+    let exec = |n_ctx| ExecParams { n_ctx, n_batch: cell::BATCH, n_ubatch: cell::BATCH, threads: arm.threads.unwrap_or(1) as i32, flash_attn: false };
     match (&arm.refine, &cell.refine, p.refine) {
         (Some(ra), Some(models), Some((verifier, reference))) => Cell::Refine(RefineCell {
             // The campaign's model is the base; plan fields stream the verifier.
@@ -125,7 +192,7 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
             window: models.window,
             verify_all: ra.verify_all,
             exec: exec(cell::REFINE_CTX),
-            stream: (arm.experts == ExpertsMode::Plan).then(|| plan(FaultCell::None)),
+            stream: (arm.experts_mode() == ExpertsMode::Plan).then(|| plan(FaultCell::None)),
             reference_slots: cell::REFERENCE_SLOTS,
             record: p.record.to_path_buf(),
         }),
@@ -135,7 +202,7 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
             n_predict: cell.workload.outputs,
             exec: exec(cell::GENERATE_CTX),
             ignore_eos: cell.workload.ignore_eos,
-            experts: match arm.experts {
+            experts: match arm.experts_mode() {
                 ExpertsMode::Resident => Experts::Resident,
                 ExpertsMode::Host => Experts::Host,
                 ExpertsMode::Plan => Experts::Plan(plan(arm.fault.unwrap_or(FaultCell::None))),
@@ -187,23 +254,59 @@ impl CellExecutor for ProcessExecutor {
         Ok(())
     }
 
-    fn run(&self, cell: &CellSpec, staging: &Path, log: &Path) -> Result<CellOutcome> {
+    fn run(&self, cell: &CellSpec, inputs: &CellInputs, staging: &Path, log: &Path) -> Result<CellOutcome> {
         let model = self.base.join(&cell.model.path);
         let prompt = self.base.join(&cell.workload.prompt_file);
         let refine_paths = cell.refine.as_ref().map(|r| (self.base.join(&r.verifier.path), self.base.join(&r.reference.path)));
-        let worker = worker_cell(
-            cell,
-            &CellPaths { model: &model, prompt_file: &prompt, record: staging, refine: refine_paths.as_ref().map(|(v, r)| (v.as_path(), r.as_path())) },
-        );
-        let shown = worker_cell(
-            cell,
-            &CellPaths {
-                model: Path::new(&cell.model.path),
-                prompt_file: Path::new(&cell.workload.prompt_file),
-                record: Path::new("<record>"),
-                refine: cell.refine.as_ref().map(|r| (Path::new(&r.verifier.path), Path::new(&r.reference.path))),
-            },
-        );
+        let (worker, shown) = if cell.arm.measure.is_some() {
+            let t0 = Instant::now();
+            match measure_cell(cell, inputs, &model, staging) {
+                Ok(w) => {
+                    // Shown without this machine's paths: the campaign's model, records by digest.
+                    let digests: Vec<(PathBuf, String)> = inputs.block.iter().map(|b| (b.dir.clone(), b.digest.clone())).collect();
+                    let shown = w.map_paths(|p| {
+                        if p == model {
+                            PathBuf::from(&cell.model.path)
+                        } else if p == staging {
+                            PathBuf::from("<record>")
+                        } else {
+                            digests.iter().find(|(d, _)| d == p).map_or_else(|| p.to_path_buf(), |(_, g)| PathBuf::from(g))
+                        }
+                    });
+                    (w, shown)
+                }
+                Err(e) => {
+                    let line = format!("{e:#}").replace('\n', " ");
+                    let mut out = File::create(log).with_context(|| format!("{}: cannot create the cell log", log.display()))?;
+                    writeln!(out, "# cell {} (attempt log)\nerror: {line}", cell.key)?;
+                    return Ok(CellOutcome {
+                        status: CellStatus::Failed,
+                        exit_code: None,
+                        signal: None,
+                        error: Some(line),
+                        wall_s: t0.elapsed().as_secs_f64(),
+                        command: Vec::new(),
+                        worker: None,
+                        telemetry: Telemetry::default(),
+                    });
+                }
+            }
+        } else {
+            let worker = worker_cell(
+                cell,
+                &CellPaths { model: &model, prompt_file: &prompt, record: staging, refine: refine_paths.as_ref().map(|(v, r)| (v.as_path(), r.as_path())) },
+            );
+            let shown = worker_cell(
+                cell,
+                &CellPaths {
+                    model: Path::new(&cell.model.path),
+                    prompt_file: Path::new(&cell.workload.prompt_file),
+                    record: Path::new("<record>"),
+                    refine: cell.refine.as_ref().map(|r| (Path::new(&r.verifier.path), Path::new(&r.reference.path))),
+                },
+            );
+            (worker, shown)
+        };
         let mut out = File::create(log).with_context(|| format!("{}: cannot create the cell log", log.display()))?;
         writeln!(out, "# cell {} (attempt log); worker: {}", cell.key, serde_json::to_string(&worker)?)?;
         out.flush()?;

@@ -28,7 +28,7 @@ pub mod slurm;
 pub mod spec;
 
 pub use document::{read_cell, CellDocument, CELL_FILE};
-pub use executor::{worker_cell, CellExecutor, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry};
+pub use executor::{measure_cell, worker_cell, BlockRecord, CellExecutor, CellInputs, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry};
 pub use expand::{expand, CellSpec};
 pub use journal::{histories, CellHistory, CellState};
 pub use runner::{run, status, RunMode, RunOptions, RunSummary, StatusReport};

@@ -9,7 +9,7 @@
 //! the cell runs again. Cells that ran and failed are outcomes and are sealed, never rerun.
 
 use super::admission::{self, Operands};
-use super::executor::{CellExecutor, CellOutcome, CellStatus};
+use super::executor::{BlockRecord, CellExecutor, CellInputs, CellOutcome, CellStatus};
 use super::expand::{block_control, expand, CellSpec};
 use super::document::{read_cell, CampaignRef, CellDocument, FaultRef, OracleRef, Validity, CELL_FILE, CELL_FORMAT};
 use super::journal::{histories, CellHistory, CellState, Entry, Event, Journal};
@@ -109,7 +109,7 @@ pub(crate) fn check_identities(c: &Loaded) -> Result<()> {
 }
 
 /// Checks a completed record against the preregistered identities.
-fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome) -> Validity {
+fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome, measure: bool) -> Validity {
     let mut problems = Vec::new();
     if outcome.status == CellStatus::Completed {
         match record::load_typed(staging) {
@@ -121,9 +121,13 @@ fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome) -> Validity 
                 if rec.build().engine.tree_sha256 != spec.build.engine_tree_sha256.0 {
                     problems.push("engine tree digest differs from the preregistered one".into());
                 }
+                // A measurement reads the model and runs no workload.
+                if measure {
+                    return Validity { valid: problems.is_empty(), problems };
+                }
                 let refine = match &rec {
                     record::TypedRecord::Refine(r) => Some(r),
-                    record::TypedRecord::Generate(_) => None,
+                    _ => None,
                 };
                 if let Some(r) = &spec.refine {
                     for (what, m, had) in [
@@ -318,6 +322,22 @@ fn stop_reason(ctx: &Ctx, cell: &CellSpec) -> Option<String> {
     None
 }
 
+/// The completed records sealed earlier in the cell's block, in schedule order.
+fn block_inputs(ctx: &Ctx, cell: &CellSpec) -> CellInputs {
+    let block = ctx
+        .cells
+        .iter()
+        .filter(|c| c.block == cell.block && c.position < cell.position)
+        .filter_map(|c| match ctx.state(&c.key) {
+            CellState::Sealed { digest, status, .. } if status == "completed" => {
+                Some(BlockRecord { arm: c.arm.clone(), dir: ctx.results.join(&digest), digest })
+            }
+            _ => None,
+        })
+        .collect();
+    CellInputs { block }
+}
+
 fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(String, CellDocument)> {
     let attempt = ctx.hist.get(&cell.key).map_or(0, |h| h.attempts) + 1;
     let staging = ctx.dir.staging().join(format!("{}.a{attempt}", cell.key));
@@ -325,7 +345,7 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
     remove_staging(&staging)?;
     ctx.append(Event::CellStarted { cell: cell.key.clone(), index: cell.index, attempt, staging: ctx.rel(&staging) })?;
 
-    let outcome = exec.run(cell, &staging, &log)?;
+    let outcome = exec.run(cell, &block_inputs(ctx, cell), &staging, &log)?;
     let mut partial = staging.as_os_str().to_os_string();
     partial.push(".partial");
     let partial = PathBuf::from(partial);
@@ -343,9 +363,12 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
     fs::create_dir_all(&staging)?;
 
     let spec = &ctx.c.spec;
-    let validity = validity(spec, &staging, &outcome);
+    let measure = cell.arm.measure.is_some();
+    let validity = validity(spec, &staging, &outcome, measure);
     let oracle_record = if cell.is_oracle { None } else { ctx.oracle_record() };
     let (exact, differing) = match (&oracle_record, outcome.status) {
+        // A measurement computes nothing to compare.
+        _ if measure => (None, Vec::new()),
         (Some(d), CellStatus::Completed) => {
             let (e, diff) = crate::oracle::exactness(spec.oracle.relation, &ctx.results.join(d), &staging)?;
             (Some(e), diff)
@@ -357,7 +380,8 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
         &Operands {
             status: outcome.status,
             valid: validity.valid,
-            is_oracle: cell.is_oracle,
+            // A measurement cell is admitted on its outcome and validity alone.
+            is_oracle: cell.is_oracle || measure,
             exact,
             memory_cap_bytes: cell.arm.memory_cap_bytes,
             telemetry: &outcome.telemetry,
@@ -648,7 +672,7 @@ mod tests {
     }
 
     impl CellExecutor for Fake {
-        fn run(&self, cell: &CellSpec, staging: &Path, _log: &Path) -> Result<CellOutcome> {
+        fn run(&self, cell: &CellSpec, _inputs: &CellInputs, staging: &Path, _log: &Path) -> Result<CellOutcome> {
             let failed = self.fail_arm == Some(cell.arm.id.value.as_str());
             if !failed {
                 let part = staging.with_extension("tmp");

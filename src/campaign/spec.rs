@@ -198,7 +198,13 @@ pub use crate::source::fault::FaultCell;
 pub struct Arm {
     /// Referenced by the schedule, the oracle and the analysis: letters, digits, `_`, `-`.
     pub id: At<String>,
-    pub experts: ExpertsMode,
+    /// How a run arm holds its experts (every arm but a measurement arm names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertsMode>,
+    /// A measurement cell instead of a run: `envelope` or `read_replay` (then the arm names
+    /// nothing else but its id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measure: Option<Measure>,
     /// Expert slots per MoE layer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<u32>,
@@ -228,7 +234,56 @@ pub struct Arm {
     /// Hard host memory limit over the cell's whole process tree, bytes (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_cap_bytes: Option<u64>,
-    pub threads: u32,
+    /// Engine threads (every run arm names it; a measurement arm does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+}
+
+impl Arm {
+    /// How a run arm holds its experts (a measurement arm holds none: resident, unused).
+    pub fn experts_mode(&self) -> ExpertsMode {
+        self.experts.unwrap_or(ExpertsMode::Resident)
+    }
+}
+
+/// A measurement cell a campaign interleaves with its arms; each seals a record of its own
+/// format (`sovereign.envelope/1`, `sovereign.read_replay/1`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Measure {
+    /// The device's read ceiling: O_DIRECT io_uring reads of `block_bytes` from the model
+    /// file, `bytes_per_depth` at each of `depths` reads in flight, each depth over its own
+    /// region of the file. The record names the best depth and its MiB/s.
+    Envelope(EnvelopeMeasure),
+    /// A run's own reads with no compute: the routes of arm `of`'s record in the same block
+    /// go through the real Plan with that arm's settings (a dry source collects every read it
+    /// submits, which must equal that record's `q_run` reads and bytes), then the same
+    /// extents are read in order with io_uring O_DIRECT, one ubatch after the other, at
+    /// `depth` reads in flight. The record gives read seconds per decode token and for the
+    /// prefill.
+    ReadReplay(ReadReplayMeasure),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvelopeMeasure {
+    /// Bytes per read: a multiple of 4096 up to 64 MiB.
+    pub block_bytes: u64,
+    /// Reads in flight, 1 to 16 values of 1..=1024.
+    pub depths: Vec<u32>,
+    /// Bytes read at each depth.
+    pub bytes_per_depth: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadReplayMeasure {
+    /// The Plan arm whose reads are replayed; it runs earlier in every block with this cell.
+    pub of: At<String>,
+    /// Reads in flight (absent: the best depth of the block's envelope cell, which must run
+    /// earlier in the block).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
 }
 
 /// The order cells run in: `lead` cells once each (block 0), then the blocks.
@@ -307,6 +362,24 @@ pub struct Analysis {
     /// Paired ratio b/a over the blocks that contain both arms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pairs: Option<PairAnalysis>,
+    /// An arm's decode time per token against its floor, per block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<FloorAnalysis>,
+}
+
+/// Per block, the floor time per decode token is max(read time per decode token of the
+/// block's `replay` cell, decode time per token of the `compute` arm, resident: the block's
+/// cell, else the lead block's), and the ratio is `arm`'s decode time per token over it
+/// (1.10: within 10 %); the paired-log t interval of that ratio over the blocks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FloorAnalysis {
+    pub arm: At<String>,
+    /// A `read_replay` arm of `arm`.
+    pub replay: At<String>,
+    /// A resident arm: the compute floor.
+    pub compute: At<String>,
+    pub level: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -394,10 +467,23 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         if !ids.insert(a.id.value.clone()) {
             out.push(Diagnostic::at(&a.id, format!("arm `{}` is defined twice", a.id.value)));
         }
-        if let Err(e) = crate::bounds::range("threads", a.threads as u64, 1, crate::bounds::MAX_THREADS as u64, "the run refuses more than 4 x its cores") {
-            out.push(Diagnostic::at(&a.id, format!("arm `{}`: {e}", a.id.value)));
+        if a.measure.is_some() {
+            out.extend(validate_measure_arm(a));
+            continue;
         }
-        if a.experts == ExpertsMode::Plan {
+        let Some(experts) = a.experts else {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}` needs `experts` (resident, plan, host), or `measure` (envelope, read_replay)", a.id.value)));
+            continue;
+        };
+        match a.threads {
+            None => out.push(Diagnostic::at(&a.id, format!("arm `{}` needs `threads`", a.id.value))),
+            Some(t) => {
+                if let Err(e) = crate::bounds::range("threads", t as u64, 1, crate::bounds::MAX_THREADS as u64, "the run refuses more than 4 x its cores") {
+                    out.push(Diagnostic::at(&a.id, format!("arm `{}`: {e}", a.id.value)));
+                }
+            }
+        }
+        if experts == ExpertsMode::Plan {
             let p = crate::bounds::PlanParams {
                 slots: a.slots.unwrap_or(1),
                 windows: a.windows.unwrap_or(1),
@@ -420,7 +506,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         ];
         // Windows and depth may be left to the manifest; resident arms may not name them.
         let sized = [("windows", a.windows.is_some()), ("depth", a.depth.is_some())];
-        match a.experts {
+        match experts {
             ExpertsMode::Resident | ExpertsMode::Host => {
                 for (name, set) in plan_fields.iter().chain(&sized).chain(&[("fault", a.fault.is_some()), ("layer_buffers", a.layer_buffers.is_some()), ("timeline_token", a.timeline_token.is_some())]) {
                     if *set {
@@ -478,6 +564,12 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         }
     }
     known(&c.oracle.arm, "oracle.arm", &mut out);
+    if c.arms.iter().any(|a| a.id.value == c.oracle.arm.value && a.measure.is_some()) {
+        out.push(Diagnostic::at(&c.oracle.arm, format!("oracle.arm `{}` is a measurement arm; the oracle must be a run", c.oracle.arm.value)));
+    }
+    if out.is_empty() {
+        out.extend(validate_measure_schedule(c));
+    }
     if out.is_empty() {
         // The oracle is the reference: it must be the first cell that runs.
         let first = c.schedule.lead.first().map(|r| &r.value).or(match &c.schedule.blocks {
@@ -508,8 +600,103 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             out.push(Diagnostic::at(&p.a, format!("analysis.pairs.metric.file must be record.json or cell.json, not {:?}", p.metric.file)));
         }
     }
+    if let Some(f) = c.analysis.as_ref().and_then(|a| a.floor.as_ref()) {
+        for (r, what) in [(&f.arm, "analysis.floor.arm"), (&f.replay, "analysis.floor.replay"), (&f.compute, "analysis.floor.compute")] {
+            known(r, what, &mut out);
+        }
+        let arm = |r: &At<String>| c.arms.iter().find(|a| a.id.value == r.value);
+        if arm(&f.arm).is_some_and(|a| a.experts != Some(ExpertsMode::Plan)) {
+            out.push(Diagnostic::at(&f.arm, format!("analysis.floor.arm `{}` must be a Plan arm", f.arm.value)));
+        }
+        match arm(&f.replay).and_then(|a| a.measure.as_ref()) {
+            Some(Measure::ReadReplay(m)) if m.of.value == f.arm.value => {}
+            _ if arm(&f.replay).is_none() => {}
+            _ => out.push(Diagnostic::at(&f.replay, format!("analysis.floor.replay `{}` must be a read_replay arm of `{}`", f.replay.value, f.arm.value))),
+        }
+        if arm(&f.compute).is_some_and(|a| a.experts != Some(ExpertsMode::Resident)) {
+            out.push(Diagnostic::at(&f.compute, format!("analysis.floor.compute `{}` must be a resident arm", f.compute.value)));
+        }
+        if !(f.level > 0.0 && f.level < 1.0) {
+            out.push(Diagnostic::at(&f.arm, format!("analysis.floor.level must lie strictly between 0 and 1 (got {})", f.level)));
+        }
+    }
     if c.repetition.max_interrupted_attempts == 0 {
         out.push(Diagnostic { line: 0, column: 0, message: "repetition.max_interrupted_attempts must be at least 1".into() });
+    }
+    out
+}
+
+/// A measurement arm names its measurement and nothing of a run.
+fn validate_measure_arm(a: &Arm) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let id = &a.id.value;
+    let run_fields = [
+        ("experts", a.experts.is_some()),
+        ("slots", a.slots.is_some()),
+        ("policy", a.policy.is_some()),
+        ("source", a.source.is_some()),
+        ("windows", a.windows.is_some()),
+        ("depth", a.depth.is_some()),
+        ("layer_buffers", a.layer_buffers.is_some()),
+        ("fault", a.fault.is_some()),
+        ("refine", a.refine.is_some()),
+        ("memory_cap_bytes", a.memory_cap_bytes.is_some()),
+        ("threads", a.threads.is_some()),
+    ];
+    for (name, set) in run_fields {
+        if set {
+            out.push(Diagnostic::at(&a.id, format!("arm `{id}`: `{name}` does not apply to a `measure` arm")));
+        }
+    }
+    match &a.measure {
+        Some(Measure::Envelope(e)) => {
+            if let Err(err) = crate::measure::check_envelope(e.block_bytes, &e.depths, e.bytes_per_depth) {
+                out.push(Diagnostic::at(&a.id, format!("arm `{id}`: measure.{err}")));
+            }
+        }
+        Some(Measure::ReadReplay(r)) => {
+            if let Some(d) = r.depth {
+                if d == 0 || d > crate::measure::MAX_DEPTH {
+                    out.push(Diagnostic::at(&a.id, format!("arm `{id}`: measure.read_replay.depth {d}: expected 1..={}", crate::measure::MAX_DEPTH)));
+                }
+            }
+        }
+        None => {}
+    }
+    out
+}
+
+/// A read replay names a Plan arm (without a fault) that runs earlier in each of its blocks,
+/// and, without a fixed depth, an envelope cell earlier in each of its blocks.
+fn validate_measure_schedule(c: &Campaign) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let arm = |id: &str| c.arms.iter().find(|a| a.id.value == id);
+    let mut blocks = vec![c.schedule.lead.iter().map(|a| a.value.clone()).collect::<Vec<_>>()];
+    blocks.extend(super::expand::block_orders(&c.schedule.blocks));
+    for a in &c.arms {
+        let Some(Measure::ReadReplay(r)) = &a.measure else { continue };
+        let id = &a.id.value;
+        match arm(&r.of.value) {
+            None => {
+                out.push(Diagnostic::at(&r.of, format!("arm `{id}`: measure.read_replay.of names arm `{}`, which is not defined", r.of.value)));
+                continue;
+            }
+            Some(of) if of.experts != Some(ExpertsMode::Plan) || of.fault.is_some_and(|f| f != FaultCell::None) => {
+                out.push(Diagnostic::at(&r.of, format!("arm `{id}`: measure.read_replay.of `{}` must be a Plan arm without a fault", r.of.value)));
+                continue;
+            }
+            Some(_) => {}
+        }
+        for b in blocks.iter().filter(|b| b.contains(id)) {
+            let before = &b[..b.iter().position(|x| x == id).expect("contains")];
+            if !before.contains(&r.of.value) {
+                out.push(Diagnostic::at(&r.of, format!("arm `{id}` runs in a block ({}) where `{}` does not run before it", b.join(", "), r.of.value)));
+            }
+            let envelope = before.iter().any(|x| arm(x).is_some_and(|a| matches!(a.measure, Some(Measure::Envelope(_)))));
+            if r.depth.is_none() && !envelope {
+                out.push(Diagnostic::at(&a.id, format!("arm `{id}` takes its depth from the block's envelope cell, but block ({}) runs none before it; give measure.read_replay.depth", b.join(", "))));
+            }
+        }
     }
     out
 }
@@ -540,7 +727,7 @@ fn validate_refine(c: &Campaign) -> Vec<Diagnostic> {
                         if a.fault.is_some() {
                             out.push(Diagnostic::at(&a.id, format!("arm `{}`: fault cells do not apply to refinement", a.id.value)));
                         }
-                        if a.experts == ExpertsMode::Host {
+                        if a.experts == Some(ExpertsMode::Host) {
                             out.push(Diagnostic::at(&a.id, format!("arm `{}`: a refinement arm's verifier is `resident` or streamed (`plan`)", a.id.value)));
                         }
                         match (ra.mode, ra.tau, ra.verify_all) {

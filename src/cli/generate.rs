@@ -253,6 +253,8 @@ fn print_done(done: &Done, json: bool) -> Result<()> {
             Ok(())
         }
         Done::Refine(s) => super::refine::print_summary(s, json),
+        Done::Measure(sovereign::measure::Summary::Envelope(r)) => print_json(r),
+        Done::Measure(sovereign::measure::Summary::ReadReplay(r)) => print_json(r),
     }
 }
 
@@ -274,6 +276,7 @@ pub fn print_contained(rec: &TypedRecord, dir: &std::path::Path, json: bool) -> 
             TypedRecord::Generate(g) => {
                 v["digests"] = serde_json::to_value(g.surfaces.iter().map(|(k, s)| (k, &s.sha256)).collect::<std::collections::BTreeMap<_, _>>())?;
             }
+            TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => {}
         }
         return print_json(&v);
     }

@@ -180,7 +180,7 @@ pub fn refine(a: RefineArgs) -> Result<ExitCode> {
     }
     match cell::run(&cell)? {
         Done::Refine(s) => print_summary(&s, a.json)?,
-        Done::Generate(_) => unreachable!("a refine cell runs refine"),
+        Done::Generate(_) | Done::Measure(_) => unreachable!("a refine cell runs refine"),
     }
     Ok(ExitCode::SUCCESS)
 }

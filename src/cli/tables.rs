@@ -115,5 +115,19 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
     for f in &s.files {
         println!("wrote {}", f.display());
     }
+    println!("{}", export::ArmRow::header());
+    for r in &s.arms {
+        println!("{}", r.line());
+    }
+    let interval = |p: &stats::PairedRatio| match (p.lo, p.hi) {
+        (Some(lo), Some(hi)) => format!("{:.4}, {:.0}% paired-log t interval [{lo:.4}, {hi:.4}] (n = {})", p.ratio, p.level * 100.0, p.n),
+        _ => format!("{:.4} (n = {}: no interval)", p.ratio, p.n),
+    };
+    if let Some(p) = &s.summary {
+        println!("paired ratio: {}", interval(p));
+    }
+    if let Some(p) = &s.floor {
+        println!("ratio to floor: {}", interval(p));
+    }
     Ok(ExitCode::SUCCESS)
 }

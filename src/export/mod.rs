@@ -31,7 +31,7 @@ use crate::campaign::expand::block_control;
 use crate::campaign::{expand, frozen, journal::Journal, CampaignDir, CellSpec, CellStatus};
 use crate::oracle::fault::Verdict;
 use crate::claims::{Assertion, Check, Claim, Ledger, PairedExpect, Replay, LEDGER_FORMAT};
-use crate::record::{verify_record, GenerateRecord, RefineRecord, TypedRecord, RECORD_FILE};
+use crate::record::{verify_record, EnvelopeRecord, GenerateRecord, ReadReplayRecord, RefineRecord, TypedRecord, RECORD_FILE};
 use crate::stats::{paired_ratio, PairedRatio};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -47,7 +47,124 @@ pub struct ExportSummary {
     pub sealed: usize,
     pub pairs: usize,
     pub summary: Option<PairedRatio>,
+    /// `analysis.floor`: the arm's decode time per token over its floor, per block.
+    pub floor: Option<PairedRatio>,
+    /// One row per arm: the bench table.
+    pub arms: Vec<ArmRow>,
     pub files: Vec<PathBuf>,
+}
+
+/// One arm of the bench table (`arms.csv`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmRow {
+    pub arm: String,
+    /// `generate`, `refine`, `envelope` or `read_replay`.
+    pub kind: String,
+    pub cells: usize,
+    pub completed: usize,
+    /// Mean over completed cells: decode tokens per second of a run; of a read replay, decode
+    /// tokens per second its reads alone allow (1 / read seconds per decode token).
+    pub decode_tokens_per_s: Option<f64>,
+    /// Completed cells admitted, and cells whose admission was evaluated.
+    pub admitted: usize,
+    pub admission_evaluated: usize,
+    /// Completed cells exact against the oracle, and cells compared (none for the oracle and
+    /// measurements).
+    pub exact: usize,
+    pub compared: usize,
+    /// Envelope: the best depth's MiB/s (mean over cells).
+    pub read_mib_per_s: Option<f64>,
+}
+
+impl ArmRow {
+    pub fn header() -> String {
+        format!("{:<12} {:<12} {:>6} {:>14} {:>10} {:>8} {:>10}", "arm", "kind", "cells", "decode tok/s", "admitted", "exact", "MiB/s")
+    }
+    pub fn line(&self) -> String {
+        let frac = |k: usize, n: usize| if n == 0 { "-".to_string() } else { format!("{k}/{n}") };
+        format!(
+            "{:<12} {:<12} {:>6} {:>14} {:>10} {:>8} {:>10}",
+            self.arm,
+            self.kind,
+            format!("{}/{}", self.completed, self.cells),
+            self.decode_tokens_per_s.map_or("-".to_string(), |v| format!("{v:.3}")),
+            frac(self.admitted, self.admission_evaluated),
+            frac(self.exact, self.compared),
+            self.read_mib_per_s.map_or("-".to_string(), |v| format!("{v:.1}")),
+        )
+    }
+}
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// The bench table: per arm, over its sealed cells.
+fn arm_rows(spec: &Campaign, cells: &[CellSpec], sealed: &BTreeMap<String, Sealed>) -> Vec<ArmRow> {
+    spec.arms
+        .iter()
+        .map(|a| {
+            let mine: Vec<&Sealed> = cells.iter().filter(|c| c.arm.id.value == a.id.value).filter_map(|c| sealed.get(&c.key)).collect();
+            let done: Vec<&&Sealed> = mine.iter().filter(|x| x.completed()).collect();
+            let kind = match (&a.measure, &a.refine) {
+                (Some(m), _) => measure_name(m),
+                (None, Some(_)) => "refine",
+                (None, None) => "generate",
+            };
+            let tps: Vec<f64> = done
+                .iter()
+                .filter_map(|x| x.decode_s_per_token().or_else(|| x.read_replay().and_then(ReadReplayRecord::decode_s_per_token)))
+                .filter(|&t| t > 0.0)
+                .map(|t| 1.0 / t)
+                .collect();
+            let mib: Vec<f64> = done.iter().filter_map(|x| x.envelope().and_then(|e| e.best.as_ref()).map(|b| b.mib_per_s)).collect();
+            ArmRow {
+                arm: a.id.value.clone(),
+                kind: kind.to_string(),
+                cells: cells.iter().filter(|c| c.arm.id.value == a.id.value).count(),
+                completed: done.len(),
+                decode_tokens_per_s: mean(&tps),
+                admitted: mine.iter().filter(|x| x.doc.admission.passed == Some(true)).count(),
+                admission_evaluated: mine.iter().filter(|x| x.doc.admission.passed.is_some()).count(),
+                exact: mine.iter().filter(|x| x.doc.oracle.exact == Some(true)).count(),
+                compared: mine.iter().filter(|x| x.doc.oracle.exact.is_some()).count(),
+                read_mib_per_s: mean(&mib),
+            }
+        })
+        .collect()
+}
+
+/// One block of `analysis.floor`.
+struct FloorRow<'a> {
+    block: usize,
+    order: String,
+    arm: (&'a CellSpec, &'a Sealed, f64),
+    replay: (&'a CellSpec, &'a Sealed, f64),
+    compute: (&'a CellSpec, &'a Sealed, f64),
+}
+
+impl FloorRow<'_> {
+    fn floor(&self) -> f64 {
+        self.replay.2.max(self.compute.2)
+    }
+}
+
+/// Per block holding the arm's and the replay's completed cells: the floor and the ratio.
+fn floor_rows<'a>(f: &crate::campaign::spec::FloorAnalysis, cells: &'a [CellSpec], sealed: &'a BTreeMap<String, Sealed>) -> Vec<FloorRow<'a>> {
+    let find = |block: usize, arm: &str| {
+        cells.iter().find(|c| c.block == block && c.arm.id.value == arm).and_then(|c| sealed.get(&c.key).filter(|x| x.completed()).map(|x| (c, x)))
+    };
+    let blocks: std::collections::BTreeSet<usize> = cells.iter().map(|c| c.block).collect();
+    let mut rows = Vec::new();
+    for b in blocks {
+        let (Some((ca, xa)), Some((cr, xr))) = (find(b, &f.arm), find(b, &f.replay)) else { continue };
+        let Some((cc, xc)) = find(b, &f.compute).or_else(|| find(0, &f.compute)) else { continue };
+        let (Some(a), Some(r), Some(c)) = (xa.decode_s_per_token(), xr.read_replay().and_then(ReadReplayRecord::decode_s_per_token), xc.decode_s_per_token()) else {
+            continue;
+        };
+        rows.push(FloorRow { block: b, order: ca.order.clone(), arm: (ca, xa, a), replay: (cr, xr, r), compute: (cc, xc, c) });
+    }
+    rows
 }
 
 /// One sealed cell, loaded and verified.
@@ -75,6 +192,32 @@ impl Sealed {
             Some(TypedRecord::Refine(r)) => Some(r),
             _ => None,
         }
+    }
+
+    fn read_replay(&self) -> Option<&ReadReplayRecord> {
+        match &self.record {
+            Some(TypedRecord::ReadReplay(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    fn envelope(&self) -> Option<&EnvelopeRecord> {
+        match &self.record {
+            Some(TypedRecord::Envelope(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    fn completed(&self) -> bool {
+        self.doc.outcome.status == CellStatus::Completed
+    }
+
+    /// A completed generate run's decode seconds per decode token (the first output comes
+    /// from the prefill's logits).
+    fn decode_s_per_token(&self) -> Option<f64> {
+        let g = self.generate().filter(|_| self.completed())?;
+        let steps = g.counts.as_ref()?.generated_tokens.checked_sub(1).filter(|&n| n > 0)?;
+        Some(g.timing.as_ref()?.decode_s / steps as f64)
     }
 }
 
@@ -140,6 +283,13 @@ const CELL_COLUMNS: &[&str] = &[
     "error",
     "fault_validated",
     "fault_failed_checks",
+    "measure",
+    "decode_s_per_token",
+    "read_s_per_decode_token",
+    "read_s_prefill",
+    "replay_depth",
+    "envelope_best_depth",
+    "envelope_best_mib_per_s",
 ];
 
 fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Option<&Sealed>, record_bytes: Option<u64>) -> Vec<String> {
@@ -150,6 +300,8 @@ fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Op
     let refine = sealed.and_then(Sealed::refine);
     let timing = generate.and_then(|r| r.timing.as_ref());
     let q_run = generate.and_then(|r| r.plan()).map(|p| &p.telemetry.q_run);
+    let replay = sealed.and_then(Sealed::read_replay);
+    let envelope = sealed.and_then(Sealed::envelope);
     let t = doc.map(|d| &d.outcome.telemetry);
     vec![
         c.id.value.clone(),
@@ -160,14 +312,14 @@ fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Op
         cell.block.to_string(),
         cell.position.to_string(),
         cell.order.clone(),
-        format!("{:?}", a.experts).to_lowercase(),
+        opt(a.experts.map(|e| format!("{e:?}").to_lowercase())),
         opt(a.source.map(|v| format!("{v:?}").to_lowercase())),
         opt(a.policy.as_ref()),
         opt(a.slots),
         opt(a.windows),
         opt(a.depth),
         opt(a.fault.map(|f| f.name())),
-        a.threads.to_string(),
+        opt(a.threads),
         opt(a.memory_cap_bytes),
         state.to_string(),
         opt(sealed.map(|x| &x.digest)),
@@ -201,7 +353,21 @@ fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Op
         opt(doc.and_then(|d| d.outcome.error.clone())),
         opt(doc.and_then(|d| d.fault.as_ref()).map(|f| f.validation.passed)),
         opt(doc.and_then(|d| d.fault.as_ref()).map(|f| f.validation.failed.join(";"))),
+        opt(a.measure.as_ref().map(measure_name)),
+        opt(sealed.and_then(Sealed::decode_s_per_token)),
+        opt(replay.and_then(|r| r.decode_s_per_token())),
+        opt(replay.and_then(|r| r.prefill.as_ref()).map(|p| p.seconds)),
+        opt(replay.and_then(|r| r.params.as_ref()).map(|p| p.depth)),
+        opt(envelope.and_then(|e| e.best.as_ref()).map(|b| b.depth)),
+        opt(envelope.and_then(|e| e.best.as_ref()).map(|b| b.mib_per_s)),
     ]
+}
+
+fn measure_name(m: &crate::campaign::spec::Measure) -> &'static str {
+    match m {
+        crate::campaign::spec::Measure::Envelope(_) => "envelope",
+        crate::campaign::spec::Measure::ReadReplay(_) => "read_replay",
+    }
 }
 
 fn number(x: &Sealed, file: &str, pointer: &str) -> Option<f64> {
@@ -338,6 +504,85 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
         }
     }
 
+    let mut floor = None;
+    if let Some(f) = spec.analysis.as_ref().and_then(|a| a.floor.as_ref()) {
+        let rows = floor_rows(f, &cells, &sealed);
+        let path = out.join("floor.csv");
+        let mut w = csv::Writer::from_path(&path)?;
+        w.write_record([
+            "block", "order", "arm_cell", "replay_cell", "compute_cell", "arm_record", "replay_record", "compute_record", "arm_s_per_token",
+            "read_s_per_token", "compute_s_per_token", "floor_s_per_token", "bound", "ratio_to_floor", "replay_depth",
+        ])?;
+        for r in &rows {
+            w.write_record([
+                r.block.to_string(),
+                r.order.clone(),
+                r.arm.0.key.clone(),
+                r.replay.0.key.clone(),
+                r.compute.0.key.clone(),
+                r.arm.1.digest.clone(),
+                r.replay.1.digest.clone(),
+                r.compute.1.digest.clone(),
+                r.arm.2.to_string(),
+                r.replay.2.to_string(),
+                r.compute.2.to_string(),
+                r.floor().to_string(),
+                if r.replay.2 >= r.compute.2 { "read" } else { "compute" }.to_string(),
+                (r.arm.2 / r.floor()).to_string(),
+                opt(r.replay.1.read_replay().and_then(|x| x.params.as_ref()).map(|p| p.depth)),
+            ])?;
+        }
+        w.flush()?;
+        files.push(path);
+        if !rows.is_empty() {
+            let labels: Vec<String> = rows.iter().map(|r| format!("block {} ({})", r.block, r.order)).collect();
+            let a: Vec<f64> = rows.iter().map(FloorRow::floor).collect();
+            let b: Vec<f64> = rows.iter().map(|r| r.arm.2).collect();
+            let pr = paired_ratio(&labels, &a, &b, f.level)?;
+            let path = out.join("floor_summary.csv");
+            let mut w = csv::Writer::from_path(&path)?;
+            w.write_record(["arm", "replay", "compute", "n", "df", "level", "ratio_to_floor", "lo", "hi", "mean_log", "sd_log", "t"])?;
+            w.write_record([
+                f.arm.value.clone(),
+                f.replay.value.clone(),
+                f.compute.value.clone(),
+                pr.n.to_string(),
+                pr.df.to_string(),
+                pr.level.to_string(),
+                pr.ratio.to_string(),
+                opt(pr.lo),
+                opt(pr.hi),
+                pr.mean_log.to_string(),
+                opt(pr.sd_log),
+                opt(pr.t),
+            ])?;
+            w.flush()?;
+            files.push(path);
+            floor = Some(pr);
+        }
+    }
+
+    let arms = arm_rows(&spec, &cells, &sealed);
+    let path = out.join("arms.csv");
+    let mut w = csv::Writer::from_path(&path)?;
+    w.write_record(["arm", "kind", "cells", "completed", "decode_tokens_per_s", "admitted", "admission_evaluated", "exact", "compared", "read_mib_per_s"])?;
+    for r in &arms {
+        w.write_record([
+            r.arm.clone(),
+            r.kind.clone(),
+            r.cells.to_string(),
+            r.completed.to_string(),
+            opt(r.decode_tokens_per_s),
+            r.admitted.to_string(),
+            r.admission_evaluated.to_string(),
+            r.exact.to_string(),
+            r.compared.to_string(),
+            opt(r.read_mib_per_s),
+        ])?;
+    }
+    w.flush()?;
+    files.push(path);
+
     if spec.refine.is_some() {
         let title = format!("{}: quality versus verification bytes", spec.id.value);
         files.extend(refine::write(out, &title, &cells, &sealed)?);
@@ -358,7 +603,7 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     std::fs::write(&lpath, serde_json::to_string_pretty(&ledger)? + "\n")?;
     files.push(lpath);
 
-    Ok(ExportSummary { campaign: id.to_string(), cells: cells.len(), sealed: sealed.len(), pairs: pair_rows.len(), summary, files })
+    Ok(ExportSummary { campaign: id.to_string(), cells: cells.len(), sealed: sealed.len(), pairs: pair_rows.len(), summary, floor, arms, files })
 }
 
 fn draft_ledger(
@@ -373,8 +618,11 @@ fn draft_ledger(
     let records: BTreeMap<String, String> = sealed.iter().map(|(k, v)| (k.clone(), v.digest.clone())).collect();
     let mut assertions = Vec::new();
     let mut replay = Vec::new();
-    let completed: Vec<&CellSpec> =
-        cells.iter().filter(|c| sealed.get(&c.key).is_some_and(|x| x.doc.outcome.status == CellStatus::Completed)).collect();
+    // Measurement cells run no workload: their records are named, not asserted as runs.
+    let completed: Vec<&CellSpec> = cells
+        .iter()
+        .filter(|c| c.arm.measure.is_none() && sealed.get(&c.key).is_some_and(|x| x.doc.outcome.status == CellStatus::Completed))
+        .collect();
     for c in &completed {
         let x = &sealed[&c.key];
         assertions.push(Assertion {

@@ -12,6 +12,7 @@ use crate::source::{check_request, Completion, ReadRequest, Source, SourceError,
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 /// Route ids per event beyond this are refused as hostile (top-k of any real router is far less).
 const MAX_K: usize = 4096;
@@ -71,21 +72,40 @@ pub fn n_passes(n_ids: usize, n_experts: u32, n_per_pass: u32) -> u32 {
 /// A source whose reads complete at once and move no bytes; requests are still checked
 /// against the window geometry.
 struct DrySource {
+    windows: u32,
     window: Vec<u8>,
     window_size: u64,
     queue: VecDeque<Completion>,
     stats: SourceStats,
+    /// Every request submitted, in order, where the caller asked for them.
+    log: Option<Arc<Mutex<Vec<ReadRequest>>>>,
+}
+
+impl DrySource {
+    fn new(manifest: &Manifest, windows: u32, log: Option<Arc<Mutex<Vec<ReadRequest>>>>) -> DrySource {
+        DrySource {
+            windows,
+            window: vec![0; manifest.window_size as usize],
+            window_size: manifest.window_size,
+            queue: VecDeque::new(),
+            stats: SourceStats::default(),
+            log,
+        }
+    }
 }
 
 impl Source for DrySource {
     fn n_windows(&self) -> u32 {
-        WINDOWS
+        self.windows
     }
     fn window_size(&self) -> u64 {
         self.window_size
     }
     fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError> {
-        let cov = check_request(&req, WINDOWS, self.window_size)?;
+        let cov = check_request(&req, self.windows, self.window_size)?;
+        if let Some(log) = &self.log {
+            log.lock().expect("the read log is never poisoned").push(req);
+        }
         self.stats.submissions += 1;
         self.stats.record_read(cov.len, &cov, req.len);
         self.queue.push_back(Completion::of(&req, Ok(req.len)));
@@ -119,16 +139,40 @@ impl SlotWriter for Discard {
 
 /// Replays `events` through a Plan over `manifest` with `policy`; returns its telemetry.
 pub fn replay(manifest: Manifest, policy: &PolicySpec, events: &[LayerEvent]) -> Result<Telemetry> {
+    replay_with(manifest, policy, events, WINDOWS, None).map(|(t, _)| t)
+}
+
+/// The reads the Plan submits for `events`, in submission order: what a run with these
+/// settings (`windows` staging windows) asks of its source, without compute or I/O.
+pub struct ReadTrace {
+    pub telemetry: Telemetry,
+    pub requests: Vec<ReadRequest>,
+    /// `requests[starts[n]..starts[n + 1]]` were submitted while serving event n (prefetches
+    /// for the next layer included); one more entry than events.
+    pub starts: Vec<usize>,
+}
+
+pub fn reads(manifest: Manifest, policy: &PolicySpec, events: &[LayerEvent], windows: u32) -> Result<ReadTrace> {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (telemetry, starts) = replay_with(manifest, policy, events, windows, Some(log.clone()))?;
+    let requests = std::mem::take(&mut *log.lock().expect("the read log is never poisoned"));
+    Ok(ReadTrace { telemetry, requests, starts })
+}
+
+fn replay_with(
+    manifest: Manifest,
+    policy: &PolicySpec,
+    events: &[LayerEvent],
+    windows: u32,
+    log: Option<Arc<Mutex<Vec<ReadRequest>>>>,
+) -> Result<(Telemetry, Vec<usize>)> {
+    let logged = |log: &Option<Arc<Mutex<Vec<ReadRequest>>>>| log.as_ref().map_or(0, |l| l.lock().expect("the read log is never poisoned").len());
+    let mut starts = Vec::with_capacity(events.len() + 1);
     let n_per_pass = manifest.layers.iter().map(LayerPlan::capacity).min().unwrap_or(1).max(1);
     let experts: HashMap<u32, u32> = manifest.layers.iter().map(|l| (l.layer, l.n_experts)).collect();
     let binds: Vec<(u32, super::Role, u64, u32)> =
         manifest.layers.iter().flat_map(|l| l.roles.iter().map(move |&(r, b)| (l.layer, r, b, l.n_slots))).collect();
-    let source = DrySource {
-        window: vec![0; manifest.window_size as usize],
-        window_size: manifest.window_size,
-        queue: VecDeque::new(),
-        stats: SourceStats::default(),
-    };
+    let source = DrySource::new(&manifest, windows, log.clone());
     let mut plan = Plan::for_engine(manifest, policy, Box::new(source)).map_err(|e| anyhow!("{e}"))?;
     for (layer, role, bytes, n_slots) in binds {
         plan.bind(layer, role, bytes, n_slots, Box::new(Discard)).map_err(|e| anyhow!("{e}"))?;
@@ -139,6 +183,7 @@ pub fn replay(manifest: Manifest, policy: &PolicySpec, events: &[LayerEvent]) ->
         let Some(&n_experts) = experts.get(&ev.layer) else {
             bail!("layer event {n}: layer {} is not a MoE layer of the model", ev.layer);
         };
+        starts.push(logged(&log));
         slots.resize(ev.ids.len(), -1);
         for pass in 0..n_passes(ev.ids.len(), n_experts, n_per_pass) {
             plan.acquire(ev.layer, pass, &ev.ids, &mut slots).map_err(at)?;
@@ -151,7 +196,8 @@ pub fn replay(manifest: Manifest, policy: &PolicySpec, events: &[LayerEvent]) ->
     if !closure.is_clean() {
         bail!("the replayed Plan did not close clean: {closure:?}");
     }
-    Ok(plan.telemetry())
+    starts.push(logged(&log));
+    Ok((plan.telemetry(), starts))
 }
 
 /// Belady's MIN for one layer: the fewest loads that serve `requests` in order, each wholly

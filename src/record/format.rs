@@ -23,6 +23,10 @@ use std::path::Path;
 pub const GENERATE_FORMAT: &str = "sovereign.generate/1";
 /// The format of a `refine` record.
 pub const REFINE_FORMAT: &str = "sovereign.refine/1";
+/// The format of an `envelope` measurement cell's record.
+pub const ENVELOPE_FORMAT: &str = "sovereign.envelope/1";
+/// The format of a `read_replay` measurement cell's record.
+pub const READ_REPLAY_FORMAT: &str = "sovereign.read_replay/1";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -393,6 +397,110 @@ pub struct RefineRecord {
     pub cache_protocol: Option<String>,
 }
 
+/// What an envelope cell measured: O_DIRECT io_uring reads of one block size at each depth.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnvelopeParams {
+    pub block_bytes: u64,
+    pub depths: Vec<u32>,
+    pub bytes_per_depth: u64,
+}
+
+/// The best depth of an envelope cell: the device's read ceiling at that block size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnvelopeBest {
+    pub depth: u32,
+    pub mib_per_s: f64,
+}
+
+/// `record.json` of an `envelope` cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnvelopeRecord {
+    pub format: String,
+    pub outcome: Outcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelIdentity>,
+    pub build: BuildIdentity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<EnvelopeParams>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cells: Vec<crate::envelope::Cell>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<EnvelopeBest>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub surfaces: BTreeMap<String, Surface>,
+}
+
+/// What a read replay replayed: whose reads, through which Plan settings, at which depth.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadReplayParams {
+    /// The arm whose record's routes were replayed, and that record's digest (its directory
+    /// name when run outside a campaign).
+    pub of_arm: String,
+    pub of_record: String,
+    /// The Plan settings the reads were derived with (the arm's own).
+    pub plan: PlanOptions,
+    /// Reads in flight during the replay.
+    pub depth: u32,
+    /// `fixed`, or `envelope <digest>`: the record whose best depth this is.
+    pub depth_from: String,
+}
+
+/// Reads of one phase (prefill ubatches or decode tokens), replayed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayPhase {
+    /// Ubatches of the phase (decode: one per decode token).
+    pub steps: u64,
+    pub reads: u64,
+    pub logical_bytes: u64,
+    /// Covering aligned bytes actually read.
+    pub physical_bytes: u64,
+    pub seconds: f64,
+    /// `seconds / steps`.
+    pub seconds_per_step: f64,
+    /// Each step's read time.
+    pub per_step_s: Vec<f64>,
+}
+
+/// The replayed sequence against the run's own Plan telemetry (`q_run`): equal reads,
+/// logical and physical bytes, or the replay failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayCheck {
+    pub replayed: crate::plan::Traffic,
+    pub run: crate::plan::Traffic,
+    pub equal: bool,
+}
+
+/// `record.json` of a `read_replay` cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadReplayRecord {
+    pub format: String,
+    pub outcome: Outcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelIdentity>,
+    pub build: BuildIdentity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<ReadReplayParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<ReplayCheck>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<ReplayPhase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<ReplayPhase>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub surfaces: BTreeMap<String, Surface>,
+}
+
+impl ReadReplayRecord {
+    /// Read seconds per decode token (None where the replay did not complete).
+    pub fn decode_s_per_token(&self) -> Option<f64> {
+        self.decode.as_ref().filter(|_| self.outcome == Outcome::Completed).map(|d| d.seconds_per_step)
+    }
+}
+
 /// A field that is present (null or not) deserializes to `Some`: absent and null differ.
 fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
     T::deserialize(d).map(Some)
@@ -429,6 +537,8 @@ impl RefineRecord {
 pub enum TypedRecord {
     Generate(Box<GenerateRecord>),
     Refine(Box<RefineRecord>),
+    Envelope(Box<EnvelopeRecord>),
+    ReadReplay(Box<ReadReplayRecord>),
 }
 
 /// The parts both formats share, for readers that take either.
@@ -437,6 +547,8 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(_) => GENERATE_FORMAT,
             TypedRecord::Refine(_) => REFINE_FORMAT,
+            TypedRecord::Envelope(_) => ENVELOPE_FORMAT,
+            TypedRecord::ReadReplay(_) => READ_REPLAY_FORMAT,
         }
     }
 
@@ -444,6 +556,8 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.outcome,
             TypedRecord::Refine(r) => r.outcome,
+            TypedRecord::Envelope(r) => r.outcome,
+            TypedRecord::ReadReplay(r) => r.outcome,
         }
     }
 
@@ -451,6 +565,8 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.model.as_ref(),
             TypedRecord::Refine(r) => r.model.as_ref(),
+            TypedRecord::Envelope(r) => r.model.as_ref(),
+            TypedRecord::ReadReplay(r) => r.model.as_ref(),
         }
     }
 
@@ -462,6 +578,8 @@ impl TypedRecord {
                 .into_iter()
                 .filter_map(|(k, m)| m.map(|m| (k, m)))
                 .collect(),
+            TypedRecord::Envelope(r) => r.model.iter().map(|m| ("model", m)).collect(),
+            TypedRecord::ReadReplay(r) => r.model.iter().map(|m| ("model", m)).collect(),
         }
     }
 
@@ -469,6 +587,8 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => &r.build,
             TypedRecord::Refine(r) => &r.build,
+            TypedRecord::Envelope(r) => &r.build,
+            TypedRecord::ReadReplay(r) => &r.build,
         }
     }
 
@@ -476,6 +596,8 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => &r.surfaces,
             TypedRecord::Refine(r) => &r.surfaces,
+            TypedRecord::Envelope(r) => &r.surfaces,
+            TypedRecord::ReadReplay(r) => &r.surfaces,
         }
     }
 
@@ -483,6 +605,7 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.resources.as_ref(),
             TypedRecord::Refine(r) => r.resources.as_ref(),
+            TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => None,
         }
     }
 
@@ -491,6 +614,7 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.counts.as_ref().map(|c| c.prompt_tokens),
             TypedRecord::Refine(r) => r.counts.as_ref().and_then(|c| c.prompt_tokens),
+            TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => None,
         }
     }
 
@@ -498,6 +622,7 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.counts.as_ref().map(|c| c.generated_tokens),
             TypedRecord::Refine(r) => r.counts.as_ref().map(|c| c.generated_tokens),
+            TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => None,
         }
     }
 }
@@ -541,6 +666,29 @@ impl TypedRecord {
                 resources: None,
                 cache_protocol: None,
             })),
+            ENVELOPE_FORMAT => TypedRecord::Envelope(Box::new(EnvelopeRecord {
+                format: ENVELOPE_FORMAT.into(),
+                outcome: Outcome::Failed,
+                error: Some(error),
+                model: None,
+                build,
+                params: None,
+                cells: Vec::new(),
+                best: None,
+                surfaces: BTreeMap::new(),
+            })),
+            READ_REPLAY_FORMAT => TypedRecord::ReadReplay(Box::new(ReadReplayRecord {
+                format: READ_REPLAY_FORMAT.into(),
+                outcome: Outcome::Failed,
+                error: Some(error),
+                model: None,
+                build,
+                params: None,
+                check: None,
+                prefill: None,
+                decode: None,
+                surfaces: BTreeMap::new(),
+            })),
             other => bail!("unknown record format {other:?}"),
         })
     }
@@ -549,6 +697,8 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.error.as_deref(),
             TypedRecord::Refine(r) => r.error.as_deref(),
+            TypedRecord::Envelope(r) => r.error.as_deref(),
+            TypedRecord::ReadReplay(r) => r.error.as_deref(),
         }
     }
 
@@ -557,6 +707,8 @@ impl TypedRecord {
         let (r, c) = match self {
             TypedRecord::Generate(g) => (&mut g.resources, &mut g.cache_protocol),
             TypedRecord::Refine(g) => (&mut g.resources, &mut g.cache_protocol),
+            // Measurement cells never run contained (their arms take no memory cap).
+            TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => return,
         };
         *r = Some(resources);
         *c = Some(cache_protocol.to_string());
@@ -568,6 +720,8 @@ impl Serialize for TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.serialize(s),
             TypedRecord::Refine(r) => r.serialize(s),
+            TypedRecord::Envelope(r) => r.serialize(s),
+            TypedRecord::ReadReplay(r) => r.serialize(s),
         }
     }
 }
@@ -592,7 +746,12 @@ pub fn parse(path: &Path, text: &str) -> Result<TypedRecord> {
     Ok(match format.as_str() {
         Some(GENERATE_FORMAT) => TypedRecord::Generate(Box::new(serde_json::from_str(text).map_err(field)?)),
         Some(REFINE_FORMAT) => TypedRecord::Refine(Box::new(serde_json::from_str(text).map_err(field)?)),
-        _ => bail!("{}: unknown record format {format} (known: {GENERATE_FORMAT}, {REFINE_FORMAT})", path.display()),
+        Some(ENVELOPE_FORMAT) => TypedRecord::Envelope(Box::new(serde_json::from_str(text).map_err(field)?)),
+        Some(READ_REPLAY_FORMAT) => TypedRecord::ReadReplay(Box::new(serde_json::from_str(text).map_err(field)?)),
+        _ => bail!(
+            "{}: unknown record format {format} (known: {GENERATE_FORMAT}, {REFINE_FORMAT}, {ENVELOPE_FORMAT}, {READ_REPLAY_FORMAT})",
+            path.display()
+        ),
     })
 }
 
@@ -620,6 +779,22 @@ pub fn load_generate(dir: &Path) -> Result<GenerateRecord> {
     match load_typed(dir)? {
         TypedRecord::Generate(r) => Ok(*r),
         other => bail!("{}: not a generate record (format \"{}\")", dir.display(), other.format()),
+    }
+}
+
+/// An `envelope` record; a record of another format is refused, naming it.
+pub fn load_envelope(dir: &Path) -> Result<EnvelopeRecord> {
+    match load_typed(dir)? {
+        TypedRecord::Envelope(r) => Ok(*r),
+        other => bail!("{}: not an envelope record (format \"{}\")", dir.display(), other.format()),
+    }
+}
+
+/// A `read_replay` record; a record of another format is refused, naming it.
+pub fn load_read_replay(dir: &Path) -> Result<ReadReplayRecord> {
+    match load_typed(dir)? {
+        TypedRecord::ReadReplay(r) => Ok(*r),
+        other => bail!("{}: not a read_replay record (format \"{}\")", dir.display(), other.format()),
     }
 }
 

@@ -11,7 +11,10 @@
 pub mod format;
 mod seal;
 
-pub use format::{load_generate, load_refine, load_typed, GenerateRecord, RefineRecord, TypedRecord, GENERATE_FORMAT, REFINE_FORMAT};
+pub use format::{
+    load_envelope, load_generate, load_read_replay, load_refine, load_typed, EnvelopeRecord, GenerateRecord, ReadReplayRecord, RefineRecord, TypedRecord,
+    ENVELOPE_FORMAT, GENERATE_FORMAT, READ_REPLAY_FORMAT, REFINE_FORMAT,
+};
 pub use seal::{rename_noreplace, finish_modes, prepare_seal, seal, verify_record, FileEntry, Manifest, PreparedSeal, SealedRecord, MANIFEST_FILE, MANIFEST_FORMAT};
 
 use anyhow::{bail, Context, Result};

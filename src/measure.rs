@@ -1,0 +1,331 @@
+//! Measurement cells a campaign interleaves with its arms, each sealed as a record of its own
+//! format: `envelope` (the device's O_DIRECT read ceiling at a few depths, and the best depth)
+//! and `read_replay` (a run's own reads replayed in order at one depth, with no compute).
+//!
+//! The replayed sequence is derived, not guessed: the run's recorded routes go through the real
+//! Plan with that run's own settings and a dry source (`plan::simulate::reads`), which collects
+//! every read the Plan submits per layer event. It must equal the run's own Plan telemetry
+//! (`q_run`: reads, logical and physical bytes), or the replay fails. The covering reads of
+//! each ubatch are then read with io_uring O_DIRECT into aligned buffers, at most `depth` in
+//! flight, one ubatch after the other (a token's routes are not known before the previous
+//! token's compute, so the floor keeps that barrier and no other).
+
+use crate::envelope;
+use crate::identity::build_identity;
+use crate::inventory::Inventory;
+use crate::plan::engine::PlanOptions;
+use crate::plan::simulate::{self, LayerEvent};
+use crate::plan::{Manifest, PolicySpec, Traffic};
+use crate::record::format::{EnvelopeBest, EnvelopeParams, ModelIdentity, Outcome, ReadReplayParams, ReplayCheck, ReplayPhase};
+use crate::record::{EnvelopeRecord, ReadReplayRecord, Staging, ENVELOPE_FORMAT, READ_REPLAY_FORMAT};
+use crate::source::{open_direct, AlignedBuf, Covering};
+use anyhow::{anyhow, bail, Context, Result};
+use io_uring::{opcode, types, IoUring};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Most reads in flight a measurement takes.
+pub const MAX_DEPTH: u32 = 1024;
+/// Most bytes of aligned buffers a measurement allocates (depth x read size).
+pub const MAX_BUFFER_BYTES: u64 = 2 << 30;
+/// Largest envelope block.
+pub const MAX_BLOCK_BYTES: u64 = 64 << 20;
+
+/// An `envelope` cell: O_DIRECT reads of `block_bytes` from the model file at each depth.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvelopeCell {
+    pub model: PathBuf,
+    pub block_bytes: u64,
+    pub depths: Vec<u32>,
+    pub bytes_per_depth: u64,
+    pub record: PathBuf,
+}
+
+/// A `read_replay` cell: the reads of record `of` (a completed generate record of arm
+/// `of_arm`, served by the Plan with `plan`), replayed at `depth`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadReplayCell {
+    pub model: PathBuf,
+    pub of: PathBuf,
+    pub of_arm: String,
+    /// The digest `of` is sealed under (its directory name otherwise).
+    pub of_record: String,
+    pub plan: PlanOptions,
+    pub depth: u32,
+    pub depth_from: String,
+    pub record: PathBuf,
+}
+
+/// Bounds a measurement's depths and buffers before anything is allocated.
+pub fn check_envelope(block_bytes: u64, depths: &[u32], bytes_per_depth: u64) -> Result<()> {
+    if depths.is_empty() || depths.len() > 16 {
+        bail!("envelope: give 1 to 16 depths (got {})", depths.len());
+    }
+    if block_bytes < crate::source::ALIGN || block_bytes > MAX_BLOCK_BYTES || block_bytes % crate::source::ALIGN != 0 {
+        bail!("envelope: block_bytes {block_bytes} must be a multiple of 4096 from 4096 to {MAX_BLOCK_BYTES}");
+    }
+    for &d in depths {
+        check_depth(d, block_bytes).map_err(|e| anyhow!("envelope: {e}"))?;
+    }
+    if bytes_per_depth < block_bytes || bytes_per_depth > 1 << 40 {
+        bail!("envelope: bytes_per_depth {bytes_per_depth} must be at least block_bytes and at most 1 TiB");
+    }
+    Ok(())
+}
+
+fn check_depth(depth: u32, read_bytes: u64) -> Result<()> {
+    if depth == 0 || depth > MAX_DEPTH {
+        bail!("depth {depth}: expected 1..={MAX_DEPTH}");
+    }
+    if depth as u64 * read_bytes > MAX_BUFFER_BYTES {
+        bail!("depth {depth} x {read_bytes}-byte reads is more than {MAX_BUFFER_BYTES} bytes of buffers");
+    }
+    Ok(())
+}
+
+/// What a measurement cell put on record, for the command line.
+pub enum Summary {
+    Envelope(EnvelopeRecord),
+    ReadReplay(ReadReplayRecord),
+}
+
+/// Runs an envelope cell and writes its record.
+pub fn run_envelope(c: &EnvelopeCell) -> Result<EnvelopeRecord> {
+    let staging = Staging::new(&c.record)?;
+    let inv = Inventory::of(&c.model)?;
+    let model = ModelIdentity::of(&c.model, &inv, None)?;
+    let measured = check_envelope(c.block_bytes, &c.depths, c.bytes_per_depth).and_then(|()| {
+        let depths: Vec<usize> = c.depths.iter().map(|&d| d as usize).collect();
+        envelope::measure_envelope(&c.model, c.bytes_per_depth, &[c.block_bytes as usize], &depths)
+    });
+    let mut rec = EnvelopeRecord {
+        format: ENVELOPE_FORMAT.into(),
+        outcome: Outcome::Completed,
+        error: None,
+        model: Some(model),
+        build: build_identity()?,
+        params: Some(EnvelopeParams { block_bytes: c.block_bytes, depths: c.depths.clone(), bytes_per_depth: c.bytes_per_depth }),
+        cells: Vec::new(),
+        best: None,
+        surfaces: BTreeMap::new(),
+    };
+    match measured {
+        Ok(e) => {
+            rec.best = Some(EnvelopeBest { depth: e.ceiling.depth as u32, mib_per_s: e.ceiling.mib_per_s });
+            rec.cells = e.cells;
+            staging.commit(&rec)?;
+            Ok(rec)
+        }
+        Err(e) => {
+            rec.outcome = Outcome::Failed;
+            rec.error = Some(format!("{e:#}"));
+            let dir = staging.commit(&rec)?;
+            Err(e.context(format!("envelope failed; record {}", dir.display())))
+        }
+    }
+}
+
+/// One covering read: aligned offset and length, and the logical extent inside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Read {
+    pub offset: u64,
+    pub len: u64,
+    pub logical: u64,
+    /// Where the logical extent ends inside the read: fewer bytes back is a short read.
+    pub end: u64,
+}
+
+/// The reads of one run, derived through the Plan, split by ubatch.
+pub struct Sequence {
+    /// The covering reads of each ubatch, in submission order.
+    pub steps: Vec<Vec<Read>>,
+    /// Ubatches of the prompt; the rest are decode tokens.
+    pub prefill_steps: usize,
+    pub traffic: Traffic,
+    /// The dry Plan's own count of what it submitted.
+    pub plan_traffic: Traffic,
+}
+
+/// The reads the Plan with `plan`'s settings submits for `events` (every layer event of a
+/// run's routes), per ubatch; the first `prefill_steps` ubatches are the prompt's.
+pub fn sequence(inv: &Inventory, plan: &PlanOptions, events: &[LayerEvent], prefill_steps: usize) -> Result<Sequence> {
+    let policy: PolicySpec = plan.policy.parse().context("the arm's policy")?;
+    let manifest = Manifest::new(inv, plan.slots, &policy.pinned)?.with_layer_buffers(plan.layer_buffers)?;
+    let windows = crate::plan::engine::Sizing::of(&manifest, plan).windows;
+    let trace = simulate::reads(manifest, &policy, events, windows)?;
+    let n_steps = events.last().map_or(0, |e| e.ubatch as usize + 1);
+    let mut steps: Vec<Vec<Read>> = vec![Vec::new(); n_steps];
+    let mut traffic = Traffic::default();
+    for (n, ev) in events.iter().enumerate() {
+        for r in &trace.requests[trace.starts[n]..trace.starts[n + 1]] {
+            let cov = Covering::of(r.offset, r.len);
+            steps[ev.ubatch as usize].push(Read { offset: cov.offset, len: cov.len, logical: r.len, end: cov.head + r.len });
+            traffic.reads += 1;
+            traffic.logical_bytes += r.len;
+            traffic.physical_bytes += cov.len;
+            traffic.padding_bytes += cov.padding(r.len);
+        }
+    }
+    if prefill_steps > n_steps {
+        bail!("{prefill_steps} prompt ubatches, but the routes hold only {n_steps} ubatches");
+    }
+    Ok(Sequence { steps, prefill_steps, traffic, plan_traffic: trace.telemetry.q_run })
+}
+
+/// The sequence of generate record `of` (its routes, its model, its Plan settings), checked
+/// against that record's own Plan telemetry.
+pub fn sequence_of_record(of: &Path, model: &Path, plan: &PlanOptions) -> Result<(Sequence, ReplayCheck, usize)> {
+    let rec = crate::record::load_generate(of)?;
+    let routes = crate::oracle::routes::load(of, Some(model))?;
+    let name = of.display();
+    let counts = rec.counts.as_ref().ok_or_else(|| anyhow!("{name}: the record has no counts"))?;
+    let params = rec.params.as_ref().ok_or_else(|| anyhow!("{name}: the record has no parameters"))?;
+    let report = rec.plan().ok_or_else(|| anyhow!("{name}: the run was not served by the Plan (no Plan report to replay against)"))?;
+    let n_ubatch = params.exec.n_ubatch.max(1) as usize;
+    let prefill_steps = counts.prompt_tokens.div_ceil(n_ubatch);
+    let seq = sequence(&routes.inventory, plan, &routes.events, prefill_steps)?;
+    let decode_steps = seq.steps.len() - seq.prefill_steps;
+    let want_decode = counts.generated_tokens.saturating_sub(1);
+    if decode_steps != want_decode {
+        bail!("{name}: the routes hold {decode_steps} decode ubatches, the run decoded {want_decode} tokens after its prompt");
+    }
+    let check = check(&seq, report.telemetry.q_run);
+    Ok((seq, check, decode_steps))
+}
+
+/// The derived sequence against a run's own traffic: the same reads, logical and physical
+/// bytes, counted both from the collected requests and by the dry Plan itself.
+pub fn check(seq: &Sequence, run: Traffic) -> ReplayCheck {
+    ReplayCheck { replayed: seq.traffic, run, equal: seq.traffic == run && seq.plan_traffic == run }
+}
+
+/// Reads `reads` with at most `bufs.len()` in flight; returns the physical bytes read. A read
+/// that fails or stops before its logical end fails the replay.
+fn read_step(ring: &mut IoUring, fd: types::Fd, bufs: &[AlignedBuf], reads: &[Read]) -> Result<u64> {
+    let mut free: Vec<usize> = (0..bufs.len()).collect();
+    let (mut next, mut in_flight, mut bytes) = (0usize, 0usize, 0u64);
+    let mut want: Vec<u64> = vec![0; bufs.len()];
+    while next < reads.len() || in_flight > 0 {
+        while next < reads.len() {
+            let Some(b) = free.pop() else { break };
+            let r = reads[next];
+            want[b] = r.end;
+            let sqe = opcode::Read::new(fd, bufs[b].as_ptr(), r.len as u32).offset(r.offset).build().user_data(b as u64);
+            // SAFETY: the buffer stays alive and untouched until its completion is reaped.
+            unsafe { ring.submission().push(&sqe).context("submission queue full")? };
+            next += 1;
+            in_flight += 1;
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => return Err(e).context("io_uring_enter"),
+        }
+        let done: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        for (b, res) in done {
+            if res < 0 {
+                bail!("a replayed read failed: {}", std::io::Error::from_raw_os_error(-res));
+            }
+            // Near the end of the file a covering read may stop early; never before the extent ends.
+            if (res as u64) < want[b as usize] {
+                bail!("a replayed read returned {res} bytes, short of its extent");
+            }
+            bytes += res as u64;
+            free.push(b as usize);
+            in_flight -= 1;
+        }
+    }
+    Ok(bytes)
+}
+
+fn phase(steps: &[Vec<Read>], times: &[f64]) -> ReplayPhase {
+    let seconds: f64 = times.iter().sum();
+    ReplayPhase {
+        steps: steps.len() as u64,
+        reads: steps.iter().map(|s| s.len() as u64).sum(),
+        logical_bytes: steps.iter().flatten().map(|r| r.logical).sum(),
+        physical_bytes: steps.iter().flatten().map(|r| r.len).sum(),
+        seconds,
+        seconds_per_step: if steps.is_empty() { 0.0 } else { seconds / steps.len() as f64 },
+        per_step_s: times.to_vec(),
+    }
+}
+
+/// Replays the sequence's reads from `model`, one ubatch after the other; each ubatch's time.
+pub fn replay_reads(model: &Path, seq: &Sequence, depth: u32) -> Result<Vec<f64>> {
+    let largest = seq.steps.iter().flatten().map(|r| r.len).max().unwrap_or(crate::source::ALIGN);
+    check_depth(depth, largest)?;
+    let file = open_direct(model)?;
+    let mut ring = IoUring::new((depth as usize).next_power_of_two().max(2) as u32).context("io_uring is not available on this host")?;
+    let bufs: Vec<AlignedBuf> = (0..depth).map(|_| AlignedBuf::new(largest)).collect::<Result<_>>()?;
+    let fd = types::Fd(file.as_raw_fd());
+    let mut times = Vec::with_capacity(seq.steps.len());
+    for step in &seq.steps {
+        let t = Instant::now();
+        read_step(&mut ring, fd, &bufs, step)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok(times)
+}
+
+/// Runs a read_replay cell and writes its record. A sequence that differs from the run's own
+/// reads fails the cell, on record.
+pub fn run_read_replay(c: &ReadReplayCell) -> Result<ReadReplayRecord> {
+    let staging = Staging::new(&c.record)?;
+    let inv = Inventory::of(&c.model)?;
+    let mut rec = ReadReplayRecord {
+        format: READ_REPLAY_FORMAT.into(),
+        outcome: Outcome::Completed,
+        error: None,
+        model: Some(ModelIdentity::of(&c.model, &inv, None)?),
+        build: build_identity()?,
+        params: Some(ReadReplayParams {
+            of_arm: c.of_arm.clone(),
+            of_record: c.of_record.clone(),
+            plan: c.plan.clone(),
+            depth: c.depth,
+            depth_from: c.depth_from.clone(),
+        }),
+        check: None,
+        prefill: None,
+        decode: None,
+        surfaces: BTreeMap::new(),
+    };
+    let ran = (|| -> Result<()> {
+        let (seq, check, _) = sequence_of_record(&c.of, &c.model, &c.plan)?;
+        let equal = check.equal;
+        let (replayed, run) = (check.replayed, check.run);
+        rec.check = Some(check);
+        if !equal {
+            bail!(
+                "the derived reads ({} reads, {} logical bytes) are not the run's own ({} reads, {} logical bytes): wrong arm settings or routes",
+                replayed.reads,
+                replayed.logical_bytes,
+                run.reads,
+                run.logical_bytes
+            );
+        }
+        let times = replay_reads(&c.model, &seq, c.depth)?;
+        let p = seq.prefill_steps;
+        rec.prefill = Some(phase(&seq.steps[..p], &times[..p]));
+        rec.decode = Some(phase(&seq.steps[p..], &times[p..]));
+        Ok(())
+    })();
+    match ran {
+        Ok(()) => {
+            staging.commit(&rec)?;
+            Ok(rec)
+        }
+        Err(e) => {
+            rec.outcome = Outcome::Failed;
+            rec.error = Some(format!("{e:#}"));
+            let dir = staging.commit(&rec)?;
+            Err(e.context(format!("read replay failed closed; record {}", dir.display())))
+        }
+    }
+}

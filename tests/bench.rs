@@ -1,0 +1,269 @@
+//! The bench as a campaign, scaled down to a forged tiny model: the shipped bench campaign's
+//! arms and schedule run envelope and read_replay cells between the arms; each replay's reads
+//! are F's own (count and bytes of its Plan's q_run), a replay derived with another arm's
+//! settings or another run's routes fails that check, and the floor ratio is recomputed here
+//! from the sealed records.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use sovereign::cell::ReadReplayCell;
+use sovereign::plan::engine::{PlanOptions, SourceKind};
+use sovereign::source::fault::FaultCell;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn json(p: &Path) -> Value {
+    serde_json::from_str(&fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// `DIR/models/bench.gguf` (a forged tiny model) and `DIR/campaigns/bench.yaml`: the shipped
+/// bench campaign on it with no caps, 4 slots, small envelope reads, the first two blocks, and
+/// this build's identity.
+fn scaled_bench(outputs: u32) -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let (dir, models) = (t.path(), t.path().join("models"));
+    fs::create_dir_all(&models).unwrap();
+    let model = &forge(&models, "bench.gguf", 1, &[]);
+    let mut text = fs::read_to_string(root().join("campaigns/bench.yaml")).unwrap();
+    let subs = [
+        ("971ca7bfa1e0d9df8942bb2e6645e8df78e8620ccfb6e68a1c04dbb790049aea", sovereign::util::sha256_file(model).unwrap()),
+        ("slots: 16", "slots: 4".into()),
+        ("\"lru:16\"", "\"lru:4\"".into()),
+        ("outputs: 32", format!("outputs: {outputs}")),
+        ("horizon: 32", format!("horizon: {outputs}")),
+        ("block_bytes: 1048576", "block_bytes: 262144".into()),
+        ("bytes_per_depth: 268435456", "bytes_per_depth: 4194304".into()),
+        ("      - [envelope, F, replay-F, D]\n      - [envelope, D, F, replay-F]\n", String::new()),
+        ("id: bench-1", "id: bench-tiny".into()),
+    ];
+    for (from, to) in subs {
+        assert!(text.contains(from), "campaigns/bench.yaml no longer holds {from:?}");
+        text = text.replacen(from, &to, 1);
+    }
+    text = text.lines().filter(|l| !l.trim_start().starts_with("memory_cap_bytes:")).collect::<Vec<_>>().join("\n") + "\n";
+    let v: Value = serde_json::from_str(&ok(&["build-info", "--json"]).stdout).unwrap();
+    let e = &v["engine"];
+    let mut build = format!("build:\n  engine_tree_sha256: {}\n  patches:", e["tree_sha256"].as_str().unwrap());
+    for p in e["patches"].as_array().unwrap() {
+        build += &format!("\n    - {{ name: {}, sha256: {} }}", p["name"].as_str().unwrap(), p["sha256"].as_str().unwrap());
+    }
+    let (start, end) = (text.find("\nbuild:\n").unwrap() + 1, text.find("\narms:\n").unwrap());
+    let text = format!("{}{build}{}", &text[..start], &text[end..]);
+    let c = dir.join("campaigns");
+    fs::create_dir_all(c.join("prompts")).unwrap();
+    fs::copy(root().join("campaigns/prompts/demo.txt"), c.join("prompts/demo.txt")).unwrap();
+    let file = c.join("bench.yaml");
+    fs::write(&file, text).unwrap();
+    (t, file)
+}
+
+/// Decode seconds per decode token of a generate record.
+fn s_per_token(rec: &Value) -> f64 {
+    rec["timing"]["decode_s"].as_f64().unwrap() / (rec["counts"]["generated_tokens"].as_u64().unwrap() - 1) as f64
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+}
+
+#[test]
+fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
+    let (t, file) = scaled_bench(6);
+    let results = t.path().join("results");
+    ok(&["campaign", "run", s(&file), "--results", s(&results), "--no-progress"]);
+    let out = t.path().join("export");
+    let r = ok(&["export", "--campaign", "bench-tiny", "--results", s(&results), "--out", s(&out)]);
+    assert!(r.stdout.contains("ratio to floor:") && r.stdout.contains("replay-F") && r.stdout.contains("decode tok/s"), "{}", r.stdout);
+
+    // Every cell sealed; records by cell key.
+    let cells: Vec<csv::StringRecord> = csv::Reader::from_path(out.join("cells.csv")).unwrap().records().map(Result::unwrap).collect();
+    let h = csv::Reader::from_path(out.join("cells.csv")).unwrap().headers().unwrap().clone();
+    let col = |n: &str| h.iter().position(|c| c == n).unwrap();
+    assert_eq!(cells.len(), 12);
+    let dir_of = |key: &str| -> PathBuf {
+        let row = cells.iter().find(|r| &r[col("cell")] == key).unwrap_or_else(|| panic!("no cell {key}"));
+        assert_eq!(&row[col("status")], "completed", "{key}: {}", &row[col("error")]);
+        results.join(&row[col("record")])
+    };
+    for row in &cells {
+        assert_eq!(&row[col("status")], "completed", "{}: {}", &row[col("cell")], &row[col("error")]);
+        // Every run is exact against the oracle; measurements compare nothing.
+        let expect = match &row[col("measure")] {
+            "" if &row[col("arm")] != "resident" => "true",
+            _ => "",
+        };
+        assert_eq!(&row[col("exact")], expect, "{}", &row[col("cell")]);
+    }
+
+    let oracle = json(&dir_of("b00-p0-resident").join("record.json"));
+    let compute = s_per_token(&oracle);
+    let (mut ratios, mut reads) = (Vec::new(), Vec::new());
+    for (block, f_key, replay_key, env_key) in [(1, "b01-p2-F", "b01-p3-replay-F", "b01-p0-envelope"), (2, "b02-p1-F", "b02-p2-replay-F", "b02-p0-envelope")] {
+        let f = json(&dir_of(f_key).join("record.json"));
+        let rep = json(&dir_of(replay_key).join("record.json"));
+        let env = json(&dir_of(env_key).join("record.json"));
+        assert_eq!(rep["format"], "sovereign.read_replay/1");
+        assert_eq!(env["format"], "sovereign.envelope/1");
+        // The replay names its block's F record and the envelope's best depth.
+        let f_digest = dir_of(f_key).file_name().unwrap().to_str().unwrap().to_string();
+        assert_eq!(rep["params"]["of_record"], f_digest.as_str());
+        assert_eq!(rep["params"]["of_arm"], "F");
+        let env_digest = dir_of(env_key).file_name().unwrap().to_str().unwrap().to_string();
+        assert_eq!(rep["params"]["depth_from"], format!("envelope {env_digest}"));
+        let best = env["cells"].as_array().unwrap().iter().max_by(|a, b| a["mib_per_s"].as_f64().unwrap().total_cmp(&b["mib_per_s"].as_f64().unwrap())).unwrap();
+        assert_eq!(rep["params"]["depth"], best["depth"]);
+        assert_eq!(env["best"]["depth"], best["depth"]);
+        assert_eq!(env["cells"].as_array().unwrap().len(), 5);
+        for c in env["cells"].as_array().unwrap() {
+            assert_eq!(c["bytes"], 4194304u64, "{c}");
+        }
+        // The replayed sequence is F's own reads: count and bytes of its Plan's q_run, prefill
+        // and decode together, and one decode step per decode token.
+        let q = &f["experts"]["telemetry"]["q_run"];
+        let (pre, dec) = (&rep["prefill"], &rep["decode"]);
+        let sum = |k: &str| pre[k].as_u64().unwrap() + dec[k].as_u64().unwrap();
+        assert_eq!(sum("reads"), q["reads"].as_u64().unwrap(), "block {block}");
+        assert_eq!(sum("logical_bytes"), q["logical_bytes"].as_u64().unwrap(), "block {block}");
+        assert_eq!(sum("physical_bytes"), q["physical_bytes"].as_u64().unwrap(), "block {block}");
+        assert!(dec["reads"].as_u64().unwrap() > 0);
+        assert_eq!(dec["steps"].as_u64().unwrap(), f["counts"]["generated_tokens"].as_u64().unwrap() - 1);
+        assert_eq!(rep["check"]["equal"], true);
+        let per: Vec<f64> = dec["per_step_s"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let read = dec["seconds_per_step"].as_f64().unwrap();
+        assert!(close(read, per.iter().sum::<f64>() / per.len() as f64));
+        // The floor, recomputed from the records.
+        let arm = s_per_token(&f);
+        let floor = read.max(compute);
+        ratios.push((arm, floor));
+        reads.push(read);
+    }
+    let rows: Vec<csv::StringRecord> = csv::Reader::from_path(out.join("floor.csv")).unwrap().records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 2);
+    for (row, (arm, floor)) in rows.iter().zip(&ratios) {
+        assert!(close(row[8].parse().unwrap(), *arm), "{row:?}");
+        assert!(close(row[11].parse().unwrap(), *floor), "{row:?}");
+        assert!(close(row[13].parse().unwrap(), arm / floor), "{row:?}");
+    }
+    let geo = (ratios.iter().map(|(a, f)| (a / f).ln()).sum::<f64>() / 2.0).exp();
+    let summary = csv::Reader::from_path(out.join("floor_summary.csv")).unwrap().records().next().unwrap().unwrap();
+    assert!(close(summary[6].parse().unwrap(), geo), "{summary:?} vs {geo}");
+    let r = ok(&["stats", "pairs", "--csv", s(&out.join("floor.csv")), "--a", "floor_s_per_token", "--b", "arm_s_per_token", "--json"]);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert!(close(v["ratio"].as_f64().unwrap(), geo));
+    assert!(v["lo"].as_f64().unwrap() <= geo && geo <= v["hi"].as_f64().unwrap());
+
+    // The bench table: F exact in both blocks; the replay's tok/s is its read floor.
+    let arms: Vec<csv::StringRecord> = csv::Reader::from_path(out.join("arms.csv")).unwrap().records().map(Result::unwrap).collect();
+    let f = arms.iter().find(|r| &r[0] == "F").unwrap();
+    assert_eq!((&f[2], &f[3], &f[7], &f[8]), ("2", "2", "2", "2"));
+    let rep = arms.iter().find(|r| &r[0] == "replay-F").unwrap();
+    assert_eq!(&rep[1], "read_replay");
+    let floor_tps = reads.iter().map(|r| 1.0 / r).sum::<f64>() / reads.len() as f64;
+    assert!(close(rep[4].parse().unwrap(), floor_tps), "{rep:?}");
+
+    // The draft ledger names every record and still verifies and replays.
+    let ledger = out.join("claims.json");
+    ok(&["verify", "--claim", "bench-tiny", "--ledger", s(&ledger), "--results", s(&results)]);
+    ok(&["replay", "--claim", "bench-tiny", "--ledger", s(&ledger), "--results", s(&results)]);
+}
+
+fn plan(policy: &str) -> PlanOptions {
+    PlanOptions { slots: 4, policy: policy.into(), source: SourceKind::F, windows: 8, depth: 8, layer_buffers: 0, fault: FaultCell::None }
+}
+
+#[test]
+fn a_replay_from_the_wrong_arm_or_routes_fails_its_check() {
+    let t = tempfile::tempdir().unwrap();
+    let model = forge(t.path(), "tiny.gguf", 1, &[]);
+    let run = |name: &str, prompt: &str, policy: &str| {
+        let rec = t.path().join(name);
+        let r = generate(&model, prompt, 6, &rec, &["--experts", "plan", "--slots", "4", "--policy", policy, "--source", "f"]);
+        assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+        rec
+    };
+    let f = run("f", "Experts stream from storage.", "zero");
+    let other = run("other", "A different prompt routes to different experts, surely.", "zero");
+    let q = |rec: &Path| -> sovereign::plan::Traffic { sovereign::record::load_generate(rec).unwrap().plan().unwrap().telemetry.q_run };
+
+    // F's own settings and routes: its reads.
+    let (seq, check, decode) = sovereign::measure::sequence_of_record(&f, &model, &plan("zero")).unwrap();
+    assert!(check.equal, "{check:?}");
+    assert_eq!(decode, 5);
+    assert_eq!(seq.steps.len() - seq.prefill_steps, 5);
+    assert_eq!(seq.traffic, q(&f));
+    // Another arm's settings (an LRU cache where F had none): other reads, refused.
+    let (_, check, _) = sovereign::measure::sequence_of_record(&f, &model, &plan("lru:4")).unwrap();
+    assert!(!check.equal && check.replayed.reads < check.run.reads, "{check:?}");
+    // Another run's routes against F's traffic: refused.
+    let routes = sovereign::oracle::routes::load(&other, Some(&model)).unwrap();
+    let seq = sovereign::measure::sequence(&routes.inventory, &plan("zero"), &routes.events, 1).unwrap();
+    let check = sovereign::measure::check(&seq, q(&f));
+    assert!(!check.equal, "{check:?}");
+
+    // The cell fails closed on it, and its record says why.
+    let record = t.path().join("replay");
+    let cell = ReadReplayCell {
+        model: model.clone(),
+        of: f.clone(),
+        of_arm: "F".into(),
+        of_record: "f".into(),
+        plan: plan("lru:4"),
+        depth: 4,
+        depth_from: "fixed".into(),
+        record: record.clone(),
+    };
+    let e = sovereign::measure::run_read_replay(&cell).unwrap_err();
+    assert!(format!("{e:#}").contains("not the run's own"), "{e:#}");
+    let rec = sovereign::record::load_read_replay(&record).unwrap();
+    assert_eq!(rec.outcome, sovereign::record::format::Outcome::Failed);
+    assert_eq!(rec.check.map(|c| c.equal), Some(false));
+    assert!(rec.decode.is_none());
+
+    // With the right settings it reads every byte it derived.
+    let ok_cell = ReadReplayCell { plan: plan("zero"), record: t.path().join("replay-ok"), ..cell };
+    let rec = sovereign::measure::run_read_replay(&ok_cell).unwrap();
+    let (pre, dec) = (rec.prefill.unwrap(), rec.decode.unwrap());
+    assert_eq!(pre.reads + dec.reads, q(&f).reads);
+    assert_eq!(pre.physical_bytes + dec.physical_bytes, q(&f).physical_bytes);
+    assert_eq!(dec.per_step_s.len(), 5);
+}
+
+#[test]
+fn measurement_arms_are_checked_in_one_line() {
+    let (t, file) = scaled_bench(6);
+    let text = fs::read_to_string(&file).unwrap();
+    ok(&["campaign", "check", s(&file)]);
+    let cases = [
+        ("read_replay: { of: F }", "read_replya: { of: F }", "unknown variant `read_replya`"),
+        ("read_replay: { of: F }", "read_replay: { of: resident }", "must be a Plan arm"),
+        ("depths: [1, 4, 8, 16, 32]", "depths: [1, 4, 100000]", "depth 100000"),
+        ("  - id: replay-F\n", "  - id: replay-F\n    threads: 2\n", "`threads` does not apply"),
+        ("      - [envelope, D, F, replay-F]\n", "      - [D, F, replay-F]\n", "runs none before it"),
+        ("      - [envelope, D, F, replay-F]\n", "      - [envelope, D, replay-F, F]\n", "where `F` does not run before it"),
+    ];
+    let bad = t.path().join("campaigns/bad.yaml");
+    for (from, to, want) in cases {
+        assert!(text.contains(from), "{from}");
+        fs::write(&bad, text.replacen(from, to, 1)).unwrap();
+        let r = run(&["campaign", "check", s(&bad)]);
+        assert_eq!(r.code, 1, "{to}: {}{}", r.stdout, r.stderr);
+        // One line per problem, each at its place in the file (`of: resident` also leaves
+        // analysis.floor without a replay of F: a second problem, a second line).
+        let lines: Vec<&str> = r.stderr.lines().collect();
+        assert!(lines.len() <= 2 && lines.iter().all(|l| l.starts_with(s(&bad))), "{to}: {}", r.stderr);
+        assert!(lines[0].contains(want), "{to}: {}", r.stderr);
+        if !to.contains("resident") {
+            assert_eq!(lines.len(), 1, "{to}: {}", r.stderr);
+        }
+    }
+}
