@@ -116,7 +116,7 @@ fn a_corrupt_or_hostile_cache_file_is_rebuilt_with_one_line() {
     let file = cache_file(&cache);
     let good = fs::read(&file).unwrap();
     let mut doc: Value = serde_json::from_slice(&good).unwrap();
-    doc["body"]["experts"][3]["sha256"] = "0".repeat(64).into();
+    doc["body"]["experts"][3]["blake3"] = "0".repeat(64).into();
     let cases: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
         ("not a digest manifest", Box::new(|p: &Path| fs::write(p, b"\x00\xffnot json at all").unwrap())),
         ("not a digest manifest", Box::new(|p: &Path| fs::write(p, &good[..good.len() / 2]).unwrap())),
@@ -157,7 +157,7 @@ fn a_cached_digest_that_lies_is_caught_by_check_and_by_the_run() {
     let mut doc: Value = serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
     let mut victims = 0;
     for e in doc["body"]["experts"].as_array_mut().unwrap().iter_mut().filter(|e| e["layer"] == 0) {
-        e["sha256"] = "ab".repeat(32).into();
+        e["blake3"] = "ab".repeat(32).into();
         victims += 1;
     }
     assert_eq!(victims, 16 * 3);

@@ -995,10 +995,10 @@ fn digest_manifest_matches_the_file() {
     assert_eq!(d.body.sha256, crate::util::sha256(&m.bytes));
     assert_eq!(d.body.experts.len(), 3 * 16 * 3);
     for e in d.body.experts.iter().chain(std::iter::empty()) {
-        assert_eq!(e.sha256, crate::util::sha256(&m.bytes[e.offset as usize..(e.offset + e.len) as usize]), "{}/{} {}", e.layer, e.expert, e.role);
+        assert_eq!(e.blake3, blake3::hash(&m.bytes[e.offset as usize..(e.offset + e.len) as usize]).to_hex().as_str(), "{}/{} {}", e.layer, e.expert, e.role);
     }
     for t in std::iter::once(&d.body.header).chain(&d.body.tensors) {
-        assert_eq!(t.sha256, crate::util::sha256(&m.bytes[t.offset as usize..(t.offset + t.len) as usize]), "{}", t.name);
+        assert_eq!(t.blake3, blake3::hash(&m.bytes[t.offset as usize..(t.offset + t.len) as usize]).to_hex().as_str(), "{}", t.name);
     }
     // Every byte of every tensor is in exactly one range.
     let covered: u64 = d.body.experts.iter().map(|e| e.len).chain(d.body.tensors.iter().map(|t| t.len)).sum();

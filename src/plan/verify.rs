@@ -5,7 +5,6 @@
 use super::telemetry::DigestCheck;
 use super::{ObjectId, Plan, PlanError, RejectKind, Ticket};
 use crate::digests::ModelDigests;
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -63,7 +62,7 @@ impl Plan {
         let started = Instant::now();
         let bytes = self.landed(li, t, direct);
         let len = bytes.len() as u64;
-        let got: [u8; 32] = Sha256::digest(bytes).into();
+        let got: [u8; 32] = *blake3::hash(bytes).as_bytes();
         let ns = started.elapsed().as_nanos() as u64;
         let check = self.tel.digests.get_or_insert_with(Default::default);
         check.hash_ns += ns;
