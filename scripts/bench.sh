@@ -14,7 +14,7 @@ MODEL=models/bench.gguf
 RESULTS=${BENCH_RESULTS:-results}
 mkdir -p models "$RESULTS"
 
-[ -f "$MODEL" ] || "$BIN" model forge --preset bench --seed 1 --out "$MODEL"
+[ -f "$MODEL" ] || "$BIN" model forge --preset bench --seed 1 --alignment 4096 --out "$MODEL"
 
 if [ -n "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; then
   dir="$RESULTS/bench-campaigns"
