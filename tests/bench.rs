@@ -33,10 +33,10 @@ fn scaled_bench(outputs: u32) -> (tempfile::TempDir, PathBuf) {
     let t = tempfile::tempdir().unwrap();
     let (dir, models) = (t.path(), t.path().join("models"));
     fs::create_dir_all(&models).unwrap();
-    let model = &forge(&models, "bench.gguf", 1, &[]);
+    let model = &forge(&models, "bench.gguf", 1, &["--alignment", "4096"]);
     let mut text = fs::read_to_string(root().join("campaigns/bench.yaml")).unwrap();
     let subs = [
-        ("971ca7bfa1e0d9df8942bb2e6645e8df78e8620ccfb6e68a1c04dbb790049aea", sovereign::util::sha256_file(model).unwrap()),
+        ("75433bfc21e389314e6bba72e64b1c484d9cea7b9c00f20947646b96cd128536", sovereign::util::sha256_file(model).unwrap()),
         ("slots: 16", "slots: 4".into()),
         ("\"lru:16\"", "\"lru:4\"".into()),
         ("outputs: 32", format!("outputs: {outputs}")),
