@@ -188,9 +188,9 @@ fn accounting_only_run_charges_the_child() {
     assert!(r.status.success());
     assert_eq!(r.host.limit, None);
     assert!(r.host.kernel_peak.unwrap() >= 16 * MIB, "dd's 16 MiB block must be charged to the run cgroup");
-    // VmHWM is sampled from /proc before the child is reaped and can miss the last pages;
-    // wait4's maxrss is the kernel's own figure for the whole life.
-    assert!(r.procs.maxrss_wait4 >= 16 * MIB && r.procs.rss_hwm.is_some(), "{:?}", r.procs);
+    // VmHWM is sampled from /proc before the child is reaped and can miss the last pages (or
+    // the whole of a short child); wait4's maxrss is the kernel's figure for its whole life.
+    assert!(r.procs.maxrss_wait4 >= 16 * MIB, "{:?}", r.procs);
     assert_eq!(r.authority.host.grade, Grade::HighWaterMark);
     assert_eq!(r.authority.host.ceiling, r.host.mem_total);
     assert!(r.authority.host.ceiling_margin.unwrap() > 0);
