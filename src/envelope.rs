@@ -5,7 +5,6 @@
 use anyhow::{bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
 use serde::{Deserialize, Serialize};
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -33,33 +32,13 @@ pub struct Envelope {
     pub ceiling: Cell,
 }
 
-/// An aligned buffer for O_DIRECT.
-struct Aligned {
-    ptr: *mut u8,
-    layout: Layout,
-}
-
-impl Aligned {
-    fn new(len: usize) -> Aligned {
-        let layout = Layout::from_size_align(len.max(ALIGN), ALIGN).expect("layout");
-        // SAFETY: non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "out of memory");
-        Aligned { ptr, layout }
-    }
-}
-
-impl Drop for Aligned {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout.
-        unsafe { dealloc(self.ptr, self.layout) }
-    }
-}
-
 /// Reads `bytes` from `start` in `block`-sized reads with at most `depth` in flight.
 fn measure(file: &File, file_len: u64, start: u64, bytes: u64, block: usize, depth: usize) -> Result<Cell> {
     let mut ring = IoUring::new(depth.next_power_of_two() as u32).context("io_uring unavailable")?;
-    let bufs: Vec<Aligned> = (0..depth).map(|_| Aligned::new(block)).collect();
+    // One huge-page buffer cut into `depth` read buffers, as the Plan's slots and the replay.
+    let buf = crate::source::AlignedBuf::huge((block * depth) as u64)?;
+    // SAFETY: each part lies inside `buf`, which outlives every read.
+    let bufs: Vec<*mut u8> = (0..depth).map(|i| unsafe { buf.as_ptr().add(i * block) }).collect();
     let usable = file_len / ALIGN as u64 * ALIGN as u64;
     let n_reads = (bytes / block as u64).max(1);
     let fd = types::Fd(file.as_raw_fd());
@@ -71,7 +50,7 @@ fn measure(file: &File, file_len: u64, start: u64, bytes: u64, block: usize, dep
             let slot = free.pop().expect("a free buffer while below depth");
             let span = usable.saturating_sub(block as u64).max(ALIGN as u64);
             let off = (start + next * block as u64) % span / ALIGN as u64 * ALIGN as u64;
-            let sqe = opcode::Read::new(fd, bufs[slot].ptr, block as u32).offset(off).build().user_data(slot as u64);
+            let sqe = opcode::Read::new(fd, bufs[slot], block as u32).offset(off).build().user_data(slot as u64);
             // SAFETY: the buffer stays alive and untouched until its completion is reaped.
             unsafe { ring.submission().push(&sqe).context("submission queue full")? };
             next += 1;

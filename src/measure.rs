@@ -206,7 +206,7 @@ pub fn check(seq: &Sequence, run: Traffic) -> ReplayCheck {
 
 /// Reads `reads` with at most `bufs.len()` in flight; returns the physical bytes read. A read
 /// that fails or stops before its logical end fails the replay.
-fn read_step(ring: &mut IoUring, fd: types::Fd, bufs: &[AlignedBuf], reads: &[Read]) -> Result<u64> {
+fn read_step(ring: &mut IoUring, fd: types::Fd, bufs: &[*mut u8], reads: &[Read]) -> Result<u64> {
     let mut free: Vec<usize> = (0..bufs.len()).collect();
     let (mut next, mut in_flight, mut bytes) = (0usize, 0usize, 0u64);
     let mut want: Vec<u64> = vec![0; bufs.len()];
@@ -215,7 +215,7 @@ fn read_step(ring: &mut IoUring, fd: types::Fd, bufs: &[AlignedBuf], reads: &[Re
             let Some(b) = free.pop() else { break };
             let r = reads[next];
             want[b] = r.end;
-            let sqe = opcode::Read::new(fd, bufs[b].as_ptr(), r.len as u32).offset(r.offset).build().user_data(b as u64);
+            let sqe = opcode::Read::new(fd, bufs[b], r.len as u32).offset(r.offset).build().user_data(b as u64);
             // SAFETY: the buffer stays alive and untouched until its completion is reaped.
             unsafe { ring.submission().push(&sqe).context("submission queue full")? };
             next += 1;
@@ -262,7 +262,10 @@ pub fn replay_reads(model: &Path, seq: &Sequence, depth: u32) -> Result<Vec<f64>
     check_depth(depth, largest)?;
     let file = open_direct(model)?;
     let mut ring = IoUring::new((depth as usize).next_power_of_two().max(2) as u32).context("io_uring is not available on this host")?;
-    let bufs: Vec<AlignedBuf> = (0..depth).map(|_| AlignedBuf::new(largest)).collect::<Result<_>>()?;
+    // One huge-page buffer cut into `depth` read buffers: the memory the Plan's slots read into.
+    let buf = AlignedBuf::huge(largest * depth as u64)?;
+    // SAFETY: each part lies inside `buf`, which outlives every read.
+    let bufs: Vec<*mut u8> = (0..depth as usize).map(|i| unsafe { buf.as_ptr().add(i * largest as usize) }).collect();
     let fd = types::Fd(file.as_raw_fd());
     let mut times = Vec::with_capacity(seq.steps.len());
     for step in &seq.steps {

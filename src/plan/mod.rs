@@ -251,6 +251,8 @@ pub struct Plan {
     sched: BTreeSet<ObjectId>,
     /// Expected extent digests ([`Plan::expect_digests`]); None verifies nothing.
     digests: Option<verify::Expected>,
+    /// The engine's host slot pools were advised huge pages ([`Plan::advise_engine_pools`]).
+    advised: bool,
 }
 
 impl Plan {
@@ -335,6 +337,7 @@ impl Plan {
             sem: BTreeSet::new(),
             sched: BTreeSet::new(),
             digests: None,
+            advised: false,
         })
     }
 
@@ -794,14 +797,23 @@ impl Plan {
         let mut pending: VecDeque<_> = jobs.iter().copied().collect();
         let mut inflight: HashMap<u32, Bundle> = HashMap::new();
         loop {
-            // Every bundle that has a Free window goes out at once, so the source sees all of
-            // them together (and can coalesce neighbours in the file).
+            // Every bundle that has a Free window and room in the source's depth goes out at
+            // once, so the source sees them together (and can coalesce neighbours in the file);
+            // the rest follow as completions free room, so that validating what arrived is
+            // never held up behind a submission waiting for room.
             let mut jobs = Vec::new();
+            let mut room = self.source.room();
             for (w, state) in self.windows.iter().enumerate() {
                 if *state != WindowState::Free || inflight.contains_key(&(w as u32)) {
                     continue;
                 }
-                let Some((object, slot, version)) = pending.pop_front() else { break };
+                let Some(&(object, slot, version)) = pending.front() else { break };
+                let n = self.manifest.object(object).map_or(1, |o| o.extents.len());
+                if n > room && !(jobs.is_empty() && inflight.is_empty()) {
+                    break;
+                }
+                room = room.saturating_sub(n);
+                pending.pop_front();
                 jobs.push((w as u32, object, slot, version));
             }
             self.submit_bundles(li, &jobs, &mut inflight)?;
@@ -837,6 +849,44 @@ impl Plan {
         (p.as_ptr() as u64 % ALIGN == 0).then_some(p)
     }
 
+    /// Advises huge pages for the engine's host slot pools once, before the first read touches
+    /// them (the Plan's own pools are advised when allocated): the pool memory exists only after
+    /// the engine allocated it, which is after binding.
+    fn advise_engine_pools(&mut self) {
+        if std::mem::replace(&mut self.advised, true) {
+            return;
+        }
+        let mut advised = 0u64;
+        for (li, lp) in self.manifest.layers.iter().enumerate() {
+            if self.manifest.buffer_of(li) != li || lp.n_slots == 0 {
+                continue;
+            }
+            for pool in &self.pools[li] {
+                let PoolMem::Engine(Some(w)) = &pool.mem else { continue };
+                let (Some(first), Some(last)) = (w.host(0), w.host(lp.n_slots - 1)) else { continue };
+                let len = pool.bytes_per_slot as usize * lp.n_slots as usize;
+                if last.as_ptr() as usize != first.as_ptr() as usize + len - pool.bytes_per_slot as usize {
+                    continue;
+                }
+                if crate::source::advise_huge(first.as_ptr(), len) {
+                    let start = (first.as_ptr() as u64).next_multiple_of(crate::source::HUGE);
+                    let end = (first.as_ptr() as u64 + len as u64) / crate::source::HUGE * crate::source::HUGE;
+                    advised += end - start;
+                }
+            }
+        }
+        for pools in &self.pools {
+            for pool in pools {
+                if let PoolMem::Host(buf) = &pool.mem {
+                    if buf.len() as u64 >= crate::source::HUGE {
+                        advised += buf.len() as u64 / crate::source::HUGE * crate::source::HUGE;
+                    }
+                }
+            }
+        }
+        self.tel.movement.get_or_insert_with(Default::default).huge_advised_bytes = advised;
+    }
+
     /// Starts the reads of every bundle of `jobs` (windows Free, slots Loading) and adds the
     /// bundles to `inflight`. All extent reads go to the source in one call, in file order, so
     /// that neighbours in the file can become one read; an aligned extent whose slot is host
@@ -845,6 +895,7 @@ impl Plan {
         if jobs.is_empty() {
             return Ok(());
         }
+        self.advise_engine_pools();
         let mut reads = Vec::new();
         for &(w, object, slot, version) in jobs {
             self.windows[w as usize].step(w, WindowTransition::BeginRead)?;

@@ -139,6 +139,10 @@ pub struct Movement {
     pub direct_bytes: u64,
     /// Logical bytes copied from a window into a slot.
     pub window_bytes: u64,
+    /// Bytes of host slot memory in whole 2 MiB pages advised to be huge pages before the
+    /// first read (reads into them reach the device in fewer, larger segments).
+    #[serde(default)]
+    pub huge_advised_bytes: u64,
 }
 
 /// What the Plan verified of the bytes it read.

@@ -877,6 +877,26 @@ fn neighbours_go_out_as_one_read_straight_into_host_slots() {
 }
 
 #[test]
+fn a_shallow_source_gets_bundles_as_room_frees_and_every_byte_still_lands() {
+    // Depth 3 (one bundle's extents): each bundle goes out when completions made room, so what
+    // arrived is validated while later reads wait, not behind a submission blocked for room.
+    let m = aligned_model();
+    let spec: PolicySpec = "zero".parse().unwrap();
+    let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
+    let source = crate::source::UringSource::open(&m.path, 4, manifest.window_size, 3).unwrap();
+    let mut p = Plan::new(manifest, &spec, Box::new(source)).unwrap();
+    let ids = [9, 2, 14, 6];
+    let slots = acq(&mut p, 1, 0, &ids).unwrap();
+    for (&id, &s) in ids.iter().zip(&slots) {
+        assert_holds_file(&p, m, s as u32, obj(1, id as u32));
+    }
+    let mv = p.telemetry().movement.unwrap();
+    assert_eq!((mv.batches, mv.max_batch, mv.sqes, mv.direct_extents), (4, 3, 12, 12), "{mv:?}");
+    p.release(1, 0).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
 fn unaligned_neighbours_share_their_boundary_block_through_windows() {
     // The default alignment (32): extents start mid-page, so neighbours share a block. One read
     // carries both; the shared block is copied into the second window; nothing goes direct.

@@ -143,6 +143,10 @@ impl Source for FaultySource {
         self.inner.reads_into_host()
     }
 
+    fn room(&self) -> usize {
+        self.inner.room()
+    }
+
     unsafe fn submit_vectored(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)]) -> Result<(), (usize, SourceError)> {
         // SAFETY: the caller's guarantees are passed on unchanged.
         let r = unsafe { self.inner.submit_vectored(reads) };

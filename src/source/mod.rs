@@ -234,6 +234,11 @@ pub trait Source: Send {
         false
     }
 
+    /// Reads that can be submitted now without blocking for room (bounded depth).
+    fn room(&self) -> usize {
+        usize::MAX
+    }
+
     /// Submits `reads` in order, each with one completion as if submitted alone. Requests whose
     /// covering reads follow each other in the file may go out as one vectored read. A request
     /// with a host target reads its covering range there instead of into its window (the
@@ -281,10 +286,31 @@ pub fn check_request(req: &ReadRequest, n_windows: u32, window_size: u64) -> Res
     Ok(cov)
 }
 
-/// A zeroed heap buffer aligned to [`ALIGN`], allocated once, freed on drop; it never moves.
+/// Buffers of at least this size start on a 2 MiB boundary with transparent huge pages
+/// advised: an O_DIRECT read into physically contiguous memory goes to the device as a few large
+/// segments instead of one per 4 KiB page, which a virtual disk serves far faster (measured
+/// with fio on the bench machine: 1.1 to 1.5 GB/s into 4 KiB pages, 2.3 to 2.9 GB/s into 2 MiB ones).
+pub const HUGE: u64 = 2 << 20;
+
+/// Advises transparent huge pages for `[ptr, ptr + len)` (whole 2 MiB pages inside it only take
+/// effect, and only for pages not yet touched). Returns whether the kernel took the advice.
+pub fn advise_huge(ptr: *mut u8, len: usize) -> bool {
+    let start = (ptr as usize).next_multiple_of(HUGE as usize);
+    let end = (ptr as usize + len) / HUGE as usize * HUGE as usize;
+    if end <= start {
+        return false;
+    }
+    // SAFETY: a hint on pages the caller owns; it changes no contents.
+    unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) == 0 }
+}
+
+/// A zeroed buffer aligned to [`ALIGN`], allocated once, freed on drop; it never moves. From
+/// [`HUGE`] bytes up it is its own mapping at a 2 MiB boundary with huge pages advised.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     layout: Layout,
+    /// Bytes mapped (a multiple of [`HUGE`]) when the buffer is its own mapping.
+    mapped: usize,
 }
 
 // SAFETY: the buffer is plain owned memory; access goes through &self / &mut self.
@@ -296,12 +322,45 @@ impl AlignedBuf {
         if len == 0 {
             bail!("an aligned buffer needs at least one byte");
         }
+        if len >= HUGE {
+            return AlignedBuf::huge(len);
+        }
         let size = usize::try_from(align_up(len)).context("buffer size")?;
         let layout = Layout::from_size_align(size, ALIGN as usize).context("buffer layout")?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(ptr) else { bail!("cannot allocate {size} aligned bytes") };
-        Ok(AlignedBuf { ptr, layout })
+        Ok(AlignedBuf { ptr, layout, mapped: 0 })
+    }
+
+    /// A buffer of its own mapping at a 2 MiB boundary, rounded up to whole 2 MiB pages, with
+    /// huge pages advised before any page is touched (the kernel's pages are zero).
+    pub fn huge(len: u64) -> Result<AlignedBuf> {
+        let size = usize::try_from(align_up(len.max(1))).context("buffer size")?;
+        let huge = HUGE as usize;
+        let mapped = size.checked_next_multiple_of(huge).context("buffer size")?;
+        let reserve = mapped.checked_add(huge).context("buffer size")?;
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let base = unsafe {
+            libc::mmap(std::ptr::null_mut(), reserve, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if base == libc::MAP_FAILED {
+            bail!("cannot map {mapped} bytes: {}", std::io::Error::last_os_error());
+        }
+        let start = (base as usize).next_multiple_of(huge);
+        // SAFETY: head and tail lie inside the reservation and are not used.
+        unsafe {
+            if start > base as usize {
+                libc::munmap(base, start - base as usize);
+            }
+            let tail = base as usize + reserve - (start + mapped);
+            if tail > 0 {
+                libc::munmap((start + mapped) as *mut libc::c_void, tail);
+            }
+        }
+        advise_huge(start as *mut u8, mapped);
+        let layout = Layout::from_size_align(size, ALIGN as usize).context("buffer layout")?;
+        Ok(AlignedBuf { ptr: NonNull::new(start as *mut u8).expect("a mapping is never at 0"), layout, mapped })
     }
 
     pub fn len(&self) -> usize {
@@ -340,6 +399,11 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.mapped > 0 {
+            // SAFETY: the mapping made in `huge`, unmapped once.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+            return;
+        }
         // SAFETY: allocated with this layout in `new`.
         unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
     }
@@ -486,6 +550,22 @@ mod tests {
     use super::*;
     use super::ObjectId;
     use std::io::Write;
+
+    #[test]
+    fn large_buffers_are_their_own_huge_page_mapping() {
+        let mut b = AlignedBuf::new(3 << 20).unwrap();
+        assert_eq!(b.as_ptr() as u64 % HUGE, 0, "starts on a 2 MiB boundary");
+        assert_eq!(b.len(), 3 << 20);
+        assert!(b.as_slice().iter().all(|&x| x == 0), "zeroed");
+        b.as_mut_slice()[(3 << 20) - 1] = 7;
+        assert!(b.flip(0));
+        assert_eq!((b.as_slice()[0], b.as_slice()[(3 << 20) - 1]), (0xff, 7));
+        let small = AlignedBuf::new(8192).unwrap();
+        assert_eq!(small.as_ptr() as u64 % ALIGN, 0);
+        let forced = AlignedBuf::huge(5000).unwrap();
+        assert_eq!((forced.as_ptr() as u64 % HUGE, forced.len()), (0, 8192));
+        assert!(!advise_huge(small.as_ptr(), small.len()), "no whole 2 MiB page inside 8 KiB");
+    }
 
     #[test]
     fn covering_reads() {

@@ -321,6 +321,10 @@ impl Source for UringSource {
         true
     }
 
+    fn room(&self) -> usize {
+        self.free.len()
+    }
+
     unsafe fn submit_vectored(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)]) -> Result<(), (usize, SourceError)> {
         let mut run = std::mem::take(&mut self.run);
         let r = self.submit_runs(reads, &mut run);
