@@ -114,18 +114,44 @@ pub fn run_envelope(c: &EnvelopeCell) -> Result<EnvelopeRecord> {
         best: None,
         surfaces: BTreeMap::new(),
     };
-    match measured {
-        Ok(e) => {
-            rec.best = Some(EnvelopeBest { depth: e.ceiling.depth as u32, mib_per_s: e.ceiling.mib_per_s });
-            rec.cells = e.cells;
+    let ran = measured.map(|e| {
+        rec.best = Some(EnvelopeBest { depth: e.ceiling.depth as u32, mib_per_s: e.ceiling.mib_per_s });
+        rec.cells = e.cells;
+    });
+    seal(staging, rec, ran, "envelope failed")
+}
+
+/// A measurement record that can say it failed, and why.
+trait Failable: Serialize {
+    fn failed(&mut self, error: String);
+}
+
+impl Failable for EnvelopeRecord {
+    fn failed(&mut self, error: String) {
+        self.outcome = Outcome::Failed;
+        self.error = Some(error);
+    }
+}
+
+impl Failable for ReadReplayRecord {
+    fn failed(&mut self, error: String) {
+        self.outcome = Outcome::Failed;
+        self.error = Some(error);
+    }
+}
+
+/// Commits `rec` either way: as it is when the measurement `ran`, else marked failed with the
+/// reason, and the error names the sealed record.
+fn seal<R: Failable>(staging: Staging, mut rec: R, ran: Result<()>, what: &str) -> Result<R> {
+    match ran {
+        Ok(()) => {
             staging.commit(&rec)?;
             Ok(rec)
         }
         Err(e) => {
-            rec.outcome = Outcome::Failed;
-            rec.error = Some(format!("{e:#}"));
+            rec.failed(format!("{e:#}"));
             let dir = staging.commit(&rec)?;
-            Err(e.context(format!("envelope failed; record {}", dir.display())))
+            Err(e.context(format!("{what}; record {}", dir.display())))
         }
     }
 }
@@ -319,16 +345,5 @@ pub fn run_read_replay(c: &ReadReplayCell) -> Result<ReadReplayRecord> {
         rec.decode = Some(phase(&seq.steps[p..], &times[p..]));
         Ok(())
     })();
-    match ran {
-        Ok(()) => {
-            staging.commit(&rec)?;
-            Ok(rec)
-        }
-        Err(e) => {
-            rec.outcome = Outcome::Failed;
-            rec.error = Some(format!("{e:#}"));
-            let dir = staging.commit(&rec)?;
-            Err(e.context(format!("read replay failed closed; record {}", dir.display())))
-        }
-    }
+    seal(staging, rec, ran, "read replay failed closed")
 }

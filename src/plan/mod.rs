@@ -868,20 +868,12 @@ impl Plan {
                 if last.as_ptr() as usize != first.as_ptr() as usize + len - pool.bytes_per_slot as usize {
                     continue;
                 }
-                if crate::source::advise_huge(first.as_ptr(), len) {
-                    let start = (first.as_ptr() as u64).next_multiple_of(crate::source::HUGE);
-                    let end = (first.as_ptr() as u64 + len as u64) / crate::source::HUGE * crate::source::HUGE;
-                    advised += end - start;
-                }
+                advised += crate::source::advise_huge(first.as_ptr(), len) as u64;
             }
         }
-        for pools in &self.pools {
-            for pool in pools {
-                if let PoolMem::Host(buf) = &pool.mem {
-                    if buf.len() as u64 >= crate::source::HUGE {
-                        advised += buf.len() as u64 / crate::source::HUGE * crate::source::HUGE;
-                    }
-                }
+        for pool in self.pools.iter().flatten() {
+            if let PoolMem::Host(buf) = &pool.mem {
+                advised += buf.huge_bytes() as u64;
             }
         }
         self.tel.movement.get_or_insert_with(Default::default).huge_advised_bytes = advised;

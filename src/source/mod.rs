@@ -293,15 +293,21 @@ pub fn check_request(req: &ReadRequest, n_windows: u32, window_size: u64) -> Res
 pub const HUGE: u64 = 2 << 20;
 
 /// Advises transparent huge pages for `[ptr, ptr + len)` (whole 2 MiB pages inside it only take
-/// effect, and only for pages not yet touched). Returns whether the kernel took the advice.
-pub fn advise_huge(ptr: *mut u8, len: usize) -> bool {
+/// effect, and only for pages not yet touched). Returns the bytes the kernel took the advice
+/// for: 0 when it refused, or when no whole 2 MiB page lies inside.
+pub fn advise_huge(ptr: *mut u8, len: usize) -> usize {
     let start = (ptr as usize).next_multiple_of(HUGE as usize);
     let end = (ptr as usize + len) / HUGE as usize * HUGE as usize;
     if end <= start {
-        return false;
+        return 0;
     }
     // SAFETY: a hint on pages the caller owns; it changes no contents.
-    unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) == 0 }
+    let ok = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) == 0 };
+    if ok {
+        end - start
+    } else {
+        0
+    }
 }
 
 /// A zeroed buffer aligned to [`ALIGN`], allocated once, freed on drop; it never moves. From
@@ -309,8 +315,10 @@ pub fn advise_huge(ptr: *mut u8, len: usize) -> bool {
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     layout: Layout,
-    /// Bytes mapped (a multiple of [`HUGE`]) when the buffer is its own mapping.
+    /// Bytes mapped (a multiple of [`HUGE`]) when the buffer is its own mapping, and of those
+    /// the bytes advised huge pages.
     mapped: usize,
+    advised: usize,
 }
 
 // SAFETY: the buffer is plain owned memory; access goes through &self / &mut self.
@@ -330,7 +338,7 @@ impl AlignedBuf {
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(ptr) else { bail!("cannot allocate {size} aligned bytes") };
-        Ok(AlignedBuf { ptr, layout, mapped: 0 })
+        Ok(AlignedBuf { ptr, layout, mapped: 0, advised: 0 })
     }
 
     /// A buffer of its own mapping at a 2 MiB boundary, rounded up to whole 2 MiB pages, with
@@ -358,13 +366,18 @@ impl AlignedBuf {
                 libc::munmap((start + mapped) as *mut libc::c_void, tail);
             }
         }
-        advise_huge(start as *mut u8, mapped);
+        let advised = advise_huge(start as *mut u8, mapped);
         let layout = Layout::from_size_align(size, ALIGN as usize).context("buffer layout")?;
-        Ok(AlignedBuf { ptr: NonNull::new(start as *mut u8).expect("a mapping is never at 0"), layout, mapped })
+        Ok(AlignedBuf { ptr: NonNull::new(start as *mut u8).expect("a mapping is never at 0"), layout, mapped, advised })
     }
 
     pub fn len(&self) -> usize {
         self.layout.size()
+    }
+
+    /// Bytes of the buffer advised to be huge pages when it was mapped.
+    pub fn huge_bytes(&self) -> usize {
+        self.advised
     }
 
     pub fn is_empty(&self) -> bool {
@@ -564,7 +577,7 @@ mod tests {
         assert_eq!(small.as_ptr() as u64 % ALIGN, 0);
         let forced = AlignedBuf::huge(5000).unwrap();
         assert_eq!((forced.as_ptr() as u64 % HUGE, forced.len()), (0, 8192));
-        assert!(!advise_huge(small.as_ptr(), small.len()), "no whole 2 MiB page inside 8 KiB");
+        assert_eq!(advise_huge(small.as_ptr(), small.len()), 0, "no whole 2 MiB page inside 8 KiB");
     }
 
     #[test]
