@@ -797,26 +797,7 @@ impl Plan {
         let mut pending: VecDeque<_> = jobs.iter().copied().collect();
         let mut inflight: HashMap<u32, Bundle> = HashMap::new();
         loop {
-            // Every bundle that has a Free window and room in the source's depth goes out at
-            // once, so the source sees them together (and can coalesce neighbours in the file);
-            // the rest follow as completions free room, so that validating what arrived is
-            // never held up behind a submission waiting for room.
-            let mut jobs = Vec::new();
-            let mut room = self.source.room();
-            for (w, state) in self.windows.iter().enumerate() {
-                if *state != WindowState::Free || inflight.contains_key(&(w as u32)) {
-                    continue;
-                }
-                let Some(&(object, slot, version)) = pending.front() else { break };
-                let n = self.manifest.object(object).map_or(1, |o| o.extents.len());
-                if n > room && !(jobs.is_empty() && inflight.is_empty()) {
-                    break;
-                }
-                room = room.saturating_sub(n);
-                pending.pop_front();
-                jobs.push((w as u32, object, slot, version));
-            }
-            self.submit_bundles(li, &jobs, &mut inflight)?;
+            self.submit_pending(li, &mut pending, &mut inflight)?;
             if inflight.is_empty() {
                 if pending.is_empty() {
                     return Ok(());
@@ -824,8 +805,39 @@ impl Plan {
                 return Err(PlanError::OutstandingWork { detail: "no window is Free".into() });
             }
             let c = self.wait_source()?;
+            // The wait freed room in the source: refill it before this completion is hashed, so
+            // the device reads the next bundles while the CPU verifies the last ones.
+            self.submit_pending(li, &mut pending, &mut inflight)?;
             self.accept(li, c, &mut inflight)?;
         }
+    }
+
+    /// Every pending bundle that has a Free window and room in the source's depth goes out at
+    /// once, so the source sees them together (and can coalesce neighbours in the file); the
+    /// rest follow as completions free room, so that validating what arrived is never held up
+    /// behind a submission waiting for room.
+    fn submit_pending(
+        &mut self,
+        li: usize,
+        pending: &mut VecDeque<(ObjectId, u32, Version)>,
+        inflight: &mut HashMap<u32, Bundle>,
+    ) -> Result<(), PlanError> {
+        let mut jobs = Vec::new();
+        let mut room = self.source.room();
+        for (w, state) in self.windows.iter().enumerate() {
+            if *state != WindowState::Free || inflight.contains_key(&(w as u32)) {
+                continue;
+            }
+            let Some(&(object, slot, version)) = pending.front() else { break };
+            let n = self.manifest.object(object).map_or(1, |o| o.extents.len());
+            if n > room && !(jobs.is_empty() && inflight.is_empty()) {
+                break;
+            }
+            room = room.saturating_sub(n);
+            pending.pop_front();
+            jobs.push((w as u32, object, slot, version));
+        }
+        self.submit_bundles(li, &jobs, inflight)
     }
 
     /// Where extent `i` of a bundle for `slot` of layer index `li` can be read straight into

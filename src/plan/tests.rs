@@ -896,6 +896,97 @@ fn a_shallow_source_gets_bundles_as_room_frees_and_every_byte_still_lands() {
     assert!(p.shutdown().unwrap().is_clean());
 }
 
+/// A source of bounded depth over P's reads that logs what the Plan asks of it: each SQE's
+/// room is freed when a wait reaps it, as io_uring frees entries.
+struct Shallow {
+    inner: BufferedSource,
+    depth: usize,
+    reaped: VecDeque<Completion>,
+    log: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
+}
+
+impl Source for Shallow {
+    fn n_windows(&self) -> u32 {
+        self.inner.n_windows()
+    }
+
+    fn window_size(&self) -> u64 {
+        self.inner.window_size()
+    }
+
+    fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError> {
+        self.log.lock().unwrap().push("submit");
+        self.inner.submit(req)
+    }
+
+    fn room(&self) -> usize {
+        self.depth.saturating_sub(self.inner.outstanding())
+    }
+
+    fn wait(&mut self) -> Result<Completion, SourceError> {
+        self.log.lock().unwrap().push("wait");
+        while self.inner.outstanding() > 0 {
+            let c = self.inner.wait()?;
+            self.reaped.push_back(c);
+        }
+        self.reaped.pop_front().ok_or(SourceError::NothingOutstanding)
+    }
+
+    fn outstanding(&self) -> usize {
+        self.inner.outstanding() + self.reaped.len()
+    }
+
+    fn window(&self, w: u32) -> &[u8] {
+        self.log.lock().unwrap().push("window");
+        self.inner.window(w)
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.inner.stats()
+    }
+}
+
+#[test]
+fn room_freed_by_a_wait_is_refilled_before_the_completion_is_verified() {
+    // Depth 3, one bundle: the next bundle must be in flight while the CPU hashes the one that
+    // arrived, or the device idles for every verification.
+    let m = model();
+    let spec: PolicySpec = "zero".parse().unwrap();
+    let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let inner = BufferedSource::open(&m.path, 4, manifest.window_size).unwrap();
+    let source = Shallow { inner, depth: 3, reaped: VecDeque::new(), log: log.clone() };
+    let mut p = Plan::new(manifest, &spec, Box::new(source)).unwrap();
+    p.expect_digests(digests()).unwrap();
+    let ids = [9, 2, 14, 6];
+    let slots = acq(&mut p, 1, 0, &ids).unwrap();
+    for (&id, &s) in ids.iter().zip(&slots) {
+        assert_holds(&p, s as u32, obj(1, id as u32));
+    }
+    let log = log.lock().unwrap().clone();
+    // A bundle's three extents go out together (three submits), four bundles in all.
+    assert_eq!(log.iter().filter(|&&e| e == "submit").count(), 12, "{log:?}");
+    let mut i = 0;
+    let mut bundles_left = 4;
+    while i < log.len() {
+        if log[i] == "submit" {
+            bundles_left -= 1;
+            i += 3;
+            continue;
+        }
+        if log[i] == "wait" && bundles_left > 0 && (i == 0 || log[i - 1] != "wait") {
+            // The first wait after a bundle's extents reaped them: the next bundle goes out
+            // before any byte is read for verification.
+            let next = log[i + 1..].iter().find(|&&e| e != "wait").copied();
+            assert_eq!(next, Some("submit"), "at {i}: {log:?}");
+        }
+        i += 1;
+    }
+    assert_eq!(bundles_left, 0, "{log:?}");
+    p.release(1, 0).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
 #[test]
 fn unaligned_neighbours_share_their_boundary_block_through_windows() {
     // The default alignment (32): extents start mid-page, so neighbours share a block. One read
