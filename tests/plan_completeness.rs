@@ -107,6 +107,7 @@ fn fewer_passes_than_groups_fail_the_decode_closed() {
         depth: Some(4),
         layer_buffers: 0,
         timeline_token: None,
+        token_pass: None,
         fault: FaultCell::None,
     };
     let e = generate::run_with(&spec, |inv| {

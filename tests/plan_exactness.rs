@@ -203,3 +203,33 @@ fn manifest_sized_f_with_coalesced_and_direct_reads_is_exact() {
     assert_eq!((r["params"]["experts"]["windows"].as_u64(), r["params"]["experts"]["depth"].as_u64()), (Some(2), Some(4)));
     assert_exact(&dir.path().join("aligned-resident"), &rec);
 }
+
+#[test]
+fn token_passes_stream_a_layer_in_groups_and_stay_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "a.gguf", 36, &["--alignment", "4096"]);
+    let resident = dir.path().join("resident");
+    gen(&m, &resident, &[]);
+    let one = dir.path().join("one");
+    let o = gen(&m, &one, &["--experts", "plan", "--slots", "5", "--source", "f", "--depth", "3"]);
+    // tiny: top-4, so a decode step is served in 4 passes of one expert or 2 of two, the
+    // later groups read while the engine computes the first ones.
+    for (pass, source, policy) in [("1", "f", "zero"), ("2", "f", "lru:5"), ("2", "d", "zero")] {
+        let rec = dir.path().join(format!("t{pass}-{source}-{}", policy.replace(':', "")));
+        let r = gen(&m, &rec, &["--experts", "plan", "--slots", "5", "--source", source, "--depth", "3", "--token-pass", pass, "--policy", policy]);
+        assert_exact(&resident, &rec);
+        assert_clean(&r);
+        assert_eq!(r["params"]["experts"]["token_pass"], pass.parse::<u32>().unwrap());
+        let per_step = 4 / pass.parse::<u64>().unwrap();
+        let calls = |v: &serde_json::Value| v["experts"]["acquire_calls"].as_u64().unwrap();
+        // Every decode step of every layer takes per_step acquires instead of one.
+        let decode_events = u64::from(OUTPUTS - 1) * 3;
+        if policy == "zero" && source == "f" {
+            assert_eq!(calls(&r) - calls(&o), decode_events * (per_step - 1), "{}", r["experts"]);
+        }
+    }
+    for bad in ["0", "6"] {
+        let r = generate(&m, PROMPT, OUTPUTS, &dir.path().join("bad"), &["--experts", "plan", "--slots", "5", "--token-pass", bad]);
+        assert_one_line_error(&r, &["token pass"]);
+    }
+}

@@ -161,6 +161,7 @@ fn plan_options(arm: &super::spec::Arm, fault: FaultCell) -> PlanOptions {
         layer_buffers: arm.layer_buffers.unwrap_or(0),
         fault,
         timeline_token: arm.timeline_token,
+        token_pass: arm.token_pass,
     }
 }
 

@@ -313,6 +313,12 @@ analysis:
         parse(&GOOD.replace("    windows: 8\n    depth: 8\n", "")).expect("F sized from the manifest");
         let d = diag(&GOOD.replace("  - id: O\n    experts: resident\n", "  - id: O\n    experts: resident\n    depth: 3\n"));
         assert!(d.iter().any(|d| d.message.contains("`depth` applies only")), "{d:?}");
+        // Token passes: a Plan arm's, at least one.
+        parse(&GOOD.replace("    windows: 8\n    depth: 8\n", "    windows: 8\n    depth: 8\n    token_pass: 2\n")).expect("F in token passes");
+        let d = diag(&GOOD.replace("    windows: 8\n    depth: 8\n", "    windows: 8\n    depth: 8\n    token_pass: 0\n"));
+        assert!(d.iter().any(|d| d.message.contains("`token_pass` must be at least 1")), "{d:?}");
+        let d = diag(&GOOD.replace("  - id: O\n    experts: resident\n", "  - id: O\n    experts: resident\n    token_pass: 2\n"));
+        assert!(d.iter().any(|d| d.message.contains("`token_pass` applies only")), "{d:?}");
     }
 
     #[test]

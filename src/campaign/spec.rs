@@ -228,6 +228,11 @@ pub struct Arm {
     /// middle one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline_token: Option<u32>,
+    /// Distinct experts per engine pass when a ubatch has one token (absent: one pass): fewer
+    /// than a token selects lets the engine compute a layer's first experts while the Plan
+    /// still reads the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_pass: Option<u32>,
     /// This arm runs `sovereign refine` (the campaign must name `refine` models).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refine: Option<RefineArm>,
@@ -508,7 +513,12 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         let sized = [("windows", a.windows.is_some()), ("depth", a.depth.is_some())];
         match experts {
             ExpertsMode::Resident | ExpertsMode::Host => {
-                for (name, set) in plan_fields.iter().chain(&sized).chain(&[("fault", a.fault.is_some()), ("layer_buffers", a.layer_buffers.is_some()), ("timeline_token", a.timeline_token.is_some())]) {
+                for (name, set) in plan_fields.iter().chain(&sized).chain(&[
+                    ("fault", a.fault.is_some()),
+                    ("layer_buffers", a.layer_buffers.is_some()),
+                    ("timeline_token", a.timeline_token.is_some()),
+                    ("token_pass", a.token_pass.is_some()),
+                ]) {
                     if *set {
                         out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` applies only to `experts: plan`", a.id.value)));
                     }
@@ -520,7 +530,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
                         out.push(Diagnostic::at(&a.id, format!("arm `{}`: `experts: plan` needs `{name}`", a.id.value)));
                     }
                 }
-                for (name, v) in [("slots", a.slots), ("windows", a.windows), ("depth", a.depth)] {
+                for (name, v) in [("slots", a.slots), ("windows", a.windows), ("depth", a.depth), ("token_pass", a.token_pass)] {
                     if v == Some(0) {
                         out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` must be at least 1", a.id.value)));
                     }
@@ -639,6 +649,7 @@ fn validate_measure_arm(a: &Arm) -> Vec<Diagnostic> {
         ("depth", a.depth.is_some()),
         ("layer_buffers", a.layer_buffers.is_some()),
         ("fault", a.fault.is_some()),
+        ("token_pass", a.token_pass.is_some()),
         ("refine", a.refine.is_some()),
         ("memory_cap_bytes", a.memory_cap_bytes.is_some()),
         ("threads", a.threads.is_some()),

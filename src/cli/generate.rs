@@ -43,6 +43,11 @@ pub struct PlanArgs {
     /// record keeps in its `timeline` surface (plan); default: the middle one.
     #[arg(long)]
     timeline_token: Option<u32>,
+    /// Distinct experts per engine pass when a ubatch has one token (plan; default: all in one
+    /// pass). Fewer than a token selects lets the engine compute a layer's first experts while
+    /// the Plan still reads the others.
+    #[arg(long)]
+    token_pass: Option<u32>,
 }
 
 impl PlanArgs {
@@ -56,6 +61,7 @@ impl PlanArgs {
             layer_buffers: self.layer_buffers,
             fault,
             timeline_token: self.timeline_token,
+            token_pass: self.token_pass,
         }
     }
 }

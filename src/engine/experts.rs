@@ -61,6 +61,11 @@ pub trait ExpertSource: Send {
     fn n_per_pass(&self) -> u32 {
         self.n_slots()
     }
+    /// The same for a ubatch of one token (1..=n_per_pass): smaller passes let the source still
+    /// be reading a layer's later groups while the engine computes the earlier ones.
+    fn n_per_token_pass(&self) -> u32 {
+        self.n_per_pass()
+    }
     /// Takes the engine's pool of expert tensor `name` of `layer` (`n_slots` slots of
     /// `slot_bytes`) and returns its buffer: pools of one role with the same buffer share memory.
     fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32, pool: SlotPool) -> Result<u32>;
@@ -100,6 +105,7 @@ impl Bridge {
     pub fn new(source: Box<dyn ExpertSource>) -> Box<Bridge> {
         let n_slots = source.n_slots();
         let n_per_pass = source.n_per_pass();
+        let n_per_token_pass = source.n_per_token_pass();
         let mut b = Box::new(Bridge {
             source,
             error: None,
@@ -107,6 +113,7 @@ impl Bridge {
                 user: std::ptr::null_mut(),
                 n_slots,
                 n_per_pass,
+                n_per_token_pass,
                 pool: Some(pool_cb),
                 acquire: Some(acquire_cb),
                 release: Some(release_cb),

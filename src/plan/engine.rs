@@ -55,6 +55,10 @@ pub struct PlanOptions {
     /// The decode token whose every event the timeline keeps (absent: the middle one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline_token: Option<u32>,
+    /// Distinct experts per engine pass for a one-token ubatch (absent: one pass): fewer than
+    /// a token selects lets the engine compute a layer's first groups while the rest is read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_pass: Option<u32>,
 }
 
 pub struct PlanSource {
@@ -113,6 +117,17 @@ impl PlanSource {
         let timeline = Timeline::new(options.timeline_token, manifest.layers.iter().map(|l| l.layer).collect(), capacity);
         let mut plan = Plan::for_engine(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
         plan.set_timeline(timeline);
+        if let Some(g) = options.token_pass {
+            let n_per_pass = plan.manifest().layers.iter().map(|l| l.capacity()).min().unwrap_or(n_slots).max(1);
+            if g == 0 || g > n_per_pass {
+                bail!("token pass of {g} experts: expected 1..={n_per_pass} (the unpinned slots of a layer)");
+            }
+            if options.fault != FaultCell::None {
+                bail!("token passes are not combined with fault cells (cell {:?})", options.fault);
+            }
+            let n_used = inv.expert_used_count.ok_or_else(|| anyhow!("the model names no expert_used_count, which token passes need"))?;
+            plan.stream_token_passes(usize::try_from(n_used)?, g);
+        }
         // Every extent read is verified against the model's digest manifest.
         let digests = crate::digests::obtain(model, inv, None)?.digests;
         plan.expect_digests(&digests).map_err(|e| anyhow!("{e}"))?;
@@ -331,6 +346,10 @@ impl ExpertSource for PlanSource {
         self.plan.manifest().layers.iter().map(|l| l.capacity()).min().unwrap_or(self.n_slots).max(1)
     }
 
+    fn n_per_token_pass(&self) -> u32 {
+        self.options.token_pass.unwrap_or_else(|| self.n_per_pass())
+    }
+
     fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32, pool: SlotPool) -> Result<u32> {
         let (role, bytes) = (role_of(name)?, pool.bytes());
         self.devices.insert(pool.device().to_string());
@@ -436,6 +455,7 @@ impl PlanSource {
             window_bytes: self.plan.manifest().window_size,
             depth: if self.options.source == SourceKind::F { Some(self.sizing.depth) } else { None },
             sizing: Some(self.sizing),
+            token_pass: self.options.token_pass,
         }
     }
 

@@ -253,6 +253,26 @@ pub struct Plan {
     digests: Option<verify::Expected>,
     /// The engine's host slot pools were advised huge pages ([`Plan::advise_engine_pools`]).
     advised: bool,
+    /// (selections of one token, experts per pass): one-token events are streamed in passes
+    /// of that many experts ([`Plan::stream_token_passes`]).
+    token_pass: Option<(usize, u32)>,
+    /// The streamed event whose later groups are still being read.
+    stream: Option<Stream>,
+}
+
+/// A one-token layer event served in passes while its later groups are still being read: every
+/// miss got its slot and every hit its consumer at pass 0, and the reads run on, in group order,
+/// while the engine computes the earlier passes.
+struct Stream {
+    li: usize,
+    layer: u32,
+    /// The pass the engine asks for next.
+    next: u32,
+    /// Per pass: the consumers its hits took at pass 0, and its loads.
+    hits: Vec<Vec<Hold>>,
+    loads: Vec<Vec<(ObjectId, u32, Version)>>,
+    pending: VecDeque<(ObjectId, u32, Version)>,
+    inflight: HashMap<u32, Bundle>,
 }
 
 impl Plan {
@@ -338,7 +358,17 @@ impl Plan {
             sched: BTreeSet::new(),
             digests: None,
             advised: false,
+            token_pass: None,
+            stream: None,
         })
+    }
+
+    /// Streams events of `n_used` selections (one token) in passes of `per_pass` distinct
+    /// experts: the whole selection is claimed and read at pass 0, and each pass returns once
+    /// its own group is published, so the engine computes it while the rest is still read.
+    /// Only where every layer's unpinned capacity holds the selection; otherwise as usual.
+    pub fn stream_token_passes(&mut self, n_used: usize, per_pass: u32) {
+        self.token_pass = (n_used > 0 && per_pass > 0).then_some((n_used, per_pass));
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -594,10 +624,21 @@ impl Plan {
 
     fn acquire_event(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
         let li = self.manifest.layer_index(layer).ok_or(PlanError::UnknownLayer { layer })?;
-        self.complete_prefetch()?;
         if slots.len() != ids.len() {
             return Err(PlanError::SlotsLength { ids: ids.len(), slots: slots.len() });
         }
+        if let Some(s) = &self.stream {
+            if (s.layer, s.next) != (layer, pass) {
+                return Err(PlanError::Config {
+                    detail: format!(
+                        "layer {layer} pass {pass} acquired while layer {} waits for its pass {}: a streamed event must be served pass by pass",
+                        s.layer, s.next
+                    ),
+                });
+            }
+            return self.stream_pass(ids, slots);
+        }
+        self.complete_prefetch()?;
         let (n_experts, capacity) = {
             let lp = &self.manifest.layers[li];
             (lp.n_experts, lp.capacity())
@@ -618,6 +659,13 @@ impl Plan {
             self.policy.observe(layer, &distinct);
         }
         let pinned = |e: u32| self.manifest.is_pinned(ObjectId { layer, expert: e });
+        if let Some((n_used, per_pass)) = self.token_pass {
+            let unpinned = distinct.iter().filter(|&&e| !pinned(e)).count() as u32;
+            if pass == 0 && ids.len() == n_used && per_pass < unpinned && unpinned <= capacity {
+                let groups = groups(&distinct, per_pass, pinned);
+                return self.start_stream(li, layer, groups, ids, slots);
+            }
+        }
         let group = groups(&distinct, capacity, pinned).into_iter().nth(pass as usize).unwrap_or_default();
         if group.is_empty() {
             return Ok(());
@@ -632,17 +680,7 @@ impl Plan {
                 misses.push(object);
                 continue;
             };
-            let before = self.table.cell(li, slot)?;
-            let v = self.table.consume(li, slot, object)?;
-            self.tel.consumer_takes += 1;
-            self.taking.push((li, slot, v));
-            self.tel.hits += 1;
-            if self.holds[li].iter().any(|h| h.1 == slot && h.2 == v) {
-                self.tel.prefetch_hits += 1;
-            }
-            if before.state == SlotState::Recyclable && !self.manifest.is_pinned(object) {
-                self.policy.reused(object);
-            }
+            self.hit(li, slot, object)?;
         }
         // Prefetch holds of this layer end at its acquire, before misses claim slots: used ones
         // stay InUse through the consumer just taken, unused ones become Recyclable victims.
@@ -678,6 +716,144 @@ impl Plan {
         }
         let taken = std::mem::take(&mut self.taking);
         self.events.entry((layer, pass)).or_default().push(taken);
+        Ok(())
+    }
+
+    /// A hit on `slot`: one more consumer, taken through `taking`.
+    fn hit(&mut self, li: usize, slot: u32, object: ObjectId) -> Result<Hold, PlanError> {
+        let before = self.table.cell(li, slot)?;
+        let v = self.table.consume(li, slot, object)?;
+        self.tel.consumer_takes += 1;
+        self.taking.push((li, slot, v));
+        self.tel.hits += 1;
+        if self.holds[li].iter().any(|h| h.1 == slot && h.2 == v) {
+            self.tel.prefetch_hits += 1;
+        }
+        if before.state == SlotState::Recyclable && !self.manifest.is_pinned(object) {
+            self.policy.reused(object);
+        }
+        Ok((li, slot, v))
+    }
+
+    /// Pass 0 of a streamed event: the hits of every group take their consumers (so no miss can
+    /// evict them), every miss claims its slot and begins loading, the reads go out in group
+    /// order, and the call returns once group 0 is published.
+    fn start_stream(&mut self, li: usize, layer: u32, groups: Vec<Vec<u32>>, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
+        let n = groups.len();
+        let mut hits = vec![Vec::new(); n];
+        let mut misses = vec![Vec::new(); n];
+        for (k, group) in groups.iter().enumerate() {
+            for &expert in group {
+                let object = ObjectId { layer, expert };
+                self.tel.object_requests += 1;
+                let Some(slot) = self.table.find(li, expert) else {
+                    misses[k].push(object);
+                    continue;
+                };
+                // Through `taking` until the event is set up: a failure below drops them all.
+                hits[k].push(self.hit(li, slot, object)?);
+            }
+        }
+        for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
+            self.drop_consumer(hli, slot, v)?;
+        }
+        let mut loads = vec![Vec::new(); n];
+        for (k, group) in misses.iter().enumerate() {
+            for &object in group {
+                self.tel.misses += 1;
+                let slot = self.claim_slot(li, object)?;
+                let v = self.begin_load(li, slot, object)?;
+                loads[k].push((object, slot, v));
+            }
+        }
+        self.taking.clear();
+        let pending = loads.iter().flatten().copied().collect();
+        self.stream = Some(Stream { li, layer, next: 0, hits, loads, pending, inflight: HashMap::new() });
+        self.stream_pass(ids, slots)
+    }
+
+    /// The engine's next pass of the streamed event: reads on until its group is published,
+    /// then serves that group; the last pass ends the stream (and starts the next layer's
+    /// prefetch, which never runs beside a stream).
+    fn stream_pass(&mut self, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
+        let mut s = self.stream.take().expect("a stream");
+        let r = self.serve_stream_pass(&mut s, ids, slots);
+        if r.is_err() || (s.next as usize) < s.hits.len() {
+            self.stream = Some(s);
+            return r;
+        }
+        match self.manifest.next_layer(s.layer) {
+            Some(next) => self.prefetch(next),
+            None => Ok(()),
+        }
+    }
+
+    fn serve_stream_pass(&mut self, s: &mut Stream, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
+        let (li, layer, k) = (s.li, s.layer, s.next as usize);
+        if k > 0 {
+            self.tel.acquires += 1;
+        }
+        self.stream_until(s, k)?;
+        // Through `taking`: a failure below drops them.
+        self.taking.append(&mut s.hits[k]);
+        for &(object, slot, _) in &s.loads[k] {
+            let v = self.table.consume(li, slot, object)?;
+            self.tel.consumer_takes += 1;
+            self.taking.push((li, slot, v));
+        }
+        let mut slot_of = HashMap::new();
+        for &(_, slot, v) in &self.taking {
+            let object = self.table.cell(li, slot)?.object.expect("a consumed slot holds an object");
+            debug_assert_eq!(self.table.cell(li, slot)?.version(), v);
+            slot_of.insert(object.expert as i32, slot as i32);
+        }
+        for (s, id) in slots.iter_mut().zip(ids) {
+            *s = slot_of.get(id).copied().unwrap_or(-1);
+        }
+        let taken = std::mem::take(&mut self.taking);
+        self.events.entry((layer, k as u32)).or_default().push(taken);
+        s.next += 1;
+        Ok(())
+    }
+
+    /// Reads, validates and publishes the stream's bundles until every load of group `k` is
+    /// published; the reads of later groups stay in flight.
+    fn stream_until(&mut self, s: &mut Stream, k: usize) -> Result<(), PlanError> {
+        let li = s.li;
+        loop {
+            let loading = |p: &Plan| -> Result<bool, PlanError> {
+                for &(_, slot, _) in &s.loads[k] {
+                    if p.table.cell(li, slot)?.state == SlotState::Loading {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            };
+            if !loading(self)? {
+                return Ok(());
+            }
+            self.submit_pending(li, &mut s.pending, &mut s.inflight)?;
+            if s.inflight.is_empty() {
+                return Err(PlanError::OutstandingWork { detail: "no window is Free".into() });
+            }
+            let c = self.wait_source()?;
+            self.submit_pending(li, &mut s.pending, &mut s.inflight)?;
+            self.accept(li, c, &mut s.inflight)?;
+        }
+    }
+
+    /// Ends a streamed event the engine left unfinished: the consumers taken for passes it never
+    /// asked for are dropped; reads still in flight are drained with the rest.
+    fn drop_stream(&mut self) -> Result<(), PlanError> {
+        if let Some(s) = self.stream.take() {
+            for (li, slot, v) in s.hits.into_iter().skip(s.next as usize).flatten() {
+                self.drop_consumer(li, slot, v)?;
+            }
+            if self.status == Status::Running {
+                let e = PlanError::Config { detail: format!("layer {}'s streamed event ended at pass {}: its later groups were never served", s.layer, s.next) };
+                self.fail(&e);
+            }
+        }
         Ok(())
     }
 
@@ -1146,6 +1322,9 @@ impl Plan {
     }
 
     fn reset_inner(&mut self) -> Result<(), PlanError> {
+        if let Some(s) = &self.stream {
+            return Err(PlanError::OutstandingWork { detail: format!("layer {}'s streamed event is at pass {}", s.layer, s.next) });
+        }
         self.complete_prefetch()?;
         self.release_holds()?;
         let consumers = self.table.consumers();
@@ -1175,6 +1354,7 @@ impl Plan {
     }
 
     fn shutdown_inner(&mut self) -> Result<Closure, PlanError> {
+        self.drop_stream()?;
         if self.status == Status::Running {
             self.complete_prefetch()?;
         }

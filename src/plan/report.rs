@@ -32,6 +32,9 @@ pub struct PlanDescription {
     /// Where windows and depth came from: the flags, or the manifest (absent in earlier records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sizing: Option<super::engine::Sizing>,
+    /// Distinct experts per engine pass of a one-token ubatch, when decode is streamed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_pass: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -987,6 +987,102 @@ fn room_freed_by_a_wait_is_refilled_before_the_completion_is_verified() {
     assert!(p.shutdown().unwrap().is_clean());
 }
 
+/// A Plan over the shallow source (one bundle in flight) streaming events of `n_used`
+/// selections in passes of `per_pass` experts.
+fn streaming_plan(policy: &str, n_slots: u32, n_used: usize, per_pass: u32) -> Plan {
+    let m = model();
+    let spec: PolicySpec = policy.parse().unwrap();
+    let manifest = Manifest::new(&m.inv, n_slots, &spec.pinned).unwrap();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let inner = BufferedSource::open(&m.path, n_slots, manifest.window_size).unwrap();
+    let source = Shallow { inner, depth: 3, reaped: VecDeque::new(), log };
+    let mut p = Plan::new(manifest, &spec, Box::new(source)).unwrap();
+    p.expect_digests(digests()).unwrap();
+    p.stream_token_passes(n_used, per_pass);
+    p
+}
+
+/// Selections of `ids` that pass `pass` served hold their objects' file bytes; the others got -1.
+fn assert_served(p: &Plan, layer: u32, ids: &[i32], slots: &[i32], group: &[i32]) {
+    for (&id, &s) in ids.iter().zip(slots) {
+        if group.contains(&id) {
+            assert!(s >= 0, "expert {id} of group {group:?} got no slot: {slots:?}");
+            assert_holds(p, s as u32, obj(layer, id as u32));
+        } else {
+            assert_eq!(s, -1, "expert {id} is not in group {group:?}: {slots:?}");
+        }
+    }
+}
+
+#[test]
+fn a_streamed_event_serves_each_pass_while_later_groups_are_still_read() {
+    let mut p = streaming_plan("zero", 4, 4, 2);
+    let ids = [9, 2, 14, 6];
+    let slots = acq(&mut p, 1, 0, &ids).unwrap();
+    assert_served(&p, 1, &ids, &slots, &[9, 2]);
+    // Pass 0 returned with group 1's reads still out: the engine computes while they land.
+    let c = p.closure();
+    assert!(c.active_tickets > 0 && c.source_outstanding > 0, "{c:?}");
+    assert_eq!(p.slots(1).unwrap().iter().filter(|c| c.state == SlotState::Loading).count(), 2);
+    p.release(1, 0).unwrap();
+    let slots = acq(&mut p, 1, 1, &ids).unwrap();
+    assert_served(&p, 1, &ids, &slots, &[14, 6]);
+    p.release(1, 1).unwrap();
+    // Every byte was verified; a later event of two selections is not streamed (one group).
+    let t = p.telemetry();
+    assert_eq!((t.loads, t.digests.as_ref().unwrap().extents), (4, 12));
+    let slots = acq(&mut p, 1, 0, &[3, 5, 3, 5]).unwrap();
+    assert_served(&p, 1, &[3, 5, 3, 5], &slots, &[3, 5]);
+    p.release(1, 0).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
+fn a_streamed_event_keeps_its_later_hits_from_the_misses_before_them() {
+    // Four slots, all cached after the first event. The second event's first group misses
+    // twice; its second group hits 14 and 6, which took their consumers at pass 0, so the
+    // misses must evict 9 and 2 and pass 1 still finds 14 and 6 where they were.
+    let mut p = streaming_plan("lru:4", 4, 4, 2);
+    let first = [9, 2, 14, 6];
+    for pass in 0..2 {
+        acq(&mut p, 1, pass, &first).unwrap();
+        p.release(1, pass).unwrap();
+    }
+    let kept: Vec<i32> = [14, 6].iter().map(|&e| p.slots(1).unwrap().iter().position(|c| c.object == Some(obj(1, e))).unwrap() as i32).collect();
+    let ids = [1, 3, 14, 6];
+    let s0 = acq(&mut p, 1, 0, &ids).unwrap();
+    assert_served(&p, 1, &ids, &s0, &[1, 3]);
+    p.release(1, 0).unwrap();
+    let s1 = acq(&mut p, 1, 1, &ids).unwrap();
+    assert_served(&p, 1, &ids, &s1, &[14, 6]);
+    assert_eq!(&s1[2..], &kept[..]);
+    assert_eq!(p.telemetry().hits, 2);
+    p.release(1, 1).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
+fn a_streamed_event_left_unfinished_fails_closed() {
+    let mut p = streaming_plan("zero", 4, 4, 2);
+    let ids = [9, 2, 14, 6];
+    acq(&mut p, 1, 0, &ids).unwrap();
+    p.release(1, 0).unwrap();
+    // Another layer before pass 1: refused, and the Plan is failed.
+    let e = acq(&mut p, 2, 0, &ids).unwrap_err();
+    assert!(e.to_string().contains("pass by pass"), "{e}");
+    assert!(p.failure().is_some());
+    // Shutdown drains the reads, drops pass 1's consumers and discards the windows.
+    let c = p.shutdown().unwrap();
+    assert_eq!((c.consumers_live, c.active_tickets, c.source_outstanding), (0, 0, 0), "{c:?}");
+    assert_eq!(c.windows_free, c.windows_total);
+    // A Plan the engine simply stops using mid-event is failed at shutdown.
+    let mut p = streaming_plan("zero", 4, 4, 2);
+    acq(&mut p, 1, 0, &ids).unwrap();
+    p.release(1, 0).unwrap();
+    let c = p.shutdown().unwrap();
+    assert!(c.failed.as_deref().is_some_and(|f| f.contains("never served")), "{c:?}");
+}
+
 #[test]
 fn unaligned_neighbours_share_their_boundary_block_through_windows() {
     // The default alignment (32): extents start mid-page, so neighbours share a block. One read
