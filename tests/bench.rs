@@ -44,7 +44,7 @@ fn scaled_bench(outputs: u32) -> (tempfile::TempDir, PathBuf) {
         ("block_bytes: 1048576", "block_bytes: 262144".into()),
         ("bytes_per_depth: 268435456", "bytes_per_depth: 4194304".into()),
         ("      - [envelope, F, replay-F, D]\n      - [envelope, D, F, replay-F]\n", String::new()),
-        ("id: bench-1", "id: bench-tiny".into()),
+        ("id: bench-2", "id: bench-tiny".into()),
     ];
     for (from, to) in subs {
         assert!(text.contains(from), "campaigns/bench.yaml no longer holds {from:?}");
@@ -89,7 +89,7 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
     let cells: Vec<csv::StringRecord> = csv::Reader::from_path(out.join("cells.csv")).unwrap().records().map(Result::unwrap).collect();
     let h = csv::Reader::from_path(out.join("cells.csv")).unwrap().headers().unwrap().clone();
     let col = |n: &str| h.iter().position(|c| c == n).unwrap();
-    assert_eq!(cells.len(), 12);
+    assert_eq!(cells.len(), 13);
     let dir_of = |key: &str| -> PathBuf {
         let row = cells.iter().find(|r| &r[col("cell")] == key).unwrap_or_else(|| panic!("no cell {key}"));
         assert_eq!(&row[col("status")], "completed", "{key}: {}", &row[col("error")]);
@@ -105,6 +105,9 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         assert_eq!(&row[col("exact")], expect, "{}", &row[col("cell")]);
     }
 
+    // F serves decode in passes of two experts (tiny: top-4); F-all in one pass.
+    let passes = |key: &str| json(&dir_of(key).join("record.json"))["params"]["experts"]["token_pass"].clone();
+    assert_eq!((passes("b01-p2-F"), passes("b00-p4-F-all")), (Value::from(2), Value::Null));
     let oracle = json(&dir_of("b00-p0-resident").join("record.json"));
     let compute = s_per_token(&oracle);
     let (mut ratios, mut reads) = (Vec::new(), Vec::new());
@@ -178,7 +181,7 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
 }
 
 fn plan(policy: &str) -> PlanOptions {
-    PlanOptions { slots: 4, policy: policy.into(), source: SourceKind::F, windows: Some(8), depth: Some(8), layer_buffers: 0, fault: FaultCell::None, timeline_token: None }
+    PlanOptions { slots: 4, policy: policy.into(), source: SourceKind::F, windows: Some(8), depth: Some(8), layer_buffers: 0, fault: FaultCell::None, timeline_token: None, token_pass: None }
 }
 
 #[test]
