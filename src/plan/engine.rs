@@ -118,7 +118,7 @@ impl PlanSource {
         let mut plan = Plan::for_engine(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
         plan.set_timeline(timeline);
         if let Some(g) = options.token_pass {
-            let n_per_pass = plan.manifest().layers.iter().map(|l| l.capacity()).min().unwrap_or(n_slots).max(1);
+            let n_per_pass = per_pass(plan.manifest(), n_slots);
             if g == 0 || g > n_per_pass {
                 bail!("token pass of {g} experts: expected 1..={n_per_pass} (the unpinned slots of a layer)");
             }
@@ -325,6 +325,11 @@ impl PlanSource {
 
 }
 
+/// Distinct experts one engine pass serves: the unpinned capacity of the layer with the least.
+fn per_pass(m: &Manifest, n_slots: u32) -> u32 {
+    m.layers.iter().map(|l| l.capacity()).min().unwrap_or(n_slots).max(1)
+}
+
 fn role_of(name: &str) -> Result<Role> {
     let role = name
         .split('.')
@@ -343,7 +348,7 @@ impl ExpertSource for PlanSource {
     /// Pinned slots serve their experts in every pass, so a pass groups only the unpinned
     /// capacity; the layer with the least of it sets the engine's pass count.
     fn n_per_pass(&self) -> u32 {
-        self.plan.manifest().layers.iter().map(|l| l.capacity()).min().unwrap_or(self.n_slots).max(1)
+        per_pass(self.plan.manifest(), self.n_slots)
     }
 
     fn n_per_token_pass(&self) -> u32 {

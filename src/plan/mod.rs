@@ -695,17 +695,29 @@ impl Plan {
             loads.push((object, slot, v));
         }
         self.load(li, &loads)?;
-        for &(object, slot, _) in &loads {
-            let v = self.table.consume(li, slot, object)?;
-            self.tel.consumer_takes += 1;
-            self.taking.push((li, slot, v));
-        }
+        self.take_loads(li, &loads)?;
         if pass == 0 {
             if let Some(next) = self.manifest.next_layer(layer) {
                 self.prefetch(next)?;
             }
         }
-        let mut slot_of = vec![-1i32; n_experts as usize];
+        self.serve_taking(li, layer, pass, ids, slots)
+    }
+
+    /// One consumer on each published load, taken through `taking`.
+    fn take_loads(&mut self, li: usize, loads: &[(ObjectId, u32, Version)]) -> Result<(), PlanError> {
+        for &(object, slot, _) in loads {
+            let v = self.table.consume(li, slot, object)?;
+            self.tel.consumer_takes += 1;
+            self.taking.push((li, slot, v));
+        }
+        Ok(())
+    }
+
+    /// Writes the slot of every selection the consumers in `taking` serve (-1 for the others)
+    /// and files those consumers as the outstanding event (layer, pass).
+    fn serve_taking(&mut self, li: usize, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
+        let mut slot_of = vec![-1i32; self.manifest.layers[li].n_experts as usize];
         for &(_, slot, v) in &self.taking {
             let object = self.table.cell(li, slot)?.object.expect("a consumed slot holds an object");
             debug_assert_eq!(self.table.cell(li, slot)?.version(), v);
@@ -793,53 +805,22 @@ impl Plan {
         if k > 0 {
             self.tel.acquires += 1;
         }
-        self.stream_until(s, k)?;
+        // Reads on until every load of group k is published; later groups stay in flight.
+        let group = &s.loads[k];
+        self.read_until(li, &mut s.pending, &mut s.inflight, |p, _, _| {
+            for &(_, slot, _) in group {
+                if p.table.cell(li, slot)?.state == SlotState::Loading {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })?;
         // Through `taking`: a failure below drops them.
         self.taking.append(&mut s.hits[k]);
-        for &(object, slot, _) in &s.loads[k] {
-            let v = self.table.consume(li, slot, object)?;
-            self.tel.consumer_takes += 1;
-            self.taking.push((li, slot, v));
-        }
-        let mut slot_of = HashMap::new();
-        for &(_, slot, v) in &self.taking {
-            let object = self.table.cell(li, slot)?.object.expect("a consumed slot holds an object");
-            debug_assert_eq!(self.table.cell(li, slot)?.version(), v);
-            slot_of.insert(object.expert as i32, slot as i32);
-        }
-        for (s, id) in slots.iter_mut().zip(ids) {
-            *s = slot_of.get(id).copied().unwrap_or(-1);
-        }
-        let taken = std::mem::take(&mut self.taking);
-        self.events.entry((layer, k as u32)).or_default().push(taken);
+        self.take_loads(li, &s.loads[k])?;
+        self.serve_taking(li, layer, k as u32, ids, slots)?;
         s.next += 1;
         Ok(())
-    }
-
-    /// Reads, validates and publishes the stream's bundles until every load of group `k` is
-    /// published; the reads of later groups stay in flight.
-    fn stream_until(&mut self, s: &mut Stream, k: usize) -> Result<(), PlanError> {
-        let li = s.li;
-        loop {
-            let loading = |p: &Plan| -> Result<bool, PlanError> {
-                for &(_, slot, _) in &s.loads[k] {
-                    if p.table.cell(li, slot)?.state == SlotState::Loading {
-                        return Ok(true);
-                    }
-                }
-                Ok(false)
-            };
-            if !loading(self)? {
-                return Ok(());
-            }
-            self.submit_pending(li, &mut s.pending, &mut s.inflight)?;
-            if s.inflight.is_empty() {
-                return Err(PlanError::OutstandingWork { detail: "no window is Free".into() });
-            }
-            let c = self.wait_source()?;
-            self.submit_pending(li, &mut s.pending, &mut s.inflight)?;
-            self.accept(li, c, &mut s.inflight)?;
-        }
     }
 
     /// Ends a streamed event the engine left unfinished: the consumers taken for passes it never
@@ -972,19 +953,30 @@ impl Plan {
     fn load(&mut self, li: usize, jobs: &[(ObjectId, u32, Version)]) -> Result<(), PlanError> {
         let mut pending: VecDeque<_> = jobs.iter().copied().collect();
         let mut inflight: HashMap<u32, Bundle> = HashMap::new();
+        self.read_until(li, &mut pending, &mut inflight, |_, pending, inflight| Ok(pending.is_empty() && inflight.is_empty()))
+    }
+
+    /// Submits, waits for, validates and publishes bundles of `pending` until `done`.
+    fn read_until(
+        &mut self,
+        li: usize,
+        pending: &mut VecDeque<(ObjectId, u32, Version)>,
+        inflight: &mut HashMap<u32, Bundle>,
+        done: impl Fn(&Plan, &VecDeque<(ObjectId, u32, Version)>, &HashMap<u32, Bundle>) -> Result<bool, PlanError>,
+    ) -> Result<(), PlanError> {
         loop {
-            self.submit_pending(li, &mut pending, &mut inflight)?;
+            if done(self, pending, inflight)? {
+                return Ok(());
+            }
+            self.submit_pending(li, pending, inflight)?;
             if inflight.is_empty() {
-                if pending.is_empty() {
-                    return Ok(());
-                }
                 return Err(PlanError::OutstandingWork { detail: "no window is Free".into() });
             }
             let c = self.wait_source()?;
             // The wait freed room in the source: refill it before this completion is hashed, so
             // the device reads the next bundles while the CPU verifies the last ones.
-            self.submit_pending(li, &mut pending, &mut inflight)?;
-            self.accept(li, c, &mut inflight)?;
+            self.submit_pending(li, pending, inflight)?;
+            self.accept(li, c, inflight)?;
         }
     }
 
