@@ -31,6 +31,8 @@ pub const MAX_LRU: u32 = MAX_SLOTS;
 /// Cells of a campaign: each is a full model run and about 1.5 KiB in memory once expanded;
 /// 10 000 is far beyond any schedule worth running and keeps expansion near 15 MiB.
 pub const MAX_CELLS: u64 = 10_000;
+/// A cell spec a worker reads (its prompt travels inside it).
+pub const MAX_CELL_SPEC_BYTES: u64 = 64 << 20;
 /// Smallest memory limit a contained run may ask for: below it no worker can even start, so
 /// the number is a typo; between it and the worker's need the run is an OOM on record.
 pub const MIN_MEMORY_MAX: u64 = 1 << 20;

@@ -389,13 +389,108 @@ pub fn run_contained(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
     Ok((rec, dir))
 }
 
-/// `sovereign cell SPEC`: the worker. Reads the spec, runs it here, and prints the summary.
+/// How a worker started by [`run_isolated`] ended.
+#[derive(Debug)]
+pub enum WorkerEnd {
+    /// It exited 0: its record is committed and its summary went to the shared stdout.
+    Completed,
+    /// It exited non-zero on its own (a refusal, or a run that failed closed and said so):
+    /// its exit code and what it wrote to stderr.
+    Exited { code: i32, stderr: String },
+    /// It died by a signal (the engine aborted, or it was killed): nothing it staged survives,
+    /// and a failed record at the cell's record path says what killed it.
+    Died { error: String, record: PathBuf },
+}
+
+/// Runs `cell` (checked by the caller) in a worker process of its own, with no cgroup: a
+/// llama.cpp assertion aborts the worker, not this process, and its death becomes one line
+/// quoting the engine and a failed record. `args` go to the worker after its spec (`--human`).
+pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
+    use std::io::Write;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    for m in cell.models() {
+        Inventory::of(m)?;
+    }
+    let record = cell.record().to_path_buf();
+    // Refused here, before the worker exists, so that whatever `DIR.partial` a dead worker
+    // leaves is its own.
+    drop(Staging::new(&record)?);
+    let mut cmd = Command::new(std::env::current_exe().context("locating this executable")?);
+    cmd.arg("cell").arg("-").args(args).stdin(Stdio::piped()).stdout(Stdio::inherit()).stderr(Stdio::piped());
+    observe::die_with_parent(&mut cmd);
+    let mut child = cmd.spawn().context("starting the worker")?;
+    let spec = serde_json::to_vec(cell)?;
+    let mut stdin = child.stdin.take().context("the worker's stdin")?;
+    // A worker that dies before reading its spec closes the pipe; its status says why.
+    let _ = stdin.write_all(&spec);
+    drop(stdin);
+    let out = child.wait_with_output().context("waiting for the worker")?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.success() {
+        return Ok(WorkerEnd::Completed);
+    }
+    if let Some(code) = out.status.code() {
+        return Ok(WorkerEnd::Exited { code, stderr });
+    }
+    let signal = out.status.signal().unwrap_or(0);
+    let mut partial = record.file_name().context("record path has no name")?.to_os_string();
+    partial.push(".partial");
+    let _ = std::fs::remove_dir_all(record.with_file_name(partial));
+    let error = match engine_abort(&stderr) {
+        Some(quote) => format!("{}: llama.cpp aborted the worker ({}): {quote}", cell.models()[0].display(), observe::worker_error(None, Some(signal), "")),
+        None => observe::worker_error(None, Some(signal), &stderr),
+    };
+    let rec = TypedRecord::failed(cell.format(), error.clone(), build_identity()?)?;
+    let dir = Staging::new(&record)?.commit(&rec)?;
+    Ok(WorkerEnd::Died { error, record: dir })
+}
+
+/// The engine's own words for an abort in a worker's stderr: a GGML_ASSERT or GGML_ABORT line
+/// (`file:line: message`), or an uncaught exception's `what()`.
+pub fn engine_abort(stderr: &str) -> Option<String> {
+    let lines: Vec<&str> = stderr.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let pick = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("GGML_ASSERT(") || l.contains("what():"))
+        .or_else(|| lines.iter().rev().find(|l| l.contains(".c:") || l.contains(".cpp:") || l.contains(".h:")))?;
+    // The path of the source file is this machine's; the file name and line are the engine's.
+    let text = match pick.split_once(": ") {
+        Some((loc, rest)) if loc.contains('/') && loc.contains(':') => format!("{}: {rest}", loc.rsplit('/').next().unwrap_or(loc)),
+        _ => pick.to_string(),
+    };
+    Some(text.chars().take(400).collect())
+}
+
+/// `sovereign cell SPEC`: the worker. Reads the spec (`-`: standard input), runs it here, and
+/// prints the summary.
 pub fn worker(spec: &Path) -> Result<Done> {
-    bounds::regular_file("cell spec", spec)?;
-    let text = std::fs::read_to_string(spec).with_context(|| format!("{}: cannot read the cell spec", spec.display()))?;
+    let text = if spec == Path::new("-") {
+        let mut t = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(std::io::stdin(), bounds::MAX_CELL_SPEC_BYTES), &mut t).context("reading the cell spec from stdin")?;
+        t
+    } else {
+        bounds::regular_file("cell spec", spec)?;
+        std::fs::read_to_string(spec).with_context(|| format!("{}: cannot read the cell spec", spec.display()))?
+    };
     let cell: Cell = serde_json::from_str(&text).with_context(|| format!("{}: not a cell spec", spec.display()))?;
     if cell.record().as_os_str().is_empty() {
         bail!("{}: the cell names no record directory", spec.display());
     }
     run(&cell)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::engine_abort;
+
+    #[test]
+    fn an_engine_abort_is_quoted_without_this_machines_paths() {
+        let log = "llama_model_load: loading\n/root/x/src/llama-model.cpp:1368: GGML_ASSERT(n_expert_used_max <= hparams.n_expert) failed\nlibggml-base.so(+0x1234)\n";
+        assert_eq!(engine_abort(log).unwrap(), "llama-model.cpp:1368: GGML_ASSERT(n_expert_used_max <= hparams.n_expert) failed");
+        let log = "terminate called after throwing an instance of 'std::out_of_range'\n  what():  map::at\n";
+        assert_eq!(engine_abort(log).unwrap(), "what():  map::at");
+        assert_eq!(engine_abort("nothing from the engine\n"), None);
+    }
 }

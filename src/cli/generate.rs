@@ -4,7 +4,7 @@ use super::{print_json, status};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use sovereign::bounds::parse_bytes;
-use sovereign::cell::{self, Cell, Done, Experts, ExpertsMode, GenerateCell, Prompt};
+use sovereign::cell::{self, Cell, Done, Experts, ExpertsMode, GenerateCell, Prompt, WorkerEnd};
 use sovereign::engine::ExecParams;
 use sovereign::generate;
 use sovereign::observe::ContainSpec;
@@ -210,8 +210,12 @@ fn parse_gpu_layers(s: &str) -> Result<i32, String> {
 
 #[derive(Args)]
 pub struct CellArgs {
-    /// The cell spec (JSON), as a contained run or a campaign writes it.
+    /// The cell spec (JSON), as a contained run or a campaign writes it; `-` reads it from
+    /// standard input.
     spec: PathBuf,
+    /// Print the summary for a person instead of as JSON.
+    #[arg(long, hide = true)]
+    human: bool,
 }
 
 pub fn generate(a: GenerateArgs) -> Result<ExitCode> {
@@ -222,13 +226,29 @@ pub fn generate(a: GenerateArgs) -> Result<ExitCode> {
         print_contained(&rec, &dir, a.json)?;
         return Ok(status(rec.outcome() == Outcome::Completed));
     }
-    print_done(&cell::run(&cell)?, a.json)?;
-    Ok(ExitCode::SUCCESS)
+    isolated(&cell, a.json)
 }
 
-/// The worker: the summary as JSON on stdout, the error (if any) as one line on stderr.
+/// Runs `cell` in a worker of its own, which prints its summary (JSON with `json`); an engine
+/// abort there becomes one line and a failed record here.
+pub fn isolated(cell: &Cell, json: bool) -> Result<ExitCode> {
+    match cell::run_isolated(cell, if json { &[] } else { &["--human"] })? {
+        WorkerEnd::Completed => Ok(ExitCode::SUCCESS),
+        WorkerEnd::Exited { code, stderr } => {
+            eprint!("{stderr}");
+            Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
+        }
+        WorkerEnd::Died { error, record } => {
+            eprintln!("error: {error}; record {} (failed)", record.display());
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// The worker: the summary on stdout (JSON unless `--human`), the error (if any) as one line
+/// on stderr.
 pub fn cell(a: CellArgs) -> Result<ExitCode> {
-    print_done(&cell::worker(&a.spec)?, true)?;
+    print_done(&cell::worker(&a.spec)?, !a.human)?;
     Ok(ExitCode::SUCCESS)
 }
 

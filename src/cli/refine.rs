@@ -3,7 +3,7 @@
 use super::print_json;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use sovereign::cell::{self, Cell, Done, ExpertsMode, RefineCell};
+use sovereign::cell::{self, Cell, ExpertsMode, RefineCell};
 use sovereign::engine::ExecParams;
 use sovereign::refine::{self, margins, Mode};
 use sovereign::source::fault::FaultCell;
@@ -178,11 +178,7 @@ pub fn refine(a: RefineArgs) -> Result<ExitCode> {
         super::generate::print_contained(&rec, &dir, a.json)?;
         return Ok(super::status(rec.outcome() == sovereign::record::format::Outcome::Completed));
     }
-    match cell::run(&cell)? {
-        Done::Refine(s) => print_summary(&s, a.json)?,
-        Done::Generate(_) | Done::Measure(_) => unreachable!("a refine cell runs refine"),
-    }
-    Ok(ExitCode::SUCCESS)
+    super::generate::isolated(&cell, a.json)
 }
 
 pub fn print_summary(s: &refine::Summary, json: bool) -> Result<()> {

@@ -134,6 +134,17 @@ fn last_log() -> String {
     log.iter().rev().find(|l| !l.is_empty()).cloned().unwrap_or_default()
 }
 
+/// Why llama.cpp refused a model: its loader's own message (`error loading model: …`), which
+/// the last line (`failed to load model`) only summarises.
+fn load_error() -> String {
+    let log = LOG.lock().unwrap_or_else(|e| e.into_inner());
+    log.iter()
+        .rev()
+        .find_map(|l| l.split_once("error loading model: ").map(|(_, why)| why.trim().to_string()))
+        .filter(|why| !why.is_empty())
+        .unwrap_or_else(|| log.iter().rev().find(|l| !l.is_empty()).cloned().unwrap_or_default())
+}
+
 /// Initializes the backend once per process and routes llama.cpp's log through us.
 pub fn init() {
     static ONCE: Once = Once::new();
@@ -302,7 +313,7 @@ impl Model {
                 // SAFETY: llama.cpp dropped every reference to the bridge when the load failed.
                 let why = bridge
                     .and_then(|b| unsafe { Box::from_raw(b.as_ptr()) }.error)
-                    .unwrap_or_else(last_log);
+                    .unwrap_or_else(load_error);
                 bail!("{}: llama.cpp could not load the model: {why}", path.display())
             }
         }
