@@ -49,6 +49,12 @@ pub enum ModelCommand {
         /// a 4096-multiple size on its own pages, so direct reads land straight in slots.
         #[arg(long)]
         alignment: Option<u64>,
+        /// Store every router (ffn_gate_inp) as F16, as some converters do.
+        #[arg(long)]
+        f16_router: bool,
+        /// Leave out output.weight: the head is tied to token_embd.
+        #[arg(long)]
+        tied_output: bool,
         #[arg(long)]
         json: bool,
     },
@@ -114,20 +120,20 @@ pub fn build_info(a: BuildInfoArgs) -> Result<ExitCode> {
 
 pub fn model(c: ModelCommand) -> Result<ExitCode> {
     match c {
-        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, json } => {
+        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, f16_router, tied_output, json } => {
             let dims = preset.dims().with(&Overrides { layers, experts, top_k, embd, expert_ff, vocab, alignment })?;
             if out.symlink_metadata().is_ok() {
                 bail!("{}: --out exists; forge never overwrites (remove it first)", out.display());
             }
             let t = std::time::Instant::now();
-            let f = forge::forge(arch, dims, seed, &out)?;
+            let f = forge::forge_variant(arch, dims, forge::Variant { f16_router, tied_output }, seed, &out)?;
             if json {
                 print_json(&f)?;
             } else {
                 println!(
-                    "{}: {:?} {} layers x {} experts (top-{}), {:.1} MiB in {:.1} s, sha256 {}",
+                    "{}: {} {} layers x {} experts (top-{}), {:.1} MiB in {:.1} s, sha256 {}",
                     out.display(),
-                    arch,
+                    arch.name(),
                     dims.layers,
                     dims.experts,
                     dims.top_k,

@@ -4,6 +4,7 @@
 //! is a pure function of the arguments, chunks can be drawn in parallel, and a bench model is
 //! written at disk speed.
 
+mod families;
 mod tokenizer;
 
 use crate::gguf::{GgmlType, GgufWriter, TensorSpec, Value};
@@ -13,10 +14,76 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::path::Path;
 
+/// The MoE families `forge` writes, each as llama.cpp's loader for it expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
     Qwen3moe,
+    /// Gated DeltaNet layers with their recurrent state, full attention every 4th layer, a
+    /// shared expert with its gate.
+    Qwen3next,
+    /// Qwen3.5's MoE: the hybrid layout of qwen3next with its own tensor names.
+    Qwen35moe,
+    /// Sliding and full attention, a dense MLP beside merged gate_up experts, per-expert scales.
+    Gemma4,
+    /// MLA attention, a dense leading layer, expert groups, a shared expert, selection bias.
+    Deepseek2,
+    /// Expert and router biases, attention sinks, alternating sliding window.
+    #[value(name = "gpt-oss")]
+    #[serde(rename = "gpt-oss")]
+    GptOss,
+    /// q/k norms over the whole projection.
+    Olmoe,
+    /// Mixtral-style experts under the `llama` architecture.
+    Llama,
+    /// A shared expert with its gate, q/k/v biases.
+    Qwen2moe,
+    /// Granite's embedding, residual, attention and logit multipliers.
+    Granitemoe,
+    /// A dense leading layer, a shared expert, selection bias.
+    Glm4moe,
+}
+
+impl Arch {
+    /// `general.architecture`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Qwen3moe => "qwen3moe",
+            Arch::Qwen3next => "qwen3next",
+            Arch::Qwen35moe => "qwen35moe",
+            Arch::Gemma4 => "gemma4",
+            Arch::Deepseek2 => "deepseek2",
+            Arch::GptOss => "gpt-oss",
+            Arch::Olmoe => "olmoe",
+            Arch::Llama => "llama",
+            Arch::Qwen2moe => "qwen2moe",
+            Arch::Granitemoe => "granitemoe",
+            Arch::Glm4moe => "glm4moe",
+        }
+    }
+
+    pub const ALL: [Arch; 11] = [
+        Arch::Qwen3moe,
+        Arch::Qwen3next,
+        Arch::Qwen35moe,
+        Arch::Gemma4,
+        Arch::Deepseek2,
+        Arch::GptOss,
+        Arch::Olmoe,
+        Arch::Llama,
+        Arch::Qwen2moe,
+        Arch::Granitemoe,
+        Arch::Glm4moe,
+    ];
+}
+
+/// Valid variations of a family's file that llama.cpp loads as well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Variant {
+    /// Routers (`ffn_gate_inp`) stored as F16 instead of F32.
+    pub f16_router: bool,
+    /// No `output.weight`: the head is tied to `token_embd`.
+    pub tied_output: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -134,6 +201,7 @@ pub struct Forged {
     pub arch: Arch,
     pub seed: u64,
     pub dims: Dims,
+    pub variant: Variant,
     pub bytes: u64,
     pub sha256: String,
 }
@@ -147,78 +215,173 @@ mod scale {
 }
 
 pub fn forge(arch: Arch, dims: Dims, seed: u64, out: &Path) -> Result<Forged> {
-    let Arch::Qwen3moe = arch;
+    forge_variant(arch, dims, Variant::default(), seed, out)
+}
+
+pub fn forge_variant(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &Path) -> Result<Forged> {
     let d = dims;
-    let mut w = GgufWriter::default();
-    let a = "qwen3moe";
-    w.kv("general.architecture", Value::Str(a.into()))
+    families::check(arch, &d)?;
+    let a = arch.name();
+    let mut b = Builder { w: GgufWriter::default(), init: Vec::new(), arch: a, variant };
+    b.w.kv("general.architecture", Value::Str(a.into()))
         .kv("general.name", Value::Str(format!("sovereign forge {a} seed {seed}")))
-        .kv("general.file_type", Value::U32(0))
-        .kv(format!("{a}.context_length"), Value::U32(d.context as u32))
-        .kv(format!("{a}.embedding_length"), Value::U32(d.embd as u32))
-        .kv(format!("{a}.block_count"), Value::U32(d.layers as u32))
-        .kv(format!("{a}.feed_forward_length"), Value::U32(d.expert_ff as u32))
-        .kv(format!("{a}.expert_feed_forward_length"), Value::U32(d.expert_ff as u32))
-        .kv(format!("{a}.expert_count"), Value::U32(d.experts as u32))
-        .kv(format!("{a}.expert_used_count"), Value::U32(d.top_k as u32))
-        .kv(format!("{a}.attention.head_count"), Value::U32(d.heads as u32))
-        .kv(format!("{a}.attention.head_count_kv"), Value::U32(d.kv_heads as u32))
-        .kv(format!("{a}.attention.key_length"), Value::U32(d.head_dim as u32))
-        .kv(format!("{a}.attention.value_length"), Value::U32(d.head_dim as u32))
-        .kv(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
-        .kv(format!("{a}.rope.freq_base"), Value::F32(1_000_000.0))
-        .kv("sovereign.forge.seed", Value::U64(seed));
+        .kv("general.file_type", Value::U32(0));
+    families::hparams(arch, &d, &mut b);
+    b.w.kv("sovereign.forge.seed", Value::U64(seed));
     // Only when asked: files forged before keep their bytes.
     if d.alignment != crate::gguf::DEFAULT_ALIGNMENT {
-        w.kv("general.alignment", Value::U32(d.alignment as u32));
+        b.w.kv("general.alignment", Value::U32(d.alignment as u32));
     }
-    tokenizer::add(&mut w, d.vocab);
+    tokenizer::add(&mut b.w, d.vocab);
+    families::tensors(arch, &d, &mut b);
 
-    let f32t = |name: String, dims: &[u64]| TensorSpec::new(name, GgmlType::F32, dims);
-    w.tensor(f32t("token_embd.weight".into(), &[d.embd, d.vocab]));
-    w.tensor(f32t("output_norm.weight".into(), &[d.embd]));
-    w.tensor(f32t("output.weight".into(), &[d.embd, d.vocab]));
-    let (q, kv) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-    for l in 0..d.layers {
-        let n = |s: &str| format!("blk.{l}.{s}.weight");
-        w.tensor(f32t(n("attn_norm"), &[d.embd]));
-        w.tensor(f32t(n("attn_q"), &[d.embd, q]));
-        w.tensor(f32t(n("attn_k"), &[d.embd, kv]));
-        w.tensor(f32t(n("attn_v"), &[d.embd, kv]));
-        w.tensor(f32t(n("attn_output"), &[q, d.embd]));
-        w.tensor(f32t(n("attn_q_norm"), &[d.head_dim]));
-        w.tensor(f32t(n("attn_k_norm"), &[d.head_dim]));
-        w.tensor(f32t(n("ffn_norm"), &[d.embd]));
-        w.tensor(f32t(n("ffn_gate_inp"), &[d.embd, d.experts]));
-        w.tensor(f32t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]));
-        w.tensor(f32t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]));
-        w.tensor(f32t(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts]));
-    }
-
+    let Builder { w, init, .. } = b;
     let eos = tokenizer::EOS as usize;
-    let sha256 = w.write(out, |_, t, buf| {
-        let vals: &mut [f32] = bytemuck_f32(buf);
-        let kind = t.name.rsplit('.').nth(1).unwrap_or("");
-        let fan_in = t.dims[0] as f32;
-        let std = match kind {
-            "attn_norm" | "ffn_norm" | "output_norm" | "attn_q_norm" | "attn_k_norm" => {
-                vals.fill(1.0);
-                return;
+    let mut vals: Vec<f32> = Vec::new();
+    let sha256 = w.write(out, |i, t, buf| {
+        let n: usize = t.dims.iter().product::<u64>() as usize;
+        vals.clear();
+        vals.resize(n, 0.0);
+        match init[i] {
+            Init::Const(c) => vals.fill(c),
+            Init::Uniform(std) => draw(seed, &t.name, &mut vals, std),
+            Init::Between(lo, hi) => {
+                draw(seed, &t.name, &mut vals, (hi - lo) / 12f32.sqrt());
+                vals.iter_mut().for_each(|v| *v += (lo + hi) / 2.0);
             }
-            "token_embd" => scale::EMBED,
-            "ffn_gate_inp" => scale::ROUTER / fan_in.sqrt(),
-            "output" => scale::OUTPUT / fan_in.sqrt(),
-            _ => 1.0 / fan_in.sqrt(),
-        };
-        draw(seed, &t.name, vals, std);
-        if kind == "output" {
-            // The end token's logit is exactly 0 while 256 others spread around 0 with a large
-            // standard deviation: greedy decoding practically never ends early.
-            vals[eos * t.dims[0] as usize..(eos + 1) * t.dims[0] as usize].fill(0.0);
+            Init::Head(std) => {
+                draw(seed, &t.name, &mut vals, std);
+                // The end token's logit is exactly 0 while 256 others spread around 0 with a
+                // large standard deviation: greedy decoding practically never ends early.
+                vals[eos * t.dims[0] as usize..(eos + 1) * t.dims[0] as usize].fill(0.0);
+            }
+        }
+        match t.ggml_type {
+            GgmlType::F16 => {
+                for (o, v) in buf.chunks_exact_mut(2).zip(&vals) {
+                    o.copy_from_slice(&f16_bits(*v).to_le_bytes());
+                }
+            }
+            _ => bytemuck_f32(buf).copy_from_slice(&vals),
         }
     })?;
     let bytes = std::fs::metadata(out)?.len();
-    Ok(Forged { arch, seed, dims, bytes, sha256 })
+    Ok(Forged { arch, seed, dims, variant, bytes, sha256 })
+}
+
+/// How a forged tensor's values are made.
+#[derive(Debug, Clone, Copy)]
+enum Init {
+    Const(f32),
+    /// Uniform with this standard deviation, drawn from the tensor's own stream.
+    Uniform(f32),
+    /// The output head: uniform, with the end token's row zeroed.
+    Head(f32),
+    /// Uniform between two values (a decay held negative, a scale around 1).
+    Between(f32, f32),
+}
+
+/// A model being described: its metadata, tensors and how each tensor is filled.
+struct Builder {
+    w: GgufWriter,
+    init: Vec<Init>,
+    arch: &'static str,
+    variant: Variant,
+}
+
+impl Builder {
+    /// An architecture key, `{arch}.{k}`.
+    fn hp(&mut self, k: &str, v: Value) -> &mut Self {
+        self.w.kv(format!("{}.{k}", self.arch), v);
+        self
+    }
+
+    fn u32(&mut self, k: &str, v: u64) -> &mut Self {
+        self.hp(k, Value::U32(v as u32))
+    }
+
+    fn f32(&mut self, k: &str, v: f32) -> &mut Self {
+        self.hp(k, Value::F32(v))
+    }
+
+    fn push(&mut self, name: String, ty: GgmlType, dims: &[u64], init: Init) {
+        self.w.tensor(TensorSpec::new(name, ty, dims));
+        self.init.push(init);
+    }
+
+    /// A tensor filled by its role: norms and scales 1, the embedding at the embedding scale,
+    /// routers and the head at theirs, everything else at 1/sqrt(fan-in).
+    fn t(&mut self, name: String, dims: &[u64]) {
+        let kind = name.rsplit('.').nth(1).unwrap_or("");
+        let fan_in = dims[0] as f32;
+        let ones = name.ends_with(".scale") || kind.ends_with("_norm") || kind.ends_with("_scale") || kind == "rope_freqs";
+        let (ty, init) = if ones {
+            (GgmlType::F32, Init::Const(1.0))
+        } else {
+            match kind {
+                "token_embd" => (GgmlType::F32, Init::Uniform(scale::EMBED)),
+                "ffn_gate_inp" if self.variant.f16_router => (GgmlType::F16, Init::Uniform(scale::ROUTER / fan_in.sqrt())),
+                "ffn_gate_inp" => (GgmlType::F32, Init::Uniform(scale::ROUTER / fan_in.sqrt())),
+                "output" => (GgmlType::F32, Init::Head(scale::OUTPUT / fan_in.sqrt())),
+                _ => (GgmlType::F32, Init::Uniform(1.0 / fan_in.sqrt())),
+            }
+        };
+        self.push(name, ty, dims, init);
+    }
+
+    /// A tensor drawn uniformly between `lo` and `hi`.
+    fn between(&mut self, name: String, dims: &[u64], lo: f32, hi: f32) {
+        self.push(name, GgmlType::F32, dims, Init::Between(lo, hi));
+    }
+
+    /// A tensor drawn at this standard deviation.
+    fn std(&mut self, name: String, dims: &[u64], std: f32) {
+        self.push(name, GgmlType::F32, dims, Init::Uniform(std));
+    }
+
+    /// token_embd, output_norm and (unless tied) output.
+    fn head(&mut self, d: &Dims) {
+        self.t("token_embd.weight".into(), &[d.embd, d.vocab]);
+        self.t("output_norm.weight".into(), &[d.embd]);
+        if !self.variant.tied_output {
+            self.t("output.weight".into(), &[d.embd, d.vocab]);
+        }
+    }
+}
+
+/// The IEEE half nearest to `v` (ties to even); what llama.cpp's own conversion gives.
+fn f16_bits(v: f32) -> u16 {
+    let x = v.to_bits();
+    let sign = ((x >> 16) & 0x8000) as u16;
+    let exp = ((x >> 23) & 0xff) as i32;
+    let man = x & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let m = man | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = 1u32 << (shift - 1);
+        let rest = m & ((1 << shift) - 1);
+        let mut h = m >> shift;
+        if rest > half || (rest == half && h & 1 == 1) {
+            h += 1;
+        }
+        return sign | h as u16;
+    }
+    let mut h = ((e as u32) << 10) | (man >> 13);
+    let rest = man & 0x1fff;
+    if rest > 0x1000 || (rest == 0x1000 && h & 1 == 1) {
+        h += 1;
+    }
+    sign | h as u16
 }
 
 /// Views a byte buffer the writer allocated as f32 (it is a fresh Vec<u8>; alignment checked).
@@ -271,5 +434,30 @@ impl SplitMix64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::f16_bits;
+
+    #[test]
+    fn halves_round_to_nearest_even() {
+        for (v, h) in [
+            (1.0f32, 0x3c00u16),
+            (-2.0, 0xc000),
+            (0.1, 0x2e66),
+            (65504.0, 0x7bff),
+            (65520.0, 0x7c00),
+            (1e-8, 0),
+            (6e-8, 0x0001),
+            (6.1035156e-5, 0x0400),
+            (1.0 + 1.0 / 2048.0, 0x3c00),
+            (1.0 + 3.0 / 2048.0, 0x3c02),
+            (f32::INFINITY, 0x7c00),
+        ] {
+            assert_eq!(f16_bits(v), h, "{v}");
+        }
+        assert_eq!(f16_bits(f32::NAN) & 0x7e00, 0x7e00);
     }
 }

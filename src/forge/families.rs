@@ -1,0 +1,428 @@
+//! Each family's hyperparameters and tensors, as llama.cpp's loader for it (src/models/*.cpp)
+//! creates them: exactly the tensors it asks for (an extra one fails the load), with shapes in
+//! ggml order (ne[0] first).
+
+use super::{Arch, Builder, Dims};
+use crate::gguf::Value;
+use anyhow::{bail, Result};
+
+/// What a family needs of the dimensions beyond [`Dims::check`].
+pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
+    let attention_is_embd = matches!(arch, Arch::Olmoe | Arch::Qwen2moe | Arch::Llama | Arch::Granitemoe);
+    if attention_is_embd && d.heads * d.head_dim != d.embd {
+        bail!("--arch {}: attention must span the embedding (heads x {} = {})", arch.name(), d.head_dim, d.embd);
+    }
+    if matches!(arch, Arch::Qwen3next | Arch::Qwen35moe) && d.heads % d.kv_heads != 0 {
+        bail!("--arch {}: the DeltaNet value heads must be a multiple of its key heads", arch.name());
+    }
+    if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe) && d.layers < 2 {
+        bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
+    }
+    if arch == Arch::Deepseek2 {
+        // 26 and 27 layers make llama.cpp read the file as DeepSeek-V2-Lite (no q_lora).
+        if matches!(d.layers, 26 | 27) {
+            bail!("--arch deepseek2: 26 or 27 layers are read as V2-Lite by llama.cpp; choose another count");
+        }
+        let g = DEEPSEEK2_GROUPS;
+        if d.experts % g != 0 || d.experts / g < 2 || d.top_k > DEEPSEEK2_GROUPS_USED * (d.experts / g) {
+            bail!("--arch deepseek2: {g} expert groups need a multiple of {g} experts, at least 2 a group, and top-k within {DEEPSEEK2_GROUPS_USED} groups");
+        }
+    }
+    Ok(())
+}
+
+/// deepseek2's expert groups: routing keeps the best 2 groups of 4.
+const DEEPSEEK2_GROUPS: u64 = 4;
+const DEEPSEEK2_GROUPS_USED: u64 = 2;
+/// The families' sliding window, shorter than the tests' prompts so that it masks.
+const SLIDING_WINDOW: u64 = 32;
+
+/// deepseek2's MLA sizes: q and kv latent ranks, the rotary and non-rotary parts of a head.
+struct Mla {
+    q_lora: u64,
+    kv_lora: u64,
+    rope: u64,
+    nope: u64,
+}
+
+impl Mla {
+    fn of(d: &Dims) -> Mla {
+        Mla { q_lora: d.embd / 2, kv_lora: d.embd / 2, rope: d.head_dim / 2, nope: d.head_dim / 2 }
+    }
+}
+
+/// Heads of K and V: olmoe normalises K over the whole embedding, so it has as many as Q.
+fn kv_heads(arch: Arch, d: &Dims) -> u64 {
+    if arch == Arch::Olmoe {
+        d.heads
+    } else {
+        d.kv_heads
+    }
+}
+
+/// The hybrid families' full-attention interval: every 4th layer, and at least the last.
+fn full_attention_interval(d: &Dims) -> u64 {
+    d.layers.min(4)
+}
+
+/// gemma4: sliding-window layers, with every 4th and the last one full.
+fn gemma4_is_swa(d: &Dims, l: u64) -> bool {
+    (l + 1) % 4 != 0 && l + 1 != d.layers
+}
+
+/// The DeltaNet sizes of qwen3next and qwen35moe: key heads (groups), value heads, head size.
+struct DeltaNet {
+    groups: u64,
+    heads: u64,
+    state: u64,
+}
+
+impl DeltaNet {
+    fn of(d: &Dims) -> DeltaNet {
+        DeltaNet { groups: d.kv_heads, heads: d.heads, state: d.head_dim }
+    }
+    fn value_dim(&self) -> u64 {
+        self.state * self.heads
+    }
+    fn conv_dim(&self) -> u64 {
+        2 * self.state * self.groups + self.value_dim()
+    }
+}
+
+pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
+    let kv = kv_heads(arch, d);
+    let common = |b: &mut Builder| {
+        b.u32("context_length", d.context).u32("embedding_length", d.embd).u32("block_count", d.layers);
+    };
+    let attention = |b: &mut Builder, rot: u64| {
+        b.u32("attention.head_count", d.heads)
+            .u32("attention.head_count_kv", kv)
+            .u32("attention.key_length", d.head_dim)
+            .u32("attention.value_length", d.head_dim);
+        if rot != 0 {
+            b.u32("rope.dimension_count", rot);
+        }
+        b.f32("attention.layer_norm_rms_epsilon", 1e-6);
+    };
+    let experts = |b: &mut Builder| {
+        b.u32("expert_count", d.experts).u32("expert_used_count", d.top_k);
+    };
+    match arch {
+        Arch::Qwen3moe => {
+            common(b);
+            b.u32("feed_forward_length", d.expert_ff).u32("expert_feed_forward_length", d.expert_ff);
+            experts(b);
+            attention(b, 0);
+            b.f32("rope.freq_base", 1_000_000.0);
+        }
+        Arch::Qwen3next | Arch::Qwen35moe => {
+            let dn = DeltaNet::of(d);
+            // Partial rotary, as the published models (a quarter of each head).
+            let rot = d.head_dim / 4;
+            common(b);
+            attention(b, rot);
+            b.f32("rope.freq_base", 10_000_000.0);
+            if arch == Arch::Qwen35moe {
+                // Interleaved M-RoPE sections (t, h, w, e), half the rotary dimensions in all.
+                let half = rot / 2;
+                let s = half * 3 / 8;
+                let sections = [s, s, half - 2 * s, 0].map(|x| Value::I32(x as i32)).to_vec();
+                b.hp("rope.dimension_sections", Value::Array(sections));
+            }
+            experts(b);
+            b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_feed_forward_length", 2 * d.expert_ff);
+            b.u32("ssm.conv_kernel", 4)
+                .u32("ssm.inner_size", dn.value_dim())
+                .u32("ssm.state_size", dn.state)
+                .u32("ssm.time_step_rank", dn.heads)
+                .u32("ssm.group_count", dn.groups)
+                .u32("full_attention_interval", full_attention_interval(d));
+        }
+        Arch::Gemma4 => {
+            common(b);
+            b.u32("feed_forward_length", 2 * d.expert_ff).u32("embedding_length_per_layer_input", 0);
+            b.u32("attention.head_count", d.heads)
+                .u32("attention.head_count_kv", kv)
+                .u32("attention.key_length", d.head_dim)
+                .u32("attention.value_length", d.head_dim)
+                .u32("attention.key_length_swa", d.head_dim)
+                .u32("attention.value_length_swa", d.head_dim)
+                .u32("attention.sliding_window", SLIDING_WINDOW);
+            let pattern = (0..d.layers).map(|l| Value::Bool(gemma4_is_swa(d, l))).collect();
+            b.hp("attention.sliding_window_pattern", Value::Array(pattern));
+            b.f32("attention.layer_norm_rms_epsilon", 1e-6)
+                .f32("rope.freq_base", 1_000_000.0)
+                .f32("rope.freq_base_swa", 10_000.0)
+                .f32("final_logit_softcapping", 30.0);
+            experts(b);
+            b.u32("expert_feed_forward_length", d.expert_ff);
+        }
+        Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe => {
+            common(b);
+            b.u32("feed_forward_length", d.expert_ff);
+            attention(b, d.head_dim);
+            b.f32("rope.freq_base", 10_000.0);
+            experts(b);
+            match arch {
+                Arch::Llama => {
+                    b.u32("vocab_size", d.vocab);
+                }
+                Arch::Qwen2moe => {
+                    b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_feed_forward_length", d.expert_ff);
+                }
+                Arch::Granitemoe => {
+                    b.f32("embedding_scale", 12.0)
+                        .f32("residual_scale", 0.22)
+                        .f32("attention.scale", 0.015625)
+                        .f32("logit_scale", 6.0)
+                        .u32("expert_shared_feed_forward_length", d.expert_ff);
+                }
+                _ => {}
+            }
+        }
+        Arch::Deepseek2 => {
+            let m = Mla::of(d);
+            common(b);
+            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+            // Absorbed MLA is multi-query over the latent: one K/V head, K the latent and its
+            // rotary part, V the latent.
+            b.u32("attention.head_count", d.heads)
+                .u32("attention.head_count_kv", 1)
+                .u32("attention.key_length", m.kv_lora + m.rope)
+                .u32("attention.value_length", m.kv_lora)
+                .u32("attention.key_length_mla", m.nope + m.rope)
+                .u32("attention.value_length_mla", d.head_dim)
+                .u32("attention.q_lora_rank", m.q_lora)
+                .u32("attention.kv_lora_rank", m.kv_lora)
+                .f32("attention.layer_norm_rms_epsilon", 1e-6)
+                .u32("rope.dimension_count", m.rope)
+                .f32("rope.freq_base", 10_000.0);
+            experts(b);
+            b.u32("expert_shared_count", 1)
+                .u32("expert_feed_forward_length", d.expert_ff)
+                .u32("expert_group_count", DEEPSEEK2_GROUPS)
+                .u32("expert_group_used_count", DEEPSEEK2_GROUPS_USED)
+                .f32("expert_weights_scale", 2.5)
+                .hp("expert_weights_norm", Value::Bool(true))
+                .u32("expert_gating_func", 2);
+        }
+        Arch::GptOss => {
+            common(b);
+            attention(b, d.head_dim);
+            b.f32("rope.freq_base", 150_000.0).u32("attention.sliding_window", SLIDING_WINDOW);
+            experts(b);
+            b.u32("expert_feed_forward_length", d.expert_ff);
+        }
+        Arch::Glm4moe => {
+            common(b);
+            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+            attention(b, d.head_dim / 2);
+            b.f32("rope.freq_base", 1_000_000.0);
+            experts(b);
+            b.u32("expert_shared_count", 1)
+                .u32("expert_feed_forward_length", d.expert_ff)
+                .f32("expert_weights_scale", 2.5)
+                .hp("expert_weights_norm", Value::Bool(true))
+                .u32("expert_gating_func", 2);
+        }
+    }
+}
+
+pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
+    b.head(d);
+    if arch == Arch::Gemma4 {
+        // One global tensor, read by the full-attention layers.
+        b.t("rope_freqs.weight".into(), &[d.head_dim / 2]);
+    }
+    let (q, kv) = (d.heads * d.head_dim, kv_heads(arch, d) * d.head_dim);
+    for l in 0..d.layers {
+        let n = |s: &str| format!("blk.{l}.{s}.weight");
+        match arch {
+            Arch::Qwen3moe => {
+                b.t(n("attn_norm"), &[d.embd]);
+                attention(b, d, l, q, kv);
+                b.t(n("attn_q_norm"), &[d.head_dim]);
+                b.t(n("attn_k_norm"), &[d.head_dim]);
+                b.t(n("ffn_norm"), &[d.embd]);
+                experts(b, d, l, d.expert_ff);
+            }
+            Arch::Qwen3next | Arch::Qwen35moe => {
+                b.t(n("attn_norm"), &[d.embd]);
+                b.t(n("post_attention_norm"), &[d.embd]);
+                if (l + 1) % full_attention_interval(d) != 0 {
+                    delta_net(arch, b, d, l);
+                } else {
+                    // Gated attention: the query projection holds query and gate.
+                    b.t(n("attn_q"), &[d.embd, 2 * q]);
+                    b.t(n("attn_k"), &[d.embd, kv]);
+                    b.t(n("attn_v"), &[d.embd, kv]);
+                    b.t(n("attn_output"), &[q, d.embd]);
+                    b.t(n("attn_q_norm"), &[d.head_dim]);
+                    b.t(n("attn_k_norm"), &[d.head_dim]);
+                }
+                experts(b, d, l, d.expert_ff);
+                shared_expert(b, d, l, 2 * d.expert_ff, true);
+            }
+            Arch::Gemma4 => {
+                b.t(n("attn_norm"), &[d.embd]);
+                attention(b, d, l, q, kv);
+                b.t(n("attn_q_norm"), &[d.head_dim]);
+                b.t(n("attn_k_norm"), &[d.head_dim]);
+                b.t(n("post_attention_norm"), &[d.embd]);
+                b.t(n("layer_output_scale"), &[1]);
+                b.t(n("ffn_norm"), &[d.embd]);
+                let ff = 2 * d.expert_ff;
+                b.t(n("ffn_gate"), &[d.embd, ff]);
+                b.t(n("ffn_up"), &[d.embd, ff]);
+                b.t(n("ffn_down"), &[ff, d.embd]);
+                b.t(n("post_ffw_norm"), &[d.embd]);
+                b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
+                b.t(format!("blk.{l}.ffn_gate_inp.scale"), &[d.embd]);
+                b.t(n("pre_ffw_norm_2"), &[d.embd]);
+                b.t(n("post_ffw_norm_1"), &[d.embd]);
+                b.t(n("post_ffw_norm_2"), &[d.embd]);
+                b.t(n("ffn_gate_up_exps"), &[d.embd, 2 * d.expert_ff, d.experts]);
+                b.t(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts]);
+                // Scales that differ from expert to expert: one read under a slot id instead
+                // of the expert id changes the output.
+                b.between(format!("blk.{l}.ffn_down_exps.scale"), &[d.experts], 0.5, 1.5);
+            }
+            Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe => {
+                b.t(n("attn_norm"), &[d.embd]);
+                if arch == Arch::Qwen2moe {
+                    biased_attention(b, d, l, q, kv, false);
+                } else {
+                    attention(b, d, l, q, kv);
+                }
+                if arch == Arch::Olmoe {
+                    // OLMoE normalises q and k over the whole projection, not per head.
+                    b.t(n("attn_q_norm"), &[q]);
+                    b.t(n("attn_k_norm"), &[kv]);
+                }
+                b.t(n("ffn_norm"), &[d.embd]);
+                experts(b, d, l, d.expert_ff);
+                match arch {
+                    Arch::Qwen2moe => shared_expert(b, d, l, d.expert_ff, true),
+                    Arch::Granitemoe => shared_expert(b, d, l, d.expert_ff, false),
+                    _ => {}
+                }
+            }
+            Arch::Deepseek2 => {
+                let m = Mla::of(d);
+                b.t(n("attn_norm"), &[d.embd]);
+                b.t(n("attn_q_a_norm"), &[m.q_lora]);
+                b.t(n("attn_kv_a_norm"), &[m.kv_lora]);
+                b.t(n("attn_q_a"), &[d.embd, m.q_lora]);
+                b.t(n("attn_q_b"), &[m.q_lora, d.heads * (m.nope + m.rope)]);
+                b.t(n("attn_kv_a_mqa"), &[d.embd, m.kv_lora + m.rope]);
+                b.t(n("attn_k_b"), &[m.nope, m.kv_lora, d.heads]);
+                b.t(n("attn_v_b"), &[m.kv_lora, d.head_dim, d.heads]);
+                b.t(n("attn_output"), &[d.heads * d.head_dim, d.embd]);
+                b.t(n("ffn_norm"), &[d.embd]);
+                sparse_or_dense(b, d, l);
+            }
+            Arch::GptOss => {
+                let bias = |b: &mut Builder, s: &str, dims: &[u64]| b.std(format!("blk.{l}.{s}.bias"), dims, 0.02);
+                b.t(n("attn_norm"), &[d.embd]);
+                biased_attention(b, d, l, q, kv, true);
+                b.std(n("attn_sinks"), &[d.heads], 0.1);
+                b.t(n("post_attention_norm"), &[d.embd]);
+                b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
+                bias(b, "ffn_gate_inp", &[d.experts]);
+                // Per-expert biases, indexed by the original expert ids (ggml_add_id).
+                b.t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]);
+                bias(b, "ffn_gate_exps", &[d.expert_ff, d.experts]);
+                b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);
+                bias(b, "ffn_up_exps", &[d.expert_ff, d.experts]);
+                b.t(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts]);
+                bias(b, "ffn_down_exps", &[d.embd, d.experts]);
+            }
+            Arch::Glm4moe => {
+                b.t(n("attn_norm"), &[d.embd]);
+                biased_attention(b, d, l, q, kv, false);
+                b.t(n("post_attention_norm"), &[d.embd]);
+                sparse_or_dense(b, d, l);
+            }
+        }
+    }
+}
+
+/// deepseek2 and glm4moe: layer 0 is a dense MLP; the others a sigmoid-routed MoE with a
+/// selection bias and one shared expert.
+fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    if l == 0 {
+        let ff = 2 * d.expert_ff;
+        b.t(n("ffn_gate"), &[d.embd, ff]);
+        b.t(n("ffn_up"), &[d.embd, ff]);
+        b.t(n("ffn_down"), &[ff, d.embd]);
+        return;
+    }
+    b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
+    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    b.t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]);
+    b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);
+    b.t(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts]);
+    shared_expert(b, d, l, d.expert_ff, false);
+}
+
+/// Q, K, V and output projections.
+fn attention(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_q"), &[d.embd, q]);
+    b.t(n("attn_k"), &[d.embd, kv]);
+    b.t(n("attn_v"), &[d.embd, kv]);
+    b.t(n("attn_output"), &[q, d.embd]);
+}
+
+/// Q, K, V with biases, and the output projection (with its bias where the family has one).
+fn biased_attention(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64, output_bias: bool) {
+    for (s, ne) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+        b.t(format!("blk.{l}.{s}.weight"), &[d.embd, ne]);
+        b.std(format!("blk.{l}.{s}.bias"), &[ne], 0.02);
+    }
+    b.t(format!("blk.{l}.attn_output.weight"), &[q, d.embd]);
+    if output_bias {
+        b.std(format!("blk.{l}.attn_output.bias"), &[d.embd], 0.02);
+    }
+}
+
+/// A gated DeltaNet layer (linear attention with a recurrent state and a conv state).
+fn delta_net(arch: Arch, b: &mut Builder, d: &Dims, l: u64) {
+    let dn = DeltaNet::of(d);
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_qkv"), &[d.embd, dn.conv_dim()]);
+    b.t(n("attn_gate"), &[d.embd, dn.value_dim()]);
+    b.t(n("ssm_conv1d"), &[4, dn.conv_dim()]);
+    b.std(format!("blk.{l}.ssm_dt.bias"), &[dn.heads], 0.1);
+    // A = -exp(A_log): a decay, negative for the state to stay bounded.
+    b.between(format!("blk.{l}.ssm_a"), &[dn.heads], -16.0, -1.0);
+    if arch == Arch::Qwen35moe {
+        b.t(n("ssm_beta"), &[d.embd, dn.heads]);
+        b.t(n("ssm_alpha"), &[d.embd, dn.heads]);
+    } else {
+        b.t(n("ssm_ba"), &[d.embd, 2 * dn.heads]);
+    }
+    b.t(n("ssm_norm"), &[dn.state]);
+    b.t(n("ssm_out"), &[dn.value_dim(), d.embd]);
+}
+
+/// The router and separate gate, up and down experts of layer `l`.
+fn experts(b: &mut Builder, d: &Dims, l: u64, ff: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
+    b.t(n("ffn_gate_exps"), &[d.embd, ff, d.experts]);
+    b.t(n("ffn_up_exps"), &[d.embd, ff, d.experts]);
+    b.t(n("ffn_down_exps"), &[ff, d.embd, d.experts]);
+}
+
+/// The shared expert, with its sigmoid gate where the family has one.
+fn shared_expert(b: &mut Builder, d: &Dims, l: u64, ff: u64, gated: bool) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    if gated {
+        b.t(n("ffn_gate_inp_shexp"), &[d.embd]);
+    }
+    b.t(n("ffn_gate_shexp"), &[d.embd, ff]);
+    b.t(n("ffn_up_shexp"), &[d.embd, ff]);
+    b.t(n("ffn_down_shexp"), &[ff, d.embd]);
+}
