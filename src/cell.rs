@@ -438,7 +438,7 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     partial.push(".partial");
     let _ = std::fs::remove_dir_all(record.with_file_name(partial));
     let error = match engine_abort(&stderr) {
-        Some(quote) => format!("{}: llama.cpp aborted the worker ({}): {quote}", cell.models()[0].display(), observe::worker_error(None, Some(signal), "")),
+        Some(quote) => format!("{}: llama.cpp aborted: {quote} ({})", cell.models()[0].display(), observe::worker_error(None, Some(signal), "")),
         None => observe::worker_error(None, Some(signal), &stderr),
     };
     let rec = TypedRecord::failed(cell.format(), error.clone(), build_identity()?)?;
@@ -446,20 +446,20 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     Ok(WorkerEnd::Died { error, record: dir })
 }
 
-/// The engine's own words for an abort in a worker's stderr: a GGML_ASSERT or GGML_ABORT line
-/// (`file:line: message`), or an uncaught exception's `what()`.
+/// The engine's own words for an abort in a worker's stderr: the first GGML_ASSERT or
+/// GGML_ABORT line (`file.c:line: message`, printed before any backtrace), or an uncaught
+/// exception's `what()`.
 pub fn engine_abort(stderr: &str) -> Option<String> {
-    let lines: Vec<&str> = stderr.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    let pick = lines
-        .iter()
-        .rev()
-        .find(|l| l.contains("GGML_ASSERT(") || l.contains("what():"))
-        .or_else(|| lines.iter().rev().find(|l| l.contains(".c:") || l.contains(".cpp:") || l.contains(".h:")))?;
-    // The path of the source file is this machine's; the file name and line are the engine's.
-    let text = match pick.split_once(": ") {
-        Some((loc, rest)) if loc.contains('/') && loc.contains(':') => format!("{}: {rest}", loc.rsplit('/').next().unwrap_or(loc)),
-        _ => pick.to_string(),
+    let located = |l: &str| -> Option<String> {
+        let (loc, rest) = l.split_once(": ")?;
+        let (file, line) = loc.rsplit_once(':')?;
+        let source = [".c", ".cpp", ".h", ".cu"].iter().any(|x| file.ends_with(x));
+        (source && !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) && !file.contains(char::is_whitespace))
+            // The path of the source file is this machine's; the file name and line are the engine's.
+            .then(|| format!("{}:{line}: {rest}", file.rsplit('/').next().unwrap_or(file)))
     };
+    let lines = || stderr.lines().map(str::trim).filter(|l| !l.is_empty());
+    let text = lines().find_map(located).or_else(|| lines().find(|l| l.contains("what():")).map(str::to_string))?;
     Some(text.chars().take(400).collect())
 }
 
@@ -492,5 +492,9 @@ mod tests {
         let log = "terminate called after throwing an instance of 'std::out_of_range'\n  what():  map::at\n";
         assert_eq!(engine_abort(log).unwrap(), "what():  map::at");
         assert_eq!(engine_abort("nothing from the engine\n"), None);
+        // A backtrace printed by gdb after the assertion is not the engine's message.
+        let log = "ops.cpp:6355: GGML_ASSERT(n_dims % 2 == 0) failed\n360\t../csu/libc-start.c: No such file or directory.\n";
+        assert_eq!(engine_abort(log).unwrap(), "ops.cpp:6355: GGML_ASSERT(n_dims % 2 == 0) failed");
+        assert_eq!(engine_abort("360\t../csu/libc-start.c: No such file or directory.\n"), None);
     }
 }

@@ -329,6 +329,8 @@ enum Verdict {
     RefusedByInventory,
     RefusedByGenerate,
     Ran,
+    /// llama.cpp aborted (or crashed) in the worker; the run failed closed on record.
+    DiedInEngine,
 }
 
 /// Puts one mutated file through `inventory` and, if accepted, `generate`.
@@ -353,15 +355,28 @@ fn exercise(dir: &Path, n: usize, bytes: &[u8]) -> Result<Verdict, String> {
         if partial.exists() {
             return Err(format!("generate left {} behind", partial.display()));
         }
+        // The engine died in the worker: one line, and a failed record saying so.
+        let died = !accepted && g.stderr.contains("killed by signal");
+        if died {
+            let text = std::fs::read_to_string(rec.join("record.json")).map_err(|e| format!("a dead worker left no failed record: {e}"))?;
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            if v["outcome"] != "failed" {
+                return Err(format!("a dead worker's record says {}", v["outcome"]));
+            }
+        }
         std::fs::remove_dir_all(&rec).ok();
-        Ok(if accepted { Verdict::Ran } else { Verdict::RefusedByGenerate })
+        Ok(match (accepted, died) {
+            (true, _) => Verdict::Ran,
+            (false, true) => Verdict::DiedInEngine,
+            (false, false) => Verdict::RefusedByGenerate,
+        })
     })();
     std::fs::remove_file(&file).ok();
     result
 }
 
-fn forge_once(dir: &Path) -> (Vec<u8>, Layout) {
-    let model = common::forge(dir, "base.gguf", 1, &[]);
+fn forge_once(dir: &Path, arch: &str) -> (Vec<u8>, Layout) {
+    let model = common::forge(dir, &format!("base-{arch}.gguf"), 1, &["--arch", arch]);
     let bytes = std::fs::read(&model).unwrap();
     let lay = layout(&bytes);
     // The walk must agree with the crate's reader: same keys, same tensors, same header end.
@@ -390,13 +405,23 @@ fn forge_once(dir: &Path) -> (Vec<u8>, Layout) {
 
 #[test]
 fn gguf_mutations_are_refused_or_run_never_crash() {
+    fuzz("qwen3moe", CASES);
+}
+
+/// A hybrid family: DeltaNet layers, gated attention, a shared expert.
+#[test]
+fn gguf_mutations_of_a_hybrid_family_are_refused_or_run_never_crash() {
+    fuzz("qwen3next", CASES * 2 / 3);
+}
+
+fn fuzz(arch: &str, default_cases: u32) {
     let dir = tempfile::tempdir().unwrap();
-    let (orig, lay) = forge_once(dir.path());
+    let (orig, lay) = forge_once(dir.path(), arch);
     // The unmutated file runs: a fuzz target that refuses everything proves nothing.
     assert_eq!(exercise(dir.path(), 0, &orig), Ok(Verdict::Ran));
 
     // GGUF_FUZZ_CASES / GGUF_FUZZ_SEED widen a local search; `make test` runs the fixed default.
-    let cases = std::env::var("GGUF_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(CASES);
+    let cases = std::env::var("GGUF_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default_cases);
     let mut seed = SEED;
     if let Some(s) = std::env::var("GGUF_FUZZ_SEED").ok().and_then(|v| v.parse::<u64>().ok()) {
         seed[..8].copy_from_slice(&s.to_le_bytes());
@@ -404,7 +429,7 @@ fn gguf_mutations_are_refused_or_run_never_crash() {
     let config = Config { cases, max_shrink_iters: 16, failure_persistence: None, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
     let n = Cell::new(0usize);
-    let tally = Cell::new([0usize; 3]);
+    let tally = Cell::new([0usize; 4]);
     let started = Instant::now();
     let result = runner.run(&(0u8..14, any::<u64>(), any::<u64>()), |(kind, a, b)| {
         n.set(n.get() + 1);
@@ -420,11 +445,12 @@ fn gguf_mutations_are_refused_or_run_never_crash() {
     });
     let t = tally.get();
     eprintln!(
-        "gguf fuzz: {} cases in {:.1} s: {} refused by inventory, {} refused by generate, {} ran",
+        "gguf fuzz ({arch}): {} cases in {:.1} s: {} refused by inventory, {} refused by generate (llama.cpp's loader quoted), {} died in the engine (failed record), {} ran",
         n.get(),
         started.elapsed().as_secs_f64(),
         t[0],
         t[1],
+        t[3],
         t[2]
     );
     result.unwrap();
@@ -434,7 +460,7 @@ fn gguf_mutations_are_refused_or_run_never_crash() {
 #[test]
 fn rope_freq_base_nan_is_refused_by_inventory() {
     let dir = tempfile::tempdir().unwrap();
-    let (orig, lay) = forge_once(dir.path());
+    let (orig, lay) = forge_once(dir.path(), "qwen3moe");
     let off = lay
         .fields
         .iter()

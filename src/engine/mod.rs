@@ -16,7 +16,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use serde::Serialize;
 use std::borrow::Cow;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::{Mutex, Once, OnceLock};
 
@@ -135,14 +135,17 @@ fn last_log() -> String {
 }
 
 /// Why llama.cpp refused a model: its loader's own message (`error loading model: …`), which
-/// the last line (`failed to load model`) only summarises.
+/// the last line (`failed to load model`) only summarises; when that message only says the
+/// GGUF reader failed, the reader's first complaint.
 fn load_error() -> String {
     let log = LOG.lock().unwrap_or_else(|e| e.into_inner());
-    log.iter()
-        .rev()
-        .find_map(|l| l.split_once("error loading model: ").map(|(_, why)| why.trim().to_string()))
-        .filter(|why| !why.is_empty())
-        .unwrap_or_else(|| log.iter().rev().find(|l| !l.is_empty()).cloned().unwrap_or_default())
+    let why = log.iter().rev().find_map(|l| l.split_once("error loading model: ").map(|(_, why)| why.trim()));
+    let reader = || log.iter().find(|l| l.starts_with("gguf_")).map(|l| l.trim());
+    match why {
+        Some(w) if w.starts_with("llama_model_loader: failed to load model") => reader().unwrap_or(w).to_string(),
+        Some(w) if !w.is_empty() => w.to_string(),
+        _ => log.iter().rev().find(|l| !l.is_empty()).cloned().unwrap_or_default(),
+    }
 }
 
 /// Initializes the backend once per process and routes llama.cpp's log through us.
@@ -259,6 +262,8 @@ const EXPERTS_HOST_PATTERN: &CStr = c"\\.ffn_(up|down|gate|gate_up)_(ch|)exps";
 
 pub struct Model {
     ptr: NonNull<sys::llama_model>,
+    /// The file it was loaded from, for errors that arise later.
+    path: PathBuf,
     // Owned through a raw pointer: llama.cpp holds it and calls back into it; freed after the model.
     bridge: Option<NonNull<Bridge>>,
 }
@@ -308,7 +313,7 @@ impl Model {
             sys::llama_model_load_from_file(c.as_ptr(), p)
         };
         match NonNull::new(ptr) {
-            Some(ptr) => Ok(Model { ptr, bridge }),
+            Some(ptr) => Ok(Model { ptr, path: path.to_path_buf(), bridge }),
             None => {
                 // SAFETY: llama.cpp dropped every reference to the bridge when the load failed.
                 let why = bridge
@@ -445,7 +450,7 @@ impl<'m> Context<'m> {
             }
             sys::llama_init_from_model(model.ptr.as_ptr(), p)
         };
-        let ptr = NonNull::new(ptr).ok_or_else(|| anyhow!("llama.cpp could not create a context: {}", last_log()))?;
+        let ptr = NonNull::new(ptr).ok_or_else(|| anyhow!("{}: llama.cpp could not create a context: {}", model.path.display(), last_log()))?;
         Ok(Context { ptr, model, params, routes, n_past: 0 })
     }
 

@@ -74,6 +74,15 @@ fn check_inner(g: &Gguf) -> Result<()> {
             bail!("{} is {s:?}: llama.cpp asserts it is one of {}", key("rope.scaling.type"), ROPE_SCALING.join(", "));
         }
     }
+    // ggml-cpu's rope with 0 rotary dimensions never returns (seen on qwen3next): a hang, not
+    // an error, so it is refused here.
+    if uint("rope.dimension_count") == Some(0) {
+        bail!("{} is 0: ggml's rope does not finish with no rotary dimensions", key("rope.dimension_count"));
+    }
+    // Hybrid models take layer indices modulo it: 0 is a division by zero (SIGFPE).
+    if uint("full_attention_interval") == Some(0) {
+        bail!("{} is 0: llama.cpp takes layer indices modulo it", key("full_attention_interval"));
+    }
     // Attention scores broadcast K heads over Q heads: ggml_mul_mat asserts
     // ggml_can_mul_mat (n_head a multiple of n_head_kv) when the graph is built.
     if let (Some(heads), Some(kv)) = (per_layer(get("attention.head_count")), per_layer(get("attention.head_count_kv"))) {
@@ -257,6 +266,8 @@ mod tests {
         let e = refused(|g| set(g, "qwen3moe.rope.scaling.type", Value::Str("spline".into())));
         assert!(e.contains("rope.scaling.type") && e.contains("yarn"), "{e}");
         assert!(refused(|g| set(g, "general.alignment", Value::U64(32))).contains("general.alignment"));
+        assert!(refused(|g| set(g, "qwen3moe.rope.dimension_count", Value::U32(0))).contains("rope.dimension_count is 0"));
+        assert!(refused(|g| set(g, "qwen3moe.full_attention_interval", Value::U32(0))).contains("modulo"));
     }
 
     /// What the engine's loader decides (shapes, tensor sets, tokenizer data) or computes

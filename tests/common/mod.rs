@@ -138,3 +138,38 @@ pub fn with_nan(model: &Path, tensor: &str, out: &Path) -> PathBuf {
     std::fs::write(out, bytes).unwrap();
     out.to_path_buf()
 }
+
+/// Tensors of a rewritten model: each (name, shape, sources), its data the sources' bytes one
+/// after another (its type the first source's).
+pub type Rewrite = Vec<(String, Vec<u64>, Vec<String>)>;
+
+/// A copy of `model` with its metadata edited by `meta` and its tensors made by `plan`.
+pub fn rewrite(
+    model: &Path,
+    out: &Path,
+    meta: impl Fn(&mut Vec<(String, sovereign::gguf::Value)>),
+    plan: impl Fn(&sovereign::gguf::Gguf) -> Rewrite,
+) -> PathBuf {
+    use std::io::{Read, Seek, SeekFrom};
+    let g = sovereign::gguf::Gguf::open(model).unwrap();
+    let mut w = sovereign::gguf::GgufWriter::default();
+    w.metadata = g.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    meta(&mut w.metadata);
+    let tensors = plan(&g);
+    for (name, dims, from) in &tensors {
+        w.tensor(sovereign::gguf::TensorSpec::new(name.clone(), g.tensor(&from[0]).unwrap().ggml_type, dims));
+    }
+    let mut f = std::fs::File::open(model).unwrap();
+    w.write(out, |i, _, buf| {
+        let mut at = 0;
+        for src in &tensors[i].2 {
+            let t = g.tensor(src).unwrap();
+            f.seek(SeekFrom::Start(t.offset)).unwrap();
+            f.read_exact(&mut buf[at..at + t.bytes as usize]).unwrap();
+            at += t.bytes as usize;
+        }
+        assert_eq!(at, buf.len());
+    })
+    .unwrap();
+    out.to_path_buf()
+}

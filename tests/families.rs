@@ -1,0 +1,200 @@
+//! Every MoE family `forge` writes, through the real engine: resident, then every Plan source
+//! and policy with fewer slots than a prefill's distinct experts, each bitwise equal to the
+//! resident run on every surface; quantized copies likewise; and valid variants of each family
+//! (F16 routers, tied output, optional tensors left out) accepted by `inventory` and `generate`.
+
+mod common;
+
+use common::*;
+use sovereign::gguf::{Gguf, Value};
+use std::path::{Path, PathBuf};
+
+const PROMPT: &str = "Experts move from storage into bounded slots; every output byte must match the resident run.";
+const OUTPUTS: u32 = 24;
+const SLOTS: &str = "5";
+
+const FAMILIES: [&str; 11] =
+    ["qwen3moe", "qwen3next", "qwen35moe", "gemma4", "deepseek2", "gpt-oss", "olmoe", "llama", "qwen2moe", "granitemoe", "glm4moe"];
+
+fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(format!("{arch}{}.gguf", extra.concat()));
+    let mut args = vec!["model", "forge", "--arch", arch, "--preset", "tiny", "--seed", "11", "--out", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ok(&args);
+    out
+}
+
+fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
+    let r = generate(model, PROMPT, OUTPUTS, rec, extra);
+    assert_eq!(r.code, 0, "{} {extra:?}: {}{}", model.display(), r.stdout, r.stderr);
+    serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
+}
+
+fn assert_exact(a: &Path, b: &Path) {
+    let r = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
+    assert_eq!(r.code, 0, "{} vs {}:\n{}{}", a.display(), b.display(), r.stdout, r.stderr);
+}
+
+fn inventory(model: &Path) -> serde_json::Value {
+    serde_json::from_str(&ok(&["inventory", model.to_str().unwrap(), "--json"]).stdout).unwrap()
+}
+
+/// The arms every family runs: (name, flags).
+fn arms(last_moe_layer: u64) -> Vec<(String, Vec<String>)> {
+    let plan = |source: &str, policy: &str, more: &[&str]| {
+        let mut v: Vec<String> = ["--experts", "plan", "--slots", SLOTS, "--source", source, "--policy", policy].map(String::from).to_vec();
+        v.extend(more.iter().map(|s| s.to_string()));
+        v
+    };
+    let pin = format!("pin:{last_moe_layer}/0+lru:2");
+    vec![
+        ("p-zero".into(), plan("p", "zero", &[])),
+        ("d-lru3".into(), plan("d", "lru:3", &[])),
+        ("f-lru5".into(), plan("f", "lru:5", &[])),
+        ("f-prefetch".into(), plan("f", "zero+prefetch", &[])),
+        ("f-pin".into(), plan("f", &pin, &[])),
+        ("f-pass1".into(), plan("f", "zero", &["--depth", "3", "--token-pass", "1"])),
+        ("f-pass2-lru".into(), plan("f", "lru:3", &["--depth", "3", "--token-pass", "2"])),
+    ]
+}
+
+/// One family: resident, then every arm, each exact against resident and cleanly closed.
+fn family_is_exact(dir: &Path, arch: &str, model: &Path, arms: &[(String, Vec<String>)]) {
+    let inv = inventory(model);
+    assert_eq!(inv["architecture"], arch);
+    let moe_layers = inv["moe_layers"].as_array().unwrap().len() as u64;
+    assert!(moe_layers >= 2, "{arch}: {moe_layers} MoE layers");
+    let tag = model.file_stem().unwrap().to_str().unwrap();
+    let resident = dir.join(format!("{tag}-resident"));
+    gen(model, &resident, &[]);
+    for (name, flags) in arms {
+        let rec = dir.join(format!("{tag}-{name}"));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let r = gen(model, &rec, &flags);
+        assert_exact(&resident, &rec);
+        let e = &r["experts"];
+        assert_eq!(e["clean_closure"], true, "{tag} {name}: {}", e["closure"]);
+        let t = &e["telemetry"];
+        // The prompt selects more distinct experts in every MoE layer than there are slots, so
+        // prefill was served in several passes.
+        let objects = t["u_sem_lb"]["objects"].as_u64().unwrap();
+        assert!(objects > moe_layers * 5, "{tag} {name}: {objects} distinct experts over {moe_layers} layers");
+        assert_eq!((t["u_sem_lb"]["duplicates"].as_u64(), t["u_sem_lb"]["overlaps"].as_u64()), (Some(0), Some(0)));
+    }
+}
+
+#[test]
+fn every_family_is_exact_under_every_arm() {
+    let dir = tempfile::tempdir().unwrap();
+    for arch in FAMILIES {
+        let model = forge_arch(dir.path(), arch, &[]);
+        let inv = inventory(&model);
+        let last = inv["moe_layers"].as_array().unwrap().last().unwrap()["layer"].as_u64().unwrap();
+        family_is_exact(dir.path(), arch, &model, &arms(last));
+    }
+}
+
+#[test]
+fn quantized_families_are_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    for arch in FAMILIES {
+        let model = forge_arch(dir.path(), arch, &[]);
+        for ty in ["q8_0", "q4_k_m"] {
+            let q = dir.path().join(format!("{arch}-{ty}.gguf"));
+            ok(&["model", "quantize", "--type", ty, model.to_str().unwrap(), q.to_str().unwrap()]);
+            let arms = vec![
+                ("f-lru3-prefetch".to_string(), ["--experts", "plan", "--slots", SLOTS, "--policy", "lru:3+prefetch"].map(String::from).to_vec()),
+                ("d-zero".to_string(), ["--experts", "plan", "--slots", SLOTS, "--source", "d"].map(String::from).to_vec()),
+            ];
+            family_is_exact(dir.path(), arch, &q, &arms);
+        }
+    }
+}
+
+/// Every tensor but those `drop` names.
+fn without(drop: impl Fn(&str) -> bool) -> impl Fn(&Gguf) -> Rewrite {
+    move |g| g.tensors.iter().filter(|t| !drop(&t.name)).map(|t| (t.name.clone(), t.dims.clone(), vec![t.name.clone()])).collect()
+}
+
+/// Q, K and V of every layer fused into one `attn_qkv` (as some converters write them).
+fn fused_qkv(g: &Gguf) -> Rewrite {
+    let mut out = Vec::new();
+    for t in &g.tensors {
+        let Some(prefix) = t.name.strip_suffix("attn_q.weight") else {
+            if !(t.name.ends_with("attn_k.weight") || t.name.ends_with("attn_v.weight")) {
+                out.push((t.name.clone(), t.dims.clone(), vec![t.name.clone()]));
+            }
+            continue;
+        };
+        let parts: Vec<String> = ["attn_q", "attn_k", "attn_v"].iter().map(|p| format!("{prefix}{p}.weight")).collect();
+        let rows: u64 = parts.iter().map(|p| g.tensor(p).unwrap().dims[1]).sum();
+        out.push((format!("{prefix}attn_qkv.weight"), vec![t.dims[0], rows], parts));
+    }
+    out
+}
+
+/// Valid files of each family that llama.cpp loads: every one is accepted by `inventory` and
+/// runs through `generate`, resident and streamed, exactly.
+#[test]
+fn valid_variants_of_every_family_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut variants: Vec<(String, PathBuf)> = Vec::new();
+    for arch in FAMILIES {
+        variants.push((format!("{arch} F16 routers"), forge_arch(d, arch, &["--f16-router"])));
+    }
+    // The families whose loaders fall back to the embedding when output.weight is absent.
+    for arch in ["qwen3moe", "qwen3next", "qwen35moe", "gemma4", "deepseek2", "llama", "granitemoe", "glm4moe"] {
+        variants.push((format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])));
+    }
+    let qkv_bias = |n: &str| n.ends_with("attn_q.bias") || n.ends_with("attn_k.bias") || n.ends_with("attn_v.bias");
+    let edits: Vec<(&str, &str, Box<dyn Fn(&Gguf) -> Rewrite>)> = vec![
+        ("deepseek2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+        ("gpt-oss", "no q/k/v biases", Box::new(without(qkv_bias))),
+        ("glm4moe", "no q/k/v biases", Box::new(without(qkv_bias))),
+        ("qwen2moe", "no q/k/v biases", Box::new(without(qkv_bias))),
+        ("llama", "fused attn_qkv", Box::new(fused_qkv)),
+        ("olmoe", "fused attn_qkv", Box::new(fused_qkv)),
+    ];
+    for (arch, what, edit) in edits {
+        let base = forge_arch(d, arch, &[]);
+        let out = d.join(format!("{arch}-{}.gguf", what.replace([' ', '/'], "-")));
+        variants.push((format!("{arch} {what}"), rewrite(&base, &out, |_| {}, edit)));
+    }
+    for (what, model) in &variants {
+        let inv = run(&["inventory", model.to_str().unwrap()]);
+        assert_eq!(inv.code, 0, "{what}: inventory refused a valid file: {}", inv.stderr);
+        let stem = model.file_stem().unwrap().to_str().unwrap();
+        let resident = d.join(format!("{stem}-resident"));
+        gen(model, &resident, &[]);
+        let plan = d.join(format!("{stem}-plan"));
+        gen(model, &plan, &["--experts", "plan", "--slots", SLOTS, "--policy", "lru:3"]);
+        assert_exact(&resident, &plan);
+    }
+    eprintln!("valid variants accepted: {}", variants.len());
+}
+
+/// A file our checks pass but llama.cpp asserts on while it builds the graph (deepseek2 with a
+/// rotary part as large as the whole head): the worker dies, and the run is one line quoting
+/// the engine's assertion, a failed record, and no staging left behind.
+#[test]
+fn an_engine_abort_is_one_line_and_a_failed_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = forge_arch(dir.path(), "deepseek2", &[]);
+    let bad = rewrite(&base, &dir.path().join("bad.gguf"), |m| {
+        let rot = m.iter_mut().find(|(k, _)| k == "deepseek2.rope.dimension_count").unwrap();
+        rot.1 = Value::U32(160);
+    }, |g| g.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), vec![t.name.clone()])).collect());
+    assert_eq!(run(&["inventory", bad.to_str().unwrap()]).code, 0, "the file passes the checks that are ours");
+    let rec = dir.path().join("rec");
+    let r = generate(&bad, PROMPT, 4, &rec, &[]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{}", r.stderr);
+    assert!(lines[0].contains("GGML_ASSERT(n_embd_head_qk_nope >= 1)") && lines[0].contains("SIGABRT"), "{}", lines[0]);
+    assert!(lines[0].contains(bad.to_str().unwrap()) && lines[0].contains(rec.to_str().unwrap()), "{}", lines[0]);
+    assert!(!dir.path().join("rec.partial").exists());
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
+    assert_eq!(v["outcome"], "failed");
+    assert!(v["error"].as_str().unwrap().contains("GGML_ASSERT(n_embd_head_qk_nope >= 1)"), "{}", v["error"]);
+}
