@@ -7,6 +7,7 @@ use crate::record::format::{ExpertsParams, ExpertsReport, GenerateCounts, Genera
 use crate::record::{GenerateRecord, Staging, GENERATE_FORMAT};
 use anyhow::{bail, Result};
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -93,6 +94,27 @@ pub fn run(spec: &GenerateSpec) -> Result<Summary> {
     run_with(spec, |_| Ok(None))
 }
 
+/// The sequence's recurrent state after prefill and after every decode step, for models that
+/// keep one: each state's SHA-256, and the last state's bytes.
+#[derive(Default)]
+struct RecurrentStates {
+    digests: Vec<u8>,
+    last: Option<Vec<u8>>,
+    capture_s: f64,
+}
+
+impl RecurrentStates {
+    fn capture(&mut self, ctx: &Context) -> Result<()> {
+        let t = Instant::now();
+        if let Some(state) = ctx.recurrent_state()? {
+            self.digests.extend_from_slice(&Sha256::digest(&state));
+            self.last = Some(state);
+        }
+        self.capture_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+}
+
 /// A run whose experts come from the source `make_source` builds for the model (None: resident).
 pub fn run_with(
     spec: &GenerateSpec,
@@ -138,11 +160,13 @@ pub fn run_with(
     let mut response = Vec::new();
     let mut stop = "n_predict";
     let (mut prefill_s, mut decode_s) = (0.0, 0.0);
+    let mut recurrent = RecurrentStates::default();
     let decoded = (|| -> Result<()> {
         let t1 = Instant::now();
         ctx.decode(&prompt, true, &mut logits)?;
         check_finite(&logits, n_vocab, 0)?;
         prefill_s = t1.elapsed().as_secs_f64();
+        recurrent.capture(&ctx)?;
         let t2 = Instant::now();
         while generated.len() < spec.n_predict as usize {
             let next = argmax(&logits[logits.len() - n_vocab..]) as i32;
@@ -158,8 +182,10 @@ pub fn run_with(
             let from = logits.len() / n_vocab.max(1);
             ctx.decode(&[next], true, &mut logits)?;
             check_finite(&logits, n_vocab, from)?;
+            recurrent.capture(&ctx)?;
         }
-        decode_s = t2.elapsed().as_secs_f64();
+        // Capturing the states is the harness's work, not the engine's: not decode time.
+        decode_s = t2.elapsed().as_secs_f64() - recurrent.capture_s;
         Ok(())
     })();
     let routes = ctx.take_routes();
@@ -225,6 +251,11 @@ pub fn run_with(
         })
         .collect();
     staging.surface("routes", "routes.bin", &route_bytes, 16 + 4 * k as u64, false)?;
+    if let Some(last) = &recurrent.last {
+        // One SHA-256 per state (after prefill, after each decode step), and the last state.
+        staging.surface("recurrent", "recurrent.bin", &recurrent.digests, 32, false)?;
+        staging.surface("recurrent_state", "recurrent_state.bin", last, 1, false)?;
+    }
     for (name, file, bytes) in &source_surfaces {
         staging.surface(name, file, bytes, 1, false)?;
     }

@@ -30,10 +30,16 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
 }
 
-fn assert_exact(a: &Path, b: &Path) {
+/// Compares two records; every surface must be exact. Returns the surfaces compared.
+fn assert_exact(a: &Path, b: &Path) -> Vec<String> {
     let r = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
     assert_eq!(r.code, 0, "{} vs {}:\n{}{}", a.display(), b.display(), r.stdout, r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    v["surfaces"].as_array().unwrap().iter().map(|s| s["surface"].as_str().unwrap().to_string()).collect()
 }
+
+/// The families that keep a recurrent state per sequence (DeltaNet layers).
+const HYBRID: [&str; 2] = ["qwen3next", "qwen35moe"];
 
 fn inventory(model: &Path) -> serde_json::Value {
     serde_json::from_str(&ok(&["inventory", model.to_str().unwrap(), "--json"]).stdout).unwrap()
@@ -71,7 +77,14 @@ fn family_is_exact(dir: &Path, arch: &str, model: &Path, arms: &[(String, Vec<St
         let rec = dir.join(format!("{tag}-{name}"));
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let r = gen(model, &rec, &flags);
-        assert_exact(&resident, &rec);
+        let compared = assert_exact(&resident, &rec);
+        // Hybrid families' recurrent state after prefill and every decode step is a surface.
+        let recurrent = compared.iter().any(|s| s == "recurrent") && compared.iter().any(|s| s == "recurrent_state");
+        assert_eq!(recurrent, HYBRID.contains(&arch), "{tag} {name}: compared {compared:?}");
+        if recurrent {
+            let states = r["surfaces"]["recurrent"]["bytes"].as_u64().unwrap() / 32;
+            assert_eq!(states, u64::from(OUTPUTS), "{tag} {name}: one state after prefill and after each of the {} decode steps", OUTPUTS - 1);
+        }
         let e = &r["experts"];
         assert_eq!(e["clean_closure"], true, "{tag} {name}: {}", e["closure"]);
         let t = &e["telemetry"];

@@ -347,6 +347,12 @@ impl Model {
         unsafe { sys::llama_vocab_n_tokens(self.vocab()) as usize }
     }
 
+    /// Whether the model keeps a recurrent state per sequence (recurrent or hybrid memory).
+    pub fn has_recurrent_state(&self) -> bool {
+        // SAFETY: the model is alive.
+        unsafe { sys::llama_model_is_recurrent(self.ptr.as_ptr()) || sys::llama_model_is_hybrid(self.ptr.as_ptr()) }
+    }
+
     pub fn is_eog(&self, token: i32) -> bool {
         // SAFETY: as above.
         unsafe { sys::llama_vocab_is_eog(self.vocab(), token) }
@@ -545,6 +551,23 @@ impl<'m> Context<'m> {
 
     pub fn n_past(&self) -> i32 {
         self.n_past
+    }
+
+    /// Sequence 0's recurrent state as llama.cpp serializes it (its conv and SSM states, no KV
+    /// cache: `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`); `None` for a model without one.
+    pub fn recurrent_state(&self) -> Result<Option<Vec<u8>>> {
+        if !self.model.has_recurrent_state() {
+            return Ok(None);
+        }
+        let flags = sys::LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY;
+        // SAFETY: the context is alive; the buffer is valid for the size passed.
+        let size = unsafe { sys::llama_state_seq_get_size_ext(self.ptr.as_ptr(), 0, flags) };
+        let mut buf = vec![0u8; size];
+        let n = unsafe { sys::llama_state_seq_get_data_ext(self.ptr.as_ptr(), buf.as_mut_ptr(), buf.len(), 0, flags) };
+        if n != size || size == 0 {
+            bail!("llama.cpp wrote {n} of the {size} bytes of the recurrent state: {}", last_log());
+        }
+        Ok(Some(buf))
     }
 
     pub fn take_routes(&mut self) -> Vec<RouteEvent> {

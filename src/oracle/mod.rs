@@ -11,6 +11,15 @@ use std::path::Path;
 
 /// Output surfaces of a generate record, in the order they are reported.
 pub const SURFACES: &[&str] = &["tokens", "logits", "response", "routes"];
+/// Surfaces only some models have: the recurrent state of hybrid and recurrent families (a
+/// digest per state after prefill and every decode step, and the last state's bytes). Compared
+/// whenever either record has them; a record that lacks one the other has is not exact.
+pub const MODEL_SURFACES: &[&str] = &["recurrent", "recurrent_state"];
+
+/// The surfaces a record's exactness covers: every output surface and the model surfaces it has.
+pub fn surfaces_of(record: &std::collections::BTreeMap<String, Surface>) -> Vec<&'static str> {
+    SURFACES.iter().chain(MODEL_SURFACES.iter().filter(|s| record.contains_key(**s))).copied().collect()
+}
 
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -49,7 +58,9 @@ pub fn compare(a: &Path, b: &Path) -> Result<Vec<SurfaceComparison>> {
     let (_, sa) = record::load(a)?;
     let (_, sb) = record::load(b)?;
     let mut out = Vec::new();
-    for &name in SURFACES {
+    let mut names = surfaces_of(&sa);
+    names.extend(surfaces_of(&sb).into_iter().filter(|n| !names.contains(n)).collect::<Vec<_>>());
+    for name in names {
         let outcome = match (sa.get(name), sb.get(name)) {
             (Some(x), Some(y)) => {
                 let (da, db) = (read_checked(a, x)?, read_checked(b, y)?);
@@ -81,6 +92,7 @@ pub fn unit_name(surface: &str) -> &'static str {
         "logits" => "row",
         "routes" => "event",
         "tokens" => "token",
+        "recurrent" => "state",
         _ => "byte",
     }
 }
@@ -88,7 +100,8 @@ pub fn unit_name(surface: &str) -> &'static str {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Relation {
-    /// Every byte of tokens, full logits rows, response bytes and route events equal.
+    /// Every byte of tokens, full logits rows, response bytes and route events equal, and the
+    /// recurrent state after prefill and every decode step where the model keeps one.
     AllSurfaces,
     /// The token surface (prompt and output token ids) equal: for refinement cells, which
     /// record no logits rows.
@@ -112,3 +125,45 @@ pub fn exactness(relation: Relation, oracle_dir: &Path, cell_dir: &Path) -> Resu
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Staging;
+
+    /// A record with the four output surfaces, and the recurrent state if given.
+    fn record(dir: &Path, name: &str, recurrent: Option<&[u8]>) -> std::path::PathBuf {
+        let mut s = Staging::new(&dir.join(name)).unwrap();
+        for n in SURFACES {
+            s.surface(n, &format!("{n}.bin"), n.as_bytes(), 1, false).unwrap();
+        }
+        if let Some(r) = recurrent {
+            s.surface("recurrent", "recurrent.bin", r, 32, false).unwrap();
+        }
+        let surfaces = s.surfaces().clone();
+        s.commit(&serde_json::json!({ "surfaces": surfaces })).unwrap()
+    }
+
+    fn outcome<'a>(cmp: &'a [SurfaceComparison], name: &str) -> Option<&'a Outcome> {
+        cmp.iter().find(|c| c.surface == name).map(|c| &c.outcome)
+    }
+
+    #[test]
+    fn the_recurrent_state_is_compared_when_either_record_has_it() {
+        let t = tempfile::tempdir().unwrap();
+        let states = [7u8; 64];
+        let mut other = states;
+        other[40] ^= 1;
+        let (a, b) = (record(t.path(), "a", Some(&states)), record(t.path(), "b", Some(&states)));
+        let (c, plain) = (record(t.path(), "c", Some(&other)), record(t.path(), "plain", None));
+        let same = compare(&a, &b).unwrap();
+        assert!(same.iter().all(|c| c.is_exact()) && same.len() == 5);
+        let differs = compare(&a, &c).unwrap();
+        assert_eq!(outcome(&differs, "recurrent"), Some(&Outcome::Differs { byte: 40, unit: 1, unit_byte: 8, bytes_a: 64, bytes_b: 64 }));
+        let missing = compare(&a, &plain).unwrap();
+        assert_eq!(outcome(&missing, "recurrent"), Some(&Outcome::Missing { in_a: true, in_b: false }));
+        // A model without recurrent state is compared on the output surfaces alone.
+        let models = compare(&plain, &plain).unwrap();
+        assert!(models.iter().all(|c| c.is_exact()) && outcome(&models, "recurrent").is_none());
+    }
+}
