@@ -211,3 +211,25 @@ fn an_engine_abort_is_one_line_and_a_failed_record() {
     assert_eq!(v["outcome"], "failed");
     assert!(v["error"].as_str().unwrap().contains("GGML_ASSERT(n_embd_head_qk_nope >= 1)"), "{}", v["error"]);
 }
+
+/// Same arguments, same bytes; another seed, other bytes: for every family and its variants.
+#[test]
+fn forging_is_deterministic_for_every_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let sha = |arch: &str, seed: &str, extra: &[&str], name: &str| -> String {
+        let out = dir.path().join(name);
+        let mut args = vec!["model", "forge", "--arch", arch, "--preset", "tiny", "--seed", seed, "--out", out.to_str().unwrap(), "--json"];
+        args.extend_from_slice(extra);
+        let v: serde_json::Value = serde_json::from_str(&ok(&args).stdout).unwrap();
+        std::fs::remove_file(&out).unwrap();
+        v["sha256"].as_str().unwrap().to_string()
+    };
+    for arch in FAMILIES {
+        let a = sha(arch, "3", &[], "a.gguf");
+        assert_eq!(a, sha(arch, "3", &[], "b.gguf"), "{arch}: the same seed gave other bytes");
+        assert_ne!(a, sha(arch, "4", &[], "c.gguf"), "{arch}: another seed gave the same bytes");
+        let f16 = sha(arch, "3", &["--f16-router"], "d.gguf");
+        assert_ne!(a, f16, "{arch}: --f16-router changed nothing");
+        assert_eq!(f16, sha(arch, "3", &["--f16-router"], "e.gguf"), "{arch}: F16 routers are not deterministic");
+    }
+}
