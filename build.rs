@@ -92,6 +92,12 @@ fn run() -> Result<(), String> {
         fs::write(cache.join(".complete"), &key).map_err(|e| e.to_string())?;
     }
 
+    // ggml's RPC backend, a device whose buffers live in another process: what the device tier
+    // is tested on without a GPU. The same build tree reconfigured with GGML_RPC=ON; only its
+    // module is built (seconds), so the engine libraries above stay as they are.
+    if !install.join("bin").join(RPC_MODULE).is_file() {
+        build_rpc_module(&install)?;
+    }
     bindings(&install.join("include"), &out_dir)?;
     for lib in ["lib", "lib64"] {
         println!("cargo:rustc-link-search=native={}", install.join(lib).display());
@@ -247,6 +253,26 @@ fn build_cmake(src: &Path, cache: &Path, install: &Path) {
         cfg.env("CCACHE_NOHASHDIR", "1");
     }
     cfg.build();
+}
+
+const RPC_MODULE: &str = "libggml-rpc.so";
+
+fn build_rpc_module(install: &Path) -> Result<(), String> {
+    let tree = install.join("build");
+    let run = |args: &[&str]| -> Result<(), String> {
+        let out = Command::new("cmake").args(args).current_dir(&tree).output().map_err(|e| format!("cmake: {e}"))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            return Err(format!("cmake {}: {}", args.join(" "), err.lines().rev().take(5).collect::<Vec<_>>().join(" | ")));
+        }
+        Ok(())
+    };
+    let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
+    run(&["-DGGML_RPC=ON", "."])?;
+    run(&["--build", ".", "--target", "ggml-rpc", "-j", &jobs])?;
+    let built = tree.join("bin").join(RPC_MODULE);
+    fs::copy(&built, install.join("bin").join(RPC_MODULE)).map_err(|e| format!("{}: {e}", built.display()))?;
+    Ok(())
 }
 
 fn bindings(include: &Path, out_dir: &Path) -> Result<(), String> {

@@ -31,6 +31,8 @@ pub const MAX_LRU: u32 = MAX_SLOTS;
 /// Cells of a campaign: each is a full model run and about 1.5 KiB in memory once expanded;
 /// 10 000 is far beyond any schedule worth running and keeps expansion near 15 MiB.
 pub const MAX_CELLS: u64 = 10_000;
+/// RPC servers one run registers (ggml-rpc.h GGML_RPC_MAX_SERVERS).
+pub const MAX_RPC_SERVERS: usize = 16;
 /// A cell spec a worker reads (its prompt travels inside it).
 pub const MAX_CELL_SPEC_BYTES: u64 = 64 << 20;
 /// Smallest memory limit a contained run may ask for: below it no worker can even start, so

@@ -87,6 +87,10 @@ pub struct GenerateCell {
     pub gpu_layers: i32,
     /// Device bytes the run may hold.
     pub gpu_budget: Option<u64>,
+    /// RPC servers (`HOST:PORT`) whose devices are registered before the model loads, so that
+    /// `gpu_layers` places layers (and their slot pools) there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc: Vec<String>,
     /// Record directory (must not exist).
     pub record: PathBuf,
 }
@@ -197,6 +201,12 @@ impl Cell {
                 if let Experts::Plan(p) = &g.experts {
                     check_plan(p)?;
                 }
+                for e in &g.rpc {
+                    e.parse::<std::net::SocketAddr>().map_err(|err| anyhow::anyhow!("--rpc {e:?}: not HOST:PORT ({err})"))?;
+                }
+                if g.rpc.len() > bounds::MAX_RPC_SERVERS {
+                    bail!("--rpc names {} servers; ggml takes at most {}", g.rpc.len(), bounds::MAX_RPC_SERVERS);
+                }
                 bounds::regular_file("--model", &g.model)?;
                 if let Prompt::File(f) = &g.prompt {
                     bounds::regular_file("--prompt-file", f)?;
@@ -278,6 +288,19 @@ pub fn run(cell: &Cell) -> Result<Done> {
     engine::set_placement(cell.placement())?;
     match cell {
         Cell::Generate(g) => {
+            if !g.rpc.is_empty() {
+                // A device that goes away must be an error of the engine (which names it), not
+                // a SIGPIPE that says nothing.
+                // SAFETY: setting a signal disposition; no handler runs.
+                unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+            }
+            for e in &g.rpc {
+                // ggml-rpc aborts when it cannot connect: ask first, and say how to fix it.
+                let addr: std::net::SocketAddr = e.parse().map_err(|err| anyhow::anyhow!("--rpc {e:?}: not HOST:PORT ({err})"))?;
+                std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))
+                    .map_err(|err| anyhow::anyhow!("--rpc {e}: no RPC server answers ({err}); start one with `sovereign device serve --listen {e}`"))?;
+                engine::backends::rpc_add_server(e).map_err(|e| anyhow::anyhow!(e))?;
+            }
             let spec = GenerateSpec {
                 model: g.model.clone(),
                 prompt: g.prompt_bytes()?,

@@ -210,6 +210,7 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
             },
             gpu_layers: 0,
             gpu_budget: None,
+            rpc: Vec::new(),
             record: p.record.to_path_buf(),
         }),
     }

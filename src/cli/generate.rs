@@ -152,6 +152,10 @@ pub struct GenerateArgs {
     /// GPU device nothing is offloaded and the record says so.
     #[arg(long, value_parser = parse_gpu_layers, default_value = "0")]
     gpu_layers: i32,
+    /// RPC servers (HOST:PORT, comma-separated; `sovereign device serve`) whose devices take
+    /// the offloaded layers, as llama.cpp's `--rpc` does.
+    #[arg(long, value_delimiter = ',')]
+    rpc: Vec<String>,
     #[command(flatten)]
     contained: ContainArgs,
     /// Record directory (must not exist).
@@ -195,6 +199,7 @@ impl GenerateArgs {
             },
             gpu_layers: self.gpu_layers,
             gpu_budget: self.contained.gpu_budget,
+            rpc: self.rpc.clone(),
             record: self.record.clone(),
         }))
     }

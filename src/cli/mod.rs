@@ -3,6 +3,7 @@
 mod campaign;
 mod certificate;
 mod claims;
+mod device;
 mod envelope;
 mod generate;
 mod model;
@@ -39,6 +40,9 @@ enum Command {
     Inventory(model::InventoryArgs),
     /// Greedy generation with every oracle surface recorded.
     Generate(generate::GenerateArgs),
+    /// A device in its own process: ggml's RPC backend over the CPU device.
+    #[command(subcommand)]
+    Device(device::DeviceCommand),
     /// Run one cell spec (JSON) in this process: the worker a contained run or a campaign
     /// starts.
     #[command(hide = true)]
@@ -96,6 +100,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Model(c) => model::model(c),
         Command::Inventory(a) => model::inventory(a),
         Command::Generate(a) => generate::generate(a),
+        Command::Device(c) => device::device(c),
         Command::Cell(a) => generate::cell(a),
         Command::Envelope(a) => envelope::envelope(a),
         Command::Margins(a) => refine::margins(a),

@@ -35,12 +35,94 @@ static LOADED: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
 
 /// Where the CPU module is: next to a carried binary (`<exe dir>/lib`), else the cached build.
 fn cpu_module() -> PathBuf {
+    module(CPU_MODULE)
+}
+
+/// A module built with the engine: next to a carried binary (`<exe dir>/lib`), else the cache.
+fn module(name: &str) -> PathBuf {
     if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(|p| p.join("lib"))) {
-        if dir.join(CPU_MODULE).is_file() {
-            return dir.join(CPU_MODULE);
+        if dir.join(name).is_file() {
+            return dir.join(name);
         }
     }
-    Path::new(env!("SOVEREIGN_ENGINE_MODDIR")).join(CPU_MODULE)
+    Path::new(env!("SOVEREIGN_ENGINE_MODDIR")).join(name)
+}
+
+const RPC_MODULE: &str = "libggml-rpc.so";
+static RPC: OnceLock<Result<usize, String>> = OnceLock::new();
+
+/// ggml's RPC backend registry, its module loaded on first use (only runs that name an RPC
+/// device map it, so other records list the libraries they did before).
+fn rpc_reg() -> Result<sys::ggml_backend_reg_t, String> {
+    ensure_loaded()?;
+    let reg = RPC
+        .get_or_init(|| {
+            let path = module(RPC_MODULE);
+            let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| format!("{}: NUL in path", path.display()))?;
+            // SAFETY: a NUL-terminated path; ggml keeps the handle for the life of the process.
+            let reg = unsafe { sys::ggml_backend_load(c.as_ptr()) };
+            if reg.is_null() {
+                return Err(format!("{}: ggml could not load the RPC backend module", path.display()));
+            }
+            Ok(reg as usize)
+        })
+        .clone()?;
+    Ok(reg as sys::ggml_backend_reg_t)
+}
+
+/// The RPC module's entry point `name`, as the function type `F`.
+///
+/// # Safety
+/// `F` must be the C signature ggml-rpc.h declares for `name`.
+unsafe fn rpc_proc<F: Copy>(name: &CStr) -> Result<F, String> {
+    let reg = rpc_reg()?;
+    // SAFETY: a live registry and a NUL-terminated name.
+    let f = unsafe { sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr()) };
+    if f.is_null() {
+        return Err(format!("the RPC backend module has no {}", name.to_string_lossy()));
+    }
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut std::ffi::c_void>());
+    // SAFETY: the caller names the function's real type; both are pointer-sized.
+    Ok(unsafe { std::mem::transmute_copy::<*mut std::ffi::c_void, F>(&f) })
+}
+
+/// Registers the devices of the RPC server at `endpoint` (`HOST:PORT`), so that layers can be
+/// placed there as on a GPU (`--gpu-layers`). Returns the devices' names.
+pub fn rpc_add_server(endpoint: &str) -> Result<Vec<String>, String> {
+    type AddServer = unsafe extern "C" fn(*const std::ffi::c_char) -> sys::ggml_backend_reg_t;
+    let c = CString::new(endpoint).map_err(|_| format!("--rpc {endpoint:?}: NUL in the endpoint"))?;
+    // SAFETY: ggml-rpc.h: ggml_backend_reg_t ggml_backend_rpc_add_server(const char * endpoint).
+    let add: AddServer = unsafe { rpc_proc(c"ggml_backend_rpc_add_server")? };
+    // SAFETY: a NUL-terminated endpoint; the registry it returns lives for the process.
+    let reg = unsafe { add(c.as_ptr()) };
+    if reg.is_null() {
+        return Err(format!("--rpc {endpoint}: no RPC server answered there (sovereign device serve --listen {endpoint})"));
+    }
+    // SAFETY: a live registry; its devices' names are strings it owns.
+    unsafe {
+        sys::ggml_backend_register(reg);
+        Ok((0..sys::ggml_backend_reg_dev_count(reg))
+            .map(|i| CStr::from_ptr(sys::ggml_backend_dev_name(sys::ggml_backend_reg_dev_get(reg, i))).to_string_lossy().into_owned())
+            .collect())
+    }
+}
+
+/// Serves this machine's CPU device over ggml's RPC protocol at `endpoint` until killed.
+pub fn rpc_serve(endpoint: &str, threads: usize) -> Result<(), String> {
+    type StartServer =
+        unsafe extern "C" fn(*const std::ffi::c_char, *const std::ffi::c_char, usize, usize, *mut sys::ggml_backend_dev_t);
+    let c = CString::new(endpoint).map_err(|_| format!("--listen {endpoint:?}: NUL in the endpoint"))?;
+    // SAFETY: ggml-rpc.h: void ggml_backend_rpc_start_server(const char * endpoint,
+    // const char * cache_dir, size_t n_threads, size_t n_devices, ggml_backend_dev_t * devices).
+    let start: StartServer = unsafe { rpc_proc(c"ggml_backend_rpc_start_server")? };
+    // SAFETY: registry queries on the loaded CPU module.
+    let mut cpu = unsafe { sys::ggml_backend_dev_by_type(sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU) };
+    if cpu.is_null() {
+        return Err("no CPU device to serve".into());
+    }
+    // SAFETY: a NUL-terminated endpoint, no cache directory, one live device.
+    unsafe { start(c.as_ptr(), std::ptr::null(), threads, 1, &mut cpu) };
+    Err(format!("the RPC server at {endpoint} stopped (is the address in use?)"))
 }
 
 /// Extra modules: every `libggml-*.so` in the backend directory except a CPU module.

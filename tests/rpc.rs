@@ -1,0 +1,167 @@
+//! A real non-host device in every test run: ggml's RPC backend, served by `sovereign device
+//! serve` in its own process on 127.0.0.1. Layers and their slot pools live in its buffers, so
+//! every expert byte goes window → copy; each run is bitwise equal to the RPC-resident run of the
+//! same build, and a server that dies mid-run fails the run closed.
+
+mod common;
+
+use common::*;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+const PROMPT: &str = "Experts move from storage into bounded slots; every output byte must match the resident run.";
+const OUTPUTS: u32 = 24;
+
+/// A device server on an ephemeral loopback port, killed when dropped.
+struct Server {
+    child: Child,
+    endpoint: String,
+}
+
+impl Server {
+    fn start() -> Server {
+        // A port the kernel just gave out and took back: free unless another process races us.
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let endpoint = format!("127.0.0.1:{port}");
+        let child = bin()
+            .args(["device", "serve", "--listen", &endpoint, "--threads", "2"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the device server");
+        let addr: SocketAddr = endpoint.parse().unwrap();
+        let start = Instant::now();
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(20), "the device server did not listen on {endpoint}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server { child, endpoint }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn record(rec: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
+}
+
+fn gen_on(s: &Server, model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["--rpc", &s.endpoint, "--gpu-layers", "all"];
+    args.extend_from_slice(extra);
+    let r = generate(model, PROMPT, OUTPUTS, rec, &args);
+    assert_eq!(r.code, 0, "{} {extra:?}: {}{}", model.display(), r.stdout, r.stderr);
+    record(rec)
+}
+
+fn assert_exact(a: &Path, b: &Path) {
+    let r = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{} vs {}:\n{}", a.display(), b.display(), r.stdout);
+}
+
+fn quantized(dir: &Path, m: &Path, ty: &str) -> PathBuf {
+    if ty == "f32" {
+        return m.to_path_buf();
+    }
+    let q = dir.join(format!("{ty}.gguf"));
+    ok(&["model", "quantize", "--type", ty, m.to_str().unwrap(), q.to_str().unwrap()]);
+    q
+}
+
+#[test]
+fn resident_on_the_rpc_device_equals_the_cpu_and_names_the_device() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 41, &[]);
+    let cpu = dir.path().join("cpu");
+    let r = generate(&m, PROMPT, OUTPUTS, &cpu, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let rpc = dir.path().join("rpc");
+    let v = gen_on(&s, &m, &rpc, &[]);
+    // The server computes with the CPU backend's kernels: the same bits as this process.
+    assert_exact(&cpu, &rpc);
+    let p = &v["params"]["placement"];
+    assert_eq!(p["gpu_devices"], serde_json::json!(["RPC0"]), "{p}");
+    assert!(p["effective"].as_str().unwrap().contains("RPC0"), "{p}");
+    let dev = v["build"]["devices"].as_array().unwrap().iter().find(|d| d["name"] == "RPC0").expect("the record names the device");
+    assert_eq!(dev["description"], s.endpoint.as_str());
+    assert!(dev["memory_total"].as_u64().unwrap() > 0, "{dev}");
+    assert!(v["build"]["libraries"].as_array().unwrap().iter().any(|l| l["name"] == "libggml-rpc.so"), "the RPC module is named by digest");
+}
+
+/// F32, F16, Q8_0 and Q4_K_M × P, D, F × zero, LRU, prefetch and token passes, on the device:
+/// every byte read goes through a window and a copy into the device's slot pools.
+#[test]
+fn plan_on_the_rpc_device_is_exact_and_copies_every_byte() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 42, &[]);
+    for ty in ["f32", "f16", "q8_0", "q4_k_m"] {
+        let model = quantized(dir.path(), &m, ty);
+        let resident = dir.path().join(format!("{ty}-resident"));
+        gen_on(&s, &model, &resident, &[]);
+        let arms: [(&str, &[&str]); 6] = [
+            ("p-zero", &["--source", "p", "--policy", "zero"]),
+            ("d-lru3", &["--source", "d", "--policy", "lru:3"]),
+            ("f-zero", &["--source", "f", "--policy", "zero"]),
+            ("f-lru5", &["--source", "f", "--policy", "lru:5"]),
+            ("f-prefetch", &["--source", "f", "--policy", "zero+prefetch"]),
+            ("f-pass2", &["--source", "f", "--depth", "3", "--token-pass", "2"]),
+        ];
+        for (name, flags) in arms {
+            let rec = dir.path().join(format!("{ty}-{name}"));
+            let mut args = vec!["--experts", "plan", "--slots", "5"];
+            args.extend_from_slice(flags);
+            let v = gen_on(&s, &model, &rec, &args);
+            assert_exact(&resident, &rec);
+            let e = &v["experts"];
+            assert_eq!(e["clean_closure"], true, "{ty} {name}: {}", e["closure"]);
+            let mv = &e["telemetry"]["movement"];
+            let logical = e["telemetry"]["q_run"]["logical_bytes"].as_u64().unwrap();
+            // Device slots cannot be read into: nothing lands directly, every byte is copied.
+            assert_eq!(mv["direct_bytes"].as_u64(), Some(0), "{ty} {name}: {mv}");
+            assert_eq!(e["copy"]["bytes"].as_u64(), Some(logical), "{ty} {name}: copies {} of {logical} bytes read", e["copy"]);
+        }
+    }
+}
+
+#[test]
+fn no_server_and_a_server_killed_mid_run_fail_closed_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 43, &[]);
+    // Nothing listens: refused before the engine starts, with the fix named.
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let none = format!("127.0.0.1:{port}");
+    let r = generate(&m, PROMPT, 4, &dir.path().join("none"), &["--rpc", &none, "--gpu-layers", "all"]);
+    assert_one_line_error(&r, &[&none, "device serve"]);
+    assert!(!dir.path().join("none").exists() && !dir.path().join("none.partial").exists());
+
+    // The server dies while the run decodes: the run fails closed on record, nothing partial.
+    let mut s = Server::start();
+    let rec = dir.path().join("killed");
+    let endpoint = s.endpoint.clone();
+    let run = std::thread::spawn({
+        let (m, rec) = (m.clone(), rec.clone());
+        move || generate(&m, PROMPT, 3000, &rec, &["--rpc", &endpoint, "--gpu-layers", "all", "--experts", "plan", "--slots", "5", "--ignore-eos"])
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    s.kill();
+    let r = run.join().unwrap();
+    assert_ne!(r.code, 0, "the run survived its device: {}", r.stdout);
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{}", r.stderr);
+    assert!(lines[0].contains(rec.to_str().unwrap()), "{}", lines[0]);
+    assert!(!dir.path().join("killed.partial").exists());
+    assert_eq!(record(&rec)["outcome"], "failed");
+}
