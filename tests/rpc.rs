@@ -165,3 +165,44 @@ fn no_server_and_a_server_killed_mid_run_fail_closed_with_one_line() {
     assert!(!dir.path().join("killed.partial").exists());
     assert_eq!(record(&rec)["outcome"], "failed");
 }
+
+/// Every deterministic fault cell through F with the slot pools on the device: fatal cells fail
+/// closed, recoverable ones stay exact against the device's no-fault control.
+#[test]
+fn fault_cells_through_f_on_the_rpc_device_pass_their_validators() {
+    const CELLS: &[&str] = &[
+        "short_read",
+        "eio",
+        "out_of_order",
+        "stale_completion",
+        "wrong_object",
+        "held_consumer",
+        "reset_outstanding",
+        "shutdown_live_consumer",
+        "partial_bundle",
+        "corrupt_byte",
+    ];
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 44, &[]);
+    let cell_run = |rec: &Path, cell: &str| {
+        let args = ["--rpc", &s.endpoint, "--gpu-layers", "all", "--experts", "plan", "--slots", "5", "--source", "f", "--fault", cell];
+        generate(&m, "Deterministic faults, fail closed or stay exact.", 24, rec, &args)
+    };
+    let control = dir.path().join("none");
+    assert_eq!(cell_run(&control, "none").code, 0);
+    assert_eq!(record(&control)["experts"]["copy"]["devices"], serde_json::json!(["RPC0"]));
+    for cell in CELLS {
+        let rec = dir.path().join(cell);
+        let r = cell_run(&rec, cell);
+        let check = run(&["fault-check", "--cell", cell, rec.to_str().unwrap(), "--control", control.to_str().unwrap(), "--json"]);
+        assert_eq!(check.code, 0, "{cell}: {}\n{}", check.stdout, r.stderr);
+        let v: serde_json::Value = serde_json::from_str(&check.stdout).unwrap();
+        if v["expect"] == "fatal" {
+            assert_ne!(r.code, 0, "{cell}: a fatal cell must not report success");
+            assert!(r.stderr.contains("failed closed"), "{cell}: rejects, not crashes: {}", r.stderr);
+        } else {
+            assert_eq!(r.code, 0, "{cell}: {}", r.stderr);
+        }
+    }
+}
