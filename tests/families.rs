@@ -233,3 +233,15 @@ fn forging_is_deterministic_for_every_family() {
         assert_eq!(f16, sha(arch, "3", &["--f16-router"], "e.gguf"), "{arch}: F16 routers are not deterministic");
     }
 }
+
+/// llama_model_quantize keeps a source's general.alignment but pads to 32 bytes: the file it
+/// writes from a 4096-aligned model opens nowhere. It is read back and refused, never named.
+#[test]
+fn a_quantized_file_that_is_not_valid_gguf_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge_arch(dir.path(), "qwen3moe", &["--alignment", "4096"]);
+    let q = dir.path().join("q.gguf");
+    let r = run(&["model", "quantize", "--type", "f16", m.to_str().unwrap(), q.to_str().unwrap()]);
+    assert_one_line_error(&r, &["llama_model_quantize wrote an invalid file", "not aligned to 4096"]);
+    assert!(!q.exists() && !dir.path().join("q.partial").exists());
+}

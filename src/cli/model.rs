@@ -152,7 +152,16 @@ pub fn model(c: ModelCommand) -> Result<ExitCode> {
                 .create_new(true)
                 .open(&tmp)
                 .with_context(|| format!("{}: cannot claim (another run is writing it, or one was interrupted)", tmp.display()))?;
-            let done = engine::quantize(&input, &tmp, ty, threads).and_then(|()| sovereign::record::rename_noreplace(&tmp, &output));
+            // What llama_model_quantize wrote is read back before it gets the final name: with a
+            // source whose general.alignment is not GGUF's default it keeps the key but pads
+            // tensors to 32 bytes, a file no reader (llama.cpp's included) can open.
+            let done = engine::quantize(&input, &tmp, ty, threads)
+                .and_then(|()| {
+                    sovereign::gguf::Gguf::open(&tmp)
+                        .map(drop)
+                        .map_err(|e| anyhow::anyhow!("{}: llama_model_quantize wrote an invalid file ({e:#}); quantize a model forged with the default alignment", input.display()))
+                })
+                .and_then(|()| sovereign::record::rename_noreplace(&tmp, &output));
             if let Err(e) = done {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(e);
