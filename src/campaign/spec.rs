@@ -373,9 +373,10 @@ pub struct Analysis {
 }
 
 /// Per block, the floor time per decode token is max(read time per decode token of the
-/// block's `replay` cell, decode time per token of the `compute` arm, resident: the block's
-/// cell, else the lead block's), and the ratio is `arm`'s decode time per token over it
-/// (1.10: within 10 %); the paired-log t interval of that ratio over the blocks.
+/// block's `replay` cell, decode time per token of the `compute` arm, resident: the least of
+/// the block's cells, else of all its cells), and the ratio is `arm`'s decode time per token
+/// over it (1.10: within 10 %); the paired-log t interval of that ratio over the blocks. An
+/// arm faster than a term of its floor makes the floor an invalid measurement: no ratio.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FloorAnalysis {

@@ -109,7 +109,7 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
     let s = export::export(&a.results, campaign, out)?;
     if a.json {
         print_json(&s)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(if s.floor_invalid.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) });
     }
     println!("{}: {} cells ({} sealed), {} pairs", s.campaign, s.cells, s.sealed, s.pairs);
     for f in &s.files {
@@ -128,6 +128,11 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
     }
     if let Some(p) = &s.floor {
         println!("ratio to floor: {}", interval(p));
+    }
+    if !s.floor_invalid.is_empty() {
+        // An impossible figure is a failed measurement, not a result.
+        eprintln!("error: ratio to floor: invalid measurement ({} blocks): {}", s.floor_invalid.len(), s.floor_invalid.join("; "));
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }

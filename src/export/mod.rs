@@ -47,8 +47,12 @@ pub struct ExportSummary {
     pub sealed: usize,
     pub pairs: usize,
     pub summary: Option<PairedRatio>,
-    /// `analysis.floor`: the arm's decode time per token over its floor, per block.
+    /// `analysis.floor`: the arm's decode time per token over its floor, per block. None when
+    /// the floor is invalid (see `floor_invalid`): a ratio over a broken floor is not printed.
     pub floor: Option<PairedRatio>,
+    /// Why the floor is an invalid measurement: a block whose arm decoded faster than a term of
+    /// its floor (its reads alone, or the resident compute), named by block, cell and term.
+    pub floor_invalid: Vec<String>,
     /// One row per arm: the bench table.
     pub arms: Vec<ArmRow>,
     pub files: Vec<PathBuf>,
@@ -147,6 +151,33 @@ impl FloorRow<'_> {
     fn floor(&self) -> f64 {
         self.replay.2.max(self.compute.2)
     }
+
+    /// Why this block's floor cannot be right, if it cannot.
+    fn broken(&self) -> Option<String> {
+        let term = broken_floor(self.arm.2, self.replay.2, self.compute.2)?;
+        let (cell, s) = if term == "read" { (&self.replay.0.key, self.replay.2) } else { (&self.compute.0.key, self.compute.2) };
+        Some(format!(
+            "block {}: arm cell {} decoded at {:.6} s/token, faster than the floor's {term} term ({cell}, {s:.6} s/token)",
+            self.block, self.arm.0.key, self.arm.2
+        ))
+    }
+}
+
+/// The term of a floor that an arm beat (`read`: the replay of its own reads; `compute`: the
+/// resident run), or None. An arm cannot decode faster than its reads alone or than the same
+/// compute with every expert resident: if it did, the floor was mismeasured, and no ratio over
+/// it is a result.
+fn broken_floor(arm_s: f64, read_s: f64, compute_s: f64) -> Option<&'static str> {
+    if !(arm_s.is_finite() && read_s.is_finite() && compute_s.is_finite()) {
+        return Some(if read_s.is_finite() { "compute" } else { "read" });
+    }
+    if arm_s < compute_s {
+        Some("compute")
+    } else if arm_s < read_s {
+        Some("read")
+    } else {
+        None
+    }
 }
 
 /// Per block holding the arm's and the replay's completed cells: the floor and the ratio.
@@ -158,8 +189,17 @@ fn floor_rows<'a>(f: &crate::campaign::spec::FloorAnalysis, cells: &'a [CellSpec
     let mut rows = Vec::new();
     for b in blocks {
         let (Some((ca, xa)), Some((cr, xr))) = (find(b, &f.arm), find(b, &f.replay)) else { continue };
-        let Some((cc, xc)) = find(b, &f.compute).or_else(|| find(0, &f.compute)) else { continue };
-        let (Some(a), Some(r), Some(c)) = (xa.decode_s_per_token(), xr.read_replay().and_then(ReadReplayRecord::decode_s_per_token), xc.decode_s_per_token()) else {
+        // The compute term is the least of the compute arm's cells in the block, else of all
+        // its cells: one slow (cold, contended) cell must not raise the floor above the arm.
+        let least = |mine: &dyn Fn(&CellSpec) -> bool| {
+            cells
+                .iter()
+                .filter(|c| c.arm.id.value == f.compute.value && mine(c))
+                .filter_map(|c| sealed.get(&c.key).filter(|x| x.completed()).and_then(|x| Some((c, x, x.decode_s_per_token()?))))
+                .min_by(|p, q| p.2.total_cmp(&q.2))
+        };
+        let Some((cc, xc, c)) = least(&|c| c.block == b).or_else(|| least(&|_| true)) else { continue };
+        let (Some(a), Some(r)) = (xa.decode_s_per_token(), xr.read_replay().and_then(ReadReplayRecord::decode_s_per_token)) else {
             continue;
         };
         rows.push(FloorRow { block: b, order: ca.order.clone(), arm: (ca, xa, a), replay: (cr, xr, r), compute: (cc, xc, c) });
@@ -505,15 +545,18 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     }
 
     let mut floor = None;
+    let mut floor_invalid = Vec::new();
     if let Some(f) = spec.analysis.as_ref().and_then(|a| a.floor.as_ref()) {
         let rows = floor_rows(f, &cells, &sealed);
+        floor_invalid = rows.iter().filter_map(FloorRow::broken).collect();
         let path = out.join("floor.csv");
         let mut w = csv::Writer::from_path(&path)?;
         w.write_record([
             "block", "order", "arm_cell", "replay_cell", "compute_cell", "arm_record", "replay_record", "compute_record", "arm_s_per_token",
-            "read_s_per_token", "compute_s_per_token", "floor_s_per_token", "bound", "ratio_to_floor", "replay_depth",
+            "read_s_per_token", "compute_s_per_token", "floor_s_per_token", "bound", "ratio_to_floor", "replay_depth", "valid",
         ])?;
         for r in &rows {
+            let broken = broken_floor(r.arm.2, r.replay.2, r.compute.2);
             w.write_record([
                 r.block.to_string(),
                 r.order.clone(),
@@ -528,13 +571,18 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
                 r.compute.2.to_string(),
                 r.floor().to_string(),
                 if r.replay.2 >= r.compute.2 { "read" } else { "compute" }.to_string(),
-                (r.arm.2 / r.floor()).to_string(),
+                if broken.is_some() { String::new() } else { (r.arm.2 / r.floor()).to_string() },
                 opt(r.replay.1.read_replay().and_then(|x| x.params.as_ref()).map(|p| p.depth)),
+                match broken {
+                    None => "true".to_string(),
+                    Some(term) => format!("false: faster than its {term} term"),
+                },
             ])?;
         }
         w.flush()?;
         files.push(path);
-        if !rows.is_empty() {
+        // A floor an arm beat was mismeasured: no summary, no ratio (the caller fails closed).
+        if !rows.is_empty() && floor_invalid.is_empty() {
             let labels: Vec<String> = rows.iter().map(|r| format!("block {} ({})", r.block, r.order)).collect();
             let a: Vec<f64> = rows.iter().map(FloorRow::floor).collect();
             let b: Vec<f64> = rows.iter().map(|r| r.arm.2).collect();
@@ -603,7 +651,7 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     std::fs::write(&lpath, serde_json::to_string_pretty(&ledger)? + "\n")?;
     files.push(lpath);
 
-    Ok(ExportSummary { campaign: id.to_string(), cells: cells.len(), sealed: sealed.len(), pairs: pair_rows.len(), summary, floor, arms, files })
+    Ok(ExportSummary { campaign: id.to_string(), cells: cells.len(), sealed: sealed.len(), pairs: pair_rows.len(), summary, floor, floor_invalid, arms, files })
 }
 
 fn draft_ledger(
@@ -713,4 +761,20 @@ fn draft_ledger(
     let mut claims = BTreeMap::new();
     claims.insert(id.clone(), Claim { statement, records, assertions, replay });
     Ledger { format: LEDGER_FORMAT.into(), claims }
+}
+
+#[cfg(test)]
+mod floor_tests {
+    use super::broken_floor;
+
+    #[test]
+    fn an_arm_faster_than_a_term_of_its_floor_breaks_it() {
+        assert_eq!(broken_floor(0.150, 0.141, 0.013), None);
+        assert_eq!(broken_floor(0.141, 0.141, 0.013), None, "equal to its reads is a floor met, not beaten");
+        // The bench's impossible figure: a resident lead cell at 1.19 tok/s, F at 6.12.
+        assert_eq!(broken_floor(1.0 / 6.12, 1.0 / 8.42, 1.0 / 1.19), Some("compute"));
+        assert_eq!(broken_floor(0.100, 0.141, 0.013), Some("read"));
+        assert_eq!(broken_floor(0.100, f64::NAN, 0.013), Some("read"));
+        assert_eq!(broken_floor(f64::INFINITY, 0.141, 0.013), Some("compute"));
+    }
 }
