@@ -206,3 +206,107 @@ fn fault_cells_through_f_on_the_rpc_device_pass_their_validators() {
         }
     }
 }
+
+/// A campaign arm with `rpc: local` and `gpu_layers: all`: the runner starts a device server for
+/// each of its cells and stops it after; the streamed cells on the device are exact against the
+/// resident oracle on the CPU, and no server outlives the campaign.
+#[test]
+fn a_campaign_arm_on_a_local_rpc_device_runs_exact_and_leaves_no_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("campaigns");
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = forge(tmp.path(), "tiny.gguf", 45, &[]);
+    let prompt = dir.join("prompt.txt");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("campaigns/prompts/demo.txt"), &prompt).unwrap();
+    let (tree, patches) = build_identity();
+    let sha = |p: &Path| sovereign::util::sha256_file(p).unwrap();
+    let text = r#"id: rpc-local-1
+model:
+  path: ../tiny.gguf
+  sha256: MODEL_SHA
+workload:
+  prompt_file: prompt.txt
+  prompt_sha256: PROMPT_SHA
+  prompt_tokens: 181
+  outputs: 8
+  ignore_eos: true
+build:
+  engine_tree_sha256: TREE
+PATCHESarms:
+  - id: oracle
+    experts: resident
+    threads: 2
+  - id: device-F
+    experts: plan
+    slots: 5
+    policy: "lru:3"
+    source: f
+    gpu_layers: all
+    rpc: local
+    threads: 2
+schedule:
+  lead: [oracle]
+  blocks:
+    preordered:
+      - [device-F]
+      - [device-F]
+oracle:
+  arm: oracle
+  relation: all_surfaces
+  horizon: 8
+admission:
+  require_exact: true
+  min_headroom_bytes: 0
+  max_limit_events: 0
+stop:
+  arm_after_admission_failure: true
+  campaign_after_oracle_failure: true
+repetition:
+  outcome_selected_reruns: none
+  max_interrupted_attempts: 3
+"#
+    .replace("MODEL_SHA", &sha(&model))
+    .replace("PROMPT_SHA", &sha(&prompt))
+    .replace("TREE", &tree)
+    .replace("PATCHES", &patches);
+    let file = dir.join("rpc.yaml");
+    std::fs::write(&file, &text).unwrap();
+    let results = tmp.path().join("results");
+    // The runner's servers inherit this mark from its environment: any process still holding
+    // it after the run is a server left running.
+    let mark = format!("SOVEREIGN_TEST_MARK={}", tmp.path().display());
+    let marked = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("environ")).ok())
+            .filter(|env| env.split(|&b| b == 0).any(|kv| kv == mark.as_bytes()))
+            .count()
+    };
+    let r = bin()
+        .env("SOVEREIGN_TEST_MARK", tmp.path())
+        .args(["campaign", "run", file.to_str().unwrap(), "--results", results.to_str().unwrap(), "--no-progress"])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}{}", String::from_utf8_lossy(&r.stdout), String::from_utf8_lossy(&r.stderr));
+    assert_eq!(marked(), 0, "a device server outlived its cell");
+    let out = tmp.path().join("export");
+    ok(&["export", "--campaign", "rpc-local-1", "--results", results.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let mut rows = csv::Reader::from_path(out.join("cells.csv")).unwrap();
+    let h = rows.headers().unwrap().clone();
+    let col = |n: &str| h.iter().position(|c| c == n).unwrap();
+    let rows: Vec<csv::StringRecord> = rows.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 3);
+    for r in rows.iter().filter(|r| &r[col("arm")] == "device-F") {
+        assert_eq!((&r[col("status")], &r[col("exact")]), ("completed", "true"), "{r:?}");
+        let rec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(results.join(&r[col("record")]).join("record.json")).unwrap()).unwrap();
+        assert_eq!(rec["params"]["placement"]["gpu_devices"], serde_json::json!(["RPC0"]), "{}", rec["params"]["placement"]);
+        assert_eq!(rec["experts"]["copy"]["devices"], serde_json::json!(["RPC0"]));
+    }
+    // `rpc` without `gpu_layers` is refused by the check, with its position.
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, text.replace("    gpu_layers: all\n", "").replace("id: rpc-local-1", "id: rpc-local-bad")).unwrap();
+    let r = run(&["campaign", "check", bad.to_str().unwrap()]);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("`rpc` needs `gpu_layers`"), "{}", r.stderr);
+}

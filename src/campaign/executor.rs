@@ -172,6 +172,8 @@ pub struct CellPaths<'a> {
     pub record: &'a Path,
     /// Verifier and reference (refinement campaigns).
     pub refine: Option<(&'a Path, &'a Path)>,
+    /// The RPC servers the cell's device layers go to (an `rpc` arm's server).
+    pub rpc: &'a [String],
 }
 
 /// The single mapping from a campaign cell's arm and workload to the typed [`Cell`] a worker
@@ -208,9 +210,13 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
                 ExpertsMode::Host => Experts::Host,
                 ExpertsMode::Plan => Experts::Plan(plan(arm.fault.unwrap_or(FaultCell::None))),
             },
-            gpu_layers: 0,
+            gpu_layers: match arm.gpu_layers {
+                None => 0,
+                Some(crate::engine::GpuLayers::All(_)) => -1,
+                Some(crate::engine::GpuLayers::Count(n)) => n,
+            },
             gpu_budget: None,
-            rpc: Vec::new(),
+            rpc: p.rpc.to_vec(),
             record: p.record.to_path_buf(),
         }),
     }
@@ -230,6 +236,45 @@ fn resource_telemetry(record: &Path, max_rss_bytes: u64) -> Telemetry {
 }
 
 /// Spawns this executable (`sovereign generate ...`) for each cell, output to the cell's log.
+/// A device server (`sovereign device serve`) on an ephemeral loopback port, killed and reaped
+/// when dropped, so no cell leaves one running.
+struct DeviceServer {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl DeviceServer {
+    fn start(exe: &Path) -> Result<DeviceServer> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let endpoint = format!("127.0.0.1:{port}");
+        let mut cmd = std::process::Command::new(exe);
+        cmd.args(["device", "serve", "--listen", &endpoint]).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        crate::observe::die_with_parent(&mut cmd);
+        let mut child = cmd.spawn().context("starting the device server")?;
+        let addr: std::net::SocketAddr = endpoint.parse()?;
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200)).is_err() {
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!("the device server exited ({status}) before listening on {endpoint}");
+            }
+            if t0.elapsed() > std::time::Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!("the device server did not listen on {endpoint} within 20 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok(DeviceServer { child, endpoint })
+    }
+}
+
+impl Drop for DeviceServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub struct ProcessExecutor {
     exe: PathBuf,
     /// Relative model and prompt paths are taken from here (the campaign file's directory).
@@ -257,6 +302,8 @@ impl CellExecutor for ProcessExecutor {
     }
 
     fn run(&self, cell: &CellSpec, inputs: &CellInputs, staging: &Path, log: &Path) -> Result<CellOutcome> {
+        // An `rpc: local` arm's device: started for this cell, stopped when the cell ends.
+        let mut server: Option<DeviceServer> = None;
         let model = self.base.join(&cell.model.path);
         let prompt = self.base.join(&cell.workload.prompt_file);
         let refine_paths = cell.refine.as_ref().map(|r| (self.base.join(&r.verifier.path), self.base.join(&r.reference.path)));
@@ -294,10 +341,21 @@ impl CellExecutor for ProcessExecutor {
                 }
             }
         } else {
+            if cell.arm.rpc.is_some() {
+                server = Some(DeviceServer::start(&self.exe).with_context(|| format!("arm `{}`: rpc: local", cell.arm.id.value))?);
+            }
+            let endpoints: Vec<String> = server.iter().map(|s| s.endpoint.clone()).collect();
             let worker = worker_cell(
                 cell,
-                &CellPaths { model: &model, prompt_file: &prompt, record: staging, refine: refine_paths.as_ref().map(|(v, r)| (v.as_path(), r.as_path())) },
+                &CellPaths {
+                    model: &model,
+                    prompt_file: &prompt,
+                    record: staging,
+                    refine: refine_paths.as_ref().map(|(v, r)| (v.as_path(), r.as_path())),
+                    rpc: &endpoints,
+                },
             );
+            let shown_rpc: Vec<String> = endpoints.iter().map(|_| "<local device server>".to_string()).collect();
             let shown = worker_cell(
                 cell,
                 &CellPaths {
@@ -305,6 +363,7 @@ impl CellExecutor for ProcessExecutor {
                     prompt_file: Path::new(&cell.workload.prompt_file),
                     record: Path::new("<record>"),
                     refine: cell.refine.as_ref().map(|r| (Path::new(&r.verifier.path), Path::new(&r.reference.path))),
+                    rpc: &shown_rpc,
                 },
             );
             (worker, shown)

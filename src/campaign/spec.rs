@@ -242,6 +242,22 @@ pub struct Arm {
     /// Engine threads (every run arm names it; a measurement arm does not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
+    /// Layers placed on the device (`all`, or a count), as `generate --gpu-layers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_layers: Option<crate::engine::GpuLayers>,
+    /// `local`: the runner starts an RPC device server (`sovereign device serve`) on a loopback
+    /// port for each of the arm's cells, registers it as the cell's device and stops it when
+    /// the cell ends. Needs `gpu_layers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpc: Option<RpcArm>,
+}
+
+/// Where an arm's RPC device comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RpcArm {
+    /// A server the runner starts for the cell on this machine and stops after it.
+    Local,
 }
 
 impl Arm {
@@ -500,6 +516,17 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
                 out.push(Diagnostic::at(&a.id, format!("arm `{}`: {}", a.id.value, e.to_string().replacen("--", "", 1).replace("layer-buffers", "layer_buffers"))));
             }
         }
+        if a.rpc.is_some() && a.gpu_layers.is_none() {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `rpc` needs `gpu_layers` (which layers go to the device)", a.id.value)));
+        }
+        if a.rpc.is_some() && a.refine.is_some() {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `rpc` applies to generate arms, not `refine`", a.id.value)));
+        }
+        if let Some(crate::engine::GpuLayers::Count(n)) = a.gpu_layers {
+            if !(0..=i32::from(u16::MAX)).contains(&n) {
+                out.push(Diagnostic::at(&a.id, format!("arm `{}`: gpu_layers {n}: expected 0..={} or `all`", a.id.value, u16::MAX)));
+            }
+        }
         if let Some(m) = a.memory_cap_bytes {
             if let Err(e) = crate::bounds::range("memory_cap_bytes", m, crate::bounds::MIN_MEMORY_MAX, crate::bounds::MAX_MEMORY_MAX, "1 MiB up to 1 PiB") {
                 out.push(Diagnostic::at(&a.id, format!("arm `{}`: {e}", a.id.value)));
@@ -654,6 +681,8 @@ fn validate_measure_arm(a: &Arm) -> Vec<Diagnostic> {
         ("refine", a.refine.is_some()),
         ("memory_cap_bytes", a.memory_cap_bytes.is_some()),
         ("threads", a.threads.is_some()),
+        ("gpu_layers", a.gpu_layers.is_some()),
+        ("rpc", a.rpc.is_some()),
     ];
     for (name, set) in run_fields {
         if set {

@@ -197,14 +197,14 @@ pub fn placement() -> Placement {
 }
 
 /// `"all"`, or a number of layers: llama's `n_gpu_layers` as a record states it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum GpuLayers {
     All(AllLayers),
     Count(i32),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AllLayers {
     All,
