@@ -279,12 +279,12 @@ fn bindings(include: &Path, out_dir: &Path) -> Result<(), String> {
     let b = bindgen::Builder::default()
         .header_contents(
             "sovereign_engine.h",
-            "#include <llama.h>\n#include <gguf.h>\n#include <ggml-backend.h>\n",
+            "#include <llama.h>\n#include <gguf.h>\n#include <ggml-backend.h>\n#include <ggml-rpc.h>\n",
         )
         .clang_arg(format!("-I{}", include.display()))
         .allowlist_function("(llama|ggml|gguf)_.*")
         .allowlist_type("(llama|ggml|gguf)_.*")
-        .allowlist_var("(LLAMA|GGML|GGUF)_.*")
+        .allowlist_var("(LLAMA|GGML|GGUF|RPC_PROTO)_.*")
         .derive_default(true)
         .layout_tests(false)
         .generate()

@@ -94,6 +94,7 @@ fn resident_on_the_rpc_device_equals_the_cpu_and_names_the_device() {
     let p = &v["params"]["placement"];
     assert_eq!(p["gpu_devices"], serde_json::json!(["RPC0"]), "{p}");
     assert!(p["effective"].as_str().unwrap().contains("RPC0"), "{p}");
+    assert_eq!(p["rpc_protocol"], "7.0.0", "{p}");
     let dev = v["build"]["devices"].as_array().unwrap().iter().find(|d| d["name"] == "RPC0").expect("the record names the device");
     assert_eq!(dev["description"], s.endpoint.as_str());
     assert!(dev["memory_total"].as_u64().unwrap() > 0, "{dev}");

@@ -229,6 +229,10 @@ pub struct PlacementReport {
     pub gpu_budget: Option<u64>,
     pub gpu_devices: Vec<String>,
     pub effective: String,
+    /// ggml's RPC protocol version this build speaks, when an RPC device is registered (a
+    /// server of another major version refuses the connection).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpc_protocol: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_before_decode: Option<DeviceCheck>,
 }
@@ -251,6 +255,9 @@ pub fn placement_report() -> PlacementReport {
         gpu_layers: if p.gpu_layers < 0 { GpuLayers::All(AllLayers::All) } else { GpuLayers::Count(p.gpu_layers) },
         experts_host: p.experts_host,
         gpu_budget: p.gpu_budget,
+        rpc_protocol: gpus.iter().any(|g| g.starts_with("RPC")).then(|| {
+            format!("{}.{}.{}", sys::RPC_PROTO_MAJOR_VERSION, sys::RPC_PROTO_MINOR_VERSION, sys::RPC_PROTO_PATCH_VERSION)
+        }),
         gpu_devices: gpus,
         effective,
         device_before_decode: None,
