@@ -22,14 +22,19 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(&[], Stdio::null())
+    }
+
+    fn start_with(extra: &[&str], stderr: Stdio) -> Server {
         // A port the kernel just gave out and took back: free unless another process races us.
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let endpoint = format!("127.0.0.1:{port}");
         let child = bin()
             .args(["device", "serve", "--listen", &endpoint, "--threads", "2"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn the device server");
         let addr: SocketAddr = endpoint.parse().unwrap();
@@ -43,6 +48,13 @@ impl Server {
 
     fn kill(&mut self) {
         let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then the server's own account of its end.
+    fn terminate(&mut self) {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
     }
 }
@@ -310,4 +322,51 @@ repetition:
     let r = run(&["campaign", "check", bad.to_str().unwrap()]);
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("`rpc` needs `gpu_layers`"), "{}", r.stderr);
+}
+
+/// A device with a hard memory bound: a server in its own memory cgroup. Pools that fit run
+/// exactly with its peak under the cap; a cap they do not fit kills the device (OOM) and the run
+/// fails closed with one line, a failed record and nothing partial.
+#[test]
+fn a_capped_device_bounds_its_memory_and_a_cap_too_small_fails_the_run_closed() {
+    if !cgroups_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 46, &[]);
+    let cpu = dir.path().join("cpu");
+    assert_eq!(generate(&m, PROMPT, OUTPUTS, &cpu, &[]).code, 0);
+    let plan = ["--experts", "plan", "--slots", "5", "--source", "f"];
+    let capped = |cap: &str, rec: &Path| {
+        let log = dir.path().join(format!("server-{cap}.log"));
+        let mut s = Server::start_with(&["--memory-max", cap], Stdio::from(std::fs::File::create(&log).unwrap()));
+        let mut args = vec!["--rpc", s.endpoint.as_str(), "--gpu-layers", "all"];
+        args.extend_from_slice(&plan);
+        let r = generate(&m, PROMPT, OUTPUTS, rec, &args);
+        s.terminate();
+        (r, std::fs::read_to_string(&log).unwrap())
+    };
+    let number = |log: &str, what: &str| -> u64 {
+        let at = log.find(what).unwrap_or_else(|| panic!("no {what:?} in {log}")) + what.len();
+        log[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    let fits = dir.path().join("fits");
+    let (r, log) = capped("160M", &fits);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_exact(&cpu, &fits);
+    let limit = number(&log, "memory limit ");
+    assert_eq!(limit, 160 << 20, "{log}");
+    let peak = number(&log, "peak ");
+    assert!(peak > 0 && peak <= limit, "{log}");
+    assert_eq!(number(&log, "OOM kills "), 0, "{log}");
+
+    let small = dir.path().join("small");
+    let (r, log) = capped("24M", &small);
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{}", r.stderr);
+    assert!(lines[0].contains(small.to_str().unwrap()), "{}", lines[0]);
+    assert!(number(&log, "OOM kills ") >= 1 || number(&log, "limit events ") >= 1, "{log}");
+    assert!(!dir.path().join("small.partial").exists());
+    assert_eq!(record(&small)["outcome"], "failed");
 }

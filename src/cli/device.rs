@@ -18,12 +18,16 @@ pub enum DeviceCommand {
         /// Threads the device computes with.
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        /// A hard bound on the device's memory: the server runs in a memory cgroup of its own
+        /// with this limit (swap off), and what it allocated beyond it fails (e.g. 512M, 2G).
+        #[arg(long, value_parser = sovereign::bounds::parse_bytes)]
+        memory_max: Option<u64>,
     },
 }
 
 pub fn device(c: DeviceCommand) -> Result<ExitCode> {
     match c {
-        DeviceCommand::Serve { listen, threads } => {
+        DeviceCommand::Serve { listen, threads, memory_max } => {
             let addr: std::net::SocketAddr = listen.parse().map_err(|e| anyhow!("--listen {listen:?}: not HOST:PORT ({e})"))?;
             if !addr.ip().is_loopback() {
                 bail!("--listen {listen}: the RPC protocol has no authentication; serve on a loopback address");
@@ -31,9 +35,52 @@ pub fn device(c: DeviceCommand) -> Result<ExitCode> {
             if threads == 0 || threads > sovereign::bounds::MAX_THREADS as usize {
                 bail!("--threads {threads} is out of range (1 to {})", sovereign::bounds::MAX_THREADS);
             }
+            if let Some(max) = memory_max {
+                return serve_capped(&listen, threads, max);
+            }
             sovereign::engine::init();
             sovereign::engine::backends::rpc_serve(&listen, threads).map_err(|e| anyhow!(e))?;
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// The same server as a child in its own memory cgroup; what bounded it is said when it ends.
+fn serve_capped(listen: &str, threads: usize, max: u64) -> Result<ExitCode> {
+    sovereign::bounds::range("--memory-max", max, sovereign::bounds::MIN_MEMORY_MAX, sovereign::bounds::MAX_MEMORY_MAX, "1 MiB up to 1 PiB")?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(["device", "serve", "--listen", listen, "--threads", &threads.to_string()]);
+    let server = sovereign::observe::Capped::start(cmd, max)?;
+    forward_termination(server.pid());
+    eprintln!("device server at {listen} in cgroup {} (memory limit {} bytes, swap off)", server.cgroup(), server.limit.map_or("?".into(), |l| l.to_string()));
+    let end = server.wait()?;
+    let c = &end.counters;
+    eprintln!(
+        "device server ended ({:?}): peak {} bytes, limit events {}, OOM kills {}",
+        end.status,
+        c.peak.map_or("not kept".into(), |p| p.to_string()),
+        c.limit_events,
+        c.oom_kills
+    );
+    Ok(if end.status.success() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+static SERVER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// SIGTERM and SIGINT stop the server, so this process lives on to report and remove its
+/// cgroup (a SIGKILL leaves the cgroup to the next run's clean-up of stale ones).
+fn forward_termination(pid: u32) {
+    extern "C" fn forward(sig: libc::c_int) {
+        let pid = SERVER.load(std::sync::atomic::Ordering::Relaxed);
+        if pid > 0 {
+            // SAFETY: kill is async-signal-safe.
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+    SERVER.store(pid as i32, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: the handler only loads an atomic and calls kill, both async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGTERM, forward as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, forward as *const () as libc::sighandler_t);
     }
 }

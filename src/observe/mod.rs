@@ -302,6 +302,59 @@ pub fn run_plain(mut cmd: Command) -> Result<(RunStatus, u64)> {
     Ok((status, (ru.ru_maxrss.max(0) as u64) * 1024))
 }
 
+/// A long-lived process (a device server) held in a memory cgroup of its own: the kernel bounds
+/// its memory hard. Dropping it kills what is inside and removes the cgroup.
+pub struct Capped {
+    cgroup: cgroup::RunCgroup,
+    pid: u32,
+    /// The limit as the kernel reads it back.
+    pub limit: Option<u64>,
+}
+
+/// How a capped process ended, and what its cgroup saw.
+#[derive(Debug, Serialize)]
+pub struct CappedEnd {
+    pub status: RunStatus,
+    pub counters: cgroup::Counters,
+}
+
+impl Capped {
+    /// Starts `cmd` inside a new cgroup below ours, limited to `memory_max` with swap off.
+    pub fn start(mut cmd: Command, memory_max: u64) -> Result<Capped> {
+        let h = cgroup::prepare()?;
+        cgroup::cleanup_stale(&h);
+        let cg = cgroup::RunCgroup::create(&h)?;
+        let setting = cg.set_limit(Some(memory_max))?;
+        let procs_file = cg.open_procs()?;
+        let fd = procs_file.as_raw_fd();
+        // SAFETY: the hook only calls getpid and write (async-signal-safe); the fd stays open in
+        // the parent until spawn returns and is close-on-exec.
+        unsafe {
+            cmd.pre_exec(move || cgroup::join_fd(fd));
+        }
+        die_with_parent(&mut cmd);
+        let child = cmd.spawn().with_context(|| format!("cannot start {:?} in cgroup {}", cmd.get_program(), cg.path.display()))?;
+        drop(procs_file);
+        Ok(Capped { pid: child.id(), cgroup: cg, limit: setting.limit })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The cgroup, as `/proc/<pid>/cgroup` names it.
+    pub fn cgroup(&self) -> &str {
+        &self.cgroup.rel
+    }
+
+    /// Waits for the process to end; its status and the cgroup's counters (peak, limit events,
+    /// OOM kills).
+    pub fn wait(self) -> Result<CappedEnd> {
+        let (status, _, _) = wait_child(self.pid)?;
+        Ok(CappedEnd { status, counters: self.cgroup.counters() })
+    }
+}
+
 /// Removes run cgroups left by harnesses that were killed; [`run_contained`] does this at start.
 pub fn cleanup_stale() -> Result<Vec<Stale>> {
     let h = cgroup::prepare()?;
