@@ -90,6 +90,12 @@ fn absurd_run_parameters_are_refused_with_the_flag() {
         (&["--slots", "4"][..], "--experts plan"),
         (&["--fault", "short_read"][..], "--experts plan"),
         (&["--layer-buffers", "2"][..], "--experts plan"),
+        (&["--token-pass", "2"][..], "--experts plan"),
+        (&["--timeline-token", "1"][..], "--experts plan"),
+        (&["--source", "d"][..], "--experts plan"),
+        (&["--windows", "2"][..], "--experts plan"),
+        (&["--depth", "2"][..], "--experts plan"),
+        (&["--experts", "host", "--token-pass", "2"][..], "--experts plan"),
     ] {
         let mut a = vec!["generate", "--model", m, "--prompt", "hi", "--record", rec];
         a.extend_from_slice(extra);

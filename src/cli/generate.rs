@@ -165,15 +165,16 @@ pub struct GenerateArgs {
     json: bool,
     /// Plan flags given on the command line (filled from the matches).
     #[arg(skip)]
-    plan_given: Vec<&'static str>,
+    plan_given: Vec<String>,
 }
 
 impl GenerateArgs {
     pub fn note_given(&mut self, m: &clap::ArgMatches) {
-        self.plan_given = ["slots", "policy", "source", "windows", "depth", "layer_buffers", "fault", "timeline_token"]
-            .into_iter()
-            .filter(|id| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
-            .collect();
+        // Every flag of PlanArgs, read from its definition so a new one cannot be missed, and
+        // the fault cell (a Plan fault).
+        let plan = <PlanArgs as clap::Args>::augment_args(clap::Command::new("plan"));
+        let ids = plan.get_arguments().map(|a| a.get_id().as_str().to_string()).chain(["fault".to_string()]);
+        self.plan_given = ids.filter(|id| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)).collect();
     }
 
     /// The flags as the cell they ask for.
