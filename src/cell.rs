@@ -415,8 +415,9 @@ pub fn run_contained(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
 /// How a worker started by [`run_isolated`] ended.
 #[derive(Debug)]
 pub enum WorkerEnd {
-    /// It exited 0: its record is committed and its summary went to the shared stdout.
-    Completed,
+    /// It exited 0: its record is committed and its summary went to the shared stdout; what
+    /// it said on stderr (notices).
+    Completed { stderr: String },
     /// It exited non-zero on its own (a refusal, or a run that failed closed and said so):
     /// its exit code and what it wrote to stderr.
     Exited { code: i32, stderr: String },
@@ -451,7 +452,7 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     let out = child.wait_with_output().context("waiting for the worker")?;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if out.status.success() {
-        return Ok(WorkerEnd::Completed);
+        return Ok(WorkerEnd::Completed { stderr });
     }
     if let Some(code) = out.status.code() {
         return Ok(WorkerEnd::Exited { code, stderr });

@@ -6,17 +6,43 @@ use common::*;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
+/// A partial whose lock is free was left by a run that died (a generate killed with -9): it is
+/// moved aside with its contents, one line names it, and the run proceeds.
 #[test]
-fn a_foreign_partial_is_refused_and_kept() {
+fn a_stale_partial_is_moved_aside_and_the_run_proceeds() {
     let t = tempfile::tempdir().unwrap();
     let model = forge(t.path(), "m.gguf", 5, &[]);
     let rec = t.path().join("r");
     fs::create_dir(t.path().join("r.partial")).unwrap();
     fs::write(t.path().join("r.partial/other"), b"not ours").unwrap();
     let r = generate(&model, "hello", 2, &rec, &[]);
-    assert_one_line_error(&r, &["r.partial", "already exists"]);
-    assert_eq!(fs::read(t.path().join("r.partial/other")).unwrap(), b"not ours");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| l.contains("r.partial")).collect();
+    assert_eq!(lines.len(), 1, "{}", r.stderr);
+    assert!(lines[0].contains("left by a run that died") && lines[0].contains("r.abandoned-"), "{}", lines[0]);
+    let aside: Vec<_> = fs::read_dir(t.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("r.abandoned-")).collect();
+    assert_eq!(aside.len(), 1);
+    assert_eq!(fs::read(aside[0].path().join("other")).unwrap(), b"not ours", "the abandoned staging is kept, not deleted");
+    assert!(rec.join("record.json").exists() && !t.path().join("r.partial").exists());
+}
+
+/// A partial a live run holds (its lock taken) is refused and left alone.
+#[test]
+fn a_partial_a_live_run_holds_is_refused_and_kept() {
+    use std::os::fd::AsRawFd;
+    let t = tempfile::tempdir().unwrap();
+    let model = forge(t.path(), "m.gguf", 5, &[]);
+    let rec = t.path().join("r");
+    fs::create_dir(t.path().join("r.partial")).unwrap();
+    fs::write(t.path().join("r.partial/other"), b"a live run's").unwrap();
+    let held = fs::File::open(t.path().join("r.partial")).unwrap();
+    // SAFETY: flock on a descriptor the File owns.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    let r = generate(&model, "hello", 2, &rec, &[]);
+    assert_one_line_error(&r, &["r.partial", "a live run holds it"]);
+    assert_eq!(fs::read(t.path().join("r.partial/other")).unwrap(), b"a live run's");
     assert!(!rec.exists());
+    drop(held);
 }
 
 #[test]

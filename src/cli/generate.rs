@@ -239,7 +239,10 @@ pub fn generate(a: GenerateArgs) -> Result<ExitCode> {
 /// abort there becomes one line and a failed record here.
 pub fn isolated(cell: &Cell, json: bool) -> Result<ExitCode> {
     match cell::run_isolated(cell, if json { &[] } else { &["--human"] })? {
-        WorkerEnd::Completed => Ok(ExitCode::SUCCESS),
+        WorkerEnd::Completed { stderr } => {
+            eprint!("{stderr}");
+            Ok(ExitCode::SUCCESS)
+        }
         WorkerEnd::Exited { code, stderr } => {
             eprint!("{stderr}");
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))

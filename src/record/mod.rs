@@ -45,7 +45,19 @@ pub struct Staging {
     dir: PathBuf,
     surfaces: BTreeMap<String, Surface>,
     committed: bool,
+    /// The staging directory, open and `flock`ed for the run's lifetime: a partial whose lock
+    /// is free belongs to no live run.
+    _lock: File,
 }
+
+/// Takes `f`'s exclusive flock without waiting; false when another open file holds it.
+fn try_lock(f: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor this File owns.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+static NEXT_STAGING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A run that ends without committing leaves nothing behind.
 impl Drop for Staging {
@@ -57,27 +69,49 @@ impl Drop for Staging {
 }
 
 impl Staging {
-    /// Claims `DIR.partial` exclusively: an existing one (another run's, or one left by a crash)
-    /// is refused, never removed, so two runs can never write into one staging directory.
+    /// Claims `DIR.partial` exclusively and holds its lock for the run's lifetime. The
+    /// directory appears already locked (made under a private name, locked, then renamed into
+    /// place), so two runs can never write into one staging directory. An existing partial
+    /// whose lock is held (a live run's) is refused; one whose lock is free was left by a run
+    /// that died: it is moved aside to `DIR.abandoned-<unix time>`, with one line naming it,
+    /// and this run proceeds.
     pub fn new(final_dir: &Path) -> Result<Staging> {
         if fs::symlink_metadata(final_dir).is_ok() {
             bail!("{}: already exists; records are write-once", final_dir.display());
         }
-        let mut name = final_dir.file_name().context("record path has no name")?.to_os_string();
-        name.push(".partial");
-        let dir = final_dir.with_file_name(name);
+        let base = final_dir.file_name().context("record path has no name")?.to_string_lossy().into_owned();
+        let dir = final_dir.with_file_name(format!("{base}.partial"));
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
             fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         }
-        match fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
-                "{}: already exists (another run is writing this record, or one was interrupted); remove it or choose another --record",
-                dir.display()
-            ),
-            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        let n = NEXT_STAGING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mine = final_dir.with_file_name(format!(".{base}.staging-{}-{n}", std::process::id()));
+        fs::create_dir(&mine).with_context(|| format!("creating {}", mine.display()))?;
+        let lock = File::open(&mine).with_context(|| format!("opening {}", mine.display()))?;
+        let claimed = (|| -> Result<()> {
+            if !try_lock(&lock) {
+                bail!("{}: cannot lock its own staging directory", mine.display());
+            }
+            for _ in 0..2 {
+                if rename_noreplace(&mine, &dir).is_ok() {
+                    return Ok(());
+                }
+                let Ok(other) = File::open(&dir) else { continue };
+                if !try_lock(&other) {
+                    bail!("{}: already exists and a live run holds it (another run is writing this record); choose another --record", dir.display());
+                }
+                let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                let aside = final_dir.with_file_name(format!("{base}.abandoned-{secs}"));
+                rename_noreplace(&dir, &aside).with_context(|| format!("{}: left by a run that died; moving it aside", dir.display()))?;
+                eprintln!("sovereign: {} was left by a run that died; moved to {}", dir.display(), aside.display());
+            }
+            bail!("{}: could not be claimed", dir.display())
+        })();
+        if let Err(e) = claimed {
+            let _ = fs::remove_dir(&mine);
+            return Err(e);
         }
-        Ok(Staging { final_dir: final_dir.to_path_buf(), dir, surfaces: BTreeMap::new(), committed: false })
+        Ok(Staging { final_dir: final_dir.to_path_buf(), dir, surfaces: BTreeMap::new(), committed: false, _lock: lock })
     }
 
     /// Writes a surface; with `unit_digests` each `unit_bytes` slice also gets its SHA-256.
@@ -164,12 +198,22 @@ mod tests {
     }
 
     #[test]
-    fn a_foreign_partial_is_refused_not_deleted() {
+    fn a_partial_is_refused_while_held_and_moved_aside_once_free() {
         let t = tempfile::tempdir().unwrap();
         let rec = t.path().join("x");
-        fs::create_dir(t.path().join("x.partial")).unwrap();
-        fs::write(t.path().join("x.partial/keep"), b"k").unwrap();
-        assert!(Staging::new(&rec).is_err());
-        assert_eq!(fs::read(t.path().join("x.partial/keep")).unwrap(), b"k");
+        let held = Staging::new(&rec).unwrap();
+        fs::write(held.dir().join("keep"), b"k").unwrap();
+        assert!(Staging::new(&rec).is_err(), "a live run's staging is refused");
+        assert_eq!(fs::read(held.dir().join("keep")).unwrap(), b"k");
+        drop(held);
+        // A run that died leaves its directory with nobody holding its lock.
+        let other = t.path().join("y");
+        fs::create_dir(t.path().join("y.partial")).unwrap();
+        fs::write(t.path().join("y.partial/keep"), b"k").unwrap();
+        let s = Staging::new(&other).expect("an unlocked partial is stale");
+        assert!(s.dir().exists() && fs::read_dir(s.dir()).unwrap().count() == 0, "this run's staging is fresh");
+        let aside: Vec<_> = fs::read_dir(t.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("y.abandoned-")).collect();
+        assert_eq!(aside.len(), 1);
+        assert_eq!(fs::read(aside[0].path().join("keep")).unwrap(), b"k");
     }
 }
