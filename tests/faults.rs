@@ -9,18 +9,7 @@ use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-const CELLS: &[&str] = &[
-    "short_read",
-    "eio",
-    "out_of_order",
-    "stale_completion",
-    "wrong_object",
-    "held_consumer",
-    "reset_outstanding",
-    "shutdown_live_consumer",
-    "partial_bundle",
-    "corrupt_byte",
-];
+const CELLS: &[&str] = FAULT_CELLS;
 
 fn cell_run(model: &std::path::Path, rec: &std::path::Path, source: &str, cell: &str) -> Run {
     generate(

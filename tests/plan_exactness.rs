@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const PROMPT: &str = "Experts move from storage into bounded slots; every output byte must match the resident run.";
 const OUTPUTS: u32 = 64;
@@ -29,15 +29,6 @@ fn assert_clean(rec: &serde_json::Value) {
     let t = &e["telemetry"];
     assert_eq!(t["u_sem_lb"]["duplicates"], 0);
     assert_eq!(t["u_sem_lb"]["overlaps"], 0);
-}
-
-fn quantized(dir: &Path, m: &Path, ty: &str) -> PathBuf {
-    if ty == "f32" {
-        return m.to_path_buf();
-    }
-    let q = dir.join(format!("{ty}.gguf"));
-    ok(&["model", "quantize", "--type", ty, m.to_str().unwrap(), q.to_str().unwrap()]);
-    q
 }
 
 #[test]

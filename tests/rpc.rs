@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -80,15 +80,6 @@ fn gen_on(s: &Server, model: &Path, rec: &Path, extra: &[&str]) -> serde_json::V
 fn assert_exact(a: &Path, b: &Path) {
     let r = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]);
     assert_eq!(r.code, 0, "{} vs {}:\n{}", a.display(), b.display(), r.stdout);
-}
-
-fn quantized(dir: &Path, m: &Path, ty: &str) -> PathBuf {
-    if ty == "f32" {
-        return m.to_path_buf();
-    }
-    let q = dir.join(format!("{ty}.gguf"));
-    ok(&["model", "quantize", "--type", ty, m.to_str().unwrap(), q.to_str().unwrap()]);
-    q
 }
 
 #[test]
@@ -183,18 +174,7 @@ fn no_server_and_a_server_killed_mid_run_fail_closed_with_one_line() {
 /// closed, recoverable ones stay exact against the device's no-fault control.
 #[test]
 fn fault_cells_through_f_on_the_rpc_device_pass_their_validators() {
-    const CELLS: &[&str] = &[
-        "short_read",
-        "eio",
-        "out_of_order",
-        "stale_completion",
-        "wrong_object",
-        "held_consumer",
-        "reset_outstanding",
-        "shutdown_live_consumer",
-        "partial_bundle",
-        "corrupt_byte",
-    ];
+    const CELLS: &[&str] = FAULT_CELLS;
     let s = Server::start();
     let dir = tempfile::tempdir().unwrap();
     let m = forge(dir.path(), "m.gguf", 44, &[]);

@@ -173,3 +173,27 @@ pub fn rewrite(
     .unwrap();
     out.to_path_buf()
 }
+
+/// `m` at weight type `ty` (`f32`: `m` itself), quantized by `model quantize` into `dir`.
+pub fn quantized(dir: &Path, m: &Path, ty: &str) -> PathBuf {
+    if ty == "f32" {
+        return m.to_path_buf();
+    }
+    let q = dir.join(format!("{ty}.gguf"));
+    ok(&["model", "quantize", "--type", ty, m.to_str().unwrap(), q.to_str().unwrap()]);
+    q
+}
+
+/// Every deterministic fault cell (seed 000 Table 7), as `--fault` names them.
+pub const FAULT_CELLS: &[&str] = &[
+    "short_read",
+    "eio",
+    "out_of_order",
+    "stale_completion",
+    "wrong_object",
+    "held_consumer",
+    "reset_outstanding",
+    "shutdown_live_consumer",
+    "partial_bundle",
+    "corrupt_byte",
+];
