@@ -115,8 +115,9 @@ fn plan_on_the_rpc_device_is_exact_and_copies_every_byte() {
         let model = quantized(dir.path(), &m, ty);
         let resident = dir.path().join(format!("{ty}-resident"));
         gen_on(&s, &model, &resident, &[]);
-        let arms: [(&str, &[&str]); 6] = [
+        let arms: [(&str, &[&str]); 7] = [
             ("p-zero", &["--source", "p", "--policy", "zero"]),
+            ("p-pass2", &["--source", "p", "--token-pass", "2"]),
             ("d-lru3", &["--source", "d", "--policy", "lru:3"]),
             ("f-zero", &["--source", "f", "--policy", "zero"]),
             ("f-lru5", &["--source", "f", "--policy", "lru:5"]),
@@ -136,6 +137,25 @@ fn plan_on_the_rpc_device_is_exact_and_copies_every_byte() {
             // Device slots cannot be read into: nothing lands directly, every byte is copied.
             assert_eq!(mv["direct_bytes"].as_u64(), Some(0), "{ty} {name}: {mv}");
             assert_eq!(e["copy"]["bytes"].as_u64(), Some(logical), "{ty} {name}: copies {} of {logical} bytes read", e["copy"]);
+            // The RPC device has asynchronous sets and events: every extent's copy was queued
+            // on its copy stream with an event.
+            let c = &e["copy"];
+            assert_eq!(c["asynchronous"], serde_json::json!(["RPC0"]), "{ty} {name}: {c}");
+            assert_eq!(c["synchronous"], serde_json::json!([]), "{ty} {name}: {c}");
+            assert_eq!(c["async_copies"], e["telemetry"]["q_run"]["reads"], "{ty} {name}: {c}");
+            assert_eq!(e["telemetry"]["copies_abandoned"], 0);
+            if name == "p-pass2" {
+                // The later groups' reads landed before the pass returned: their copies were in
+                // flight on the copy stream while the engine computed the earlier group.
+                let t = &e["timeline"]["total"];
+                assert!(t["copy_overlap_compute_ns"].as_u64().unwrap() > 0, "{ty} {name}: {t}");
+                assert!(e["telemetry"]["harvested"].as_u64().unwrap() > 0, "{ty} {name}");
+                let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec.join("timeline.json")).unwrap()).unwrap();
+                let events = f["events"].as_array().unwrap();
+                let queued = events.iter().filter(|x| x["kind"] == "copy" && x["window"].is_u64()).count();
+                let done = events.iter().filter(|x| x["kind"] == "copy_done").count();
+                assert!(queued > 0 && queued == done, "{ty} {name}: {queued} copies queued, {done} seen complete");
+            }
         }
     }
 }

@@ -13,6 +13,9 @@ pub struct SlotPool {
     handle: *mut c_void,
     write: unsafe extern "C" fn(*mut c_void, u32, *const c_void, usize) -> i32,
     host: Option<unsafe extern "C" fn(*mut c_void, u32) -> *mut c_void>,
+    copy_begin: Option<unsafe extern "C" fn(*mut c_void, u32, *const c_void, usize) -> i64>,
+    copy_wait: Option<unsafe extern "C" fn(*mut c_void, i64) -> i32>,
+    asynchronous: bool,
     device: String,
     bytes: u64,
 }
@@ -37,6 +40,42 @@ impl SlotPool {
         // SAFETY: `src` is valid for its length during the call; the engine checks slot and size.
         if unsafe { (self.write)(self.handle, slot, src.as_ptr().cast(), src.len()) } != 0 {
             bail!("the engine refused a write of {} bytes into slot {slot} of a {} pool", src.len(), self.device);
+        }
+        Ok(())
+    }
+
+    /// Copies run on a copy stream of their own with an event each ([`SlotPool::begin`] returns
+    /// before the copy completes); false where the device has no asynchronous set or events.
+    pub fn asynchronous(&self) -> bool {
+        self.asynchronous && self.copy_begin.is_some() && self.copy_wait.is_some()
+    }
+
+    /// Starts copying `src` (exactly one slot) into `slot` and returns the copy's id for
+    /// [`SlotPool::wait`]. Asynchronous pools queue the copy and record its event; the others
+    /// have copied when this returns.
+    ///
+    /// # Safety
+    /// `src` must stay valid and unchanged until `wait` returned for the id (the device reads it
+    /// while the copy is in flight).
+    pub unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64> {
+        let Some(f) = self.copy_begin else {
+            self.write(slot, src)?;
+            return Ok(0);
+        };
+        // SAFETY: the caller keeps `src` alive until the copy's wait; the engine checks slot and size.
+        let id = unsafe { f(self.handle, slot, src.as_ptr().cast(), src.len()) };
+        if id < 0 {
+            bail!("the engine refused a copy of {} bytes into slot {slot} of a {} pool", src.len(), self.device);
+        }
+        Ok(id as u64)
+    }
+
+    /// Waits for copy `id`'s event (not the whole device): the bytes are in the slot.
+    pub fn wait(&self, id: u64) -> Result<()> {
+        let Some(f) = self.copy_wait else { return Ok(()) };
+        // SAFETY: the handle is this pool's; the engine refuses an id it did not hand out.
+        if unsafe { f(self.handle, id as i64) } != 0 {
+            bail!("the engine has no copy {id} in flight on the {} pool", self.device);
         }
         Ok(())
     }
@@ -163,7 +202,16 @@ unsafe extern "C" fn pool_cb(
         let Some(write) = pool.write else { bail!("the engine gave no write function for {name}") };
         // SAFETY: the device name is NUL-terminated and owned by the backend registry.
         let device = if pool.device.is_null() { "?".into() } else { unsafe { CStr::from_ptr(pool.device) }.to_string_lossy().into_owned() };
-        let buffer = b.source.pool(il as u32, &name, slot_bytes, n_slots, SlotPool { handle: pool.handle, write, host: pool.host, device, bytes: pool.bytes as u64 })?;
+        let buffer = b.source.pool(il as u32, &name, slot_bytes, n_slots, SlotPool {
+            handle: pool.handle,
+            write,
+            host: pool.host,
+            copy_begin: pool.copy_begin,
+            copy_wait: pool.copy_wait,
+            asynchronous: pool.async_,
+            device,
+            bytes: pool.bytes as u64,
+        })?;
         out = i32::try_from(buffer)?;
         Ok(())
     });

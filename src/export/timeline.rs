@@ -1,5 +1,6 @@
 //! The timeline figure of one decode token: time on x; an engine lane (between tokens,
-//! non-expert compute, acquires, expert matmuls), a device lane (reads in flight), and one lane
+//! non-expert compute, acquires, expert matmuls), a device lane (reads in flight), a copy lane
+//! (window → slot copies in flight on the device's copy stream), and one lane
 //! per MoE layer with its acquire, expert matmuls, copies, waits, and one bar per read from
 //! its submission to its completion taken back.
 
@@ -16,6 +17,7 @@ use std::path::Path;
 /// The colour of read bars (a test counts them).
 pub const READ_COLOUR: RGBColor = RGBColor(31, 119, 180);
 const COPY: RGBColor = RGBColor(255, 127, 14);
+const IN_FLIGHT: RGBColor = RGBColor(255, 187, 120);
 const WAIT: RGBColor = RGBColor(214, 39, 40);
 const EXPERT: RGBColor = RGBColor(44, 160, 44);
 const COMPUTE: RGBColor = RGBColor(152, 223, 138);
@@ -43,6 +45,9 @@ struct Spans {
     acquires: Vec<(u32, u64, u64)>,
     experts: Vec<(u32, u64, u64)>,
     copies: Vec<(u32, u64, u64)>,
+    /// Copies in flight on the copy stream: queued → event seen complete (synchronous ones:
+    /// their span).
+    in_flight: Vec<(u64, u64)>,
     /// Time inside the source's submit, in the lane of the acquire that submitted.
     submits: Vec<(u32, u64, u64)>,
     /// Blocked waits, in the lane of the acquire they stalled.
@@ -62,6 +67,7 @@ fn spans(f: &TimelineFile) -> Spans {
         acquires: Vec::new(),
         experts: Vec::new(),
         copies: Vec::new(),
+        in_flight: Vec::new(),
         submits: Vec::new(),
         waits: Vec::new(),
         compute: Vec::new(),
@@ -72,6 +78,7 @@ fn spans(f: &TimelineFile) -> Spans {
     };
     let (mut entered, mut returned, mut compute) = (None, HashMap::new(), None);
     let mut current = None;
+    let mut queued: HashMap<u32, u64> = HashMap::new();
     for e in &f.events {
         let layer = e.layer.unwrap_or(0);
         match e.kind {
@@ -99,7 +106,21 @@ fn spans(f: &TimelineFile) -> Spans {
                     s.compute.push((c, e.t_ns));
                 }
             }
-            Kind::Copy => s.copies.push((layer, e.t_ns, e.end_ns())),
+            Kind::Copy => {
+                s.copies.push((layer, e.t_ns, e.end_ns()));
+                match e.window {
+                    Some(w) => {
+                        queued.insert(w, e.t_ns);
+                    }
+                    None => s.in_flight.push((e.t_ns, e.end_ns())),
+                }
+            }
+            Kind::CopyDone => {
+                s.copies.push((layer, e.t_ns, e.end_ns()));
+                if let Some(t) = e.window.and_then(|w| queued.remove(&w)) {
+                    s.in_flight.push((t, e.end_ns()));
+                }
+            }
             Kind::Complete if e.dur_ns > 0 => s.waits.push((current.unwrap_or(layer), e.t_ns, e.end_ns())),
             Kind::Submit if e.dur_ns > 0 => s.submits.push((current.unwrap_or(layer), e.t_ns, e.end_ns())),
             _ => {}
@@ -146,7 +167,7 @@ where
     root.fill(&WHITE).map_err(e)?;
     let t = &f.times;
     let s = spans(f);
-    let n_lanes = 2 + f.layers.len();
+    let n_lanes = 3 + f.layers.len();
     let n = n_lanes as f64;
     let wall = ms(t.wall_ns.max(1));
     // The thinnest bar still shows.
@@ -180,7 +201,7 @@ where
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(e)?;
-    let lane_of: HashMap<u32, usize> = f.layers.iter().enumerate().map(|(i, &l)| (l, 2 + i)).collect();
+    let lane_of: HashMap<u32, usize> = f.layers.iter().enumerate().map(|(i, &l)| (l, 3 + i)).collect();
     // Lane i from the top; (lo, hi) inside it, 0..1 bottom to top.
     let y = |lane: usize, frac: f64| n - 1.0 - lane as f64 + frac;
     let bar = |lane: usize, a: u64, b: u64, lo: f64, hi: f64, c: RGBColor| {
@@ -189,8 +210,9 @@ where
     };
     let layer_lane = |l: u32| lane_of.get(&l).copied().unwrap_or(n_lanes - 1);
 
-    let legend: [(RGBColor, &str); 9] = [
+    let legend: [(RGBColor, &str); 10] = [
         (READ_COLOUR, "read (one per extent: submitted → taken back)"),
+        (IN_FLIGHT, "copy in flight (queued → its event seen complete)"),
         (BUSY, "device busy (a read in flight)"),
         (SUBMIT, "inside submit (a synchronous read, or a full queue)"),
         (WAIT, "blocked waiting for a completion"),
@@ -206,6 +228,7 @@ where
         .chain(s.experts.iter().map(|&(_, a, b)| bar(0, a, b, 0.1, 0.9, EXPERT)));
     chart.draw_series(engine).map_err(e)?;
     chart.draw_series(s.busy.iter().map(|&(a, b)| bar(1, a, b, 0.1, 0.9, BUSY))).map_err(e)?;
+    chart.draw_series(s.in_flight.iter().map(|&(a, b)| bar(2, a, b, 0.1, 0.9, IN_FLIGHT))).map_err(e)?;
     let lanes = s
         .acquires
         .iter()
@@ -225,7 +248,7 @@ where
         .map_err(e)?;
 
     // Lane names left of the plotting area.
-    let names = ["engine".to_string(), "device".to_string()].into_iter().chain(f.layers.iter().map(|l| format!("layer {l}")));
+    let names = ["engine".to_string(), "device".to_string(), "copy stream".to_string()].into_iter().chain(f.layers.iter().map(|l| format!("layer {l}")));
     let style = TextStyle::from(("sans-serif", 13).into_font()).pos(plotters::style::text_anchor::Pos::new(
         plotters::style::text_anchor::HPos::Right,
         plotters::style::text_anchor::VPos::Center,

@@ -78,6 +78,9 @@ pub struct PlanSource {
     /// The backend devices holding the slot pools (where window → slot copies go), and the
     /// bytes of the distinct (buffer, role) pools there.
     devices: BTreeSet<String>,
+    /// Of those, the devices whose pools copy asynchronously, and the others.
+    asynchronous: BTreeSet<String>,
+    synchronous: BTreeSet<String>,
     pools: HashSet<(u32, Role)>,
     pool_bytes: u64,
     acquire_calls: u64,
@@ -143,6 +146,8 @@ impl PlanSource {
             marks: None,
             per_step: Vec::new(),
             devices: BTreeSet::new(),
+            asynchronous: BTreeSet::new(),
+            synchronous: BTreeSet::new(),
             pools: HashSet::new(),
             pool_bytes: 0,
             acquire_calls: 0,
@@ -225,6 +230,19 @@ impl SlotWriter for SlotPool {
 
     fn host(&self, slot: u32) -> Option<std::ptr::NonNull<u8>> {
         SlotPool::host(self, slot)
+    }
+
+    fn asynchronous(&self) -> bool {
+        SlotPool::asynchronous(self)
+    }
+
+    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, String> {
+        // SAFETY: the caller's contract is the pool's.
+        unsafe { SlotPool::begin(self, slot, src) }.map_err(|e| format!("{e:#}"))
+    }
+
+    fn wait(&self, id: u64) -> Result<(), String> {
+        SlotPool::wait(self, id).map_err(|e| format!("{e:#}"))
     }
 }
 
@@ -358,6 +376,8 @@ impl ExpertSource for PlanSource {
     fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32, pool: SlotPool) -> Result<u32> {
         let (role, bytes) = (role_of(name)?, pool.bytes());
         self.devices.insert(pool.device().to_string());
+        let lane = if pool.asynchronous() { &mut self.asynchronous } else { &mut self.synchronous };
+        lane.insert(pool.device().to_string());
         let buffer = self.plan.bind(layer, role, slot_bytes as u64, n_slots, Box::new(pool))?;
         if self.pools.insert((buffer, role)) {
             self.pool_bytes += bytes;
@@ -374,7 +394,9 @@ impl ExpertSource for PlanSource {
 
     fn release(&mut self, layer: u32, pass: u32) -> Result<()> {
         self.plan.timeline().release(layer, pass);
-        self.release_event(layer, pass)
+        let r = self.release_event(layer, pass);
+        self.plan.timeline().resume_compute();
+        r
     }
 
     fn decoding(&mut self, n_tokens: usize) {
@@ -506,7 +528,16 @@ impl PlanSource {
             clean_closure: closure.is_clean(),
             selections: self.coverage.report(),
             exposed_source_wait_s: self.wait.as_secs_f64(),
-            copy: CopyReport { devices: self.devices.clone(), bytes: tel.bytes_copied, seconds: tel.copy_ns as f64 * 1e-9 },
+            copy: CopyReport {
+                devices: self.devices.clone(),
+                bytes: tel.bytes_copied,
+                seconds: tel.copy_ns as f64 * 1e-9,
+                asynchronous: self.asynchronous.clone(),
+                synchronous: self.synchronous.clone(),
+                async_copies: tel.async_copies,
+                wait_seconds: tel.copy_wait_ns as f64 * 1e-9,
+                in_flight_seconds: tel.copy_in_flight_ns as f64 * 1e-9,
+            },
             steps: StepsReport {
                 fields: STEP_FIELDS.iter().map(|f| f.to_string()).collect(),
                 total: self.marks.map(|(first, _, last)| first.until(&last)),

@@ -206,6 +206,36 @@ pub trait SlotWriter: Send {
     fn host(&self, _slot: u32) -> Option<std::ptr::NonNull<u8>> {
         None
     }
+    /// [`SlotWriter::begin`] returns before the copy completes (a copy stream and events).
+    fn asynchronous(&self) -> bool {
+        false
+    }
+    /// Starts copying `src` into `slot`; the id goes to [`SlotWriter::wait`]. The default
+    /// copies synchronously.
+    ///
+    /// # Safety
+    /// `src` must stay valid and unchanged until `wait` returned for the id.
+    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, String> {
+        self.write(slot, src).map(|()| 0)
+    }
+    /// Waits for copy `id` alone: once it returns, the bytes are in the slot.
+    fn wait(&self, _id: u64) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A bundle whose window → slot copies are in flight on the device's copy stream: its window
+/// stays Copying and its slot Loading until every copy's event has completed.
+struct InFlightCopy {
+    li: usize,
+    window: u32,
+    object: ObjectId,
+    slot: u32,
+    version: Version,
+    /// (pool index in the layer's buffer, copy id)
+    ids: Vec<(usize, u64)>,
+    issued: Instant,
+    copied: u64,
 }
 
 enum PoolMem {
@@ -258,6 +288,8 @@ pub struct Plan {
     token_pass: Option<(usize, u32)>,
     /// The streamed event whose later groups are still being read.
     stream: Option<Stream>,
+    /// Copies in flight, oldest first.
+    copies: VecDeque<InFlightCopy>,
 }
 
 /// A one-token layer event served in passes while its later groups are still being read: every
@@ -360,6 +392,7 @@ impl Plan {
             advised: false,
             token_pass: None,
             stream: None,
+            copies: VecDeque::new(),
         })
     }
 
@@ -496,7 +529,10 @@ impl Plan {
         if self.status == Status::Closed {
             return Err(PlanError::Closed);
         }
-        let r = self.release_event(layer, pass);
+        let mut r = self.release_event(layer, pass);
+        if r.is_ok() && self.status == Status::Running {
+            r = self.harvest_prefetch();
+        }
         if let Err(e) = &r {
             self.fail(e);
         }
@@ -809,18 +845,47 @@ impl Plan {
         let group = &s.loads[k];
         self.read_until(li, &mut s.pending, &mut s.inflight, |p, _, _| {
             for &(_, slot, _) in group {
-                if p.table.cell(li, slot)?.state == SlotState::Loading {
+                if p.table.cell(li, slot)?.state == SlotState::Loading && !p.copy_in_flight(li, slot) {
                     return Ok(false);
                 }
             }
             Ok(true)
         })?;
+        self.finish_copies_into(li, group)?;
         // Through `taking`: a failure below drops them.
         self.taking.append(&mut s.hits[k]);
         self.take_loads(li, &s.loads[k])?;
         self.serve_taking(li, layer, k as u32, ids, slots)?;
         s.next += 1;
+        // Later groups' reads that have already landed start their copies now, so that they
+        // run on the copy stream while the engine computes this pass.
+        self.harvest(li, &mut s.pending, &mut s.inflight)
+    }
+
+    /// Takes back every completion the source has ready without blocking (refilling its room),
+    /// each validated and its copies started: nothing waits, and nothing is published here
+    /// that a synchronous copy would not have published.
+    fn harvest(
+        &mut self,
+        li: usize,
+        pending: &mut VecDeque<(ObjectId, u32, Version)>,
+        inflight: &mut HashMap<u32, Bundle>,
+    ) -> Result<(), PlanError> {
+        if !self.copies_async() {
+            return Ok(());
+        }
+        while !inflight.is_empty() && self.source.poll_ready() {
+            let c = self.wait_source()?;
+            self.tel.harvested += 1;
+            self.submit_pending(li, pending, inflight)?;
+            self.accept(li, c, inflight)?;
+        }
         Ok(())
+    }
+
+    /// Whether any of the engine's pools copies asynchronously.
+    fn copies_async(&self) -> bool {
+        self.pools.iter().flatten().any(|p| matches!(&p.mem, PoolMem::Engine(Some(w)) if w.asynchronous()))
     }
 
     /// Ends a streamed event the engine left unfinished: the consumers taken for passes it never
@@ -940,6 +1005,7 @@ impl Plan {
             self.accept(nli, c, &mut inflight)?;
         }
         self.load(nli, &loads[submitted..])?;
+        self.finish_copies_into(nli, &loads)?;
         for (object, slot, _) in loads {
             let v = self.table.consume(nli, slot, object)?;
             self.tel.consumer_takes += 1;
@@ -953,7 +1019,8 @@ impl Plan {
     fn load(&mut self, li: usize, jobs: &[(ObjectId, u32, Version)]) -> Result<(), PlanError> {
         let mut pending: VecDeque<_> = jobs.iter().copied().collect();
         let mut inflight: HashMap<u32, Bundle> = HashMap::new();
-        self.read_until(li, &mut pending, &mut inflight, |_, pending, inflight| Ok(pending.is_empty() && inflight.is_empty()))
+        self.read_until(li, &mut pending, &mut inflight, |_, pending, inflight| Ok(pending.is_empty() && inflight.is_empty()))?;
+        self.finish_copies_into(li, jobs)
     }
 
     /// Submits, waits for, validates and publishes bundles of `pending` until `done`.
@@ -990,6 +1057,12 @@ impl Plan {
         pending: &mut VecDeque<(ObjectId, u32, Version)>,
         inflight: &mut HashMap<u32, Bundle>,
     ) -> Result<(), PlanError> {
+        // Every window holds a copy in flight: the oldest one is finished to free its window.
+        let free = |p: &Plan| p.windows.iter().enumerate().any(|(w, s)| *s == WindowState::Free && !inflight.contains_key(&(w as u32)));
+        while !pending.is_empty() && !self.copies.is_empty() && !free(self) {
+            let c = self.copies.pop_front().expect("non-empty");
+            self.finish_copy(c)?;
+        }
         let mut jobs = Vec::new();
         let mut room = self.source.room();
         for (w, state) in self.windows.iter().enumerate() {
@@ -1221,8 +1294,10 @@ impl Plan {
         Ok(())
     }
 
-    /// HostReady → Copying → Free, the copy into the slot (completed when it returns), then
-    /// DeviceReady.
+    /// HostReady → Copying: the copies into the slot start. Synchronous ones have completed on
+    /// return and the slot is published now (Copying → Free, DeviceReady); asynchronous ones
+    /// stay in flight on the device's copy stream, the window Copying and the slot Loading,
+    /// until [`Plan::finish_copy`] has seen every copy's event complete.
     fn publish(&mut self, li: usize, w: u32, b: Bundle) -> Result<(), PlanError> {
         self.windows[w as usize].step(w, WindowTransition::Assembled)?;
         self.windows[w as usize].step(w, WindowTransition::BeginCopy)?;
@@ -1230,7 +1305,9 @@ impl Plan {
         let window = self.source.window(w);
         let started = Instant::now();
         let (mut direct_bytes, mut copied) = (0, 0);
-        for ((e, pool), &direct) in op.extents.iter().zip(&self.pools[self.manifest.buffer_of(li)]).zip(&b.direct) {
+        let mut ids = Vec::new();
+        let pools = &self.pools[self.manifest.buffer_of(li)];
+        for (pi, ((e, pool), &direct)) in op.extents.iter().zip(pools).zip(&b.direct).enumerate() {
             assert_eq!(e.role, pool.role, "pools are in role order");
             if direct {
                 // Read straight into the slot and validated like every extent: nothing to copy.
@@ -1248,6 +1325,14 @@ impl Plan {
                     let dst = buf.as_ptr().add((u64::from(b.slot) * pool.bytes_per_slot) as usize);
                     std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
                 },
+                PoolMem::Engine(Some(writer)) if writer.asynchronous() => {
+                    // SAFETY: the window stays Copying until `finish_copy` waited for this copy:
+                    // no read lands in it and no other bundle is assembled there; the source
+                    // (and its windows) lives as long as the Plan, and a Plan that fails or
+                    // closes waits for every copy in flight first.
+                    let id = unsafe { writer.begin(b.slot, src) }.map_err(|detail| PlanError::Copy { detail })?;
+                    ids.push((pi, id));
+                }
                 PoolMem::Engine(Some(writer)) => {
                     writer.write(b.slot, src).map_err(|detail| PlanError::Copy { detail })?;
                 }
@@ -1257,18 +1342,85 @@ impl Plan {
             }
         }
         self.tel.copy_ns += started.elapsed().as_nanos() as u64;
-        let object = op.id;
-        self.tl.copied(started, object, b.slot, copied);
-        self.windows[w as usize].step(w, WindowTransition::CopyDone)?;
-        self.table.publish(li, b.slot, b.version)?;
-        self.tl.published(object, b.slot);
-        self.tel.loads += 1;
-        self.tel.bytes_copied += copied;
         let mv = self.tel.movement.get_or_insert_with(Default::default);
         mv.direct_bytes += direct_bytes;
         mv.window_bytes += copied;
-        self.sched.insert(object);
+        let c = InFlightCopy { li, window: w, object: op.id, slot: b.slot, version: b.version, ids, issued: started, copied };
+        if c.ids.is_empty() {
+            self.tl.copied(started, c.object, c.slot, copied);
+            return self.finish_copy(c);
+        }
+        self.tel.async_copies += c.ids.len() as u64;
+        self.tl.copy_queued(started, c.object, c.slot, w, copied);
+        self.copies.push_back(c);
         Ok(())
+    }
+
+    /// Waits for each copy event of `c` (that event alone, not the whole device), then Copying
+    /// → Free for its window and Loading → DeviceReady for its slot.
+    fn finish_copy(&mut self, c: InFlightCopy) -> Result<(), PlanError> {
+        if !c.ids.is_empty() {
+            let started = Instant::now();
+            let mut first = None;
+            for &(pi, id) in &c.ids {
+                let PoolMem::Engine(Some(w)) = &self.pools[self.manifest.buffer_of(c.li)][pi].mem else {
+                    unreachable!("only engine pools copy asynchronously")
+                };
+                // Every id is waited for, even after a failure: the device may still read the window.
+                if let Err(detail) = w.wait(id) {
+                    first.get_or_insert(PlanError::Copy { detail });
+                }
+            }
+            let waited = started.elapsed().as_nanos() as u64;
+            self.tel.copy_ns += waited;
+            self.tel.copy_wait_ns += waited;
+            self.tel.copy_in_flight_ns += c.issued.elapsed().as_nanos() as u64;
+            self.tl.copy_done(started, c.object, c.slot, c.window);
+            if let Some(e) = first {
+                return Err(e);
+            }
+        }
+        self.windows[c.window as usize].step(c.window, WindowTransition::CopyDone)?;
+        self.table.publish(c.li, c.slot, c.version)?;
+        self.tl.published(c.object, c.slot);
+        self.tel.loads += 1;
+        self.tel.bytes_copied += c.copied;
+        self.sched.insert(c.object);
+        Ok(())
+    }
+
+    /// Finishes the copies in flight that `which` selects, oldest first.
+    fn finish_copies(&mut self, which: impl Fn(&InFlightCopy) -> bool) -> Result<(), PlanError> {
+        let mut i = 0;
+        while i < self.copies.len() {
+            if which(&self.copies[i]) {
+                let c = self.copies.remove(i).expect("in range");
+                self.finish_copy(c)?;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Finishes the copies in flight into `slots` of layer index `li`.
+    fn finish_copies_into(&mut self, li: usize, slots: &[(ObjectId, u32, Version)]) -> Result<(), PlanError> {
+        self.finish_copies(|c| c.li == li && slots.iter().any(|&(_, s, v)| s == c.slot && v == c.version))
+    }
+
+    /// Whether slot `slot` of layer index `li` is Loading only because its copy is in flight.
+    fn copy_in_flight(&self, li: usize, slot: u32) -> bool {
+        self.copies.iter().any(|c| c.li == li && c.slot == slot)
+    }
+
+    /// Prefetch reads that have landed by a release start their copies, which then run while
+    /// the engine computes up to the next layer's acquire.
+    fn harvest_prefetch(&mut self) -> Result<(), PlanError> {
+        let Some((nli, loads, mut inflight, submitted)) = self.prefetching.take() else { return Ok(()) };
+        let mut none = VecDeque::new();
+        let r = self.harvest(nli, &mut none, &mut inflight);
+        self.prefetching = Some((nli, loads, inflight, submitted));
+        r
     }
 
     fn release_event(&mut self, layer: u32, pass: u32) -> Result<(), PlanError> {
@@ -1318,6 +1470,7 @@ impl Plan {
             return Err(PlanError::OutstandingWork { detail: format!("layer {}'s streamed event is at pass {}", s.layer, s.next) });
         }
         self.complete_prefetch()?;
+        self.finish_copies(|_| true)?;
         self.release_holds()?;
         let consumers = self.table.consumers();
         if consumers > 0 {
@@ -1332,6 +1485,19 @@ impl Plan {
         self.table.reset()?;
         self.tel.resets += 1;
         self.drain()
+    }
+
+    /// Waits for every copy still in flight without publishing its slot (a failed Plan): the
+    /// device may still read those windows, so none is discarded before its event completed.
+    fn wait_copies(&mut self) {
+        for c in std::mem::take(&mut self.copies) {
+            for &(pi, id) in &c.ids {
+                if let PoolMem::Engine(Some(w)) = &self.pools[self.manifest.buffer_of(c.li)][pi].mem {
+                    let _ = w.wait(id);
+                }
+            }
+            self.tel.copies_abandoned += 1;
+        }
     }
 
     /// Takes every queued completion out of the source; none becomes visible.
@@ -1349,7 +1515,9 @@ impl Plan {
         self.drop_stream()?;
         if self.status == Status::Running {
             self.complete_prefetch()?;
+            self.finish_copies(|_| true)?;
         }
+        self.wait_copies();
         self.prefetching = None;
         self.drain()?;
         self.release_holds()?;

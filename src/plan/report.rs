@@ -54,6 +54,21 @@ pub struct CopyReport {
     pub devices: BTreeSet<String>,
     pub bytes: u64,
     pub seconds: f64,
+    /// Devices whose pools copy asynchronously (a copy stream of their own, an event per copy,
+    /// the slot DeviceReady only once its event completed), and those that copy synchronously
+    /// (no asynchronous set or events: the CPU, plain host memory).
+    #[serde(default)]
+    pub asynchronous: BTreeSet<String>,
+    #[serde(default)]
+    pub synchronous: BTreeSet<String>,
+    /// Copies queued with an event, time blocked on those events, and the time from queueing
+    /// to each event seen complete (summed over bundles).
+    #[serde(default)]
+    pub async_copies: u64,
+    #[serde(default)]
+    pub wait_seconds: f64,
+    #[serde(default)]
+    pub in_flight_seconds: f64,
 }
 
 /// The names of a step's four times.

@@ -97,8 +97,25 @@ pub struct Telemetry {
     pub prefetch_loads: u64,
     /// Bytes copied from windows into slots (host-to-device when the pools are on a device).
     pub bytes_copied: u64,
-    /// Time in those copies, each observed complete.
+    /// Time in those copies, each observed complete: for asynchronous copies, the time to
+    /// queue them plus the time blocked on their events.
     pub copy_ns: u64,
+    /// Copies queued on the device's copy stream with an event each (0: every copy was
+    /// synchronous), the time blocked waiting for their events, and the time from queueing to
+    /// each event seen complete (summed over bundles: copies in flight overlap).
+    #[serde(default)]
+    pub async_copies: u64,
+    #[serde(default)]
+    pub copy_wait_ns: u64,
+    #[serde(default)]
+    pub copy_in_flight_ns: u64,
+    /// Completions taken back without blocking at the end of a pass or at a release, so that
+    /// their copies run while the engine computes.
+    #[serde(default)]
+    pub harvested: u64,
+    /// Bundles whose copies a failed Plan waited for and never published.
+    #[serde(default)]
+    pub copies_abandoned: u64,
     /// Time in the source's submit and wait: reads the Plan did not overlap with compute.
     pub read_ns: u64,
     pub consumer_takes: u64,

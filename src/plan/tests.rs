@@ -752,7 +752,84 @@ impl SlotWriter for TestPool {
     }
 }
 
+/// An engine pool with a copy stream: `begin` queues the bytes, and they land in `mem` only
+/// when `wait` sees the copy's "event" (so a slot read before its wait holds stale bytes).
+struct AsyncPool {
+    pool: TestPool,
+    queued: std::sync::Mutex<HashMap<u64, (u32, Vec<u8>)>>,
+    next: std::sync::atomic::AtomicU64,
+    /// Copy ids whose wait reports a failure.
+    fail_wait: bool,
+}
+
+impl SlotWriter for AsyncPool {
+    fn write(&self, slot: u32, src: &[u8]) -> Result<(), String> {
+        self.pool.write(slot, src)
+    }
+    fn asynchronous(&self) -> bool {
+        true
+    }
+    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, String> {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.queued.lock().unwrap().insert(id, (slot, src.to_vec()));
+        Ok(id)
+    }
+    fn wait(&self, id: u64) -> Result<(), String> {
+        let (slot, bytes) = self.queued.lock().unwrap().remove(&id).ok_or_else(|| format!("no copy {id}"))?;
+        if self.fail_wait {
+            return Err(format!("copy {id} failed on the device"));
+        }
+        self.pool.write(slot, &bytes)
+    }
+}
+
+fn async_engine_plan(fail_wait: bool) -> (Plan, HashMap<(u32, Role), std::sync::Arc<std::sync::Mutex<Vec<u8>>>>) {
+    bound_plan(None, |pool| Box::new(AsyncPool { pool, queued: Default::default(), next: Default::default(), fail_wait }))
+}
+
+#[test]
+fn asynchronous_copies_publish_a_slot_only_after_its_event_and_free_the_window_then() {
+    let m = model();
+    let (mut p, mems) = async_engine_plan(false);
+    let layer = p.manifest().layers[1].layer;
+    // Two windows, three misses: the third bundle needs a window whose copy is still in flight.
+    let ids = [3, 9, 11];
+    let slots = acq(&mut p, layer, 0, &ids).unwrap();
+    for (&id, &s) in ids.iter().zip(&slots) {
+        for e in &p.manifest().object(obj(layer, id as u32)).unwrap().extents {
+            let mem = mems[&(layer, e.role)].lock().unwrap();
+            let start = s as usize * e.extent.len as usize;
+            assert!(mem[start..start + e.extent.len as usize] == m.bytes[e.extent.offset as usize..e.extent.end() as usize], "slot {s} {} holds expert {id}", e.role);
+        }
+    }
+    assert!(p.window_states().iter().all(|w| *w == WindowState::Free), "{:?}", p.window_states());
+    let tel = p.telemetry();
+    assert_eq!((tel.loads, tel.async_copies, tel.copies_abandoned), (3, tel.q_run.reads, 0), "{tel:?}");
+    p.release(layer, 0).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
+fn a_failed_copy_event_fails_the_plan_closed_and_publishes_nothing() {
+    let (mut p, _) = async_engine_plan(true);
+    let layer = p.manifest().layers[0].layer;
+    let err = acq(&mut p, layer, 0, &[1, 2, 5]).unwrap_err();
+    assert!(matches!(err, PlanError::Copy { .. }), "{err}");
+    assert!(p.slots(layer).unwrap().iter().all(|c| !matches!(c.state, SlotState::DeviceReady | SlotState::InUse)));
+    let closure = p.shutdown().unwrap();
+    assert!(closure.balanced() && closure.failed.is_some(), "{closure:?}");
+    assert!(p.window_states().iter().all(|w| *w == WindowState::Free));
+}
+
 fn engine_plan(fail_role: Option<Role>) -> (Plan, HashMap<(u32, Role), std::sync::Arc<std::sync::Mutex<Vec<u8>>>>) {
+    bound_plan(fail_role, |pool| Box::new(pool))
+}
+
+/// A Plan over two P windows whose pools are bound to writers `wrap` makes of test pools.
+fn bound_plan(
+    fail_role: Option<Role>,
+    wrap: impl Fn(TestPool) -> Box<dyn SlotWriter>,
+) -> (Plan, HashMap<(u32, Role), std::sync::Arc<std::sync::Mutex<Vec<u8>>>>) {
     let m = model();
     let spec: PolicySpec = "zero".parse().unwrap();
     let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
@@ -763,7 +840,7 @@ fn engine_plan(fail_role: Option<Role>) -> (Plan, HashMap<(u32, Role), std::sync
         for &(role, bps) in &lp.roles {
             let mem = std::sync::Arc::new(std::sync::Mutex::new(vec![0u8; (bps * u64::from(lp.n_slots)) as usize]));
             let pool = TestPool { mem: mem.clone(), bytes_per_slot: bps as usize, fail: fail_role == Some(role) };
-            assert_eq!(p.bind(lp.layer, role, bps, lp.n_slots, Box::new(pool)).unwrap() as usize, p.manifest().layer_index(lp.layer).unwrap());
+            assert_eq!(p.bind(lp.layer, role, bps, lp.n_slots, wrap(pool)).unwrap() as usize, p.manifest().layer_index(lp.layer).unwrap());
             mems.insert((lp.layer, role), mem);
         }
     }

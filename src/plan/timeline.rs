@@ -36,8 +36,12 @@ pub enum Kind {
     Submit,
     /// A completion was taken back at `t_ns + dur_ns`, after `dur_ns` blocked waiting for it.
     Complete,
-    /// A window was copied into a slot during `[t_ns, t_ns + dur_ns)`.
+    /// A window was copied into a slot during `[t_ns, t_ns + dur_ns)`; for an asynchronous copy
+    /// (`window` set) the time to queue it, and the copy is in flight until its `CopyDone`.
     Copy,
+    /// The event of the asynchronous copy from `window` completed at `t_ns + dur_ns`, after
+    /// `dur_ns` blocked waiting for it.
+    CopyDone,
     /// The slot became DeviceReady.
     Publish,
     /// The acquire returned: the expert matmuls can start.
@@ -160,6 +164,13 @@ pub struct Times {
     pub completions: u64,
     pub copies: u64,
     pub copy_bytes: u64,
+    /// At least one asynchronous copy in flight (queued, its event not yet seen complete).
+    #[serde(default)]
+    pub copy_in_flight_ns: u64,
+    /// Of that, time the engine's thread spent computing (non-expert compute or expert
+    /// matmuls): copies overlapping compute.
+    #[serde(default)]
+    pub copy_overlap_compute_ns: u64,
     pub publishes: u64,
     pub acquires: u64,
     pub releases: u64,
@@ -180,6 +191,8 @@ impl Times {
         self.completions += o.completions;
         self.copies += o.copies;
         self.copy_bytes += o.copy_bytes;
+        self.copy_in_flight_ns += o.copy_in_flight_ns;
+        self.copy_overlap_compute_ns += o.copy_overlap_compute_ns;
         self.publishes += o.publishes;
         self.acquires += o.acquires;
         self.releases += o.releases;
@@ -265,6 +278,8 @@ pub struct Timeline {
     last_end: Option<Instant>,
     /// Reads submitted and not yet taken back (across tokens).
     outstanding: u64,
+    /// Asynchronous copies queued and not yet seen complete.
+    copies_in_flight: u64,
     per_token: Vec<TokenTime>,
     total: Times,
 }
@@ -347,11 +362,20 @@ impl Timeline {
         self.mark(Cpu::ExpertCompute, Kind::AcquireReturn, layer, pass);
     }
 
+    /// The pass's expert compute ended; the Plan's release work follows, then
+    /// [`Timeline::resume_compute`].
     pub fn release(&mut self, layer: u32, pass: u32) {
         if let Some(o) = &mut self.open {
             o.times.releases += 1;
         }
-        self.mark(Cpu::Compute, Kind::Release, layer, pass);
+        self.mark(Cpu::Plan, Kind::Release, layer, pass);
+    }
+
+    /// The release returned: the engine computes again.
+    pub fn resume_compute(&mut self) {
+        if self.on {
+            self.advance(Instant::now(), Cpu::Compute);
+        }
     }
 
     fn mark(&mut self, then: Cpu, kind: Kind, layer: u32, pass: u32) {
@@ -428,6 +452,38 @@ impl Timeline {
         self.push(started, dur(started, now), e, Kind::Copy);
     }
 
+    /// An asynchronous copy from `window` queued during `[started, now)`; in flight until
+    /// [`Timeline::copy_done`].
+    pub(crate) fn copy_queued(&mut self, started: Instant, object: ObjectId, slot: u32, window: u32, bytes: u64) {
+        if !self.on {
+            return;
+        }
+        let now = Instant::now();
+        self.advance(started, Cpu::Copy);
+        self.copies_in_flight += 1;
+        self.advance(now, Cpu::Plan);
+        if let Some(o) = &mut self.open {
+            o.times.copies += 1;
+            o.times.copy_bytes += bytes;
+        }
+        let e = |e| Event { layer: Some(object.layer), expert: Some(object.expert), slot: Some(slot), window: Some(window), bytes: Some(bytes), ..e };
+        self.push(started, dur(started, now), e, Kind::Copy);
+    }
+
+    /// The copy from `window` seen complete after waiting from `started` for its event.
+    pub(crate) fn copy_done(&mut self, started: Instant, object: ObjectId, slot: u32, window: u32) {
+        if !self.on {
+            return;
+        }
+        let now = Instant::now();
+        self.advance(started, Cpu::Copy);
+        // In flight while waited for, too.
+        self.advance(now, Cpu::Plan);
+        self.copies_in_flight = self.copies_in_flight.saturating_sub(1);
+        let e = |e| Event { layer: Some(object.layer), expert: Some(object.expert), slot: Some(slot), window: Some(window), ..e };
+        self.push(started, dur(started, now), e, Kind::CopyDone);
+    }
+
     pub(crate) fn published(&mut self, object: ObjectId, slot: u32) {
         if !self.on {
             return;
@@ -444,10 +500,17 @@ impl Timeline {
     /// doing, then notes that it does `then` from `to` on.
     fn advance(&mut self, to: Instant, then: Cpu) {
         let busy = self.outstanding > 0;
+        let copying = self.copies_in_flight > 0;
         let Some(o) = &mut self.open else { return };
         let at = to.saturating_duration_since(o.origin).as_nanos() as u64;
         let d = at.saturating_sub(o.last);
         o.times.wall_ns += d;
+        if copying {
+            o.times.copy_in_flight_ns += d;
+            if matches!(o.cpu, Cpu::Compute | Cpu::ExpertCompute) {
+                o.times.copy_overlap_compute_ns += d;
+            }
+        }
         if busy {
             o.times.busy_ns += d;
             *o.times.busy.slot(o.cpu) += d;
@@ -599,10 +662,40 @@ mod tests {
             tl.acquire_return(0, 0);
             spin(100);
             tl.release(0, 0);
+            tl.resume_compute();
             spin(50);
             tl.end(reads);
         }
         tl
+    }
+
+    #[test]
+    fn an_asynchronous_copy_in_flight_while_the_engine_computes_counts_as_overlap() {
+        let mut tl = Timeline::new(Some(0), vec![0], 64);
+        let o = ObjectId { layer: 0, expert: 2 };
+        tl.begin(1, 0);
+        tl.acquire_enter(0, 0);
+        tl.copy_queued(Instant::now(), o, 1, 3, 4096);
+        tl.acquire_return(0, 0);
+        spin(200);
+        tl.release(0, 0);
+        tl.resume_compute();
+        spin(100);
+        tl.acquire_enter(0, 1);
+        let started = Instant::now();
+        spin(50);
+        tl.copy_done(started, o, 1, 3);
+        tl.acquire_return(0, 1);
+        spin(100);
+        tl.end(0);
+        let x = tl.report().unwrap().total;
+        assert!(x.copy_overlap_compute_ns >= 300_000, "{x:?}");
+        assert!(x.copy_in_flight_ns >= x.copy_overlap_compute_ns + 50_000, "{x:?}");
+        // Nothing in flight after the event was seen: the last 100 us are not counted.
+        assert!(x.copy_in_flight_ns < x.wall_ns - 100_000, "{x:?}");
+        let f = tl.file().unwrap();
+        let kinds: Vec<Kind> = f.events.iter().map(|e| e.kind).filter(|k| matches!(k, Kind::Copy | Kind::CopyDone)).collect();
+        assert_eq!(kinds, [Kind::Copy, Kind::CopyDone]);
     }
 
     #[test]

@@ -239,6 +239,11 @@ pub trait Source: Send {
         usize::MAX
     }
 
+    /// Whether `wait` would return a completion now without blocking (false when unsure).
+    fn poll_ready(&mut self) -> bool {
+        false
+    }
+
     /// Submits `reads` in order, each with one completion as if submitted alone. Requests whose
     /// covering reads follow each other in the file may go out as one vectored read. A request
     /// with a host target reads its covering range there instead of into its window (the
@@ -543,6 +548,10 @@ impl Source for BufferedSource {
 
     fn outstanding(&self) -> usize {
         self.queue.len()
+    }
+
+    fn poll_ready(&mut self) -> bool {
+        !self.queue.is_empty()
     }
 
     fn window(&self, w: u32) -> &[u8] {

@@ -351,6 +351,14 @@ impl Source for UringSource {
         self.requests_in_flight + self.ready.len()
     }
 
+    fn poll_ready(&mut self) -> bool {
+        // A failed reap is not swallowed: the next wait reaps again and returns it.
+        if self.ready.is_empty() && self.free.len() < self.depth {
+            let _ = self.reap(false);
+        }
+        !self.ready.is_empty()
+    }
+
     fn window(&self, w: u32) -> &[u8] {
         self.windows[w as usize].as_slice()
     }
