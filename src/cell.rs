@@ -91,6 +91,10 @@ pub struct GenerateCell {
     /// `gpu_layers` places layers (and their slot pools) there.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rpc: Vec<String>,
+    /// The memory cgroup of the RPC device's server, read after the run: the device's memory
+    /// audited hard by the kernel's own peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_cgroup: Option<PathBuf>,
     /// Record directory (must not exist).
     pub record: PathBuf,
 }
@@ -309,6 +313,11 @@ pub fn run(cell: &Cell) -> Result<Done> {
                 ignore_eos: g.ignore_eos,
                 record: g.record.clone(),
             };
+            if let Some(dir) = &g.device_cgroup {
+                // Before the run, so that a wrong path is refused before anything is decoded.
+                crate::observe::audit_device(dir).context("--device-cgroup")?;
+                generate::audit_device_at(dir.clone());
+            }
             let plan = match &g.experts {
                 Experts::Plan(o) => Some(o.clone()),
                 Experts::Resident | Experts::Host => None,

@@ -73,18 +73,51 @@ fn f32_bytes(rows: &[f32]) -> Vec<u8> {
 }
 
 /// Before decoding, with every buffer of the run allocated (weights, slot pools, KV cache,
-/// compute buffers): the device memory of this process, refused over `--gpu-budget`.
-fn device_check() -> Result<DeviceCheck> {
+/// compute buffers): their sizes on each device, refused over `--gpu-budget`, and the process's
+/// device memory as NVML reports it where a GPU is observed (refused over the budget too).
+static DEVICE_CGROUP: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The memory cgroup of the RPC device's server: read after the run, its kernel peak goes on
+/// record as the device's audit. Process-wide, like the placement; once.
+pub fn audit_device_at(dir: PathBuf) {
+    let _ = DEVICE_CGROUP.set(dir);
+}
+
+/// A device that was OOM-killed, or whose peak reached the budget, fails the run closed.
+fn audit_verdict(a: &crate::observe::DeviceAudit, budget: Option<u64>) -> Result<()> {
+    if a.oom_kills > 0 {
+        bail!("the device server's cgroup saw {} OOM kills during the run ({})", a.oom_kills, a.cgroup);
+    }
+    match (a.peak, budget) {
+        (Some(p), Some(b)) if p > b => bail!("the device's memory peaked at {p} bytes, over the {b}-byte budget (its server's cgroup {})", a.cgroup),
+        (None, Some(b)) => bail!("the device server's cgroup keeps no peak: the {b}-byte budget cannot be audited ({})", a.cgroup),
+        _ => Ok(()),
+    }
+}
+
+pub fn device_check(ctx: &Context) -> Result<DeviceCheck> {
     let budget = crate::engine::placement().gpu_budget;
-    Ok(match crate::observe::gpu::own_usage() {
+    let buffers = ctx.device_memory();
+    let on_devices: Vec<&crate::engine::DeviceBuffers> = buffers.iter().filter(|b| b.device != "CPU" && b.total() > 0).collect();
+    let device_bytes = on_devices.iter().map(|b| b.total()).sum();
+    if let Some(b) = budget.filter(|&b| device_bytes > b) {
+        let each: Vec<String> = on_devices
+            .iter()
+            .map(|d| format!("{} {} (weights {}, KV/state {}, compute {}, slot pools {})", d.device, d.total(), d.model, d.context, d.compute, d.pools))
+            .collect();
+        bail!("--gpu-budget {b}: the run's buffers take {device_bytes} bytes on its devices before decoding ({}); refused", each.join("; "));
+    }
+    let mut check = DeviceCheck { observed: false, own_bytes: None, reason: None, budget, buffers, device_bytes };
+    match crate::observe::gpu::own_usage() {
         Ok(used) => {
             if let Some(b) = budget.filter(|&b| used >= b) {
-                bail!("--gpu-budget {b}: the run's device buffers take {used} bytes before decoding (NVML, this process); refused");
+                bail!("--gpu-budget {b}: the run's device memory is {used} bytes before decoding (NVML, this process); refused");
             }
-            DeviceCheck { observed: true, own_bytes: Some(used), reason: None, budget }
+            (check.observed, check.own_bytes) = (true, Some(used));
         }
-        Err(why) => DeviceCheck { observed: false, own_bytes: None, reason: Some(why), budget },
-    })
+        Err(why) => check.reason = Some(why),
+    }
+    Ok(check)
 }
 
 /// How a run picks each token.
@@ -145,7 +178,7 @@ pub fn run_with(
         bail!("prompt ({} tokens) + --n-predict {} exceeds the context of {}", prompt.len(), spec.n_predict, spec.exec.n_ctx);
     }
     let mut ctx = Context::new(&model, spec.exec, true)?;
-    let device = device_check()?;
+    let device = device_check(&ctx)?;
     let params = GenerateParams {
         n_predict: spec.n_predict,
         ignore_eos: spec.ignore_eos,
@@ -198,6 +231,15 @@ pub fn run_with(
         (Ok(()), Some(Err(f))) => Err(anyhow::anyhow!("the expert source did not close: {f:#}")),
         (d, _) => d,
     };
+    let mut params = params;
+    let decoded = decoded.and_then(|()| {
+        let Some(dir) = DEVICE_CGROUP.get() else { return Ok(()) };
+        let audit = crate::observe::audit_device(dir)?;
+        let placement = params.placement.as_mut().expect("set above");
+        let verdict = audit_verdict(&audit, placement.gpu_budget);
+        placement.device_audit = Some(audit);
+        verdict
+    });
     if let Err(e) = decoded {
         // Fail closed, and keep the evidence: nothing of the failed step is accepted, and the
         // record says what failed and how the source closed.

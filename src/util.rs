@@ -150,3 +150,13 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
     d.sync_all().with_context(|| format!("{}: fsync", dir.display()))?;
     Ok(())
 }
+
+/// For `skip_serializing_if`: fields added to a record format stay out of records that never
+/// used them, so older records write back their own bytes.
+pub fn is_zero(x: &u64) -> bool {
+    *x == 0
+}
+
+pub fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
+}

@@ -36,7 +36,7 @@ fn cgroups(test: &str) -> Option<MutexGuard<'static, ()>> {
 }
 
 fn spec(limit: Option<u64>) -> ContainSpec {
-    ContainSpec { memory_max: limit, gpu_declared: None, gpu_budget: None, sample_interval: Duration::from_millis(20) }
+    ContainSpec { memory_max: limit, sample_interval: Duration::from_millis(20), ..Default::default() }
 }
 
 fn quiet(program: &str, args: &[&str]) -> Command {

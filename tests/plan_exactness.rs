@@ -170,7 +170,7 @@ fn manifest_sized_f_with_coalesced_and_direct_reads_is_exact() {
             let n = |v: &serde_json::Value| v.as_u64().unwrap();
             // The CPU's pools are plain host memory: copies are synchronous, and the record says so.
             let c = &r["experts"]["copy"];
-            assert_eq!((&c["synchronous"], &c["asynchronous"], n(&c["async_copies"])), (&serde_json::json!(["CPU"]), &serde_json::json!([]), 0), "{c}");
+            assert_eq!((&c["synchronous"], &c["asynchronous"], &c["async_copies"]), (&serde_json::json!(["CPU"]), &serde_json::Value::Null, &serde_json::Value::Null), "{c}");
             if source == "d" {
                 // D stays the one-window synchronous baseline: one read per extent, via its window.
                 assert_eq!((n(&sizing["windows"]), n(&mv["sqes"]), n(&mv["coalesced_sqes"]), n(&mv["direct_bytes"])), (1, n(&t["q_run"]["reads"]), 0, 0), "{mv}");

@@ -174,6 +174,8 @@ pub struct CellPaths<'a> {
     pub refine: Option<(&'a Path, &'a Path)>,
     /// The RPC servers the cell's device layers go to (an `rpc` arm's server).
     pub rpc: &'a [String],
+    /// The memory cgroup of that server, when the arm caps the device.
+    pub device_cgroup: Option<&'a Path>,
 }
 
 /// The single mapping from a campaign cell's arm and workload to the typed [`Cell`] a worker
@@ -215,8 +217,9 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
                 Some(crate::engine::GpuLayers::All(_)) => -1,
                 Some(crate::engine::GpuLayers::Count(n)) => n,
             },
-            gpu_budget: None,
+            gpu_budget: arm.gpu_budget.or(arm.device_memory_cap_bytes),
             rpc: p.rpc.to_vec(),
+            device_cgroup: p.device_cgroup.map(Path::to_path_buf),
             record: p.record.to_path_buf(),
         }),
     }
@@ -238,40 +241,93 @@ fn resource_telemetry(record: &Path, max_rss_bytes: u64) -> Telemetry {
 /// Spawns this executable (`sovereign generate ...`) for each cell, output to the cell's log.
 /// A device server (`sovereign device serve`) on an ephemeral loopback port, killed and reaped
 /// when dropped, so no cell leaves one running.
+/// An `rpc: local` arm's device server: a child of the runner, in a memory cgroup of its own
+/// when the arm caps the device.
 struct DeviceServer {
-    child: std::process::Child,
+    server: Server,
     endpoint: String,
 }
 
+enum Server {
+    Child(std::process::Child),
+    Capped(Option<crate::observe::Capped>),
+}
+
+impl Server {
+    fn pid(&self) -> u32 {
+        match self {
+            Server::Child(c) => c.id(),
+            Server::Capped(c) => c.as_ref().map_or(0, |c| c.pid()),
+        }
+    }
+
+    fn exited(&mut self) -> Option<String> {
+        match self {
+            Server::Child(c) => c.try_wait().ok().flatten().map(|s| s.to_string()),
+            Server::Capped(_) => {
+                // SAFETY: a zero signal only asks whether our own child is still there.
+                (unsafe { libc::kill(self.pid() as i32, 0) } != 0).then(|| "gone".to_string())
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        match self {
+            Server::Child(c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            Server::Capped(c) => {
+                if let Some(c) = c.take() {
+                    // SAFETY: a signal to our own child; `wait` then reaps it and removes its cgroup.
+                    unsafe { libc::kill(c.pid() as i32, libc::SIGKILL) };
+                    let _ = c.wait();
+                }
+            }
+        }
+    }
+}
+
 impl DeviceServer {
-    fn start(exe: &Path) -> Result<DeviceServer> {
+    fn start(exe: &Path, memory_max: Option<u64>) -> Result<DeviceServer> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let endpoint = format!("127.0.0.1:{port}");
         let mut cmd = std::process::Command::new(exe);
         cmd.args(["device", "serve", "--listen", &endpoint]).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
-        crate::observe::die_with_parent(&mut cmd);
-        let mut child = cmd.spawn().context("starting the device server")?;
+        let mut server = match memory_max {
+            Some(max) => Server::Capped(Some(crate::observe::Capped::start(cmd, max).context("starting the capped device server")?)),
+            None => {
+                crate::observe::die_with_parent(&mut cmd);
+                Server::Child(cmd.spawn().context("starting the device server")?)
+            }
+        };
         let addr: std::net::SocketAddr = endpoint.parse()?;
         let t0 = Instant::now();
         while std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200)).is_err() {
-            if let Some(status) = child.try_wait()? {
+            if let Some(status) = server.exited() {
+                server.stop();
                 anyhow::bail!("the device server exited ({status}) before listening on {endpoint}");
             }
             if t0.elapsed() > std::time::Duration::from_secs(20) {
-                let _ = child.kill();
-                let _ = child.wait();
+                server.stop();
                 anyhow::bail!("the device server did not listen on {endpoint} within 20 s");
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        Ok(DeviceServer { child, endpoint })
+        Ok(DeviceServer { server, endpoint })
+    }
+
+    fn cgroup_dir(&self) -> Option<&Path> {
+        match &self.server {
+            Server::Capped(Some(c)) => Some(c.cgroup_dir()),
+            _ => None,
+        }
     }
 }
 
 impl Drop for DeviceServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.server.stop();
     }
 }
 
@@ -342,9 +398,12 @@ impl CellExecutor for ProcessExecutor {
             }
         } else {
             if cell.arm.rpc.is_some() {
-                server = Some(DeviceServer::start(&self.exe).with_context(|| format!("arm `{}`: rpc: local", cell.arm.id.value))?);
+                server = Some(
+                    DeviceServer::start(&self.exe, cell.arm.device_memory_cap_bytes).with_context(|| format!("arm `{}`: rpc: local", cell.arm.id.value))?,
+                );
             }
             let endpoints: Vec<String> = server.iter().map(|s| s.endpoint.clone()).collect();
+            let device_cgroup = server.as_ref().and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf);
             let worker = worker_cell(
                 cell,
                 &CellPaths {
@@ -353,6 +412,7 @@ impl CellExecutor for ProcessExecutor {
                     record: staging,
                     refine: refine_paths.as_ref().map(|(v, r)| (v.as_path(), r.as_path())),
                     rpc: &endpoints,
+                    device_cgroup: device_cgroup.as_deref(),
                 },
             );
             let shown_rpc: Vec<String> = endpoints.iter().map(|_| "<local device server>".to_string()).collect();
@@ -364,6 +424,7 @@ impl CellExecutor for ProcessExecutor {
                     record: Path::new("<record>"),
                     refine: cell.refine.as_ref().map(|r| (Path::new(&r.verifier.path), Path::new(&r.reference.path))),
                     rpc: &shown_rpc,
+                    device_cgroup: device_cgroup.as_ref().map(|_| Path::new("<device server cgroup>")),
                 },
             );
             (worker, shown)
@@ -376,7 +437,12 @@ impl CellExecutor for ProcessExecutor {
         let (code, signal, maxrss) = match cell.arm.memory_cap_bytes {
             // The runner is the harness: it makes the cgroup and starts the one worker in it.
             Some(cap) => {
-                let contain = crate::observe::ContainSpec { memory_max: Some(cap), ..Default::default() };
+                let contain = crate::observe::ContainSpec {
+                    memory_max: Some(cap),
+                    gpu_budget: cell.arm.gpu_budget.or(cell.arm.device_memory_cap_bytes),
+                    device_cgroup: server.as_ref().and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf),
+                    ..Default::default()
+                };
                 let ran = cell::cache_protocol(&worker, false).and_then(|cache| cell::run_contained(&worker, &contain, cache, Some(&self.exe)));
                 match ran {
                     Ok((rec, dir)) => {

@@ -250,6 +250,16 @@ pub struct Arm {
     /// the cell ends. Needs `gpu_layers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rpc: Option<RpcArm>,
+    /// Device bytes the cell's run may hold, as `generate --gpu-budget`: its buffers on the
+    /// device (weights, KV cache, compute buffers, slot pools) are checked against it before
+    /// decoding, and the device's audited peak after. Needs `gpu_layers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_budget: Option<u64>,
+    /// With `rpc: local`: the device server runs in a memory cgroup of its own with this hard
+    /// limit (swap off), bytes; the run's budget is this unless `gpu_budget` says less, and the
+    /// server cgroup's kernel peak is the device's audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_memory_cap_bytes: Option<u64>,
 }
 
 /// Where an arm's RPC device comes from.
@@ -519,8 +529,22 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         if a.rpc.is_some() && a.gpu_layers.is_none() {
             out.push(Diagnostic::at(&a.id, format!("arm `{}`: `rpc` needs `gpu_layers` (which layers go to the device)", a.id.value)));
         }
-        if a.rpc.is_some() && a.refine.is_some() {
-            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `rpc` applies to generate arms, not `refine`", a.id.value)));
+        if a.gpu_budget.is_some() && a.gpu_layers.is_none() {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `gpu_budget` needs `gpu_layers` (a budget bounds the device's memory)", a.id.value)));
+        }
+        if a.device_memory_cap_bytes.is_some() && a.rpc.is_none() {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `device_memory_cap_bytes` caps the `rpc: local` device server; this arm has no `rpc`", a.id.value)));
+        }
+        if let Some(c) = a.device_memory_cap_bytes.filter(|&c| !(crate::bounds::MIN_MEMORY_MAX..=crate::bounds::MAX_MEMORY_MAX).contains(&c)) {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `device_memory_cap_bytes` {c} is out of range (1 MiB up to 1 PiB)", a.id.value)));
+        }
+        if a.refine.is_some() {
+            // A refine cell runs on the CPU: device fields would be silently ignored.
+            for (field, set) in [("rpc", a.rpc.is_some()), ("gpu_layers", a.gpu_layers.is_some()), ("gpu_budget", a.gpu_budget.is_some())] {
+                if set {
+                    out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{field}` applies to generate arms, not `refine`", a.id.value)));
+                }
+            }
         }
         if let Some(crate::engine::GpuLayers::Count(n)) = a.gpu_layers {
             if !(0..=i32::from(u16::MAX)).contains(&n) {
@@ -683,6 +707,8 @@ fn validate_measure_arm(a: &Arm) -> Vec<Diagnostic> {
         ("threads", a.threads.is_some()),
         ("gpu_layers", a.gpu_layers.is_some()),
         ("rpc", a.rpc.is_some()),
+        ("gpu_budget", a.gpu_budget.is_some()),
+        ("device_memory_cap_bytes", a.device_memory_cap_bytes.is_some()),
     ];
     for (name, set) in run_fields {
         if set {

@@ -199,7 +199,37 @@ fn boundaries(r: &GenerateRecord, opts: &RecordOptions) -> Result<Boundaries> {
         gpu: Tier { bytes: g_decl, grade: gpu_grade, note: Some(g_note) },
         gpu_physical_bytes: observed_phys.or(opts.g_phys).map(Bytes).into(),
         r_policy_bytes: opts.r_policy.map(Bytes).into(),
+        device: device_tier(r),
     })
+}
+
+/// The device tier of a run with layers on a device: its budget, the buffers checked against
+/// it before decoding, and the authority that audited it during the run.
+fn device_tier(r: &GenerateRecord) -> Option<Tier> {
+    let p = r.params.as_ref()?.placement.as_ref()?;
+    if p.gpu_devices.is_empty() || matches!(p.gpu_layers, crate::engine::GpuLayers::Count(0)) {
+        return None;
+    }
+    let before = p.device_before_decode.as_ref();
+    let buffers = before.map_or("no buffer check in the record".to_string(), |d| format!("buffers {} bytes before decoding", d.device_bytes));
+    let budget: Evidence<Bytes> = p.gpu_budget.map(Bytes).into();
+    let (grade, how) = match (&p.device_audit, before) {
+        (Some(a), _) => (
+            Grade::HardLimit,
+            format!(
+                "device server cgroup {}: limit {}, kernel peak {}, limit events {}, OOM kills {}",
+                a.cgroup,
+                a.limit.map_or("none".into(), |l| l.to_string()),
+                a.peak.map_or("not kept".into(), |p| p.to_string()),
+                a.limit_events,
+                a.oom_kills
+            ),
+        ),
+        (None, Some(d)) if d.observed => (Grade::SampledAudit, format!("NVML: the process's own device memory {} bytes before decoding", d.own_bytes.unwrap_or(0))),
+        (None, Some(d)) => (Grade::NotObserved, format!("not observed: {}", d.reason.as_deref().unwrap_or("no device audit"))),
+        (None, None) => (Grade::NotObserved, "not observed".to_string()),
+    };
+    Some(Tier { bytes: budget, grade: Evidence::Value(grade), note: Some(format!("{}; {buffers}; {how}", p.effective)) })
 }
 
 /// E: every surface of the run against a same-build oracle record.

@@ -194,6 +194,11 @@ pub struct Boundaries {
     pub gpu_physical_bytes: Evidence<Bytes>,
     /// R_policy: the operator-declared reserve for non-target host state (predicate 1).
     pub r_policy_bytes: Evidence<Bytes>,
+    /// The device the run's layers were placed on (absent: every layer on the CPU): its budget
+    /// and how it was audited (hard_limit: the RPC device server's own cgroup; sampled_audit:
+    /// NVML; not_observed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<Tier>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

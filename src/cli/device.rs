@@ -52,7 +52,12 @@ fn serve_capped(listen: &str, threads: usize, max: u64) -> Result<ExitCode> {
     cmd.args(["device", "serve", "--listen", listen, "--threads", &threads.to_string()]);
     let server = sovereign::observe::Capped::start(cmd, max)?;
     forward_termination(server.pid());
-    eprintln!("device server at {listen} in cgroup {} (memory limit {} bytes, swap off)", server.cgroup(), server.limit.map_or("?".into(), |l| l.to_string()));
+    eprintln!(
+        "device server at {listen} in cgroup {} (memory limit {} bytes, swap off); audit a run with --device-cgroup {}",
+        server.cgroup(),
+        server.limit.map_or("?".into(), |l| l.to_string()),
+        server.cgroup_dir().display()
+    );
     let end = server.wait()?;
     let c = &end.counters;
     eprintln!(

@@ -98,11 +98,15 @@ impl ContainArgs {
         self.memory_max.is_some() || self.contain
     }
 
-    fn spec(&self) -> ContainSpec {
+    fn spec(&self, cell: &Cell) -> ContainSpec {
         ContainSpec {
             memory_max: self.memory_max,
             gpu_declared: self.gpu_declared,
             gpu_budget: self.gpu_budget,
+            device_cgroup: match cell {
+                Cell::Generate(g) => g.device_cgroup.clone(),
+                _ => None,
+            },
             sample_interval: std::time::Duration::from_millis(self.sample_ms.max(1)),
         }
     }
@@ -111,7 +115,7 @@ impl ContainArgs {
     /// committed record.
     pub fn run(&self, cell: &Cell) -> Result<(TypedRecord, PathBuf)> {
         let cache = cell::cache_protocol(cell, self.warm_cache)?;
-        cell::run_contained(cell, &self.spec(), cache, None)
+        cell::run_contained(cell, &self.spec(cell), cache, None)
     }
 }
 
@@ -156,6 +160,10 @@ pub struct GenerateArgs {
     /// the offloaded layers, as llama.cpp's `--rpc` does.
     #[arg(long, value_delimiter = ',')]
     rpc: Vec<String>,
+    /// The memory cgroup directory of the RPC device's server (`device serve --memory-max`
+    /// prints it): after the run its kernel peak is put on record against `--gpu-budget`.
+    #[arg(long, requires = "rpc")]
+    device_cgroup: Option<PathBuf>,
     #[command(flatten)]
     contained: ContainArgs,
     /// Record directory (must not exist).
@@ -201,6 +209,7 @@ impl GenerateArgs {
             gpu_layers: self.gpu_layers,
             gpu_budget: self.contained.gpu_budget,
             rpc: self.rpc.clone(),
+            device_cgroup: self.device_cgroup.clone(),
             record: self.record.clone(),
         }))
     }

@@ -210,7 +210,9 @@ pub enum AllLayers {
     All,
 }
 
-/// The device memory of the run's own process before decoding, against `--gpu-budget`.
+/// The device memory of the run's own process before decoding, against `--gpu-budget`:
+/// what its buffers hold on each device (exact: their sizes), and what NVML reports for the
+/// process where a GPU is observed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct DeviceCheck {
     pub observed: bool,
@@ -219,6 +221,32 @@ pub struct DeviceCheck {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub budget: Option<u64>,
+    /// Per device, the bytes of the run's buffers there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buffers: Vec<DeviceBuffers>,
+    /// Their total on every device but the CPU: what the budget bounds.
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
+    pub device_bytes: u64,
+}
+
+/// The bytes of a context's buffers on one device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct DeviceBuffers {
+    pub device: String,
+    /// Weights llama.cpp loaded there.
+    pub model: u64,
+    /// KV cache and recurrent state.
+    pub context: u64,
+    /// Compute buffers (the graph's scratch).
+    pub compute: u64,
+    /// The expert source's slot pools.
+    pub pools: u64,
+}
+
+impl DeviceBuffers {
+    pub fn total(&self) -> u64 {
+        self.model + self.context + self.compute + self.pools
+    }
 }
 
 /// The placement as a record states it, with what it amounts to on this machine's devices.
@@ -235,6 +263,9 @@ pub struct PlacementReport {
     pub rpc_protocol: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_before_decode: Option<DeviceCheck>,
+    /// After the run: the RPC device server's own memory cgroup (hard: the kernel's peak).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_audit: Option<crate::observe::DeviceAudit>,
 }
 
 pub fn placement_report() -> PlacementReport {
@@ -261,6 +292,7 @@ pub fn placement_report() -> PlacementReport {
         gpu_devices: gpus,
         effective,
         device_before_decode: None,
+        device_audit: None,
     }
 }
 
@@ -562,6 +594,36 @@ impl<'m> Context<'m> {
 
     /// Sequence 0's recurrent state as llama.cpp serializes it (its conv and SSM states, no KV
     /// cache: `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`); `None` for a model without one.
+    /// The device memory this context holds, per device, from its buffers' sizes: weights,
+    /// context memory (KV cache, recurrent state), compute buffers and the slot pools.
+    pub fn device_memory(&self) -> Vec<DeviceBuffers> {
+        let mut out: Vec<DeviceBuffers> = Vec::new();
+        let mut i = 0;
+        loop {
+            let (mut dev, mut model, mut context, mut compute, mut pools) = (std::ptr::null(), 0usize, 0usize, 0usize, 0usize);
+            // SAFETY: a live context; the out-pointers are valid locals; the device name is a
+            // string the backend registry owns for the process's life.
+            let n = unsafe { sys::llama_expert_memory(self.ptr.as_ptr(), i, &mut dev, &mut model, &mut context, &mut compute, &mut pools) };
+            if i >= n {
+                break;
+            }
+            let device = if dev.is_null() { "?".to_string() } else { unsafe { CStr::from_ptr(dev) }.to_string_lossy().into_owned() };
+            let b = match out.iter_mut().find(|b| b.device == device) {
+                Some(b) => b,
+                None => {
+                    out.push(DeviceBuffers { device, ..Default::default() });
+                    out.last_mut().expect("pushed")
+                }
+            };
+            b.model += model as u64;
+            b.context += context as u64;
+            b.compute += compute as u64;
+            b.pools += pools as u64;
+            i += 1;
+        }
+        out
+    }
+
     pub fn recurrent_state(&self) -> Result<Option<Vec<u8>>> {
         if !self.model.has_recurrent_state() {
             return Ok(None);

@@ -171,17 +171,19 @@ impl Admission {
 /// conjuncts hold vacuously (said so in their value); with a declared allowance they need an
 /// observation.
 pub fn admission(host: &HostReport, gpu: &GpuAudit, auth: &AuthorityVector, gpu_declared: Option<u64>) -> Admission {
-    admission_with_budget(host, gpu, auth, gpu_declared, None)
+    admission_with_budget(host, gpu, auth, gpu_declared, None, None)
 }
 
-/// The predicate with the device-margin conjunct of a `--gpu-budget`: the NVML-sampled device
-/// memory of the run's own processes stays below the budget. Not observed fails it.
+/// The predicate with the device-margin conjunct of a `--gpu-budget`: the device's memory
+/// stays below the budget, audited hard by the RPC device server's own cgroup (its kernel peak)
+/// where there is one, else by NVML samples of the run's own processes. Not observed fails it.
 pub fn admission_with_budget(
     host: &HostReport,
     gpu: &GpuAudit,
     auth: &AuthorityVector,
     gpu_declared: Option<u64>,
     gpu_budget: Option<u64>,
+    device: Option<&super::DeviceAudit>,
 ) -> Admission {
     let mut c = Vec::new();
     let mut push = |name: &str, passed: bool, value: String| c.push(Conjunct { name: name.to_string(), passed, value });
@@ -235,7 +237,12 @@ pub fn admission_with_budget(
             }
         }
     }
-    if let Some(b) = gpu_budget {
+    if let (Some(b), Some(d)) = (gpu_budget, device) {
+        match d.peak {
+            Some(p) => push("device margin", p < b && d.oom_kills == 0, format!("{} bytes below the {b}-byte budget (device server cgroup peak, hard; {} OOM kills)", diff(b, p), d.oom_kills)),
+            None => push("device margin", false, format!("the device server's cgroup {} keeps no peak", d.cgroup)),
+        }
+    } else if let Some(b) = gpu_budget {
         match gpu {
             GpuAudit::Observed(o) => match o.run_used_peak {
                 Some(p) => push("device margin", p < b, format!("{} bytes below the {b}-byte budget (run's own, sampled)", diff(b, p))),
@@ -355,7 +362,7 @@ mod tests {
             }
             g => g,
         };
-        let check = |g: &GpuAudit, budget| admission_with_budget(&d, g, &authority(&d, g, None), None, budget);
+        let check = |g: &GpuAudit, budget| admission_with_budget(&d, g, &authority(&d, g, None), None, budget, None);
         assert!(check(&own(Some(3 * GIB)), Some(4 * GIB)).admitted);
         // The board's 20 GiB is foreign to the run: only the run's own 3 GiB counts.
         let adm = check(&own(Some(4 * GIB)), Some(4 * GIB));

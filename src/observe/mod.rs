@@ -45,13 +45,15 @@ pub struct ContainSpec {
     pub gpu_declared: Option<u64>,
     /// Device bound of the run (`--gpu-budget`): the admission predicate's device margin.
     pub gpu_budget: Option<u64>,
+    /// The RPC device server's memory cgroup: its kernel peak is the device margin's audit.
+    pub device_cgroup: Option<std::path::PathBuf>,
     /// Period of the cgroup, /proc and NVML samplers.
     pub sample_interval: Duration,
 }
 
 impl Default for ContainSpec {
     fn default() -> Self {
-        ContainSpec { memory_max: None, gpu_declared: None, gpu_budget: None, sample_interval: Duration::from_millis(50) }
+        ContainSpec { memory_max: None, gpu_declared: None, gpu_budget: None, device_cgroup: None, sample_interval: Duration::from_millis(50) }
     }
 }
 
@@ -347,12 +349,43 @@ impl Capped {
         &self.cgroup.rel
     }
 
+    /// The cgroup's directory (what [`audit_device`] reads).
+    pub fn cgroup_dir(&self) -> &std::path::Path {
+        &self.cgroup.path
+    }
+
     /// Waits for the process to end; its status and the cgroup's counters (peak, limit events,
     /// OOM kills).
     pub fn wait(self) -> Result<CappedEnd> {
         let (status, _, _) = wait_child(self.pid)?;
         Ok(CappedEnd { status, counters: self.cgroup.counters() })
     }
+}
+
+/// The memory of a device server's own cgroup (`device serve --memory-max`), read by the run
+/// that used the device: the kernel's limit and high-water mark bound the device hard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct DeviceAudit {
+    pub cgroup: String,
+    pub limit: Option<u64>,
+    pub peak: Option<u64>,
+    pub limit_events: u64,
+    pub oom_kills: u64,
+}
+
+/// Reads the cgroup directory `dir` of a device server (v1 or v2, told by its files).
+pub fn audit_device(dir: &std::path::Path) -> Result<DeviceAudit> {
+    let v = if dir.join("memory.current").is_file() {
+        cgroup::Version::V2
+    } else if dir.join("memory.usage_in_bytes").is_file() {
+        cgroup::Version::V1
+    } else {
+        bail!("{}: not a memory cgroup (no memory.current or memory.usage_in_bytes)", dir.display());
+    };
+    let f = cgroup::Files::of(v);
+    let limit = std::fs::read_to_string(dir.join(f.limit)).ok().and_then(|t| cgroup::parse_limit(&t).ok().flatten());
+    let c = cgroup::read_counters(dir, v);
+    Ok(DeviceAudit { cgroup: dir.display().to_string(), limit, peak: c.peak, limit_events: c.limit_events, oom_kills: c.oom_kills })
 }
 
 /// Removes run cgroups left by harnesses that were killed; [`run_contained`] does this at start.
@@ -473,7 +506,8 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
         final_read: child_io.is_some(),
     };
     let authority = authority::authority(&host, &gpu, spec.gpu_declared);
-    let mut admission = authority::admission_with_budget(&host, &gpu, &authority, spec.gpu_declared, spec.gpu_budget);
+    let device = spec.device_cgroup.as_deref().map(audit_device).transpose()?;
+    let mut admission = authority::admission_with_budget(&host, &gpu, &authority, spec.gpu_declared, spec.gpu_budget, device.as_ref());
     admission.require_run("worker exited 0", status.success(), format!("{status:?}"));
     Ok(ContainedRun { status, wall_s, host, gpu, procs, authority, admission })
 }

@@ -57,17 +57,17 @@ pub struct CopyReport {
     /// Devices whose pools copy asynchronously (a copy stream of their own, an event per copy,
     /// the slot DeviceReady only once its event completed), and those that copy synchronously
     /// (no asynchronous set or events: the CPU, plain host memory).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub asynchronous: BTreeSet<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub synchronous: BTreeSet<String>,
     /// Copies queued with an event, time blocked on those events, and the time from queueing
     /// to each event seen complete (summed over bundles).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
     pub async_copies: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::util::is_zero_f64")]
     pub wait_seconds: f64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::util::is_zero_f64")]
     pub in_flight_seconds: f64,
 }
 

@@ -103,18 +103,18 @@ pub struct Telemetry {
     /// Copies queued on the device's copy stream with an event each (0: every copy was
     /// synchronous), the time blocked waiting for their events, and the time from queueing to
     /// each event seen complete (summed over bundles: copies in flight overlap).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
     pub async_copies: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
     pub copy_wait_ns: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
     pub copy_in_flight_ns: u64,
     /// Completions taken back without blocking at the end of a pass or at a release, so that
     /// their copies run while the engine computes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
     pub harvested: u64,
     /// Bundles whose copies a failed Plan waited for and never published.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
     pub copies_abandoned: u64,
     /// Time in the source's submit and wait: reads the Plan did not overlap with compute.
     pub read_ns: u64,

@@ -165,11 +165,11 @@ pub struct Times {
     pub copies: u64,
     pub copy_bytes: u64,
     /// At least one asynchronous copy in flight (queued, its event not yet seen complete).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
     pub copy_in_flight_ns: u64,
     /// Of that, time the engine's thread spent computing (non-expert compute or expert
     /// matmuls): copies overlapping compute.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
     pub copy_overlap_compute_ns: u64,
     pub publishes: u64,
     pub acquires: u64,
