@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The device check: CUDA backend module, build identity, exactness matrix, fault cells through
-# F, and the budget bench, all with the carried release binary. Every step is timed; a failing
+# The device check: CUDA backend module, build identity, exactness matrix, the copy path
+# (asynchronous copies, pinned windows, copy/compute overlap), fault cells through F, and the
+# budget bench, all with the carried release binary. Every step is timed; a failing
 # step is reported and the next one runs. Everything goes to $OUT/gpu-check.log as well.
 #
 #   scripts/gpu-check.sh            on a GPU machine (needs .device/ from scripts/pack-device.sh)
@@ -115,6 +116,31 @@ PY
     done
     [ $bad -eq 0 ]
 }
+# The copy path of the matrix's records: asynchronous on the device (a copy stream, an event per
+# extent), windows from its pinned host memory, and with token passes copies overlapping compute.
+copies() {
+    gen copy-pass --model "$W/q8_0.gguf" --experts plan --source f --slots 8 --token-pass 2 || { echo "token-pass run failed: $(tail -1 "$W/copy-pass.err")"; return 1; }
+    python3 - "$mode" "$W/plan-q8_0-f-zero.rec/record.json" "$W/copy-pass.rec/record.json" <<'PY'
+import json, sys
+mode, plain, passes = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+bad = 0
+for name, r in (("plan-q8_0-f-zero", plain), ("copy-pass", passes)):
+    e = r["experts"]
+    c, t, w = e["copy"], e["telemetry"], e["m_source_bound"].get("windows_memory", "")
+    if mode == "gpu":
+        ok = c.get("asynchronous") == ["CUDA0"] and t.get("async_copies", 0) == t["q_run"]["reads"] and w.startswith("pinned")
+    else:
+        ok = c.get("synchronous") == ["CPU"] and not c.get("asynchronous") and w.startswith("aligned mapping")
+    print(f"{'ok  ' if ok else 'BAD '} {name}: asynchronous {c.get('asynchronous')} synchronous {c.get('synchronous')} "
+          f"async copies {t.get('async_copies', 0)} of {t['q_run']['reads']} extents, wait {c.get('wait_seconds', 0):.4f} s, windows {w}")
+    bad += not ok
+tot = passes["experts"]["timeline"]["total"]
+print(f"copy lane: in flight {tot.get('copy_in_flight_ns', 0)/1e6:.2f} ms, overlapping compute {tot.get('copy_overlap_compute_ns', 0)/1e6:.2f} ms of {tot['wall_ns']/1e6:.2f} ms")
+if mode == "gpu" and not tot.get("copy_overlap_compute_ns"):
+    print("BAD  no copy overlapped compute"); bad += 1
+sys.exit(1 if bad else 0)
+PY
+}
 bench() {
     local inv t_repr experts
     inv=$(S inventory --json "$W/bench.gguf" 2>/dev/null | python3 -c "import json,sys; d=json.load(sys.stdin); print(d['t_repr_bytes'], d['expert_bytes'])") || { echo "inventory failed"; return 1; }
@@ -145,6 +171,7 @@ step build-cuda build_cuda
 step identity identity
 step forge forge
 step exactness matrix
+step copies copies
 step faults faults
 step bench bench
 echo "gpu-check ($mode): $(( $(date +%s) - T0 ))s; failed steps: ${FAILED[*]:-none}"

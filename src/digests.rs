@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-pub const FORMAT: &str = "sovereign.digests/2";
+pub const FORMAT: &str = "sovereign.digests/3";
 /// A cache file is not read past 64 KiB plus 1 KiB per range of the model (a range takes about
 /// 200 bytes of JSON), so a hostile one costs no more memory than the model's own manifest.
 const CACHE_BASE_BYTES: u64 = 64 << 10;
@@ -89,6 +89,9 @@ pub struct ExtentDigest {
     pub offset: u64,
     pub len: u64,
     pub blake3: String,
+    /// XXH3-128 of the same bytes (32 hex digits): what reads are verified with by default, at
+    /// memory speed. It detects corruption and wrong objects, not deliberate collisions.
+    pub xxh3: String,
 }
 
 /// The manifest proper; its digest is the SHA-256 of its canonical JSON, so it depends only on
@@ -132,7 +135,34 @@ struct CacheFile {
 pub struct ModelDigests {
     pub body: Body,
     pub manifest_sha256: String,
-    by_offset: HashMap<u64, (u64, [u8; 32])>,
+    by_offset: HashMap<u64, (u64, ExtentHashes)>,
+}
+
+/// How reads are verified against the manifest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Verify {
+    /// XXH3-128 (default): at memory speed; detects corruption and wrong objects.
+    #[default]
+    Xxh3,
+    /// BLAKE3: cryptographic, several times slower on the completion thread.
+    Blake3,
+}
+
+impl Verify {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verify::Xxh3 => "xxh3-128",
+            Verify::Blake3 => "blake3",
+        }
+    }
+}
+
+/// An expert extent's digests in the manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtentHashes {
+    pub blake3: [u8; 32],
+    pub xxh3: u128,
 }
 
 impl ModelDigests {
@@ -141,13 +171,15 @@ impl ModelDigests {
         let manifest_sha256 = body.digest()?;
         let mut by_offset = HashMap::with_capacity(body.experts.len());
         for e in &body.experts {
-            by_offset.insert(e.offset, (e.len, parse_hex(&e.blake3).with_context(|| format!("extent {}/{} {}", e.layer, e.expert, e.role))?));
+            let what = || format!("extent {}/{} {}", e.layer, e.expert, e.role);
+            let xxh3 = u128::from_str_radix(&e.xxh3, 16).ok().filter(|_| e.xxh3.len() == 32).with_context(|| format!("{}: XXH3 {:?} is not 32 hex digits", what(), e.xxh3))?;
+            by_offset.insert(e.offset, (e.len, ExtentHashes { blake3: parse_hex(&e.blake3).with_context(what)?, xxh3 }));
         }
         Ok(ModelDigests { body, manifest_sha256, by_offset })
     }
 
-    /// The digest of the expert extent `e`, if the manifest has exactly that extent.
-    pub fn extent(&self, e: Extent) -> Option<[u8; 32]> {
+    /// The digests of the expert extent `e`, if the manifest has exactly that extent.
+    pub fn extent(&self, e: Extent) -> Option<ExtentHashes> {
         self.by_offset.get(&e.offset).filter(|(len, _)| *len == e.len).map(|(_, d)| *d)
     }
 
@@ -440,7 +472,7 @@ pub fn build_body(path: &Path, inv: &Inventory) -> Result<Body> {
     }
     let (full_tx, full_rx) = sync_channel::<(crate::source::AlignedBuf, u64, usize)>(BLOCKS);
     let (whole_tx, whole_rx) = sync_channel::<(crate::source::AlignedBuf, usize)>(BLOCKS);
-    let (digests, whole) = std::thread::scope(|s| -> Result<(Vec<String>, String)> {
+    let (digests, whole) = std::thread::scope(|s| -> Result<(Vec<(String, String)>, String)> {
         // Owned here, so that an early return ends the other two threads.
         let (full_rx, whole_tx) = (full_rx, whole_tx);
         let reader = s.spawn(move || -> Result<()> {
@@ -475,6 +507,7 @@ pub fn build_body(path: &Path, inv: &Inventory) -> Result<Body> {
         let mut out = Vec::with_capacity(rs.len());
         let mut i = 0;
         let mut h = blake3::Hasher::new();
+        let mut x = xxhash_rust::xxh3::Xxh3::new();
         let mut expect = 0u64;
         while let Ok((buf, off, n)) = full_rx.recv() {
             if off != expect {
@@ -486,10 +519,14 @@ pub fn build_body(path: &Path, inv: &Inventory) -> Result<Body> {
                 let r = rs[i].1;
                 let (a, b) = (r.offset.max(off), r.end().min(end));
                 if a < b {
-                    h.update(&buf.as_slice()[(a - off) as usize..(b - off) as usize]);
+                    let bytes = &buf.as_slice()[(a - off) as usize..(b - off) as usize];
+                    h.update(bytes);
+                    x.update(bytes);
                 }
                 if r.end() <= end {
-                    out.push(std::mem::take(&mut h).finalize().to_hex().to_string());
+                    let xxh3 = format!("{:032x}", x.digest128());
+                    x.reset();
+                    out.push((std::mem::take(&mut h).finalize().to_hex().to_string(), xxh3));
                     i += 1;
                 } else {
                     break;
@@ -502,7 +539,7 @@ pub fn build_body(path: &Path, inv: &Inventory) -> Result<Body> {
         drop(whole_tx);
         // Empty ranges at the very end of the file.
         while i < rs.len() && rs[i].1.len == 0 && rs[i].1.offset == expect {
-            out.push(std::mem::take(&mut h).finalize().to_hex().to_string());
+            out.push((std::mem::take(&mut h).finalize().to_hex().to_string(), format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&[]))));
             i += 1;
         }
         reader.join().map_err(|_| anyhow!("the digest reader panicked"))??;
@@ -520,9 +557,9 @@ pub fn build_body(path: &Path, inv: &Inventory) -> Result<Body> {
         tensors: Vec::new(),
         experts: Vec::new(),
     };
-    for ((name, e, obj), blake3) in rs.into_iter().zip(digests) {
+    for ((name, e, obj), (blake3, xxh3)) in rs.into_iter().zip(digests) {
         match obj {
-            Some((layer, expert, role)) => body.experts.push(ExtentDigest { layer, expert, role, offset: e.offset, len: e.len, blake3 }),
+            Some((layer, expert, role)) => body.experts.push(ExtentDigest { layer, expert, role, offset: e.offset, len: e.len, blake3, xxh3 }),
             None if name == "header" && e.offset == 0 => body.header = RangeDigest { name, offset: 0, len: e.len, blake3 },
             None => body.tensors.push(RangeDigest { name, offset: e.offset, len: e.len, blake3 }),
         }

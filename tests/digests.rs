@@ -158,6 +158,7 @@ fn a_cached_digest_that_lies_is_caught_by_check_and_by_the_run() {
     let mut victims = 0;
     for e in doc["body"]["experts"].as_array_mut().unwrap().iter_mut().filter(|e| e["layer"] == 0) {
         e["blake3"] = "ab".repeat(32).into();
+        e["xxh3"] = "cd".repeat(16).into();
         victims += 1;
     }
     assert_eq!(victims, 16 * 3);
@@ -165,15 +166,23 @@ fn a_cached_digest_that_lies_is_caught_by_check_and_by_the_run() {
     doc["manifest_sha256"] = body.digest().unwrap().into();
     fs::write(&file, serde_json::to_vec(&doc).unwrap()).unwrap();
 
-    // Whatever layer 0 reads first is rejected.
-    let rec = t.path().join("run");
-    let r = sov(&cache, &["generate", "--model", m.to_str().unwrap(), "--prompt", "Digests that lie are caught.", "--n-predict", "2",
-        "--threads", "2", "--record", rec.to_str().unwrap(), "--experts", "plan", "--slots", "4", "--source", "p"]);
-    assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("failed closed") && r.stderr.contains("digest_mismatch"), "{}", r.stderr);
-    let record: Value = serde_json::from_str(&fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
-    assert_eq!(record["outcome"], "failed");
-    assert_eq!(record["experts"]["telemetry"]["rejections"]["digest_mismatch"], 1);
+    // Whatever layer 0 reads first is rejected, by the default XXH3 and by BLAKE3 alike.
+    for (name, verify) in [("run", None), ("run-blake3", Some("blake3"))] {
+        let rec = t.path().join(name);
+        let mut args = vec!["generate", "--model", m.to_str().unwrap(), "--prompt", "Digests that lie are caught.", "--n-predict", "2",
+            "--threads", "2", "--record", rec.to_str().unwrap(), "--experts", "plan", "--slots", "4", "--source", "p"];
+        if let Some(v) = verify {
+            args.extend_from_slice(&["--verify", v]);
+        }
+        let r = sov(&cache, &args);
+        assert_ne!(r.code, 0);
+        assert!(r.stderr.contains("failed closed") && r.stderr.contains("digest_mismatch"), "{}", r.stderr);
+        let record: Value = serde_json::from_str(&fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
+        assert_eq!(record["outcome"], "failed");
+        let t = &record["experts"]["telemetry"];
+        assert_eq!(t["rejections"]["digest_mismatch"], 1);
+        assert_eq!(t["digests"]["algorithm"], verify.map_or("xxh3-128", |_| "blake3"), "{}", t["digests"]);
+    }
 
     let r = sov(&cache, &["model", "digests", m.to_str().unwrap(), "--check"]);
     assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);

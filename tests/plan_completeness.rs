@@ -108,6 +108,7 @@ fn fewer_passes_than_groups_fail_the_decode_closed() {
         layer_buffers: 0,
         timeline_token: None,
         token_pass: None,
+        verify: None,
         fault: FaultCell::None,
     };
     let e = generate::run_with(&spec, |inv| {

@@ -170,6 +170,7 @@ fn manifest_sized_f_with_coalesced_and_direct_reads_is_exact() {
             let n = |v: &serde_json::Value| v.as_u64().unwrap();
             // The CPU's pools are plain host memory: copies are synchronous, and the record says so.
             let c = &r["experts"]["copy"];
+            assert_eq!(r["experts"]["m_source_bound"]["windows_memory"], "aligned mapping (every layer on the CPU)");
             assert_eq!((&c["synchronous"], &c["asynchronous"], &c["async_copies"]), (&serde_json::json!(["CPU"]), &serde_json::Value::Null, &serde_json::Value::Null), "{c}");
             if source == "d" {
                 // D stays the one-window synchronous baseline: one read per extent, via its window.

@@ -141,6 +141,8 @@ fn plan_on_the_rpc_device_is_exact_and_copies_every_byte() {
             // on its copy stream with an event.
             let c = &e["copy"];
             assert_eq!(c["asynchronous"], serde_json::json!(["RPC0"]), "{ty} {name}: {c}");
+            // The RPC device has no pinned host memory to offer: windows stay aligned mappings.
+            assert_eq!(e["m_source_bound"]["windows_memory"], "aligned mapping (RPC0 offers no host buffer type)");
             assert!(c["synchronous"].is_null(), "{ty} {name}: {c}");
             assert_eq!(c["async_copies"], e["telemetry"]["q_run"]["reads"], "{ty} {name}: {c}");
             assert!(e["telemetry"]["copies_abandoned"].is_null(), "none abandoned");

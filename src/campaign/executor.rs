@@ -162,6 +162,7 @@ fn plan_options(arm: &super::spec::Arm, fault: FaultCell) -> PlanOptions {
         fault,
         timeline_token: arm.timeline_token,
         token_pass: arm.token_pass,
+        verify: arm.verify,
     }
 }
 

@@ -233,6 +233,10 @@ pub struct Arm {
     /// still reads the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_pass: Option<u32>,
+    /// How the Plan verifies each read against the digest manifest: `xxh3` (default) or
+    /// `blake3`, as `generate --verify`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<crate::digests::Verify>,
     /// This arm runs `sovereign refine` (the campaign must name `refine` models).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refine: Option<RefineArm>,
@@ -570,6 +574,8 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
                     ("layer_buffers", a.layer_buffers.is_some()),
                     ("timeline_token", a.timeline_token.is_some()),
                     ("token_pass", a.token_pass.is_some()),
+        ("verify", a.verify.is_some()),
+                    ("verify", a.verify.is_some()),
                 ]) {
                     if *set {
                         out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` applies only to `experts: plan`", a.id.value)));

@@ -48,6 +48,10 @@ pub struct PlanArgs {
     /// the Plan still reads the others.
     #[arg(long)]
     token_pass: Option<u32>,
+    /// How each read is verified against the model's digest manifest (plan): xxh3 (XXH3-128,
+    /// at memory speed) or blake3. Default: xxh3.
+    #[arg(long, value_enum)]
+    verify: Option<sovereign::digests::Verify>,
 }
 
 impl PlanArgs {
@@ -62,6 +66,7 @@ impl PlanArgs {
             fault,
             timeline_token: self.timeline_token,
             token_pass: self.token_pass,
+            verify: self.verify,
         }
     }
 }

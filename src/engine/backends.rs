@@ -227,6 +227,60 @@ pub fn devices() -> Vec<Device> {
     }
 }
 
+/// Host memory from the host buffer type of the device layers are offloaded to (CUDA's pinned
+/// memory): the source's windows, so that copies from them are true asynchronous DMA.
+pub struct PinnedHost {
+    buf: sys::ggml_backend_buffer_t,
+}
+
+// SAFETY: a ggml buffer is plain memory owned by this value; ggml frees it once, in drop.
+unsafe impl Send for PinnedHost {}
+unsafe impl Sync for PinnedHost {}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `pinned_host`, freed once.
+        unsafe { sys::ggml_backend_buffer_free(self.buf) };
+    }
+}
+
+/// The host buffer type of the first offload device (GPU type: CUDA, RPC), with its name, or
+/// why there is none.
+pub fn offload_host_buffer_type() -> Result<(usize, String), String> {
+    ensure_loaded()?;
+    // SAFETY: registry queries on loaded modules; names are strings the modules own.
+    unsafe {
+        let dev = (0..sys::ggml_backend_dev_count())
+            .map(|i| sys::ggml_backend_dev_get(i))
+            .find(|&d| sys::ggml_backend_dev_type(d) == sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_GPU)
+            .ok_or("no offload device is registered")?;
+        let name = CStr::from_ptr(sys::ggml_backend_dev_name(dev)).to_string_lossy().into_owned();
+        let buft = sys::ggml_backend_dev_host_buffer_type(dev);
+        if buft.is_null() {
+            return Err(format!("{name} offers no host buffer type"));
+        }
+        Ok((buft as usize, CStr::from_ptr(sys::ggml_backend_buft_name(buft)).to_string_lossy().into_owned()))
+    }
+}
+
+/// `len` bytes (a multiple of 4096) of the offload device's host buffer type, 4096-aligned, and
+/// the buffer that owns them.
+pub fn pinned_host(buft: usize, len: usize) -> Result<(std::ptr::NonNull<u8>, PinnedHost), String> {
+    const PAGE: usize = 4096;
+    let buft = buft as sys::ggml_backend_buffer_type_t;
+    // SAFETY: a host buffer type from `offload_host_buffer_type`; the buffer is freed by PinnedHost.
+    unsafe {
+        let buf = sys::ggml_backend_buft_alloc_buffer(buft, len + PAGE);
+        if buf.is_null() {
+            return Err(format!("cannot allocate {len} bytes of pinned host memory"));
+        }
+        let owner = PinnedHost { buf };
+        let base = sys::ggml_backend_buffer_get_base(buf) as usize;
+        let p = std::ptr::NonNull::new(base.next_multiple_of(PAGE) as *mut u8).ok_or("the pinned buffer has no base")?;
+        Ok((p, owner))
+    }
+}
+
 /// Whether a GPU device is registered.
 pub fn has_gpu() -> bool {
     devices().iter().any(|d| d.kind == "gpu" || d.kind == "igpu")

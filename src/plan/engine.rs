@@ -8,7 +8,7 @@ use super::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, Pl
 use crate::engine::{ExpertSource, SlotPool};
 use crate::inventory::Inventory;
 use crate::source::fault::{FaultCell, FaultySource};
-use crate::source::{BufferedSource, Source, UringSource};
+use crate::source::{AlignedBuf, BufferedSource, Source, UringSource};
 use anyhow::{anyhow, bail, Result};
 use clap::ValueEnum;
 use serde::Serialize;
@@ -59,6 +59,9 @@ pub struct PlanOptions {
     /// a token selects lets the engine compute a layer's first groups while the rest is read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_pass: Option<u32>,
+    /// How each read is verified against the digest manifest (absent: XXH3-128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<crate::digests::Verify>,
 }
 
 pub struct PlanSource {
@@ -85,6 +88,8 @@ pub struct PlanSource {
     pool_bytes: u64,
     acquire_calls: u64,
     uring_registered: Option<bool>,
+    /// Where the windows live, as the record says it.
+    windows_memory: String,
     /// held_consumer: the deferred release and what was seen of its slots while it was held.
     held: Option<(u32, u32, Vec<(u32, u64)>)>,
     /// Evidence of the ownership-level cells, for their validators.
@@ -104,11 +109,12 @@ impl PlanSource {
         }
         let w = manifest.window_size;
         let sizing = Sizing::of(&manifest, &options);
+        let (mut alloc, windows_memory) = window_memory();
         let (source, registered): (Box<dyn Source>, Option<bool>) = match options.source {
-            SourceKind::P => (Box::new(BufferedSource::open(model, sizing.windows, w)?), None),
-            SourceKind::D => (Box::new(BufferedSource::open_direct(model, w)?), None),
+            SourceKind::P => (Box::new(BufferedSource::open_with(model, sizing.windows, w, &mut *alloc)?), None),
+            SourceKind::D => (Box::new(BufferedSource::open_direct_with(model, w, &mut *alloc)?), None),
             SourceKind::F => {
-                let s = UringSource::open(model, sizing.windows, w, sizing.depth)?;
+                let s = UringSource::open_with(model, sizing.windows, w, sizing.depth, &mut *alloc)?;
                 let r = s.registered();
                 (Box::new(s), Some(r))
             }
@@ -133,7 +139,7 @@ impl PlanSource {
         }
         // Every extent read is verified against the model's digest manifest.
         let digests = crate::digests::obtain(model, inv, None)?.digests;
-        plan.expect_digests(&digests).map_err(|e| anyhow!("{e}"))?;
+        plan.expect_digests(&digests, options.verify.unwrap_or_default()).map_err(|e| anyhow!("{e}"))?;
         Ok(PlanSource {
             coverage,
             plan,
@@ -152,6 +158,7 @@ impl PlanSource {
             pool_bytes: 0,
             acquire_calls: 0,
             uring_registered: registered,
+            windows_memory,
             held: None,
             fault_log: Vec::new(),
             fault_fired: 0,
@@ -220,6 +227,28 @@ impl Mark {
             compute.as_secs_f64(),
             (end.wait - self.wait).as_secs_f64(),
         ]
+    }
+}
+
+/// How the source's windows are allocated, and how the record says it: from the offload
+/// device's host buffer type (pinned: its copies are DMA the host need not stage) when layers
+/// are offloaded and the device offers one, else aligned mappings.
+fn window_memory() -> (Box<dyn FnMut(u64) -> Result<AlignedBuf>>, String) {
+    let aligned = |why: String| -> (Box<dyn FnMut(u64) -> Result<AlignedBuf>>, String) { (Box::new(AlignedBuf::new), format!("aligned mapping ({why})")) };
+    let p = crate::engine::placement();
+    if p.gpu_layers == 0 {
+        return aligned("every layer on the CPU".into());
+    }
+    match crate::engine::backends::offload_host_buffer_type() {
+        Err(why) => aligned(why),
+        Ok((buft, name)) => (
+            Box::new(move |len| {
+                let (ptr, owner) = crate::engine::backends::pinned_host(buft, len as usize).map_err(|e| anyhow!(e))?;
+                // SAFETY: `pinned_host` gives `len` bytes at `ptr` that `owner` keeps until it drops.
+                unsafe { AlignedBuf::foreign(ptr, len as usize, Box::new(owner)) }
+            }),
+            format!("pinned ({name})"),
+        ),
     }
 }
 
@@ -558,6 +587,7 @@ impl PlanSource {
                 windows_bytes: windows * m.window_size,
                 queue_entries: if self.options.source == SourceKind::F { self.sizing.depth } else { 1 },
                 plan_struct_bytes: meta,
+                windows_memory: Some(self.windows_memory.clone()),
             },
             telemetry: tel,
             closure,

@@ -98,6 +98,10 @@ pub struct SourceBound {
     pub n_windows: u64,
     pub window_bytes: u64,
     pub windows_bytes: u64,
+    /// Where the windows live: `pinned (<host buffer type>)` when the offload device offers
+    /// one, else `aligned mapping (<why>)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows_memory: Option<String>,
     pub queue_entries: u32,
     pub plan_struct_bytes: u64,
 }

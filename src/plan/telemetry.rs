@@ -172,6 +172,10 @@ pub struct DigestCheck {
     pub bytes: u64,
     /// Time hashing them, on the thread that takes completions.
     pub hash_ns: u64,
+    /// The algorithm (`xxh3-128`, `blake3`); absent in records from before the choice, which
+    /// verified with BLAKE3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
 }
 
 /// The terminal ledger of a Plan.

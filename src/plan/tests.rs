@@ -1034,7 +1034,7 @@ fn room_freed_by_a_wait_is_refilled_before_the_completion_is_verified() {
     let inner = BufferedSource::open(&m.path, 4, manifest.window_size).unwrap();
     let source = Shallow { inner, depth: 3, reaped: VecDeque::new(), log: log.clone() };
     let mut p = Plan::new(manifest, &spec, Box::new(source)).unwrap();
-    p.expect_digests(digests()).unwrap();
+    p.expect_digests(digests(), crate::digests::Verify::Xxh3).unwrap();
     let ids = [9, 2, 14, 6];
     let slots = acq(&mut p, 1, 0, &ids).unwrap();
     for (&id, &s) in ids.iter().zip(&slots) {
@@ -1074,7 +1074,7 @@ fn streaming_plan(policy: &str, n_slots: u32, n_used: usize, per_pass: u32) -> P
     let inner = BufferedSource::open(&m.path, n_slots, manifest.window_size).unwrap();
     let source = Shallow { inner, depth: 3, reaped: VecDeque::new(), log };
     let mut p = Plan::new(manifest, &spec, Box::new(source)).unwrap();
-    p.expect_digests(digests()).unwrap();
+    p.expect_digests(digests(), crate::digests::Verify::Xxh3).unwrap();
     p.stream_token_passes(n_used, per_pass);
     p
 }
@@ -1267,7 +1267,7 @@ fn plan_faulty(cell: crate::source::fault::FaultCell, verify: bool) -> Plan {
     let inner = BufferedSource::open(&m.path, 2, manifest.window_size).unwrap();
     let mut p = Plan::new(manifest, &spec, crate::source::fault::FaultySource::wrap(Box::new(inner), cell)).unwrap();
     if verify {
-        p.expect_digests(digests()).unwrap();
+        p.expect_digests(digests(), crate::digests::Verify::Xxh3).unwrap();
     }
     p
 }
@@ -1339,7 +1339,7 @@ fn a_manifest_without_the_extent_is_refused() {
     let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
     let inner = BufferedSource::open(&m.path, 1, manifest.window_size).unwrap();
     let mut p = Plan::new(manifest, &spec, Box::new(inner)).unwrap();
-    let e = p.expect_digests(&partial).unwrap_err().to_string();
+    let e = p.expect_digests(&partial, crate::digests::Verify::Xxh3).unwrap_err().to_string();
     assert!(e.contains("object 2/5 up") && e.contains("has no extent"), "{e}");
 }
 
@@ -1359,11 +1359,39 @@ fn a_flipped_byte_read_straight_into_a_slot_is_caught_by_the_digest() {
     assert_eq!((0..want.len()).filter(|&i| got[i] != want[i]).collect::<Vec<_>>(), vec![want.len() / 2]);
     p.release(1, 0).unwrap();
     assert!(p.shutdown().unwrap().is_clean());
-    // With it, the slot's own bytes are hashed and the completion is rejected.
-    let mut p = uring_plan(m, 4, None, FaultCell::CorruptByte);
-    p.expect_digests(&d).unwrap();
-    let err = acq(&mut p, 1, 0, &[6]).unwrap_err();
-    assert!(matches!(&err, PlanError::Rejected { kind: RejectKind::DigestMismatch, .. }), "{err:?}");
-    assert_eq!(p.telemetry().loads, 0);
-    assert_failed_closed_direct(p, 1, None);
+    // With it, the slot's own bytes are hashed and the completion is rejected, by either
+    // algorithm, and the record names the one that ran.
+    for with in [crate::digests::Verify::Xxh3, crate::digests::Verify::Blake3] {
+        let mut p = uring_plan(m, 4, None, FaultCell::CorruptByte);
+        p.expect_digests(&d, with).unwrap();
+        let err = acq(&mut p, 1, 0, &[6]).unwrap_err();
+        assert!(matches!(&err, PlanError::Rejected { kind: RejectKind::DigestMismatch, .. }), "{err:?}");
+        assert!(err.to_string().contains(with.name()), "{err}");
+        assert_eq!(p.telemetry().digests.unwrap().algorithm.as_deref(), Some(with.name()));
+        assert_eq!(p.telemetry().loads, 0);
+        assert_failed_closed_direct(p, 1, None);
+    }
+}
+
+#[test]
+fn the_manifest_holds_each_extents_xxh3_of_its_own_bytes_and_both_algorithms_pass_clean_reads() {
+    let m = model();
+    let d = digests();
+    for e in &d.body.experts {
+        let bytes = &m.bytes[e.offset as usize..(e.offset + e.len) as usize];
+        assert_eq!(e.xxh3, format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes)), "{}/{} {}", e.layer, e.expert, e.role);
+        assert_eq!(e.blake3, blake3::hash(bytes).to_hex().to_string());
+    }
+    for with in [crate::digests::Verify::Xxh3, crate::digests::Verify::Blake3] {
+        let spec: PolicySpec = "zero".parse().unwrap();
+        let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
+        let source = BufferedSource::open(&m.path, 4, manifest.window_size).unwrap();
+        let mut p = Plan::new(manifest, &spec, Box::new(source)).unwrap();
+        p.expect_digests(d, with).unwrap();
+        acq(&mut p, 1, 0, &[3, 7]).unwrap();
+        let check = p.telemetry().digests.unwrap();
+        assert_eq!((check.extents, check.algorithm.as_deref()), (6, Some(with.name())), "{check:?}");
+        p.release(1, 0).unwrap();
+        assert!(p.shutdown().unwrap().is_clean());
+    }
 }

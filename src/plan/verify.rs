@@ -4,18 +4,30 @@
 
 use super::telemetry::DigestCheck;
 use super::{ObjectId, Plan, PlanError, RejectKind, Ticket};
-use crate::digests::ModelDigests;
+use crate::digests::{ExtentHashes, ModelDigests, Verify};
 use std::collections::HashMap;
 use std::time::Instant;
 
-/// The expected SHA-256 of every extent of every managed object, in role order.
-pub(super) type Expected = HashMap<ObjectId, Vec<[u8; 32]>>;
+/// The expected digests of every extent of every managed object, in role order, and the one
+/// reads are checked with.
+pub(super) struct Expected {
+    by_object: HashMap<ObjectId, Vec<ExtentHashes>>,
+    with: Verify,
+}
+
+/// A digest of either algorithm, for messages.
+fn hex_of(with: Verify, h: &ExtentHashes) -> String {
+    match with {
+        Verify::Xxh3 => format!("{:032x}", h.xxh3),
+        Verify::Blake3 => hex::encode(h.blake3),
+    }
+}
 
 impl Plan {
-    /// Verifies every extent read from now on against `d`; refused where `d` lacks one of the
-    /// manifest's extents.
-    pub fn expect_digests(&mut self, d: &ModelDigests) -> Result<(), PlanError> {
-        let mut expected = Expected::with_capacity(self.manifest.objects.len());
+    /// Verifies every extent read from now on against `d` with `with`; refused where `d` lacks
+    /// one of the manifest's extents.
+    pub fn expect_digests(&mut self, d: &ModelDigests, with: Verify) -> Result<(), PlanError> {
+        let mut expected = HashMap::with_capacity(self.manifest.objects.len());
         for o in &self.manifest.objects {
             let mut v = Vec::with_capacity(o.extents.len());
             for e in &o.extents {
@@ -35,8 +47,8 @@ impl Plan {
             }
             expected.insert(o.id, v);
         }
-        self.digests = Some(expected);
-        self.tel.digests = Some(DigestCheck { manifest_sha256: d.manifest_sha256.clone(), ..Default::default() });
+        self.digests = Some(Expected { by_object: expected, with });
+        self.tel.digests = Some(DigestCheck { manifest_sha256: d.manifest_sha256.clone(), algorithm: Some(with.name().into()), ..Default::default() });
         Ok(())
     }
 
@@ -56,29 +68,38 @@ impl Plan {
 
     /// Hashes `t`'s landed extent and compares it with the manifest: a mismatch is a rejection.
     pub(super) fn verify_extent(&mut self, li: usize, t: &Ticket, direct: bool) -> Result<(), PlanError> {
-        let Some(want) = self.digests.as_ref().map(|d| d.get(&t.object).map(|v| v[t.extent as usize])) else {
+        let Some((want, with)) = self.digests.as_ref().map(|d| (d.by_object.get(&t.object).map(|v| v[t.extent as usize]), d.with)) else {
             return Ok(());
         };
         let started = Instant::now();
         let bytes = self.landed(li, t, direct);
         let len = bytes.len() as u64;
-        let got: [u8; 32] = *blake3::hash(bytes).as_bytes();
+        let (ok, got) = match with {
+            Verify::Xxh3 => {
+                let x = xxhash_rust::xxh3::xxh3_128(bytes);
+                (want.is_some_and(|w| w.xxh3 == x), format!("{x:032x}"))
+            }
+            Verify::Blake3 => {
+                let b: [u8; 32] = *blake3::hash(bytes).as_bytes();
+                (want.is_some_and(|w| w.blake3 == b), hex::encode(b))
+            }
+        };
         let ns = started.elapsed().as_nanos() as u64;
         let check = self.tel.digests.get_or_insert_with(Default::default);
         check.hash_ns += ns;
         check.extents += 1;
         check.bytes += len;
-        if want != Some(got) {
+        if !ok {
             let manifest = check.manifest_sha256.clone();
             return Err(self.reject(
                 RejectKind::DigestMismatch,
                 t.id,
                 format!(
-                    "object {} extent {}: its {len} bytes hash to {}, the digest manifest {manifest} says {}",
+                    "object {} extent {}: its {len} bytes hash to {got} ({}), the digest manifest {manifest} says {}",
                     t.object,
                     t.extent,
-                    hex::encode(got),
-                    want.map_or("nothing".into(), hex::encode)
+                    with.name(),
+                    want.map_or("nothing".into(), |w| hex_of(with, &w))
                 ),
             ));
         }

@@ -324,7 +324,12 @@ pub struct AlignedBuf {
     /// the bytes advised huge pages.
     mapped: usize,
     advised: usize,
+    /// Memory another allocator owns (a device's pinned host buffer), freed when this drops.
+    owner: Option<Box<dyn Send + Sync>>,
 }
+
+/// How a source gets each of its windows (`AlignedBuf::new` unless a device offers pinned memory).
+pub type WindowAlloc<'a> = &'a mut dyn FnMut(u64) -> Result<AlignedBuf>;
 
 // SAFETY: the buffer is plain owned memory; access goes through &self / &mut self.
 unsafe impl Send for AlignedBuf {}
@@ -343,7 +348,23 @@ impl AlignedBuf {
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(ptr) else { bail!("cannot allocate {size} aligned bytes") };
-        Ok(AlignedBuf { ptr, layout, mapped: 0, advised: 0 })
+        Ok(AlignedBuf { ptr, layout, mapped: 0, advised: 0, owner: None })
+    }
+
+    /// `len` bytes at `ptr` that `owner` keeps allocated (freed when the buffer drops); zeroed
+    /// here. Refused unless `ptr` is [`ALIGN`]-aligned and `len` a multiple of it.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes for as long as `owner` lives, and
+    /// nothing else may use that memory meanwhile.
+    pub unsafe fn foreign(ptr: NonNull<u8>, len: usize, owner: Box<dyn Send + Sync>) -> Result<AlignedBuf> {
+        if ptr.as_ptr() as usize % ALIGN as usize != 0 || len == 0 || len as u64 % ALIGN != 0 {
+            bail!("foreign window memory at {ptr:p} of {len} bytes is not {ALIGN}-aligned");
+        }
+        // SAFETY: the caller's contract; the memory is ours alone.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+        let layout = Layout::from_size_align(len, ALIGN as usize).context("buffer layout")?;
+        Ok(AlignedBuf { ptr, layout, mapped: 0, advised: 0, owner: Some(owner) })
     }
 
     /// A buffer of its own mapping at a 2 MiB boundary, rounded up to whole 2 MiB pages, with
@@ -373,7 +394,7 @@ impl AlignedBuf {
         }
         let advised = advise_huge(start as *mut u8, mapped);
         let layout = Layout::from_size_align(size, ALIGN as usize).context("buffer layout")?;
-        Ok(AlignedBuf { ptr: NonNull::new(start as *mut u8).expect("a mapping is never at 0"), layout, mapped, advised })
+        Ok(AlignedBuf { ptr: NonNull::new(start as *mut u8).expect("a mapping is never at 0"), layout, mapped, advised, owner: None })
     }
 
     pub fn len(&self) -> usize {
@@ -417,6 +438,10 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.owner.take().is_some() {
+            // The owner freed the memory as it dropped.
+            return;
+        }
         if self.mapped > 0 {
             // SAFETY: the mapping made in `huge`, unmapped once.
             unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
@@ -477,21 +502,31 @@ impl BufferedSource {
     /// Opens `path` and allocates `n_windows` windows of `window_size` bytes (rounded up to
     /// [`ALIGN`]); nothing else is allocated afterwards.
     pub fn open(path: &Path, n_windows: u32, window_size: u64) -> Result<BufferedSource> {
+        Self::open_with(path, n_windows, window_size, &mut AlignedBuf::new)
+    }
+
+    /// P with each window from `alloc`.
+    pub fn open_with(path: &Path, n_windows: u32, window_size: u64, alloc: WindowAlloc) -> Result<BufferedSource> {
         if n_windows == 0 {
             bail!("a source needs at least one window");
         }
         let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-        Self::with_file(file, n_windows, window_size)
+        Self::with_file(file, n_windows, window_size, alloc)
     }
 
     /// D: blocking `O_DIRECT` reads into one aligned window; the page cache never holds them.
     pub fn open_direct(path: &Path, window_size: u64) -> Result<BufferedSource> {
-        Self::with_file(open_direct(path)?, 1, window_size)
+        Self::open_direct_with(path, window_size, &mut AlignedBuf::new)
     }
 
-    fn with_file(file: File, n_windows: u32, window_size: u64) -> Result<BufferedSource> {
+    /// D with its window from `alloc`.
+    pub fn open_direct_with(path: &Path, window_size: u64, alloc: WindowAlloc) -> Result<BufferedSource> {
+        Self::with_file(open_direct(path)?, 1, window_size, alloc)
+    }
+
+    fn with_file(file: File, n_windows: u32, window_size: u64, alloc: WindowAlloc) -> Result<BufferedSource> {
         let window_size = align_up(window_size);
-        let windows = (0..n_windows).map(|_| AlignedBuf::new(window_size)).collect::<Result<_>>()?;
+        let windows = (0..n_windows).map(|_| alloc(window_size)).collect::<Result<_>>()?;
         Ok(BufferedSource { file, windows, window_size, queue: VecDeque::new(), stats: SourceStats::default() })
     }
 }
@@ -582,6 +617,28 @@ mod tests {
         b.as_mut_slice()[(3 << 20) - 1] = 7;
         assert!(b.flip(0));
         assert_eq!((b.as_slice()[0], b.as_slice()[(3 << 20) - 1]), (0xff, 7));
+        // Memory another allocator owns: aligned only, zeroed, and freed by its owner alone.
+        struct Owner(std::sync::Arc<std::sync::atomic::AtomicBool>, Layout);
+        impl Drop for Owner {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let layout = Layout::from_size_align(3 * 4096, 4096).unwrap();
+        // SAFETY: a fresh allocation of that layout, freed below after the buffer dropped.
+        let raw = NonNull::new(unsafe { std::alloc::alloc(layout) }).unwrap();
+        unsafe { std::ptr::write_bytes(raw.as_ptr(), 0xa5, layout.size()) };
+        let freed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // SAFETY: valid for its size until freed below; nothing else uses it.
+        let f = unsafe { AlignedBuf::foreign(raw, layout.size(), Box::new(Owner(freed.clone(), layout))) }.unwrap();
+        assert!(f.as_slice().iter().all(|&b| b == 0) && f.len() == 3 * 4096);
+        drop(f);
+        assert!(freed.load(std::sync::atomic::Ordering::SeqCst));
+        // SAFETY: an address inside the allocation, refused before anything is written.
+        let off = NonNull::new(unsafe { raw.as_ptr().add(512) }).unwrap();
+        assert!(unsafe { AlignedBuf::foreign(off, 4096, Box::new(())) }.is_err());
+        assert!(unsafe { AlignedBuf::foreign(raw, 5000, Box::new(())) }.is_err());
+        unsafe { std::alloc::dealloc(raw.as_ptr(), layout) };
         let small = AlignedBuf::new(8192).unwrap();
         assert_eq!(small.as_ptr() as u64 % ALIGN, 0);
         let forced = AlignedBuf::huge(5000).unwrap();

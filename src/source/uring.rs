@@ -76,12 +76,17 @@ impl UringSource {
     /// Opens `path` with O_DIRECT, allocates and registers `n_windows` windows of `window_size`
     /// bytes, and allows at most `depth` reads (SQEs) in flight.
     pub fn open(path: &Path, n_windows: u32, window_size: u64, depth: u32) -> Result<UringSource> {
+        Self::open_with(path, n_windows, window_size, depth, &mut AlignedBuf::new)
+    }
+
+    /// The same with each window from `alloc` (pinned host memory of a device, where it has one).
+    pub fn open_with(path: &Path, n_windows: u32, window_size: u64, depth: u32, alloc: super::WindowAlloc) -> Result<UringSource> {
         if n_windows == 0 || depth == 0 {
             bail!("the asynchronous source needs at least one window and a depth of at least one");
         }
         let file = open_direct(path)?;
         let window_size = super::align_up(window_size);
-        let windows: Vec<AlignedBuf> = (0..n_windows).map(|_| AlignedBuf::new(window_size)).collect::<Result<_>>()?;
+        let windows: Vec<AlignedBuf> = (0..n_windows).map(|_| alloc(window_size)).collect::<Result<_>>()?;
         let depth = depth as usize;
         let ring = IoUring::new(depth.next_power_of_two().max(2) as u32)
             .context("io_uring is not available on this host (use --source d)")?;
