@@ -146,6 +146,58 @@ pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
     Ok(f)
 }
 
+/// Caps on the files the harness reads whole: each one is a regular file, stat'ed first, and
+/// read no further than its cap (a file that grows while read is refused too).
+pub const MAX_CAMPAIGN_FILE_BYTES: u64 = 4 << 20;
+pub const MAX_LEDGER_BYTES: u64 = 64 << 20;
+pub const MAX_PROMPT_FILE_BYTES: u64 = 64 << 20;
+pub const MAX_RECORD_JSON_BYTES: u64 = 256 << 20;
+pub const MAX_JOURNAL_BYTES: u64 = 1 << 30;
+/// A campaign id names directories: at most this many bytes of `[A-Za-z0-9._-]`.
+pub const MAX_CAMPAIGN_ID_BYTES: usize = 128;
+
+/// Reads the regular file `path` whole, refusing anything else (a device, a FIFO) and anything
+/// over `cap` bytes, with one line that names the file and `what` it is.
+pub fn read_file(what: &str, path: &Path, cap: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let f = open_regular(path).with_context(|| format!("{}: cannot read {what}", path.display()))?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if len > cap {
+        bail!("{}: {what} of {len} bytes is over the {cap}-byte limit", path.display());
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    f.take(cap + 1).read_to_end(&mut out).with_context(|| format!("{}: cannot read {what}", path.display()))?;
+    if out.len() as u64 > cap {
+        bail!("{}: {what} grew past the {cap}-byte limit while it was read", path.display());
+    }
+    Ok(out)
+}
+
+/// [`read_file`] for text: refused, with the byte offset, unless UTF-8.
+pub fn read_text(what: &str, path: &Path, cap: u64) -> Result<String> {
+    String::from_utf8(read_file(what, path, cap)?).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let before = &e.as_bytes()[..at];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = at - before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) + 1;
+        anyhow::anyhow!("{}:{line}:{column}: {what} is not UTF-8 (invalid byte at offset {at})", path.display())
+    })
+}
+
+/// A campaign id: bounded, and only characters that are safe in a directory name.
+pub fn campaign_id(id: &str) -> std::result::Result<(), String> {
+    if id.is_empty() || id.len() > MAX_CAMPAIGN_ID_BYTES {
+        return Err(format!("the campaign id must have 1 to {MAX_CAMPAIGN_ID_BYTES} bytes (it has {})", id.len()));
+    }
+    if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(format!("the campaign id may use letters, digits, `.`, `_` and `-` only (found {c:?})"));
+    }
+    if id.starts_with('.') {
+        return Err("the campaign id may not start with `.`".into());
+    }
+    Ok(())
+}
+
 /// A prompt must be UTF-8: llama.cpp's tokenizer aborts the process on an invalid sequence.
 pub fn prompt_text(what: &str, bytes: &[u8]) -> Result<()> {
     if let Err(e) = std::str::from_utf8(bytes) {

@@ -267,7 +267,7 @@ impl GenerateCell {
     pub fn prompt_bytes(&self) -> Result<Vec<u8>> {
         match &self.prompt {
             Prompt::Text(t) => Ok(t.as_bytes().to_vec()),
-            Prompt::File(f) => std::fs::read(f).with_context(|| format!("{}: cannot read prompt file", f.display())),
+            Prompt::File(f) => bounds::read_file("the prompt file", f, bounds::MAX_PROMPT_FILE_BYTES),
         }
     }
 }
@@ -281,7 +281,7 @@ impl RefineCell {
 /// A prompts file (one prompt per non-empty line): a regular file of text.
 pub fn read_prompts(path: &Path) -> Result<Vec<u8>> {
     bounds::regular_file("--prompts", path)?;
-    let b = std::fs::read(path).with_context(|| format!("{}: cannot read prompts", path.display()))?;
+    let b = bounds::read_file("the prompts file", path, bounds::MAX_PROMPT_FILE_BYTES)?;
     bounds::prompt_text(&path.display().to_string(), &b)?;
     Ok(b)
 }
@@ -505,7 +505,7 @@ pub fn worker(spec: &Path) -> Result<Done> {
         t
     } else {
         bounds::regular_file("cell spec", spec)?;
-        std::fs::read_to_string(spec).with_context(|| format!("{}: cannot read the cell spec", spec.display()))?
+        bounds::read_text("the cell spec", spec, bounds::MAX_CELL_SPEC_BYTES)?
     };
     let cell: Cell = serde_json::from_str(&text).with_context(|| format!("{}: not a cell spec", spec.display()))?;
     if cell.record().as_os_str().is_empty() {

@@ -143,7 +143,7 @@ impl Report {
 }
 
 pub fn load_ledger(path: &Path) -> Result<Ledger> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read the ledger", path.display()))?;
+    let text = crate::bounds::read_text("the ledger", path, crate::bounds::MAX_LEDGER_BYTES)?;
     let l: Ledger = serde_json::from_str(&text).with_context(|| format!("{}: not a claim ledger", path.display()))?;
     if l.format != LEDGER_FORMAT {
         bail!("{}: format {:?}, expected {LEDGER_FORMAT:?}", path.display(), l.format);
@@ -180,7 +180,7 @@ impl<'a> Records<'a> {
         let key = (alias.to_string(), file.to_string());
         if !self.docs.contains_key(&key) {
             let p = self.dir(alias)?.join(inside_record(file)?);
-            let text = std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
+            let text = crate::bounds::read_text("a record document", &p, crate::bounds::MAX_RECORD_JSON_BYTES)?;
             let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))?;
             self.docs.insert(key.clone(), v);
         }

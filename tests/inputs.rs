@@ -180,6 +180,50 @@ fn campaign_check_applies_the_same_bounds() {
     }
 }
 
+/// Files read whole are regular files with a cap: a device is refused at once, an oversized or
+/// non-UTF-8 campaign file names itself (with the position of the bad byte), and a campaign id
+/// that would not make a directory name is refused by `check`, at its position.
+#[test]
+fn files_read_whole_are_bounded_and_named() {
+    let d = tmp("bounded");
+    fs::write(d.join("m.gguf"), b"model").unwrap();
+    fs::write(d.join("p.txt"), b"prompt").unwrap();
+    let t = Instant::now();
+    let r = run_bounded(&refs(&os(&["verify", "--ledger", "/dev/zero", "--claim", "c"])), 10);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("/dev/zero: cannot read the ledger") && r.stderr.contains("not a regular file"), "{}", r.stderr);
+    assert!(t.elapsed() < Duration::from_secs(5), "a device is refused before it is read");
+
+    let big = d.join("big.yaml");
+    fs::write(&big, vec![b'#'; (sovereign::bounds::MAX_CAMPAIGN_FILE_BYTES + 1) as usize]).unwrap();
+    let r = run_bounded(&refs(&os(&["campaign", "check", big.to_str().unwrap()])), 10);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("big.yaml: the campaign file of 4194305 bytes is over the 4194304-byte limit"), "{}", r.stderr);
+
+    let bad = d.join("bad.yaml");
+    fs::write(&bad, b"id: ok\nmodel:\n  path: m\xffgguf\n").unwrap();
+    let r = run_bounded(&refs(&os(&["campaign", "check", bad.to_str().unwrap()])), 10);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("bad.yaml:3:10: the campaign file is not UTF-8"), "{}", r.stderr);
+
+    for (id, needle) in [("a".repeat(129), "1 to 128 bytes"), ("ok/../x".to_string(), "found '/'"), (".hidden".to_string(), "may not start with `.`")] {
+        let r = campaign_with(&d, |t| {
+            let at = t.find("\nid: ").map(|i| i + 1).unwrap_or_else(|| if t.starts_with("id: ") { 0 } else { panic!("no id line") });
+            let end = at + t[at..].find('\n').unwrap();
+            format!("{}id: {id:?}{}", &t[..at], &t[end..])
+        });
+        assert_eq!(r.code, 1, "{id}: {}{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains(needle) && r.stderr.contains("c.yaml:"), "{id}: {}", r.stderr);
+    }
+    // The id at the limit is fine.
+    let r = campaign_with(&d, |t| {
+        let at = t.find("\nid: ").map(|i| i + 1).unwrap_or(0);
+        let end = at + t[at..].find('\n').unwrap();
+        format!("{}id: {}{}", &t[..at], "a".repeat(128), &t[end..])
+    });
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+}
+
 /// Rewrites the model `src` into `dst` through the project's GGUF writer: metadata whose key
 /// `keep_kv` accepts, and the tensor directory `tensors` returns. A tensor kept with its name,
 /// type and shape keeps its payload; any other is zeros.

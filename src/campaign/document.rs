@@ -9,7 +9,6 @@ use super::spec::{Admission, FaultCell, Relation};
 use crate::oracle::fault::Verdict;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use std::fs;
 use std::path::Path;
 
 pub const CELL_FILE: &str = "cell.json";
@@ -77,6 +76,6 @@ pub struct OracleRef {
 /// Reads `cell.json` of a sealed record.
 pub fn read_cell(dir: &Path) -> Result<CellDocument> {
     let p = dir.join(CELL_FILE);
-    let text = fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
+    let text = crate::bounds::read_text("a cell document", &p, crate::bounds::MAX_RECORD_JSON_BYTES)?;
     serde_json::from_str(&text).with_context(|| format!("{}: not a cell document", p.display()))
 }

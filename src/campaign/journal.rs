@@ -118,7 +118,7 @@ impl Journal {
         if !path.exists() {
             return Ok(Vec::new());
         }
-        let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let text = crate::bounds::read_text("the journal", path, crate::bounds::MAX_JOURNAL_BYTES)?;
         Ok(parse(path, &text)?.0)
     }
 
@@ -140,7 +140,7 @@ impl Journal {
     /// line is cut off and the repair itself journaled.
     pub fn open(path: &Path) -> Result<(Journal, Vec<Entry>)> {
         let text = if path.exists() {
-            std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?
+            crate::bounds::read_text("the journal", path, crate::bounds::MAX_JOURNAL_BYTES)?
         } else {
             String::new()
         };

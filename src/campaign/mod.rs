@@ -59,7 +59,7 @@ impl Loaded {
 
 /// Reads and checks a campaign file; errors are `FILE:line:column: message`, one per line.
 pub fn load(file: &Path) -> Result<Loaded> {
-    let source = std::fs::read_to_string(file).with_context(|| format!("{}: cannot read", file.display()))?;
+    let source = crate::bounds::read_text("the campaign file", file, crate::bounds::MAX_CAMPAIGN_FILE_BYTES)?;
     let spec = parse(&source).map_err(|d| {
         anyhow::anyhow!(d.iter().map(|d| d.render(&file.display().to_string())).collect::<Vec<_>>().join("\n"))
     })?;
@@ -71,7 +71,7 @@ pub fn load(file: &Path) -> Result<Loaded> {
 
 /// `campaign check`: the diagnostics of a file (empty: it is well formed).
 pub fn check(file: &Path) -> Result<Vec<String>> {
-    let source = std::fs::read_to_string(file).with_context(|| format!("{}: cannot read", file.display()))?;
+    let source = crate::bounds::read_text("the campaign file", file, crate::bounds::MAX_CAMPAIGN_FILE_BYTES)?;
     let base = match file.parent() {
         Some(b) if !b.as_os_str().is_empty() => b.to_path_buf(),
         _ => PathBuf::from("."),
@@ -145,7 +145,10 @@ impl CampaignDir {
 pub fn frozen(results: &Path, id: &str) -> Result<(Campaign, String)> {
     let dir = CampaignDir::new(results, id);
     let path = dir.campaign_json();
-    let text = std::fs::read_to_string(&path).with_context(|| format!("campaign `{id}` is not preregistered under {}", results.display()))?;
+    if !path.exists() {
+        anyhow::bail!("campaign `{id}` is not preregistered under {}", results.display());
+    }
+    let text = crate::bounds::read_text("the frozen campaign", &path, 4 * crate::bounds::MAX_CAMPAIGN_FILE_BYTES)?;
     let spec: Campaign = serde_json::from_str(&text).with_context(|| format!("{}: not a campaign", path.display()))?;
     Ok((spec, crate::util::sha256(text.as_bytes())))
 }

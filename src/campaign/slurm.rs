@@ -94,10 +94,12 @@ fn ended(state: &str) -> bool {
 
 pub fn submissions(dir: &CampaignDir) -> Result<Vec<Submission>> {
     let path = dir.root.join(SUBMISSIONS_FILE);
-    let text = match fs::read_to_string(&path) {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = match crate::bounds::read_text("the submissions file", &path, crate::bounds::MAX_JOURNAL_BYTES) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("{}: cannot read", path.display())),
+        Err(e) => return Err(e),
     };
     text.lines()
         .enumerate()

@@ -483,8 +483,8 @@ fn valid_name(s: &str, extra: &[char]) -> bool {
 /// Semantic checks that the types cannot express.
 pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     let mut out = Vec::new();
-    if !valid_name(&c.id, &['.']) || c.id.starts_with('.') {
-        out.push(Diagnostic::at(&c.id, format!("campaign id {:?} must be letters, digits, `.`, `_`, `-`", c.id.value)));
+    if let Err(e) = crate::bounds::campaign_id(&c.id.value) {
+        out.push(Diagnostic::at(&c.id, e));
     }
     if c.workload.outputs == 0 || c.workload.outputs > crate::bounds::MAX_N_PREDICT {
         out.push(Diagnostic { line: 0, column: 0, message: format!("workload.outputs must lie in 1..={}", crate::bounds::MAX_N_PREDICT) });

@@ -22,7 +22,7 @@ pub use eval::{evaluate, Evaluation, Verdict};
 pub use from_record::{from_record, RecordOptions};
 
 use crate::spec::{At, Diagnostic};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -333,7 +333,7 @@ pub fn parse(text: &str) -> std::result::Result<Certificate, Vec<Diagnostic>> {
 
 /// Reads and checks a certificate file; problems are `FILE:line:column: message`, one per line.
 pub fn load(file: &Path) -> Result<Certificate> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("{}: cannot read", file.display()))?;
+    let text = crate::bounds::read_text("the certificate", file, crate::bounds::MAX_CAMPAIGN_FILE_BYTES)?;
     parse(&text).map_err(|d| anyhow::anyhow!(d.iter().map(|d| d.render(&file.display().to_string())).collect::<Vec<_>>().join("\n")))
 }
 

@@ -730,7 +730,10 @@ impl Serialize for TypedRecord {
 /// wrong shape is one error naming the file.
 pub fn load_typed(dir: &Path) -> Result<TypedRecord> {
     let path = dir.join(RECORD_FILE);
-    let text = std::fs::read_to_string(&path).with_context(|| format!("{}: not a record", dir.display()))?;
+    if !path.exists() {
+        anyhow::bail!("{}: not a record (no {})", dir.display(), path.display());
+    }
+    let text = crate::bounds::read_text("a record", &path, crate::bounds::MAX_RECORD_JSON_BYTES)?;
     parse(&path, &text)
 }
 

@@ -169,7 +169,10 @@ impl Staging {
 /// Reads a record's `record.json` as loose JSON plus its surfaces.
 pub fn load(dir: &Path) -> Result<(serde_json::Value, BTreeMap<String, Surface>)> {
     let path = dir.join(RECORD_FILE);
-    let text = fs::read_to_string(&path).with_context(|| format!("{}: not a record", dir.display()))?;
+    if !path.exists() {
+        anyhow::bail!("{}: not a record (no {})", dir.display(), path.display());
+    }
+    let text = crate::bounds::read_text("a record", &path, crate::bounds::MAX_RECORD_JSON_BYTES)?;
     let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
     let surfaces = serde_json::from_value(v.get("surfaces").cloned().unwrap_or_default())
         .with_context(|| format!("{}: bad `surfaces`", path.display()))?;

@@ -141,7 +141,10 @@ pub fn seal(staging_dir: &Path, results_dir: &Path) -> Result<SealedRecord> {
 pub fn verify_record(dir: &Path) -> Result<SealedRecord> {
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mpath = dir.join(MANIFEST_FILE);
-    let bytes = fs::read(&mpath).with_context(|| format!("{}: missing or unreadable (not a sealed record)", mpath.display()))?;
+    if !mpath.exists() {
+        anyhow::bail!("{}: missing (not a sealed record)", mpath.display());
+    }
+    let bytes = crate::bounds::read_file("a seal manifest", &mpath, crate::bounds::MAX_RECORD_JSON_BYTES)?;
     let manifest: Manifest =
         serde_json::from_slice(&bytes).with_context(|| format!("{}: not a manifest", mpath.display()))?;
     let mut problems = Vec::new();
