@@ -74,6 +74,35 @@ pub struct CellOutcome {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<Cell>,
     pub telemetry: Telemetry,
+    /// Set when the worker was ended from outside (a signal the run did not cause: not the
+    /// kernel's OOM killer, not the cgroup limit, not the engine's own abort): the attempt is
+    /// interrupted, not an outcome; the runner discards it and runs the cell again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<String>,
+}
+
+/// The kernel's count of OOM kills since boot (`/proc/vmstat` `oom_kill`), if it keeps one.
+fn oom_kills_now() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
+    text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok())
+}
+
+/// Why a worker that died by `signal` was interrupted rather than failed: only signals that
+/// come from outside (an operator, a scheduler's preemption), with no OOM kill anywhere on the
+/// machine during the attempt and no limit event in its cgroup.
+pub(super) fn interruption(signal: Option<i32>, oom_before: Option<u64>, oom_after: Option<u64>, t: &Telemetry) -> Option<String> {
+    let sig = signal?;
+    if ![libc::SIGKILL, libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT].contains(&sig) {
+        // SIGABRT, SIGSEGV, SIGFPE, SIGBUS, SIGILL: the run's own (an engine abort).
+        return None;
+    }
+    let (Some(a), Some(b)) = (oom_before, oom_after) else { return None };
+    if b != a || t.oom_kill_events.unwrap_or(0) > 0 || t.memory_max_events.unwrap_or(0) > 0 {
+        return None;
+    }
+    // SAFETY: strsignal returns a static description (or NULL) for a signal number.
+    let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }.to_string_lossy().into_owned();
+    Some(format!("the worker was ended by signal {sig} ({name}) from outside the run: no OOM kill, no limit event"))
 }
 
 /// Runs one cell. `staging` does not exist yet: a successful run leaves a complete record
@@ -394,6 +423,7 @@ impl CellExecutor for ProcessExecutor {
                         command: Vec::new(),
                         worker: None,
                         telemetry: Telemetry::default(),
+                        interrupted: None,
                     });
                 }
             }
@@ -435,6 +465,7 @@ impl CellExecutor for ProcessExecutor {
         out.flush()?;
 
         let t0 = Instant::now();
+        let oom_before = oom_kills_now();
         let (code, signal, maxrss) = match cell.arm.memory_cap_bytes {
             // The runner is the harness: it makes the cgroup and starts the one worker in it.
             Some(cap) => {
@@ -477,6 +508,7 @@ impl CellExecutor for ProcessExecutor {
             }
         };
         let wall_s = t0.elapsed().as_secs_f64();
+        let oom_after = oom_kills_now();
 
         let complete = staging.join(crate::record::RECORD_FILE).is_file();
         let status = if code == Some(0) && complete { CellStatus::Completed } else { CellStatus::Failed };
@@ -498,16 +530,9 @@ impl CellExecutor for ProcessExecutor {
                 Some(line)
             }
         };
-        Ok(CellOutcome {
-            status,
-            exit_code: code,
-            signal,
-            error,
-            wall_s,
-            command: Vec::new(),
-            worker: Some(shown),
-            telemetry: resource_telemetry(staging, maxrss),
-        })
+        let telemetry = resource_telemetry(staging, maxrss);
+        let interrupted = if status == CellStatus::Failed { interruption(signal, oom_before, oom_after, &telemetry) } else { None };
+        Ok(CellOutcome { status, exit_code: code, signal, error, wall_s, command: Vec::new(), worker: Some(shown), telemetry, interrupted })
     }
 }
 

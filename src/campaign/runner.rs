@@ -338,7 +338,9 @@ fn block_inputs(ctx: &Ctx, cell: &CellSpec) -> CellInputs {
     CellInputs { block }
 }
 
-fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(String, CellDocument)> {
+/// Runs one attempt of `cell` and seals its outcome; `None` when the attempt was interrupted
+/// from outside (discarded and journaled, to be run again).
+fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<Option<(String, CellDocument)>> {
     let attempt = ctx.hist.get(&cell.key).map_or(0, |h| h.attempts) + 1;
     let staging = ctx.dir.staging().join(format!("{}.a{attempt}", cell.key));
     let log = ctx.dir.logs().join(format!("{}.a{attempt}.log", cell.key));
@@ -352,6 +354,12 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
     if partial.exists() {
         make_writable(&partial);
         fs::remove_dir_all(&partial)?;
+    }
+    if let Some(reason) = outcome.interrupted {
+        // Not the run's outcome: nothing of it is sealed or counted against the arm.
+        remove_staging(&staging)?;
+        ctx.append(Event::CellDiscarded { cell: cell.key.clone(), attempt, reason })?;
+        return Ok(None);
     }
     // A failed cell's record holds only its cell.json: whatever it half-wrote is not evidence.
     // A fault cell's committed record is kept: failing closed is its outcome, and the record is
@@ -422,7 +430,7 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<(
     ctx.append(Event::CellSealing { cell: cell.key.clone(), attempt, digest: digest.clone() })?;
     prepared.finish(&ctx.results)?;
     ctx.append(sealed_event(&cell.key, attempt, &digest, &doc, false))?;
-    Ok((digest, doc))
+    Ok(Some((digest, doc)))
 }
 
 /// `campaign run` / `campaign resume`.
@@ -501,19 +509,29 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
             pb.inc(1);
             continue;
         }
-        let discards = ctx.hist.get(&cell.key).map_or(0, |h| h.discards);
-        if discards >= ctx.c.spec.repetition.max_interrupted_attempts {
-            ctx.append(Event::CellAbandoned {
-                cell: cell.key.clone(),
-                attempts: discards,
-                reason: format!("interrupted {discards} times (repetition.max_interrupted_attempts)"),
-            })?;
-            say(&pb, format!("{n} {} abandoned after {discards} interrupted attempts", cell.key));
+        // An attempt interrupted from outside is discarded and the cell runs again, up to
+        // repetition.max_interrupted_attempts.
+        let sealed = loop {
+            let discards = ctx.hist.get(&cell.key).map_or(0, |h| h.discards);
+            if discards >= ctx.c.spec.repetition.max_interrupted_attempts {
+                ctx.append(Event::CellAbandoned {
+                    cell: cell.key.clone(),
+                    attempts: discards,
+                    reason: format!("interrupted {discards} times (repetition.max_interrupted_attempts)"),
+                })?;
+                say(&pb, format!("{n} {} abandoned after {discards} interrupted attempts", cell.key));
+                break None;
+            }
+            pb.set_message(format!("running {}", cell.key));
+            match run_cell(&mut ctx, exec, &cell)? {
+                Some(s) => break Some(s),
+                None => say(&pb, format!("{n} {} interrupted from outside; attempt discarded, running it again", cell.key)),
+            }
+        };
+        let Some((digest, doc)) = sealed else {
             pb.inc(1);
             continue;
-        }
-        pb.set_message(format!("running {}", cell.key));
-        let (digest, doc) = run_cell(&mut ctx, exec, &cell)?;
+        };
         summary.ran += 1;
         let adm = match doc.admission.passed {
             Some(true) => "admitted",
@@ -669,10 +687,31 @@ mod tests {
     /// engine; cells of `fail_arm` fail instead. Exercises the runner's bookkeeping only.
     struct Fake {
         fail_arm: Option<&'static str>,
+        /// The first attempts of this arm's cells, this many in all, end interrupted from outside.
+        interrupt: Option<(&'static str, std::sync::atomic::AtomicU32)>,
+    }
+
+    fn fake(fail_arm: Option<&'static str>) -> Fake {
+        Fake { fail_arm, interrupt: None }
     }
 
     impl CellExecutor for Fake {
         fn run(&self, cell: &CellSpec, _inputs: &CellInputs, staging: &Path, _log: &Path) -> Result<CellOutcome> {
+            if let Some((arm, left)) = &self.interrupt {
+                if *arm == cell.arm.id.value && left.fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                    return Ok(CellOutcome {
+                        status: CellStatus::Failed,
+                        exit_code: None,
+                        signal: Some(9),
+                        error: Some("killed".into()),
+                        wall_s: 0.1,
+                        command: vec![],
+                        worker: None,
+                        telemetry: Telemetry::default(),
+                        interrupted: Some("signal 9 from outside".into()),
+                    });
+                }
+            }
             let failed = self.fail_arm == Some(cell.arm.id.value.as_str());
             if !failed {
                 let part = staging.with_extension("tmp");
@@ -746,6 +785,7 @@ mod tests {
                 command: vec![],
                 worker: None,
                 telemetry: Telemetry::default(),
+                interrupted: None,
             })
         }
     }
@@ -809,7 +849,7 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
         let t = tempfile::tempdir().unwrap();
         let c = fixture(t.path());
         let results = t.path().join("results");
-        let s = run(&c, &Fake { fail_arm: Some("X") }, &opts(&results, RunMode::Run)).unwrap();
+        let s = run(&c, &fake(Some("X")), &opts(&results, RunMode::Run)).unwrap();
         assert_eq!((s.sealed, s.skipped, s.ran), (5, 2, 5));
         let j = journal(&results);
         let skipped: Vec<&str> = j.iter().filter(|e| matches!(e.event, Event::CellSkipped { .. })).filter_map(|e| e.event.cell()).collect();
@@ -823,7 +863,52 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
         let (d, _, _) = sealed_of(&j, "b02-p1-A").pop().unwrap();
         assert_eq!(read_cell(&results.join(d)).unwrap().oracle.exact, Some(true));
         // Resume afterwards runs nothing.
-        assert_eq!(run(&c, &Fake { fail_arm: Some("X") }, &opts(&results, RunMode::Resume)).unwrap().ran, 0);
+        assert_eq!(run(&c, &fake(Some("X")), &opts(&results, RunMode::Resume)).unwrap().ran, 0);
+    }
+
+    #[test]
+    fn a_worker_killed_from_outside_is_run_again_not_counted_against_its_arm() {
+        let t = tempfile::tempdir().unwrap();
+        let c = fixture(t.path());
+        // Once: the cell runs again and seals; the arm goes on (no cell skipped).
+        let results = t.path().join("once");
+        let f = Fake { fail_arm: None, interrupt: Some(("X", 1.into())) };
+        let s = run(&c, &f, &opts(&results, RunMode::Run)).unwrap();
+        assert_eq!((s.sealed, s.skipped, s.abandoned), (7, 0, 0));
+        let j = journal(&results);
+        let discarded: Vec<(&str, u32)> = j
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::CellDiscarded { cell, attempt, reason } if reason.contains("from outside") => Some((cell.as_str(), *attempt)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(discarded, [("b01-p1-X", 1)]);
+        let (d, _, attempt) = sealed_of(&j, "b01-p1-X").pop().unwrap();
+        assert_eq!(attempt, 2);
+        assert_eq!(read_cell(&results.join(d)).unwrap().outcome.status, CellStatus::Completed);
+        // As often as allowed (2): that cell is abandoned, and still no other cell is skipped.
+        let results = t.path().join("twice");
+        let f = Fake { fail_arm: None, interrupt: Some(("X", 2.into())) };
+        let s = run(&c, &f, &opts(&results, RunMode::Run)).unwrap();
+        assert_eq!((s.sealed, s.skipped, s.abandoned), (6, 0, 1));
+    }
+
+    #[test]
+    fn only_an_outside_signal_without_an_oom_kill_interrupts_an_attempt() {
+        use super::super::executor::Telemetry as T;
+        let quiet = T::default();
+        let interruption = super::super::executor::interruption;
+        assert!(interruption(Some(libc::SIGKILL), Some(3), Some(3), &quiet).is_some());
+        assert!(interruption(Some(libc::SIGTERM), Some(3), Some(3), &quiet).is_some());
+        // The engine's own aborts, an OOM kill anywhere, a limit event, an exit: outcomes.
+        assert!(interruption(Some(libc::SIGABRT), Some(3), Some(3), &quiet).is_none());
+        assert!(interruption(Some(libc::SIGSEGV), Some(3), Some(3), &quiet).is_none());
+        assert!(interruption(Some(libc::SIGKILL), Some(3), Some(4), &quiet).is_none());
+        assert!(interruption(Some(libc::SIGKILL), None, None, &quiet).is_none());
+        assert!(interruption(Some(libc::SIGKILL), Some(3), Some(3), &T { oom_kill_events: Some(1), ..T::default() }).is_none());
+        assert!(interruption(Some(libc::SIGKILL), Some(3), Some(3), &T { memory_max_events: Some(5), ..T::default() }).is_none());
+        assert!(interruption(None, Some(3), Some(3), &quiet).is_none());
     }
 
     #[test]
@@ -831,7 +916,7 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
         let t = tempfile::tempdir().unwrap();
         let c = fixture(t.path());
         let results = t.path().join("results");
-        let fake = Fake { fail_arm: None };
+        let fake = fake(None);
         run(&c, &fake, &opts(&results, RunMode::Run)).unwrap();
         let key = "b02-p0-X";
 
