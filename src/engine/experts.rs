@@ -187,6 +187,11 @@ fn guarded(user: *mut c_void, f: impl FnOnce(&mut Bridge) -> Result<()>) -> bool
     }
 }
 
+/// llama.cpp's pool callback.
+///
+/// # Safety
+/// `user` is the [`Bridge`] registered with the model; `name` is NUL-terminated and `pool`
+/// points at a valid pool description for the duration of the call.
 unsafe extern "C" fn pool_cb(
     user: *mut c_void,
     il: i32,
@@ -218,6 +223,11 @@ unsafe extern "C" fn pool_cb(
     out
 }
 
+/// llama.cpp's acquire callback.
+///
+/// # Safety
+/// `user` is the registered [`Bridge`]; `ids` and `slots` hold `n_ids` entries each for the
+/// duration of the call.
 unsafe extern "C" fn acquire_cb(user: *mut c_void, il: i32, pass: i32, ids: *const i32, n_ids: i64, slots: *mut i32) -> i32 {
     let ok = guarded(user, |b| {
         // SAFETY: both arrays hold n_ids entries for the duration of the call.
@@ -229,6 +239,10 @@ unsafe extern "C" fn acquire_cb(user: *mut c_void, il: i32, pass: i32, ids: *con
     if ok { 0 } else { 1 }
 }
 
+/// llama.cpp's release callback.
+///
+/// # Safety
+/// `user` is the registered [`Bridge`].
 unsafe extern "C" fn release_cb(user: *mut c_void, il: i32, pass: i32) -> i32 {
     if guarded(user, |b| b.source.release(il as u32, pass as u32)) { 0 } else { 1 }
 }

@@ -110,6 +110,10 @@ pub fn ggml_type_layout(ty: u32) -> (u64, u64) {
 static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
 const LOG_KEEP: usize = 40;
 
+/// ggml's log callback.
+///
+/// # Safety
+/// `text` is NUL-terminated (or NULL) for the duration of the call, as ggml passes it.
 unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
     if text.is_null() {
         return;
@@ -151,6 +155,8 @@ fn load_error() -> String {
 /// Initializes the backend once per process and routes llama.cpp's log through us.
 pub fn init() {
     static ONCE: Once = Once::new();
+    // SAFETY: once per process, before any other engine call: the log callback is a plain
+    // function, and backend initialisation takes no arguments.
     ONCE.call_once(|| unsafe {
         sys::llama_log_set(Some(log_callback), std::ptr::null_mut());
         // Modules first, by exact path: llama_backend_init only searches when none is loaded.

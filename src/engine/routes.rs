@@ -75,6 +75,10 @@ fn topk_layer(t: &sys::ggml_tensor) -> Option<u32> {
 }
 
 /// `ggml_backend_sched_eval_callback`: asks for the top-k nodes, then reads them.
+///
+/// # Safety
+/// `t` is a live tensor of the graph being computed and `user` the context's boxed
+/// [`RouteRecorder`], as registered; the scheduler calls it from one thread at a time.
 pub(super) unsafe extern "C" fn eval_callback(t: *mut sys::ggml_tensor, ask: bool, user: *mut c_void) -> bool {
     // SAFETY: the scheduler passes a live tensor; user data is the context's boxed recorder.
     let (t, rec) = unsafe { (&*t, &mut *(user as *mut RouteRecorder)) };

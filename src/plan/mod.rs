@@ -256,12 +256,14 @@ enum Status {
 type Hold = (usize, u32, Version);
 
 pub struct Plan {
+    /// First, so that it drops (draining every read still in flight) before the pools the
+    /// reads may land in.
+    source: Box<dyn Source>,
     manifest: Manifest,
     /// Per layer index, one pool per role in role order.
     pools: Vec<Vec<Pool>>,
     table: SlotTable,
     windows: Vec<WindowState>,
-    source: Box<dyn Source>,
     policy: Box<dyn ReplacementPolicy>,
     tickets: HashMap<u64, Ticket>,
     next_ticket: u64,
@@ -271,7 +273,7 @@ pub struct Plan {
     holds: Vec<Vec<Hold>>,
     /// Next-layer prefetch reads submitted but not yet taken back: (layer index, loads, bundles
     /// by window). They run while the engine computes; the next Plan call completes them.
-    prefetching: Option<(usize, Vec<(ObjectId, u32, Version)>, HashMap<u32, Bundle>, usize)>,
+    prefetching: Option<Prefetch>,
     /// Consumers taken by the acquire in progress (released if it fails).
     taking: Vec<Hold>,
     status: Status,
@@ -290,6 +292,17 @@ pub struct Plan {
     stream: Option<Stream>,
     /// Copies in flight, oldest first.
     copies: VecDeque<InFlightCopy>,
+}
+
+/// Next-layer prefetch reads in flight while the engine computes.
+struct Prefetch {
+    /// The layer index they load.
+    li: usize,
+    /// Every load, in order; the first `submitted` have their reads out.
+    loads: Vec<(ObjectId, u32, Version)>,
+    submitted: usize,
+    /// Bundles by window, for the loads submitted and not yet published.
+    inflight: HashMap<u32, Bundle>,
 }
 
 /// A one-token layer event served in passes while its later groups are still being read: every
@@ -991,7 +1004,7 @@ impl Plan {
         let jobs: Vec<Job> = loads.iter().zip(&free).map(|(&(object, slot, version), &w)| (w, object, slot, version)).collect();
         self.submit_bundles(nli, &jobs, &mut inflight)?;
         if !loads.is_empty() {
-            self.prefetching = Some((nli, loads, inflight, submitted));
+            self.prefetching = Some(Prefetch { li: nli, loads, submitted, inflight });
         }
         Ok(())
     }
@@ -999,7 +1012,7 @@ impl Plan {
     /// Takes back the prefetch reads in flight: each bundle is validated, copied and published,
     /// then held by one prefetch consumer until its layer's next acquire.
     fn complete_prefetch(&mut self) -> Result<(), PlanError> {
-        let Some((nli, loads, mut inflight, submitted)) = self.prefetching.take() else { return Ok(()) };
+        let Some(Prefetch { li: nli, loads, submitted, mut inflight }) = self.prefetching.take() else { return Ok(()) };
         while !inflight.is_empty() {
             let c = self.wait_source()?;
             self.accept(nli, c, &mut inflight)?;
@@ -1416,10 +1429,9 @@ impl Plan {
     /// Prefetch reads that have landed by a release start their copies, which then run while
     /// the engine computes up to the next layer's acquire.
     fn harvest_prefetch(&mut self) -> Result<(), PlanError> {
-        let Some((nli, loads, mut inflight, submitted)) = self.prefetching.take() else { return Ok(()) };
-        let mut none = VecDeque::new();
-        let r = self.harvest(nli, &mut none, &mut inflight);
-        self.prefetching = Some((nli, loads, inflight, submitted));
+        let Some(mut p) = self.prefetching.take() else { return Ok(()) };
+        let r = self.harvest(p.li, &mut VecDeque::new(), &mut p.inflight);
+        self.prefetching = Some(p);
         r
     }
 

@@ -381,8 +381,18 @@ impl Drop for UringSource {
     fn drop(&mut self) {
         // Reads still in flight write into the windows: drain them before the memory goes.
         while self.free.len() < self.depth {
-            if self.reap(true).is_err() {
-                break;
+            if let Err(e) = self.reap(true) {
+                // The kernel may still write into the windows: they are leaked, never freed.
+                let bytes: usize = self.windows.iter().map(AlignedBuf::len).sum();
+                eprintln!(
+                    "warning: io_uring could not be drained ({e}) with {} reads in flight; leaking its {} windows ({bytes} bytes) rather than freeing memory the kernel may still write",
+                    self.depth - self.free.len(),
+                    self.windows.len()
+                );
+                for w in std::mem::take(&mut self.windows) {
+                    std::mem::forget(w);
+                }
+                return;
             }
         }
     }
