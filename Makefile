@@ -25,7 +25,7 @@ demo: build
 		--n-predict 64 --threads 2 --record $(RESULTS)/demo-a
 	$(BIN) generate --model $(MODELS)/small.gguf --prompt-file campaigns/prompts/demo.txt \
 		--n-predict 64 --threads 2 --record $(RESULTS)/demo-b --json > /dev/null
-	$(BIN) compare $(RESULTS)/demo-a $(RESULTS)/demo-b
+	$(BIN) compare --unsealed $(RESULTS)/demo-a $(RESULTS)/demo-b
 
 # The shipped exactness campaign on the tiny model, unattended, then its tables, figure and
 # draft claim ledger, verified and replayed. Running it again continues (or does nothing).

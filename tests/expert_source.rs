@@ -127,7 +127,7 @@ fn served_experts_are_bitwise_identical_to_resident() {
         let rec = dir.path().join(format!("s{slots}"));
         let acquires = with_source(&m, &rec, PROMPT, 24, slots, None).unwrap();
         assert!(acquires > 0);
-        let r = run(&["compare", resident.to_str().unwrap(), rec.to_str().unwrap()]);
+        let r = run(&["compare", "--unsealed", resident.to_str().unwrap(), rec.to_str().unwrap()]);
         assert_eq!(r.code, 0, "{slots} slots:\n{}", r.stdout);
     }
 }
@@ -143,7 +143,7 @@ fn quantized_experts_are_bitwise_identical_to_resident() {
         generate::run(&generate_spec(&q, &resident, PROMPT, 16)).unwrap();
         let rec = dir.path().join(format!("{ty}-served"));
         with_source(&q, &rec, PROMPT, 16, 5, None).unwrap();
-        let r = run(&["compare", resident.to_str().unwrap(), rec.to_str().unwrap()]);
+        let r = run(&["compare", "--unsealed", resident.to_str().unwrap(), rec.to_str().unwrap()]);
         assert_eq!(r.code, 0, "{ty}:\n{}", r.stdout);
     }
 }
@@ -163,7 +163,7 @@ fn serving_the_wrong_expert_is_caught() {
         Ok(Some(Box::new(s) as Box<dyn ExpertSource>))
     })
     .unwrap();
-    let r = run(&["compare", resident.to_str().unwrap(), rec.to_str().unwrap()]);
+    let r = run(&["compare", "--unsealed", resident.to_str().unwrap(), rec.to_str().unwrap()]);
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert!(r.stdout.contains("logits    DIFFERS at byte 0"), "{}", r.stdout);
 }

@@ -88,4 +88,16 @@ fn compare_refuses_a_tampered_sealed_record() {
     let r = run(&["compare", d, d]);
     assert_ne!(r.code, 0, "a tampered record compared: {}", r.stdout);
     assert!(r.stderr.contains("tokens.bin") && r.stderr.contains("tampered"), "{}", r.stderr);
+    // A sealed record whose manifest was deleted is refused, not compared as if unsealed.
+    fs::set_permissions(&sealed.dir, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::remove_file(sealed.dir.join(sovereign::record::MANIFEST_FILE)).unwrap();
+    let r = run(&["compare", d, d]);
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    assert!(r.stderr.contains("no seal") && r.stderr.contains("--unsealed"), "{}", r.stderr);
+    // Records never sealed are compared when the caller says so.
+    let plain = t.path().join("plain");
+    assert_eq!(generate(&model, "hello", 2, &plain, &[]).code, 0);
+    let p = plain.to_str().unwrap();
+    assert_ne!(run(&["compare", p, p]).code, 0);
+    ok(&["compare", "--unsealed", p, p]);
 }

@@ -14,6 +14,11 @@ pub struct CompareArgs {
     b: PathBuf,
     #[arg(long)]
     json: bool,
+    /// The records were never sealed (a `generate --record` directory): compare them without a
+    /// seal. Without it, a record with no `manifest.json` is refused, since a sealed record
+    /// whose manifest was deleted looks the same.
+    #[arg(long)]
+    unsealed: bool,
 }
 
 #[derive(Args)]
@@ -32,6 +37,12 @@ pub fn compare(a: CompareArgs) -> Result<ExitCode> {
     for d in [&a.a, &a.b] {
         if d.join(sovereign::record::MANIFEST_FILE).exists() {
             sovereign::record::verify_record(d)?;
+        } else if !a.unsealed {
+            anyhow::bail!(
+                "{}: no seal ({} is missing): compare refuses a record it cannot verify; pass --unsealed for records that were never sealed",
+                d.display(),
+                sovereign::record::MANIFEST_FILE
+            );
         }
     }
     let cmp = oracle::compare(&a.a, &a.b)?;
