@@ -618,7 +618,7 @@ mod tests {
         assert!(b.flip(0));
         assert_eq!((b.as_slice()[0], b.as_slice()[(3 << 20) - 1]), (0xff, 7));
         // Memory another allocator owns: aligned only, zeroed, and freed by its owner alone.
-        struct Owner(std::sync::Arc<std::sync::atomic::AtomicBool>, Layout);
+        struct Owner(std::sync::Arc<std::sync::atomic::AtomicBool>);
         impl Drop for Owner {
             fn drop(&mut self) {
                 self.0.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -630,7 +630,7 @@ mod tests {
         unsafe { std::ptr::write_bytes(raw.as_ptr(), 0xa5, layout.size()) };
         let freed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         // SAFETY: valid for its size until freed below; nothing else uses it.
-        let f = unsafe { AlignedBuf::foreign(raw, layout.size(), Box::new(Owner(freed.clone(), layout))) }.unwrap();
+        let f = unsafe { AlignedBuf::foreign(raw, layout.size(), Box::new(Owner(freed.clone()))) }.unwrap();
         assert!(f.as_slice().iter().all(|&b| b == 0) && f.len() == 3 * 4096);
         drop(f);
         assert!(freed.load(std::sync::atomic::Ordering::SeqCst));
