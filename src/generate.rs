@@ -97,6 +97,18 @@ fn audit_verdict(a: &crate::observe::DeviceAudit, budget: Option<u64>) -> Result
 
 pub fn device_check(ctx: &Context) -> Result<DeviceCheck> {
     let budget = crate::engine::placement().gpu_budget;
+    // A device server's hard cap bounds the device as a budget does: buffers that cannot fit
+    // under it are refused before decoding rather than killed by the kernel during it.
+    let cap = match DEVICE_CGROUP.get() {
+        Some(dir) => crate::observe::audit_device(dir)?.limit,
+        None => None,
+    };
+    if let Some(c) = cap {
+        let on_devices: u64 = ctx.device_memory().iter().filter(|b| b.device != "CPU").map(|b| b.total()).sum();
+        if on_devices > c {
+            bail!("the device server's memory cap is {c} bytes, and the run's buffers take {on_devices} bytes on its devices before decoding; refused");
+        }
+    }
     let buffers = ctx.device_memory();
     let on_devices: Vec<&crate::engine::DeviceBuffers> = buffers.iter().filter(|b| b.device != "CPU" && b.total() > 0).collect();
     let device_bytes = on_devices.iter().map(|b| b.total()).sum();

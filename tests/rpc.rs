@@ -373,15 +373,20 @@ fn a_capped_device_bounds_its_memory_and_a_cap_too_small_fails_the_run_closed() 
     let plan = ["--experts", "plan", "--slots", "5", "--source", "f"];
     // Runs on a server capped at `cap`; with a budget, the run checks its buffers against it
     // before decoding and audits the server's cgroup (the path the server prints) after.
-    let capped = |cap: &str, rec: &Path, budget: Option<&str>| {
-        let log = dir.path().join(format!("server-{cap}-{}.log", budget.unwrap_or("none")));
+    // `audit`: None runs without telling the run about the cap; Some(budget) passes the server's
+    // cgroup (and the budget, if any).
+    let capped = |cap: &str, rec: &Path, audit: Option<Option<&str>>| {
+        let log = dir.path().join(format!("server-{cap}-{}.log", rec.file_name().unwrap().to_str().unwrap()));
         let mut s = Server::start_with(&["--memory-max", cap], Stdio::from(std::fs::File::create(&log).unwrap()));
         let started = std::fs::read_to_string(&log).unwrap();
         let cgroup = started.split("--device-cgroup ").nth(1).map(|t| t.trim().to_string()).unwrap_or_else(|| panic!("no cgroup in {started}"));
         let mut args = vec!["--rpc", s.endpoint.as_str(), "--gpu-layers", "all"];
         args.extend_from_slice(&plan);
-        if let Some(b) = budget {
-            args.extend_from_slice(&["--gpu-budget", b, "--device-cgroup", cgroup.as_str()]);
+        if let Some(budget) = audit {
+            args.extend_from_slice(&["--device-cgroup", cgroup.as_str()]);
+            if let Some(b) = budget {
+                args.extend_from_slice(&["--gpu-budget", b]);
+            }
         }
         let r = generate(&m, PROMPT, OUTPUTS, rec, &args);
         s.terminate();
@@ -392,7 +397,7 @@ fn a_capped_device_bounds_its_memory_and_a_cap_too_small_fails_the_run_closed() 
         log[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
     };
     let fits = dir.path().join("fits");
-    let (r, log) = capped("160M", &fits, Some("160M"));
+    let (r, log) = capped("160M", &fits, Some(Some("160M")));
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_exact(&cpu, &fits);
     let limit = number(&log, "memory limit ");
@@ -418,13 +423,25 @@ fn a_capped_device_bounds_its_memory_and_a_cap_too_small_fails_the_run_closed() 
 
     // A budget the buffers do not fit: refused before decoding, with one line, nothing on record.
     let over = dir.path().join("over");
-    let (r, _) = capped("160M", &over, Some("16M"));
+    let (r, _) = capped("160M", &over, Some(Some("16M")));
     assert_ne!(r.code, 0, "{}", r.stdout);
     let lines: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("error")).collect();
     assert_eq!(lines.len(), 1, "{}", r.stderr);
     assert!(lines[0].contains("--gpu-budget 16777216") && lines[0].contains("RPC0") && lines[0].contains("refused"), "{}", lines[0]);
     assert!(!over.exists() && !dir.path().join("over.partial").exists());
 
+    // A cap the buffers do not fit, told to the run: refused before decoding from the buffers'
+    // sizes, and the device is never pushed into its limit.
+    let told = dir.path().join("told");
+    let (r, log) = capped("24M", &told, Some(None));
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(lines.len(), 1, "{}", r.stderr);
+    assert!(lines[0].contains("memory cap is 25165824 bytes") && lines[0].contains("refused"), "{}", lines[0]);
+    assert!(!told.exists() && !dir.path().join("told.partial").exists());
+    assert_eq!((number(&log, "OOM kills "), number(&log, "limit events ")), (0, 0), "{log}");
+
+    // The same cap, not told to the run: the kernel stops the device, and the run fails closed.
     let small = dir.path().join("small");
     let (r, log) = capped("24M", &small, None);
     assert_ne!(r.code, 0, "{}", r.stdout);
