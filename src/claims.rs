@@ -151,10 +151,87 @@ pub fn load_ledger(path: &Path) -> Result<Ledger> {
     Ok(l)
 }
 
+impl Claim {
+    /// The claim's identity: the SHA-256 of its canonical JSON (statement, records by digest,
+    /// assertions with their tolerances, replays). A claim anchored by it (`ID@DIGEST`) cannot
+    /// be weakened or re-pointed without the digest changing.
+    pub fn digest(&self) -> Result<String> {
+        Ok(crate::util::sha256(crate::util::canonical_json_of(self)?.as_bytes()))
+    }
+
+    /// Why the claim asserts nothing, if it does not: no assertion and no replay, or a
+    /// tolerance that admits every value (at least the stated value's own magnitude, or not
+    /// finite).
+    pub fn vacuous(&self) -> Option<String> {
+        if self.assertions.is_empty() && self.replay.is_empty() {
+            return Some("it has no assertions and nothing to replay".into());
+        }
+        let wide = |value: f64, tol: f64| !tol.is_finite() || !value.is_finite() || tol < 0.0 || (value != 0.0 && tol >= value.abs());
+        for a in &self.assertions {
+            match &a.expect {
+                Check::Approx { value, tolerance } if wide(*value, *tolerance) => {
+                    return Some(format!("{} {}{}: tolerance {tolerance} admits any value near {value}", a.record, a.file, a.pointer));
+                }
+                Check::Gt(y) | Check::Ge(y) if !y.is_finite() => return Some(format!("{} {}{}: bound {y} is not finite", a.record, a.file, a.pointer)),
+                _ => {}
+            }
+        }
+        for r in &self.replay {
+            if let Replay::PairedRatio { expect, .. } = r {
+                if wide(expect.ratio, expect.tolerance) {
+                    return Some(format!("paired ratio: tolerance {} admits any ratio near {}", expect.tolerance, expect.ratio));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The claim `ID` of the ledger, or `ID@DIGEST`: then its digest must be DIGEST. A vacuous
+/// claim is refused either way.
 pub fn claim<'a>(l: &'a Ledger, id: &str, path: &Path) -> Result<&'a Claim> {
-    l.claims.get(id).with_context(|| {
-        format!("{}: no claim {id:?} (claims: {})", path.display(), l.claims.keys().cloned().collect::<Vec<_>>().join(", "))
-    })
+    let (name, anchor) = match id.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (id, None),
+    };
+    let c = l.claims.get(name).with_context(|| {
+        format!("{}: no claim {name:?} (claims: {})", path.display(), l.claims.keys().cloned().collect::<Vec<_>>().join(", "))
+    })?;
+    let digest = c.digest()?;
+    if let Some(want) = anchor.filter(|&d| d != digest) {
+        bail!("{}: claim {name:?} has digest {digest}, not the anchored {want}: it was changed after it was published", path.display());
+    }
+    if let Some(why) = c.vacuous() {
+        bail!("{}: claim {name:?} is vacuous: {why}", path.display());
+    }
+    Ok(c)
+}
+
+/// Every record of the claim that belongs to a campaign must name the campaign's frozen
+/// preregistration by its digest: the frozen file under `results` is hashed again.
+fn check_preregistration(r: &mut Report, recs: &mut Records) {
+    let mut seen = std::collections::BTreeMap::new();
+    for alias in recs.claim.records.keys().cloned().collect::<Vec<_>>() {
+        let Ok(dir) = recs.dir(&alias) else { continue };
+        if !dir.join(crate::campaign::document::CELL_FILE).is_file() {
+            continue;
+        }
+        let named = crate::campaign::document::read_cell(&dir).map(|d| (d.campaign.id, d.campaign.sha256));
+        let (id, sha) = match named {
+            Ok(x) => x,
+            Err(e) => {
+                r.push(format!("record {alias} campaign"), false, format!("{e:#}"));
+                continue;
+            }
+        };
+        let frozen = seen.entry(id.clone()).or_insert_with(|| crate::campaign::frozen(&recs.results, &id).map(|(_, d)| d).map_err(|e| format!("{e:#}")));
+        let (ok, detail) = match frozen {
+            Ok(d) if *d == sha => (true, format!("campaign {id} {sha}: the frozen preregistration hashes to it")),
+            Ok(d) => (false, format!("campaign {id}: the record names {sha}, the frozen preregistration hashes to {d}")),
+            Err(e) => (false, format!("campaign {id}: {e}")),
+        };
+        r.push(format!("record {alias} campaign"), ok, detail);
+    }
 }
 
 /// A claim's records as found in one results directory: the originals, or a reproduction's
@@ -349,6 +426,7 @@ pub fn verify(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: b
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
     let mut recs = Records::new(c, results, allow_mixed_nodes);
     verify_records(&mut r, &recs);
+    check_preregistration(&mut r, &mut recs);
     for a in &c.assertions {
         let what = format!("{} {}{} {}", a.record, a.file, a.pointer, serde_json::to_string(&a.expect).unwrap_or_default());
         match recs.doc(&a.record, &a.file) {

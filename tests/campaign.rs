@@ -208,7 +208,9 @@ fn unattended_run_then_verify_replay_tamper_export() {
 
     // Export: tables that parse back, a figure, a draft ledger.
     let out = st.dir.join("export");
-    ok(&["export", "--campaign", "t-run", "--results", s(&st.results), "--out", s(&out)]);
+    let exported = ok(&["export", "--campaign", "t-run", "--results", s(&st.results), "--out", s(&out)]);
+    // Each drafted claim is printed with its digest.
+    let anchored = exported.stdout.lines().find_map(|l| l.strip_prefix("claim t-run@")).map(|d| format!("t-run@{d}")).expect("export prints the claim's digest");
     let mut rd = csv::Reader::from_path(out.join("cells.csv")).unwrap();
     let h = rd.headers().unwrap().clone();
     let rows: Vec<csv::StringRecord> = rd.records().map(Result::unwrap).collect();
@@ -245,6 +247,52 @@ fn unattended_run_then_verify_replay_tamper_export() {
     assert!(r.stdout.contains("verify passed"));
     let r = ok(&["replay", "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results)]);
     assert!(r.stdout.contains("paired ratio") && r.stdout.contains("exactness") && r.stdout.contains("replay passed"), "{}", r.stdout);
+
+    // ...anchored by its digest too; a claim changed after publication is refused by it, and
+    // one that asserts nothing is refused as vacuous, anchored or not...
+    ok(&["verify", "--claim", &anchored, "--ledger", s(&ledger), "--results", s(&st.results)]);
+    let original: Value = serde_json::from_str(&fs::read_to_string(&ledger).unwrap()).unwrap();
+    let edited = |name: &str, edit: &dyn Fn(&mut Value)| {
+        let mut l = original.clone();
+        edit(&mut l["claims"]["t-run"]);
+        let p = st.dir.join(name);
+        fs::write(&p, serde_json::to_string(&l).unwrap()).unwrap();
+        p
+    };
+    let weakened = edited("weakened.json", &|c| c["assertions"].as_array_mut().unwrap().truncate(1));
+    let r = run(&["verify", "--claim", &anchored, "--ledger", s(&weakened), "--results", s(&st.results)]);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("changed after it was published"), "{}", r.stderr);
+    for (name, edit) in [
+        ("empty.json", &(|c: &mut Value| {
+            c["assertions"] = Value::Array(vec![]);
+            c["replay"] = Value::Array(vec![]);
+        }) as &dyn Fn(&mut Value)),
+        ("wide.json", &|c: &mut Value| {
+            let pr = c["replay"].as_array_mut().unwrap().iter_mut().find(|x| x.get("paired_ratio").is_some()).unwrap();
+            pr["paired_ratio"]["expect"]["tolerance"] = 10.0.into();
+        }),
+    ] {
+        let p = edited(name, edit);
+        for claim in ["t-run", anchored.as_str()] {
+            let r = run(&["verify", "--claim", claim, "--ledger", s(&p), "--results", s(&st.results)]);
+            assert_ne!(r.code, 0, "{name} {claim}");
+            assert!(r.stderr.contains(if claim == "t-run" { "is vacuous" } else { "changed after it was published" }), "{name} {claim}: {}", r.stderr);
+        }
+    }
+    // ...the frozen preregistration must still hash to the digest every record names...
+    let frozen = st.results.join("campaigns/t-run/campaign.json");
+    let text = fs::read_to_string(&frozen).unwrap();
+    let mut perm = fs::metadata(&frozen).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perm.set_readonly(false);
+    fs::set_permissions(&frozen, perm.clone()).unwrap();
+    fs::write(&frozen, text.replacen("\"outputs\":8", "\"outputs\":9", 1)).unwrap();
+    assert_ne!(fs::read_to_string(&frozen).unwrap(), text, "the edit applied");
+    let r = run(&["verify", "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results)]);
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    assert!(r.stderr.contains("the frozen preregistration hashes to"), "{}", r.stderr);
+    fs::write(&frozen, &text).unwrap();
 
     // ...a stated value that the records do not support fails replay...
     let mut l: Value = serde_json::from_str(&fs::read_to_string(&ledger).unwrap()).unwrap();

@@ -115,6 +115,9 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
     for f in &s.files {
         println!("wrote {}", f.display());
     }
+    for c in &s.claims {
+        println!("claim {c}");
+    }
     println!("{}", export::ArmRow::header());
     for r in &s.arms {
         println!("{}", r.line());

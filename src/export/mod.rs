@@ -56,6 +56,9 @@ pub struct ExportSummary {
     /// One row per arm: the bench table.
     pub arms: Vec<ArmRow>,
     pub files: Vec<PathBuf>,
+    /// Each drafted claim as `ID@DIGEST`: what `verify` and `replay` take to refuse a claim
+    /// changed after it was published.
+    pub claims: Vec<String>,
 }
 
 /// One arm of the bench table (`arms.csv`).
@@ -650,8 +653,9 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     let lpath = out.join("claims.json");
     std::fs::write(&lpath, serde_json::to_string_pretty(&ledger)? + "\n")?;
     files.push(lpath);
+    let claims = ledger.claims.iter().map(|(id, c)| Ok(format!("{id}@{}", c.digest()?))).collect::<Result<Vec<_>>>()?;
 
-    Ok(ExportSummary { campaign: id.to_string(), cells: cells.len(), sealed: sealed.len(), pairs: pair_rows.len(), summary, floor, floor_invalid, arms, files })
+    Ok(ExportSummary { campaign: id.to_string(), cells: cells.len(), sealed: sealed.len(), pairs: pair_rows.len(), summary, floor, floor_invalid, arms, files, claims })
 }
 
 fn draft_ledger(
