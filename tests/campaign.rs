@@ -325,6 +325,25 @@ fn unattended_run_then_verify_replay_tamper_export() {
     eprintln!("unattended run + checks: {:.1} s", started.elapsed().as_secs_f64());
 }
 
+/// A campaign pinned to another patch series is refused before anything runs, with the pins
+/// this build would need, ready to paste.
+#[test]
+fn another_patch_series_is_refused_with_this_builds_pins() {
+    let st = setup("t-pins", &["[A, B]"], 4);
+    let (_, patches) = build_identity();
+    let first = patches.lines().nth(1).expect("a patch line").to_string();
+    let sha = first.rsplit("sha256: ").next().unwrap().trim_end_matches(" }").to_string();
+    let text = fs::read_to_string(&st.file).unwrap().replacen(&sha, &"0".repeat(64), 1);
+    fs::write(&st.file, text).unwrap();
+    let r = run(&["campaign", "run", s(&st.file), "--results", s(&st.results), "--no-progress"]);
+    assert_ne!(r.code, 0);
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(lines.len(), 1, "{}", r.stderr);
+    let pin = first.trim().trim_start_matches("- ");
+    assert!(lines[0].contains("set `build.patches` to [") && lines[0].contains(pin), "{pin}: {}", lines[0]);
+    assert!(!st.results.join("campaigns/t-pins").exists(), "nothing was preregistered");
+}
+
 #[test]
 fn sigkill_midway_then_resume_seals_every_cell_exactly_once() {
     let st = setup("t-kill", &["[A, B]", "[B, A]", "[A, B]", "[B, A]"], 48);

@@ -103,7 +103,13 @@ pub(crate) fn check_identities(c: &Loaded) -> Result<()> {
     let have: Vec<(&str, &str)> = e.patches.iter().map(|p| (&*p.name, &*p.sha256)).collect();
     let want: Vec<(&str, &str)> = spec.build.patches.iter().map(|p| (p.name.as_str(), p.sha256.0.as_str())).collect();
     if have != want {
-        bail!("this build's patch series {:?} differs from the campaign's {:?}", have, want);
+        let pins: Vec<String> = have.iter().map(|(n, d)| format!("{{ name: {n}, sha256: {d} }}")).collect();
+        bail!(
+            "this build's patch series {:?} differs from the campaign's {:?}: to run it with this build, set `build.patches` to [{}] (`sovereign build-info` lists them)",
+            have,
+            want,
+            pins.join(", ")
+        );
     }
     Ok(())
 }
