@@ -60,7 +60,12 @@ pub struct RunParams {
 
 impl RunParams {
     pub fn check(&self) -> Result<()> {
-        range("--threads", self.threads.max(0) as u64, 1, max_threads() as u64, "at most 4 x the available cores, and 1024")?;
+        let why = "at most 4 x the available cores, and 1024";
+        if self.threads < 1 {
+            // Quoted as given: a negative count is not "0".
+            bail!("--threads {} is out of range 1..={} ({why})", self.threads, max_threads());
+        }
+        range("--threads", self.threads as u64, 1, max_threads() as u64, why)?;
         range("--ctx", self.ctx as u64, 1, MAX_CTX as u64, "tokens of KV cache")?;
         range("--batch", self.batch as u64, 1, MAX_BATCH.min(self.ctx) as u64, "at most the context")?;
         range("--n-predict", self.n_predict as u64, 0, MAX_N_PREDICT.min(self.ctx) as u64, "at most the context")?;
@@ -214,6 +219,8 @@ mod tests {
     fn bounds_refuse_extremes_and_take_defaults() {
         assert!(RunParams { threads: 2, ctx: 4096, batch: 512, n_predict: 64 }.check().is_ok());
         assert!(RunParams { threads: 100_000, ctx: 4096, batch: 512, n_predict: 64 }.check().is_err());
+        let e = RunParams { threads: -1, ctx: 4096, batch: 512, n_predict: 64 }.check().unwrap_err().to_string();
+        assert!(e.starts_with("--threads -1 is out of range 1..="), "{e}");
         assert!(RunParams { threads: 2, ctx: u32::MAX, batch: 512, n_predict: 64 }.check().is_err());
         assert!(PlanParams { slots: 8, windows: 8, depth: 8, layer_buffers: 0 }.check().is_ok());
         let e = PlanParams { slots: 8, windows: 8, depth: u32::MAX, layer_buffers: 0 }.check().unwrap_err().to_string();
