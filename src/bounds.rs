@@ -156,7 +156,7 @@ pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
 pub const MAX_CAMPAIGN_FILE_BYTES: u64 = 4 << 20;
 pub const MAX_LEDGER_BYTES: u64 = 64 << 20;
 pub const MAX_PROMPT_FILE_BYTES: u64 = 64 << 20;
-pub const MAX_RECORD_JSON_BYTES: u64 = 256 << 20;
+pub const MAX_RECORD_JSON_BYTES: u64 = 1 << 30;
 pub const MAX_JOURNAL_BYTES: u64 = 1 << 30;
 /// A campaign id names directories: at most this many bytes of `[A-Za-z0-9._-]`.
 pub const MAX_CAMPAIGN_ID_BYTES: usize = 128;

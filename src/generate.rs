@@ -103,15 +103,12 @@ pub fn device_check(ctx: &Context) -> Result<DeviceCheck> {
         Some(dir) => crate::observe::audit_device(dir)?.limit,
         None => None,
     };
-    if let Some(c) = cap {
-        let on_devices: u64 = ctx.device_memory().iter().filter(|b| b.device != "CPU").map(|b| b.total()).sum();
-        if on_devices > c {
-            bail!("the device server's memory cap is {c} bytes, and the run's buffers take {on_devices} bytes on its devices before decoding; refused");
-        }
-    }
     let buffers = ctx.device_memory();
     let on_devices: Vec<&crate::engine::DeviceBuffers> = buffers.iter().filter(|b| b.device != "CPU" && b.total() > 0).collect();
     let device_bytes = on_devices.iter().map(|b| b.total()).sum();
+    if let Some(c) = cap.filter(|&c| device_bytes > c) {
+        bail!("the device server's memory cap is {c} bytes, and the run's buffers take {device_bytes} bytes on its devices before decoding; refused");
+    }
     if let Some(b) = budget.filter(|&b| device_bytes > b) {
         let each: Vec<String> = on_devices
             .iter()

@@ -247,7 +247,7 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
                 Some(crate::engine::GpuLayers::All(_)) => -1,
                 Some(crate::engine::GpuLayers::Count(n)) => n,
             },
-            gpu_budget: arm.gpu_budget.or(arm.device_memory_cap_bytes),
+            gpu_budget: arm.device_budget(),
             rpc: p.rpc.to_vec(),
             device_cgroup: p.device_cgroup.map(Path::to_path_buf),
             record: p.record.to_path_buf(),
@@ -471,7 +471,7 @@ impl CellExecutor for ProcessExecutor {
             Some(cap) => {
                 let contain = crate::observe::ContainSpec {
                     memory_max: Some(cap),
-                    gpu_budget: cell.arm.gpu_budget.or(cell.arm.device_memory_cap_bytes),
+                    gpu_budget: cell.arm.device_budget(),
                     device_cgroup: server.as_ref().and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf),
                     ..Default::default()
                 };

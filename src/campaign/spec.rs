@@ -279,6 +279,14 @@ impl Arm {
     pub fn experts_mode(&self) -> ExpertsMode {
         self.experts.unwrap_or(ExpertsMode::Resident)
     }
+
+    /// The cell's device budget: the device cap, unless `gpu_budget` says less.
+    pub fn device_budget(&self) -> Option<u64> {
+        match (self.gpu_budget, self.device_memory_cap_bytes) {
+            (Some(b), Some(c)) => Some(b.min(c)),
+            (b, c) => b.or(c),
+        }
+    }
 }
 
 /// A measurement cell a campaign interleaves with its arms; each seals a record of its own

@@ -292,6 +292,8 @@ pub struct Plan {
     stream: Option<Stream>,
     /// Copies in flight, oldest first.
     copies: VecDeque<InFlightCopy>,
+    /// Some engine pool copies asynchronously (set as pools are bound).
+    copies_async: bool,
 }
 
 /// Next-layer prefetch reads in flight while the engine computes.
@@ -406,6 +408,7 @@ impl Plan {
             token_pass: None,
             stream: None,
             copies: VecDeque::new(),
+            copies_async: false,
         })
     }
 
@@ -494,6 +497,7 @@ impl Plan {
             PoolMem::Host(_) => return Err(PlanError::PoolMismatch { detail: "this Plan owns its pools".into() }),
             PoolMem::Engine(w) => {
                 if w.is_none() {
+                    self.copies_async |= writer.asynchronous();
                     *w = Some(writer);
                 }
             }
@@ -884,7 +888,7 @@ impl Plan {
         pending: &mut VecDeque<(ObjectId, u32, Version)>,
         inflight: &mut HashMap<u32, Bundle>,
     ) -> Result<(), PlanError> {
-        if !self.copies_async() {
+        if !self.copies_async {
             return Ok(());
         }
         while !inflight.is_empty() && self.source.poll_ready() {
@@ -894,11 +898,6 @@ impl Plan {
             self.accept(li, c, inflight)?;
         }
         Ok(())
-    }
-
-    /// Whether any of the engine's pools copies asynchronously.
-    fn copies_async(&self) -> bool {
-        self.pools.iter().flatten().any(|p| matches!(&p.mem, PoolMem::Engine(Some(w)) if w.asynchronous()))
     }
 
     /// Ends a streamed event the engine left unfinished: the consumers taken for passes it never
