@@ -182,8 +182,10 @@ pub struct Sequence {
 pub fn sequence(inv: &Inventory, plan: &PlanOptions, events: &[LayerEvent], prefill_steps: usize) -> Result<Sequence> {
     let policy: PolicySpec = plan.policy.parse().context("the arm's policy")?;
     let manifest = Manifest::new(inv, plan.slots, &policy.pinned)?.with_layer_buffers(plan.layer_buffers)?;
-    let windows = crate::plan::engine::Sizing::of(&manifest, plan).windows;
-    let trace = simulate::reads(manifest, &policy, events, windows)?;
+    let n_used = inv.expert_used_count.and_then(|n| u32::try_from(n).ok());
+    let sizing = crate::plan::engine::Sizing::of(&manifest, plan, n_used);
+    let token_pass = sizing.token_pass.zip(n_used).map(|(g, n)| (n as usize, g));
+    let trace = simulate::reads(manifest, &policy, events, sizing.windows, token_pass)?;
     let n_steps = events.last().map_or(0, |e| e.ubatch as usize + 1);
     let mut steps: Vec<Vec<Read>> = vec![Vec::new(); n_steps];
     let mut traffic = Traffic::default();

@@ -177,12 +177,13 @@ fn manifest_sized_f_with_coalesced_and_direct_reads_is_exact() {
                 assert_eq!((n(&sizing["windows"]), n(&mv["sqes"]), n(&mv["coalesced_sqes"]), n(&mv["direct_bytes"])), (1, n(&t["q_run"]["reads"]), 0, 0), "{mv}");
                 continue;
             }
-            // Sized from the manifest: one window per slot (a pass's misses), 3 extents each.
+            // Sized from the manifest: one window per slot (a pass's misses), one bundle's 3
+            // extents in flight, and a decode token in passes of a quarter of its 4 experts.
             assert_eq!(sizing["from"], "manifest", "{sizing}");
-            assert_eq!((n(&sizing["windows"]), n(&sizing["depth"])), (5, 15), "{sizing}");
-            assert_eq!(r["params"]["experts"]["depth"], 15);
+            assert_eq!((n(&sizing["windows"]), n(&sizing["depth"])), (5, 3), "{sizing}");
+            assert_eq!((n(&sizing["token_pass"]), &sizing["token_pass_from"]), (1, &serde_json::json!("manifest")), "{sizing}");
+            assert_eq!((&r["params"]["experts"]["depth"], &r["params"]["experts"]["token_pass"]), (&serde_json::json!(3), &serde_json::json!(1)));
             assert_eq!(r["experts"]["m_source_bound"]["n_windows"], 5);
-            assert!(n(&mv["coalesced_sqes"]) > 0 && n(&mv["sqes"]) < n(&t["q_run"]["reads"]), "{mv}");
             assert_eq!(n(&mv["direct_bytes"]) + n(&mv["window_bytes"]), n(&t["q_run"]["logical_bytes"]), "{mv}");
             if name == "aligned" {
                 assert_eq!((n(&mv["window_bytes"]), n(&r["experts"]["copy"]["bytes"])), (0, 0), "every extent went straight to its slot: {mv}");
@@ -191,11 +192,15 @@ fn manifest_sized_f_with_coalesced_and_direct_reads_is_exact() {
             }
         }
     }
-    // Flags still win, and the record says so.
+    // Flags still win, and the record says so; with a whole token in one pass and a layer's
+    // reads in flight together, neighbours in a tensor go out as one read.
     let rec = dir.path().join("flags");
-    let r = gen(&aligned, &rec, &["--experts", "plan", "--slots", "5", "--source", "f", "--windows", "2", "--depth", "4"]);
-    assert_eq!(r["params"]["experts"]["sizing"]["from"], "flags");
-    assert_eq!((r["params"]["experts"]["windows"].as_u64(), r["params"]["experts"]["depth"].as_u64()), (Some(2), Some(4)));
+    let r = gen(&aligned, &rec, &["--experts", "plan", "--slots", "5", "--source", "f", "--windows", "5", "--depth", "15", "--token-pass", "4"]);
+    let sizing = &r["params"]["experts"]["sizing"];
+    assert_eq!((&sizing["from"], &sizing["token_pass_from"]), (&serde_json::json!("flags"), &serde_json::json!("flags")), "{sizing}");
+    assert_eq!((r["params"]["experts"]["windows"].as_u64(), r["params"]["experts"]["depth"].as_u64()), (Some(5), Some(15)));
+    let (mv, reads) = (&r["experts"]["telemetry"]["movement"], r["experts"]["telemetry"]["q_run"]["reads"].as_u64().unwrap());
+    assert!(mv["coalesced_sqes"].as_u64().unwrap() > 0 && mv["sqes"].as_u64().unwrap() < reads, "{mv}");
     assert_exact(&dir.path().join("aligned-resident"), &rec);
 }
 
@@ -206,7 +211,7 @@ fn token_passes_stream_a_layer_in_groups_and_stay_exact() {
     let resident = dir.path().join("resident");
     gen(&m, &resident, &[]);
     let one = dir.path().join("one");
-    let o = gen(&m, &one, &["--experts", "plan", "--slots", "5", "--source", "f", "--depth", "3"]);
+    let o = gen(&m, &one, &["--experts", "plan", "--slots", "5", "--source", "f", "--depth", "3", "--token-pass", "4"]);
     // tiny: top-4, so a decode step is served in 4 passes of one expert or 2 of two, the
     // later groups read while the engine computes the first ones.
     for (pass, source, policy) in [("1", "f", "zero"), ("2", "f", "lru:5"), ("2", "d", "zero")] {

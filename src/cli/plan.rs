@@ -40,6 +40,10 @@ pub struct SimulateArgs {
     /// Draw bytes moved versus slots (.svg or .png).
     #[arg(long)]
     figure: Option<PathBuf>,
+    /// Distinct experts per pass of a one-token ubatch (absent: the record's own, if it was a
+    /// Plan run streamed in token passes; else one pass).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    token_pass: Option<u32>,
 }
 
 pub fn plan(c: PlanCommand) -> Result<ExitCode> {
@@ -55,7 +59,12 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
     }
     let rec = sovereign::oracle::routes::load(&a.routes, a.model.as_deref())?;
     let inv = &rec.inventory;
-    let rows = simulate::simulate(|s, pins| Manifest::new(inv, s, pins), &a.slots, &a.policies, &rec.events)?;
+    // The run's own passes: a one-token ubatch served in token passes requests its groups apart.
+    let token_pass = match a.token_pass {
+        Some(g) => Some((inv.expert_used_count.context("the model names no expert_used_count, which --token-pass needs")? as usize, g)),
+        None => rec.token_pass,
+    };
+    let rows = simulate::simulate(|s, pins| Manifest::new(inv, s, pins), &a.slots, &a.policies, &rec.events, token_pass)?;
     if let Some(path) = &a.csv {
         write_csv(path, &rows).with_context(|| format!("--csv {}", path.display()))?;
     }

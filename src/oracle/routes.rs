@@ -12,6 +12,9 @@ pub struct Recorded {
     pub events: Vec<LayerEvent>,
     pub inventory: Inventory,
     pub model: PathBuf,
+    /// (experts a token selects, experts per pass) where the run served one-token ubatches in
+    /// passes: a replay of its Plan runs the same passes.
+    pub token_pass: Option<(usize, u32)>,
 }
 
 /// Reads the routes of the completed generate record `dir` (digest checked) and inventories
@@ -52,5 +55,6 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
             bail!("{}: {ours} bytes of expert objects, record {name}'s Plan managed {}", model.display(), plan.manifest.managed_bytes);
         }
     }
-    Ok(Recorded { events, inventory, model })
+    let token_pass = rec.params.as_ref().and_then(|p| p.experts.plan()).and_then(|d| d.token_pass).map(|g| (k as usize, g));
+    Ok(Recorded { events, inventory, model, token_pass })
 }

@@ -108,7 +108,7 @@ impl PlanSource {
             bail!("layers with different expert counts need per-layer slot counts, which the engine does not take");
         }
         let w = manifest.window_size;
-        let sizing = Sizing::of(&manifest, &options);
+        let sizing = Sizing::of(&manifest, &options, inv.expert_used_count.and_then(|n| u32::try_from(n).ok()));
         let (mut alloc, windows_memory) = window_memory();
         let (source, registered): (Box<dyn Source>, Option<bool>) = match options.source {
             SourceKind::P => (Box::new(BufferedSource::open_with(model, sizing.windows, w, &mut *alloc)?), None),
@@ -126,7 +126,7 @@ impl PlanSource {
         let timeline = Timeline::new(options.timeline_token, manifest.layers.iter().map(|l| l.layer).collect(), capacity);
         let mut plan = Plan::for_engine(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
         plan.set_timeline(timeline);
-        if let Some(g) = options.token_pass {
+        if let Some(g) = sizing.token_pass {
             let n_per_pass = per_pass(plan.manifest(), n_slots);
             if g == 0 || g > n_per_pass {
                 bail!("token pass of {g} experts: expected 1..={n_per_pass} (the unpinned slots of a layer)");
@@ -275,8 +275,14 @@ impl SlotWriter for SlotPool {
     }
 }
 
-/// Windows and depth of a run's source: the flags', or sized from the manifest so that every
-/// read a layer's pass needs is in flight together.
+/// Windows, depth and token pass of a run's source: the flags', or derived from the manifest.
+///
+/// F's defaults are the configuration the bench measures fastest on its disk, derived from the
+/// manifest rather than tuned by flags: one window per slot a pass can miss, one bundle's
+/// extents in flight (every extent is verified before its bundle publishes, so a deeper queue
+/// leaves the disk idle while the completions are checked), and a decode token served in
+/// passes of a quarter of its experts, so the engine computes a layer's first experts while
+/// the rest are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Sizing {
     pub from: SizedFrom,
@@ -286,6 +292,12 @@ pub struct Sizing {
     /// slots) and the most extents per bundle.
     pub pass_capacity: u32,
     pub extents_per_bundle: u32,
+    /// Distinct experts per engine pass of a one-token ubatch (absent: one pass), and where it
+    /// came from (absent in earlier records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_pass: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_pass_from: Option<SizedFrom>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -302,8 +314,14 @@ pub enum SizedFrom {
 /// Windows of P when none are given (P reads synchronously: more windows only batch).
 const P_WINDOWS: u32 = 8;
 
+/// F's default token pass: a quarter of a token's experts, at least one.
+fn default_token_pass(n_used: u32, per_pass: u32) -> Option<u32> {
+    (n_used >= 2).then(|| n_used.div_ceil(4).clamp(1, per_pass.max(1)))
+}
+
 impl Sizing {
-    pub fn of(m: &Manifest, o: &PlanOptions) -> Sizing {
+    /// `n_used`: the experts a token selects (the model's `expert_used_count`).
+    pub fn of(m: &Manifest, o: &PlanOptions, n_used: Option<u32>) -> Sizing {
         let pass_capacity = m.layers.iter().map(|l| l.capacity()).max().unwrap_or(1).max(1);
         let extents_per_bundle = m.objects.iter().map(|o| o.extents.len() as u32).max().unwrap_or(1).max(1);
         let sized_windows = pass_capacity.min(crate::bounds::MAX_WINDOWS);
@@ -312,7 +330,7 @@ impl Sizing {
             SourceKind::P => (o.windows.unwrap_or(P_WINDOWS), 1),
             SourceKind::F => {
                 let windows = o.windows.unwrap_or(sized_windows);
-                let depth = o.depth.unwrap_or_else(|| windows.saturating_mul(extents_per_bundle).min(crate::bounds::MAX_DEPTH));
+                let depth = o.depth.unwrap_or(extents_per_bundle.min(crate::bounds::MAX_DEPTH));
                 (windows, depth)
             }
         };
@@ -321,7 +339,17 @@ impl Sizing {
             (false, false) => SizedFrom::Manifest,
             _ => SizedFrom::Mixed,
         };
-        Sizing { from, windows, depth, pass_capacity, extents_per_bundle }
+        // Token passes stream F's reads under compute; fault cells script whole passes.
+        let derived = match (o.source, o.fault, n_used) {
+            (SourceKind::F, FaultCell::None, Some(n)) => default_token_pass(n, per_pass(m, 0)),
+            _ => None,
+        };
+        let (token_pass, token_pass_from) = match (o.token_pass, derived) {
+            (Some(g), _) => (Some(g), Some(SizedFrom::Flags)),
+            (None, Some(g)) => (Some(g), Some(SizedFrom::Manifest)),
+            (None, None) => (None, None),
+        };
+        Sizing { from, windows, depth, pass_capacity, extents_per_bundle, token_pass, token_pass_from }
     }
 }
 
@@ -399,7 +427,7 @@ impl ExpertSource for PlanSource {
     }
 
     fn n_per_token_pass(&self) -> u32 {
-        self.options.token_pass.unwrap_or_else(|| self.n_per_pass())
+        self.sizing.token_pass.unwrap_or_else(|| self.n_per_pass())
     }
 
     fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32, pool: SlotPool) -> Result<u32> {
@@ -511,7 +539,7 @@ impl PlanSource {
             window_bytes: self.plan.manifest().window_size,
             depth: if self.options.source == SourceKind::F { Some(self.sizing.depth) } else { None },
             sizing: Some(self.sizing),
-            token_pass: self.options.token_pass,
+            token_pass: self.sizing.token_pass,
         }
     }
 
