@@ -245,3 +245,59 @@ fn a_quantized_file_that_is_not_valid_gguf_is_refused() {
     assert_one_line_error(&r, &["llama_model_quantize wrote an invalid file", "not aligned to 4096"]);
     assert!(!q.exists() && !dir.path().join("q.partial").exists());
 }
+
+/// Each layer's share of selections taken by its `top` most selected experts, from a record's
+/// routes (per event: ubatch, row, pos, layer as u32 LE, then k ids as i32 LE).
+fn top_share(rec: &Path, top: usize) -> Vec<f64> {
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
+    let k = r["counts"]["route_k"].as_u64().unwrap() as usize;
+    let bytes = std::fs::read(rec.join("routes.bin")).unwrap();
+    let mut per: std::collections::BTreeMap<u32, std::collections::HashMap<i32, u64>> = Default::default();
+    for unit in bytes.chunks_exact(16 + 4 * k) {
+        let layer = u32::from_le_bytes(unit[12..16].try_into().unwrap());
+        for id in unit[16..].chunks_exact(4) {
+            *per.entry(layer).or_default().entry(i32::from_le_bytes(id.try_into().unwrap())).or_default() += 1;
+        }
+    }
+    per.values()
+        .map(|c| {
+            let mut n: Vec<u64> = c.values().copied().collect();
+            n.sort_unstable_by(|a, b| b.cmp(a));
+            n.iter().take(top).sum::<u64>() as f64 / n.iter().sum::<u64>() as f64
+        })
+        .collect()
+}
+
+/// `--router-skew` sends most of a layer's selections to a few experts (forged routers spread
+/// them), deterministically, and a Plan run on the skewed model stays bitwise exact.
+#[test]
+fn router_skew_concentrates_selections_and_stays_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = forge_arch(dir.path(), "qwen3moe", &[]);
+    let skewed = forge_arch(dir.path(), "qwen3moe", &["--router-skew", "1"]);
+    let again = dir.path().join("again.gguf");
+    ok(&["model", "forge", "--preset", "tiny", "--seed", "11", "--router-skew", "1", "--out", again.to_str().unwrap()]);
+    assert_eq!(sovereign::util::sha256_file(&skewed).unwrap(), sovereign::util::sha256_file(&again).unwrap(), "skew is deterministic");
+    let g = Gguf::open(&skewed).unwrap();
+    assert!(matches!(g.get("sovereign.forge.router_skew"), Some(Value::F32(z)) if *z == 1.0));
+    assert!(Gguf::open(&plain).unwrap().get("sovereign.forge.router_skew").is_none(), "an unskewed file keeps its bytes");
+
+    // tiny: 16 experts, top-4; the 4 most selected experts of each layer.
+    let (a, b) = (dir.path().join("plain"), dir.path().join("skewed"));
+    gen(&plain, &a, &[]);
+    gen(&skewed, &b, &[]);
+    let (pa, pb) = (top_share(&a, 4), top_share(&b, 4));
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    assert!(mean(&pb) > mean(&pa) + 0.15 && pb.iter().all(|&s| s > 0.5), "plain {pa:?}, skewed {pb:?}");
+
+    let f = dir.path().join("skewed-f");
+    let r = gen(&skewed, &f, &["--experts", "plan", "--slots", SLOTS, "--source", "f", "--policy", "lru:5"]);
+    assert_exact(&b, &f);
+    assert!(r["experts"]["telemetry"]["hits"].as_u64().unwrap() > 0);
+    for bad in ["-1", "9", "nan"] {
+        let out = dir.path().join(format!("bad{bad}.gguf"));
+        let r = run(&["model", "forge", "--preset", "tiny", "--router-skew", bad, "--out", out.to_str().unwrap()]);
+        assert_ne!(r.code, 0, "--router-skew {bad}");
+        assert!(!out.exists());
+    }
+}

@@ -55,6 +55,10 @@ pub enum ModelCommand {
         /// Leave out output.weight: the head is tied to token_embd.
         #[arg(long)]
         tied_output: bool,
+        /// Skew every router toward a few experts: a Zipf exponent (0: nearly uniform, as
+        /// forged routers are; 1.5 sends most selections of a layer to a tenth of its experts).
+        #[arg(long, default_value_t = 0.0)]
+        router_skew: f32,
         #[arg(long)]
         json: bool,
     },
@@ -120,13 +124,13 @@ pub fn build_info(a: BuildInfoArgs) -> Result<ExitCode> {
 
 pub fn model(c: ModelCommand) -> Result<ExitCode> {
     match c {
-        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, f16_router, tied_output, json } => {
+        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, f16_router, tied_output, router_skew, json } => {
             let dims = preset.dims().with(&Overrides { layers, experts, top_k, embd, expert_ff, vocab, alignment })?;
             if out.symlink_metadata().is_ok() {
                 bail!("{}: --out exists; forge never overwrites (remove it first)", out.display());
             }
             let t = std::time::Instant::now();
-            let f = forge::forge_variant(arch, dims, forge::Variant { f16_router, tied_output }, seed, &out)?;
+            let f = forge::forge_variant(arch, dims, forge::Variant { f16_router, tied_output, router_skew }, seed, &out)?;
             if json {
                 print_json(&f)?;
             } else {

@@ -15,9 +15,10 @@ use sha2::{Digest, Sha256};
 use std::path::Path;
 
 /// The MoE families `forge` writes, each as llama.cpp's loader for it expects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
+    #[default]
     Qwen3moe,
     /// Gated DeltaNet layers with their recurrent state, full attention every 4th layer, a
     /// shared expert with its gate.
@@ -78,15 +79,22 @@ impl Arch {
 }
 
 /// Valid variations of a family's file that llama.cpp loads as well.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct Variant {
     /// Routers (`ffn_gate_inp`) stored as F16 instead of F32.
     pub f16_router: bool,
     /// No `output.weight`: the head is tied to `token_embd`.
     pub tied_output: bool,
+    /// Zipf exponent of router skew (0: none). Real routers send most selections to a few
+    /// experts; forged ones are nearly uniform. Each layer ranks its experts by a permutation
+    /// of its own and biases expert `e`'s logit by a few logits times `(rank(e) + 1)^-skew`.
+    pub router_skew: f32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+/// The largest router skew forge takes: beyond it every token picks the same experts.
+pub const MAX_ROUTER_SKEW: f32 = 8.0;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Preset {
     /// At most 64 MiB: unit tests.
@@ -221,6 +229,9 @@ pub fn forge(arch: Arch, dims: Dims, seed: u64, out: &Path) -> Result<Forged> {
 pub fn forge_variant(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &Path) -> Result<Forged> {
     let d = dims;
     families::check(arch, &d)?;
+    if !(variant.router_skew.is_finite() && (0.0..=MAX_ROUTER_SKEW).contains(&variant.router_skew)) {
+        anyhow::bail!("router skew {}: expected 0..={MAX_ROUTER_SKEW}", variant.router_skew);
+    }
     let a = arch.name();
     let mut b = Builder { w: GgufWriter::default(), init: Vec::new(), arch: a, variant };
     b.w.kv("general.architecture", Value::Str(a.into()))
@@ -228,6 +239,9 @@ pub fn forge_variant(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &
         .kv("general.file_type", Value::U32(0));
     families::hparams(arch, &d, &mut b);
     b.w.kv("sovereign.forge.seed", Value::U64(seed));
+    if variant.router_skew > 0.0 {
+        b.w.kv("sovereign.forge.router_skew", Value::F32(variant.router_skew));
+    }
     // Only when asked: files forged before keep their bytes.
     if d.alignment != crate::gguf::DEFAULT_ALIGNMENT {
         b.w.kv("general.alignment", Value::U32(d.alignment as u32));
@@ -238,13 +252,25 @@ pub fn forge_variant(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &
     let Builder { w, init, .. } = b;
     let eos = tokenizer::EOS as usize;
     let mut vals: Vec<f32> = Vec::new();
+    let skew = Skew::new(seed, d.embd as usize, variant.router_skew);
     let sha256 = w.write(out, |i, t, buf| {
         let n: usize = t.dims.iter().product::<u64>() as usize;
         vals.clear();
         vals.resize(n, 0.0);
         match init[i] {
             Init::Const(c) => vals.fill(c),
-            Init::Uniform(std) => draw(seed, &t.name, &mut vals, std),
+            Init::Uniform(std) => {
+                draw(seed, &t.name, &mut vals, std);
+                if let Some(k) = skew.as_ref().filter(|_| t.name == "token_embd.weight") {
+                    k.embed(&mut vals);
+                }
+            }
+            Init::Router(std) => {
+                draw(seed, &t.name, &mut vals, std);
+                if let Some(k) = &skew {
+                    k.router(seed, &t.name, &mut vals);
+                }
+            }
             Init::Between(lo, hi) => {
                 draw(seed, &t.name, &mut vals, (hi - lo) / 12f32.sqrt());
                 vals.iter_mut().for_each(|v| *v += (lo + hi) / 2.0);
@@ -279,6 +305,65 @@ enum Init {
     Head(f32),
     /// Uniform between two values (a decay held negative, a scale around 1).
     Between(f32, f32),
+    /// A router: uniform, each expert's row then scaled by the variant's skew.
+    Router(f32),
+}
+
+/// Router skew: a direction `u` shared by every token embedding (so every hidden state keeps a
+/// component along it through the residual stream) and, in each router, expert `e`'s row moved
+/// along `u` by `(rank(e) + 1)^-skew` times a few logits, ranks a per-layer permutation: a
+/// logit bias the architectures without a router bias can carry.
+struct Skew {
+    u: Vec<f32>,
+    z: f32,
+}
+
+/// The embedding's share along `u`, and the logit shift of the expert ranked first.
+const SKEW_EMBED: f32 = 0.5;
+const SKEW_LOGIT: f32 = 12.0;
+
+impl Skew {
+    fn new(seed: u64, embd: usize, z: f32) -> Option<Skew> {
+        if z <= 0.0 || embd == 0 {
+            return None;
+        }
+        let mut u = vec![0f32; embd];
+        draw(seed, "sovereign.forge.router_skew", &mut u, 1.0);
+        let norm = u.iter().map(|v| v * v).sum::<f32>().sqrt().max(f32::MIN_POSITIVE);
+        u.iter_mut().for_each(|v| *v /= norm);
+        Some(Skew { u, z })
+    }
+
+    /// Each embedding row gains `SKEW_EMBED * sqrt(embd)` along `u` (its own norm is about
+    /// `sqrt(embd)`).
+    fn embed(&self, vals: &mut [f32]) {
+        let a = SKEW_EMBED * (self.u.len() as f32).sqrt();
+        for row in vals.chunks_exact_mut(self.u.len()) {
+            row.iter_mut().zip(&self.u).for_each(|(v, u)| *v += a * u);
+        }
+    }
+
+    /// Each router row moves along `u` so that a normalized hidden state's component along it
+    /// (about `SKEW_EMBED / sqrt(1 + SKEW_EMBED^2) * sqrt(embd)`) shifts the expert's logit by
+    /// `SKEW_LOGIT * (rank + 1)^-z`.
+    fn router(&self, seed: u64, name: &str, vals: &mut [f32]) {
+        let embd = self.u.len();
+        let n = vals.len() / embd;
+        let mut rank: Vec<usize> = (0..n).collect();
+        let mut h = Sha256::new();
+        h.update(seed.to_le_bytes());
+        h.update(name.as_bytes());
+        h.update(b"router skew");
+        let mut rng = SplitMix64(u64::from_le_bytes(h.finalize()[..8].try_into().unwrap()));
+        for i in (1..n).rev() {
+            rank.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        let along = SKEW_EMBED / (1.0 + SKEW_EMBED * SKEW_EMBED).sqrt() * (embd as f32).sqrt();
+        for (row, r) in vals.chunks_exact_mut(embd).zip(&rank) {
+            let beta = SKEW_LOGIT * ((*r + 1) as f32).powf(-self.z) / along;
+            row.iter_mut().zip(&self.u).for_each(|(v, u)| *v += beta * u);
+        }
+    }
 }
 
 /// A model being described: its metadata, tensors and how each tensor is filled.
@@ -320,8 +405,8 @@ impl Builder {
         } else {
             match kind {
                 "token_embd" => (GgmlType::F32, Init::Uniform(scale::EMBED)),
-                "ffn_gate_inp" if self.variant.f16_router => (GgmlType::F16, Init::Uniform(scale::ROUTER / fan_in.sqrt())),
-                "ffn_gate_inp" => (GgmlType::F32, Init::Uniform(scale::ROUTER / fan_in.sqrt())),
+                "ffn_gate_inp" if self.variant.f16_router => (GgmlType::F16, Init::Router(scale::ROUTER / fan_in.sqrt())),
+                "ffn_gate_inp" => (GgmlType::F32, Init::Router(scale::ROUTER / fan_in.sqrt())),
                 "output" => (GgmlType::F32, Init::Head(scale::OUTPUT / fan_in.sqrt())),
                 _ => (GgmlType::F32, Init::Uniform(1.0 / fan_in.sqrt())),
             }
