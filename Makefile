@@ -30,21 +30,19 @@ demo: build
 # The shipped exactness campaign on the tiny model, unattended, then its tables, figure and
 # draft claim ledger, verified and replayed. Running it again continues (or does nothing).
 campaign: build
-	@mkdir -p $(MODELS) $(RESULTS)
-	test -f $(MODELS)/tiny.gguf || $(BIN) model forge --preset tiny --seed 1 --out $(MODELS)/tiny.gguf
+	@mkdir -p $(RESULTS)
 	$(BIN) campaign run campaigns/exactness.yaml
 	$(BIN) export --campaign exactness-resident-1 --out $(RESULTS)/export-exactness
 	$(BIN) verify --claim exactness-resident-1 --ledger $(RESULTS)/export-exactness/claims.json
 	$(BIN) replay --claim exactness-resident-1 --ledger $(RESULTS)/export-exactness/claims.json
 
-# Margin-gated deferred refinement (seed 001): forge one checkpoint at F32, quantize it to the
-# Q4_K_M base and the Q8_0 verifier, run the preregistered τ sweep unattended (resident and
-# streamed-under-a-cap verifiers), then its CSV and quality-versus-bytes figure.
+# Margin-gated deferred refinement (seed 001): the campaign's recipes forge one checkpoint at
+# F32 and quantize it to the Q4_K_M base and the Q8_0 verifier; the margins of the base, then
+# the preregistered τ sweep unattended (resident and streamed-under-a-cap verifiers), then its
+# CSV and quality-versus-bytes figure.
 tau-sweep: build
-	@mkdir -p $(MODELS) $(RESULTS)
-	test -f $(MODELS)/tau-f32.gguf || $(BIN) model forge --preset small --seed 3 --out $(MODELS)/tau-f32.gguf
-	test -f $(MODELS)/tau-q4_k_m.gguf || $(BIN) model quantize --type q4_k_m $(MODELS)/tau-f32.gguf $(MODELS)/tau-q4_k_m.gguf
-	test -f $(MODELS)/tau-q8_0.gguf || $(BIN) model quantize --type q8_0 $(MODELS)/tau-f32.gguf $(MODELS)/tau-q8_0.gguf
+	@mkdir -p $(RESULTS)
+	$(BIN) campaign check campaigns/tau-sweep.yaml
 	$(BIN) margins --reference $(MODELS)/tau-f32.gguf --candidate $(MODELS)/tau-q4_k_m.gguf --prompts campaigns/prompts/tau.txt
 	$(BIN) campaign run campaigns/tau-sweep.yaml
 	$(BIN) export --campaign tau-sweep-small-3 --out $(RESULTS)/export-tau-sweep
@@ -53,9 +51,11 @@ test: deps
 	$(CARGO) test --locked
 
 # The shipped bench campaign (campaigns/bench.yaml) on the several-GiB bench model: stock, P,
-# D, F and F+LRU under one hard host cap against the resident oracle, with the envelope and a
-# replay of F's own reads in every block; then the bench table, F/D and F's ratio to its floor
-# (BENCH_OUTPUTS, BENCH_BLOCKS scale it down).
+# D, F and F+LRU under one hard host cap against the resident oracle, with the envelope, a
+# warm resident run and a replay of F's own reads in every block; then the bench table, F/D,
+# F's ratio to its floor and to the envelope, wall time against stock; then the same bench
+# model with skewed routing (campaigns/bench-skew.yaml): F and F+LRU against stock
+# (BENCH_OUTPUTS, BENCH_BLOCKS scale the first down; BENCH_SKEW=0 leaves the second out).
 bench: build
 	BIN=$(BIN) scripts/bench.sh
 

@@ -85,6 +85,23 @@ pub fn drop_file_cache(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Reads `path` through the page cache, start to end, so that a run mapping it finds its
+/// pages resident; returns the bytes read.
+pub fn warm_file_cache(path: &Path) -> Result<u64> {
+    use std::io::Read;
+    let mut f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let mut buf = vec![0u8; 8 << 20];
+    let mut total = 0u64;
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => total += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("{}: reading into the page cache", path.display()))),
+        }
+    }
+}
+
 /// Canonical JSON: object keys sorted by byte order, no insignificant whitespace, strings and
 /// numbers as serde_json writes them. Digests of JSON documents are taken over this form, so
 /// they do not depend on field order or pretty-printing (nor on serde_json's `preserve_order`).
@@ -158,5 +175,9 @@ pub fn is_zero(x: &u64) -> bool {
 }
 
 pub fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
+}
+
+pub fn is_zero_f32(x: &f32) -> bool {
     *x == 0.0
 }

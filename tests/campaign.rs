@@ -104,35 +104,74 @@ fn assert_sealed_exactly_once(results: &Path, id: &str, cells: usize) -> Vec<Val
     j
 }
 
+/// Every campaign the repository ships.
+const SHIPPED: [&str; 6] = ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml", "bench-skew.yaml"];
+
 #[test]
 fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let t = tempfile::tempdir().unwrap();
-    // The shipped campaigns beside stand-ins for the models they name (check reads paths; the
-    // digests are checked when a cell runs); without them the check refuses the missing file.
+    // The shipped campaigns in a fresh directory, without the models they name.
     let shipped = t.path().join("campaigns");
     fs::create_dir_all(shipped.join("prompts")).unwrap();
     for e in fs::read_dir(root.join("campaigns/prompts")).unwrap() {
         let e = e.unwrap();
         fs::copy(e.path(), shipped.join("prompts").join(e.file_name())).unwrap();
     }
-    fs::create_dir_all(t.path().join("models")).unwrap();
-    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml"] {
-        fs::copy(root.join("campaigns").join(f), shipped.join(f)).unwrap();
+    let models = t.path().join("models");
+    // Every shipped campaign makes its missing models from their recipes (the bench's several
+    // GiB stay out of the tests: without its recipe, its missing model is refused with the fix).
+    let recipes = [("bench.yaml", "  forge: { preset: bench, seed: 1 }\n"), ("bench-skew.yaml", "  forge: { preset: bench, seed: 1, router_skew: 1 }\n")];
+    for f in SHIPPED {
+        let mut text = fs::read_to_string(root.join("campaigns").join(f)).unwrap();
+        if let Some((_, recipe)) = recipes.iter().find(|(g, _)| *g == f) {
+            assert!(text.contains(recipe), "{f}");
+            text = text.replacen(recipe, "", 1);
+        }
+        fs::write(shipped.join(f), text).unwrap();
+    }
+    let r = run(&["campaign", "check", s(&shipped.join("bench.yaml"))]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("model.path is missing") && r.stderr.contains("gives no recipe") && r.stderr.lines().count() == 1, "{}", r.stderr);
+    for (f, made) in [("exactness.yaml", &["tiny"][..]), ("faults.yaml", &[]), ("pdf-pairs.yaml", &["pdf"]), ("tau-sweep.yaml", &["tau-f32", "tau-q4_k_m", "tau-q8_0"])] {
         let r = run(&["campaign", "check", s(&shipped.join(f))]);
-        assert_eq!(r.code, 1, "{f} with its models missing: {}{}", r.stdout, r.stderr);
-        assert!(r.stderr.contains("cannot be read") || r.stderr.contains("models/"), "{f}: {}", r.stderr);
+        assert_eq!(r.code, 0, "{f}: {}{}", r.stdout, r.stderr);
+        assert_eq!(r.stdout.lines().filter(|l| l.starts_with("made ")).count(), made.len(), "{f}: {}", r.stdout);
+        for m in made {
+            assert!(models.join(format!("{m}.gguf")).is_file(), "{f}: {m}");
+        }
     }
-    for m in ["tiny", "pdf", "tau-q4_k_m", "tau-q8_0", "tau-f32", "bench"] {
-        fs::write(t.path().join("models").join(format!("{m}.gguf")), b"GGUF").unwrap();
-    }
+    // Made once: a second check makes nothing.
+    assert!(!ok(&["campaign", "check", s(&shipped.join("exactness.yaml"))]).stdout.contains("made "));
+    // A recipe that contradicts the file present is refused, naming the field.
+    let exact = fs::read_to_string(shipped.join("exactness.yaml")).unwrap();
+    let bad = shipped.join("recipe.yaml");
+    fs::write(&bad, exact.replacen("forge: { preset: tiny, seed: 1 }", "forge: { preset: tiny, seed: 2 }", 1)).unwrap();
+    let r = run(&["campaign", "check", s(&bad)]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("has seed 1, but model.forge says 2") && r.stderr.lines().count() == 1, "{}", r.stderr);
+    // A recipe that does not make the pinned bytes leaves nothing behind.
+    fs::write(&bad, exact.replacen("forge: { preset: tiny, seed: 1 }", "forge: { preset: tiny, seed: 2 }", 1).replacen("../models/tiny.gguf", "../models/other.gguf", 1)).unwrap();
+    let r = run(&["campaign", "check", s(&bad)]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("does not make the pinned model"), "{}", r.stderr);
+    let left: Vec<String> = fs::read_dir(&models).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains("other")).collect();
+    assert!(left.is_empty(), "{left:?}");
+    // Both recipes at once is a problem of the file.
+    fs::write(&bad, exact.replacen("forge: { preset: tiny, seed: 1 }", "forge: { preset: tiny, seed: 1 }\n  quantize: { from: x.gguf, type: q8_0 }", 1)).unwrap();
+    let r = run(&["campaign", "check", s(&bad)]);
+    assert!(r.code == 1 && r.stderr.contains("give `forge` or `quantize`, not both"), "{}", r.stderr);
+    fs::remove_file(&bad).unwrap();
+    // The benches' stand-ins: check reads paths; digests are checked when a cell runs.
+    fs::write(models.join("bench.gguf"), b"GGUF").unwrap();
+    fs::write(models.join("bench-skew.gguf"), b"GGUF").unwrap();
     // Shipped campaigns pin this build: a changed patch series must be carried into them, or
     // `campaign run` refuses every one of them.
     let id: serde_json::Value = serde_json::from_str(&ok(&["build-info", "--json"]).stdout).unwrap();
     let pins: Vec<String> = std::iter::once(id["engine"]["tree_sha256"].as_str().unwrap().to_string())
         .chain(id["engine"]["patches"].as_array().unwrap().iter().map(|p| p["sha256"].as_str().unwrap().to_string()))
         .collect();
-    for f in ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml"] {
+    for f in SHIPPED {
         ok(&["campaign", "check", s(&shipped.join(f))]);
         let text = fs::read_to_string(shipped.join(f)).unwrap();
         for pin in &pins {

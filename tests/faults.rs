@@ -238,6 +238,7 @@ fn a_fault_cell_that_never_fires_fails_the_campaign_claim() {
             .replace("id: faults-tiny-1", "id: faults-one-layer")
             .replace(model_sha, &sha)
             .replace("path: ../models/tiny.gguf", "path: ../models/one.gguf")
+            .replace("forge: { preset: tiny, seed: 1 }", "forge: { preset: tiny, seed: 1, layers: 1 }")
     });
     let results = t.path().join("results");
     let r = ok(&["campaign", "run", s(&file), "--results", s(&results), "--no-progress"]);

@@ -254,6 +254,7 @@ fn paired_ratio_claim_of_pdf_pairs_reproduces_under_its_cap() {
     let scaled = text
         .replace("id: pdf-pairs-tiny-1", &format!("id: {id}"))
         .replace("../models/pdf.gguf", "../models/tiny.gguf")
+        .replace("  forge: { preset: tiny, seed: 1, layers: 4, experts: 32 }\n", "")
         .replace("ef110610cc8fd99f2a6b7451b1f7b312de9ae5bce45aa3e79adf66c6a6f510ea", &tiny)
         .replace("outputs: 32", "outputs: 8")
         .replace("horizon: 32", "horizon: 8")

@@ -79,6 +79,10 @@ pub struct CellOutcome {
     /// interrupted, not an outcome; the runner discards it and runs the cell again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interrupted: Option<String>,
+    /// A `warm` arm's model bytes the runner read through the page cache before the worker
+    /// started (not in `wall_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmed_bytes: Option<u64>,
 }
 
 /// The kernel's count of OOM kills since boot (`/proc/vmstat` `oom_kill`), if it keeps one.
@@ -424,6 +428,7 @@ impl CellExecutor for ProcessExecutor {
                         worker: None,
                         telemetry: Telemetry::default(),
                         interrupted: None,
+                        warmed_bytes: None,
                     });
                 }
             }
@@ -464,6 +469,14 @@ impl CellExecutor for ProcessExecutor {
         writeln!(out, "# cell {} (attempt log); worker: {}", cell.key, serde_json::to_string(&worker)?)?;
         out.flush()?;
 
+        let warmed_bytes = match cell.arm.warm {
+            true => {
+                let n = crate::util::warm_file_cache(&model)?;
+                writeln!(out, "# warm: read {n} bytes of {} through the page cache", cell.model.path)?;
+                Some(n)
+            }
+            false => None,
+        };
         let t0 = Instant::now();
         let oom_before = oom_kills_now();
         let (code, signal, maxrss) = match cell.arm.memory_cap_bytes {
@@ -532,7 +545,7 @@ impl CellExecutor for ProcessExecutor {
         };
         let telemetry = resource_telemetry(staging, maxrss);
         let interrupted = if status == CellStatus::Failed { interruption(signal, oom_before, oom_after, &telemetry) } else { None };
-        Ok(CellOutcome { status, exit_code: code, signal, error, wall_s, command: Vec::new(), worker: Some(shown), telemetry, interrupted })
+        Ok(CellOutcome { status, exit_code: code, signal, error, wall_s, command: Vec::new(), worker: Some(shown), telemetry, interrupted, warmed_bytes })
     }
 }
 

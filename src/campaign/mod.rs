@@ -23,6 +23,7 @@ pub mod document;
 pub mod executor;
 pub mod expand;
 pub mod journal;
+pub mod models;
 pub mod runner;
 pub mod slurm;
 pub mod spec;
@@ -67,6 +68,18 @@ pub fn load(file: &Path) -> Result<Loaded> {
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
     let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
     Ok(Loaded { file: file.to_path_buf(), base, source, spec, canonical, digest })
+}
+
+/// Makes the missing models of a campaign file from their recipes ([`models::make_missing`]);
+/// a file that does not parse makes nothing (its diagnostics are `check`'s).
+pub fn make_models(file: &Path) -> Result<Vec<models::Made>> {
+    let source = crate::bounds::read_text("the campaign file", file, crate::bounds::MAX_CAMPAIGN_FILE_BYTES)?;
+    let Ok(spec) = parse(&source) else { return Ok(Vec::new()) };
+    let base = match file.parent() {
+        Some(b) if !b.as_os_str().is_empty() => b.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    models::make_missing(&spec, &base)
 }
 
 /// `campaign check`: the diagnostics of a file (empty: it is well formed).

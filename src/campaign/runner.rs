@@ -792,6 +792,7 @@ mod tests {
                 worker: None,
                 telemetry: Telemetry::default(),
                 interrupted: None,
+                warmed_bytes: None,
             })
         }
     }

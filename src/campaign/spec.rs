@@ -113,6 +113,54 @@ pub struct ModelSpec {
     /// Relative paths are taken from the campaign file's directory.
     pub path: String,
     pub sha256: Sha256Hex,
+    /// How the model is made when `path` is missing: forged (`model forge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forge: Option<ForgeRecipe>,
+    /// How the model is made when `path` is missing: quantized from another file
+    /// (`model quantize`), itself present or made by its own recipe first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize: Option<QuantizeRecipe>,
+}
+
+/// `sovereign model forge` as a campaign names it; absent fields take forge's defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForgeRecipe {
+    #[serde(default)]
+    pub arch: crate::forge::Arch,
+    pub preset: crate::forge::Preset,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embd: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_ff: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alignment: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub f16_router: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tied_output: bool,
+    #[serde(default, skip_serializing_if = "crate::util::is_zero_f32")]
+    pub router_skew: f32,
+}
+
+/// `sovereign model quantize` as a campaign names it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuantizeRecipe {
+    /// The source model, relative to the campaign file's directory.
+    pub from: String,
+    #[serde(rename = "type")]
+    pub ty: crate::engine::QuantType,
 }
 
 /// The models of a refinement campaign beside the base.
@@ -264,6 +312,11 @@ pub struct Arm {
     /// server cgroup's kernel peak is the device's audit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_memory_cap_bytes: Option<u64>,
+    /// Resident arms without a memory cap: the runner reads the model file through the page
+    /// cache before each cell (outside its wall time), so the run computes on warm pages and
+    /// measures compute alone: the compute floor.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm: bool,
 }
 
 /// Where an arm's RPC device comes from.
@@ -408,6 +461,18 @@ pub struct Analysis {
     /// An arm's decode time per token against its floor, per block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor: Option<FloorAnalysis>,
+    /// Complete wall time of arms against a baseline arm (mean over each arm's cells).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall: Option<WallAnalysis>,
+}
+
+/// `arms`' mean complete wall time (the runner's, spawn to exit) over `baseline`'s: a speedup
+/// is `baseline / arm`. A ratio over failed cells is none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WallAnalysis {
+    pub baseline: At<String>,
+    pub arms: Vec<At<String>>,
 }
 
 /// Per block, the floor time per decode token is max(read time per decode token of the
@@ -415,6 +480,10 @@ pub struct Analysis {
 /// the block's cells, else of all its cells), and the ratio is `arm`'s decode time per token
 /// over it (1.10: within 10 %); the paired-log t interval of that ratio over the blocks. An
 /// arm faster than a term of its floor makes the floor an invalid measurement: no ratio.
+/// With `envelope`, each block also gives the arm's bytes per second (its replay's decode
+/// bytes per token over its decode time per token) over the envelope's best cell in the
+/// campaign, with its interval; a replay or an arm moving more bytes per second than that cell
+/// is an invalid measurement too.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FloorAnalysis {
@@ -423,6 +492,9 @@ pub struct FloorAnalysis {
     pub replay: At<String>,
     /// A resident arm: the compute floor.
     pub compute: At<String>,
+    /// An `envelope` arm: the device's read ceiling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope: Option<At<String>>,
     pub level: f64,
 }
 
@@ -503,6 +575,20 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     if c.arms.is_empty() {
         out.push(Diagnostic { line: 0, column: 0, message: "a campaign needs at least one arm".into() });
     }
+    let mut specs = vec![("model", &c.model)];
+    if let Some(r) = &c.refine {
+        specs.extend([("refine.verifier", &r.verifier), ("refine.reference", &r.reference)]);
+    }
+    for (field, m) in specs {
+        if m.forge.is_some() && m.quantize.is_some() {
+            out.push(Diagnostic { line: 0, column: 0, message: format!("{field}: give `forge` or `quantize`, not both") });
+        }
+        if let Some(f) = &m.forge {
+            if !(f.router_skew.is_finite() && (0.0..=crate::forge::MAX_ROUTER_SKEW).contains(&f.router_skew)) {
+                out.push(Diagnostic { line: 0, column: 0, message: format!("{field}.forge.router_skew {}: expected 0..={}", f.router_skew, crate::forge::MAX_ROUTER_SKEW) });
+            }
+        }
+    }
     let mut ids = BTreeSet::new();
     for a in &c.arms {
         if !valid_name(&a.id, &[]) {
@@ -549,6 +635,10 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         }
         if let Some(c) = a.device_memory_cap_bytes.filter(|&c| !(crate::bounds::MIN_MEMORY_MAX..=crate::bounds::MAX_MEMORY_MAX).contains(&c)) {
             out.push(Diagnostic::at(&a.id, format!("arm `{}`: `device_memory_cap_bytes` {c} is out of range (1 MiB up to 1 PiB)", a.id.value)));
+        }
+        if a.warm && (experts != ExpertsMode::Resident || a.memory_cap_bytes.is_some() || a.refine.is_some()) {
+            // A capped or streaming run must be charged for its own reads.
+            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `warm` applies to resident generate arms without `memory_cap_bytes`", a.id.value)));
         }
         if a.refine.is_some() {
             // A refine cell runs on the CPU: device fields would be silently ignored.
@@ -692,8 +782,23 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         if arm(&f.compute).is_some_and(|a| a.experts != Some(ExpertsMode::Resident)) {
             out.push(Diagnostic::at(&f.compute, format!("analysis.floor.compute `{}` must be a resident arm", f.compute.value)));
         }
+        if let Some(e) = &f.envelope {
+            known(e, "analysis.floor.envelope", &mut out);
+            if arm(e).is_some_and(|a| !matches!(a.measure, Some(Measure::Envelope(_)))) {
+                out.push(Diagnostic::at(e, format!("analysis.floor.envelope `{}` must be an envelope arm", e.value)));
+            }
+        }
         if !(f.level > 0.0 && f.level < 1.0) {
             out.push(Diagnostic::at(&f.arm, format!("analysis.floor.level must lie strictly between 0 and 1 (got {})", f.level)));
+        }
+    }
+    if let Some(w) = c.analysis.as_ref().and_then(|a| a.wall.as_ref()) {
+        known(&w.baseline, "analysis.wall.baseline", &mut out);
+        for a in &w.arms {
+            known(a, "analysis.wall.arms", &mut out);
+        }
+        if w.arms.is_empty() {
+            out.push(Diagnostic::at(&w.baseline, "analysis.wall.arms names no arm".to_string()));
         }
     }
     if c.repetition.max_interrupted_attempts == 0 {
@@ -723,6 +828,7 @@ fn validate_measure_arm(a: &Arm) -> Vec<Diagnostic> {
         ("rpc", a.rpc.is_some()),
         ("gpu_budget", a.gpu_budget.is_some()),
         ("device_memory_cap_bytes", a.device_memory_cap_bytes.is_some()),
+        ("warm", a.warm),
     ];
     for (name, set) in run_fields {
         if set {

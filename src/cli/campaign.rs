@@ -86,6 +86,19 @@ pub struct RunArgs {
 pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
     match c {
         CampaignCommand::Check { file, json } => {
+            match campaign::make_models(&file) {
+                Ok(made) => report_made(&made, json),
+                Err(e) => {
+                    // A model that cannot be made is a problem of the file, like any other.
+                    let line = format!("{}: {}", file.display(), format!("{e:#}").replace('\n', " "));
+                    if json {
+                        print_json(&serde_json::json!({ "file": file, "ok": false, "problems": [line] }))?;
+                    } else {
+                        eprintln!("{line}");
+                    }
+                    return Ok(ExitCode::from(1));
+                }
+            }
             let problems = campaign::check(&file)?;
             if json {
                 print_json(&serde_json::json!({ "file": file, "ok": problems.is_empty(), "problems": problems }))?;
@@ -124,8 +137,22 @@ pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// One line per model made from its recipe (stderr under `--json`).
+fn report_made(made: &[campaign::models::Made], json: bool) {
+    for m in made {
+        let line = format!("made {} ({}) from its recipe in {:.1} s: {}", m.path.display(), m.field, m.seconds, m.recipe);
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+}
+
 fn run(a: RunArgs, mode: campaign::RunMode) -> Result<ExitCode> {
     let l = campaign::load(&a.file)?;
+    let made = campaign::models::make_missing(&l.spec, &l.base).map_err(|e| anyhow::anyhow!("{}: {e:#}", a.file.display()))?;
+    report_made(&made, a.json);
     if a.executor == Executor::Slurm {
         return submit(a, &l, mode);
     }

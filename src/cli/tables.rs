@@ -132,6 +132,22 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
     if let Some(p) = &s.floor {
         println!("ratio to floor: {}", interval(p));
     }
+    if let Some(p) = &s.envelope {
+        println!("bytes per second over the envelope: {}", interval(p));
+    }
+    for w in &s.walls {
+        let secs = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} s"));
+        println!(
+            "complete wall {} over {}: {} ({} cells) against {} ({} cells): {}",
+            w.arm,
+            w.baseline,
+            secs(w.arm_wall_s),
+            w.arm_cells,
+            secs(w.baseline_wall_s),
+            w.baseline_cells,
+            w.speedup.map_or("no ratio".to_string(), |x| format!("{x:.2}x faster"))
+        );
+    }
     if !s.floor_invalid.is_empty() {
         // An impossible figure is a failed measurement, not a result.
         eprintln!("error: ratio to floor: invalid measurement ({} blocks): {}", s.floor_invalid.len(), s.floor_invalid.join("; "));

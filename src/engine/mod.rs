@@ -662,27 +662,47 @@ impl Drop for Context<'_> {
 }
 
 /// Quantization targets offered by `model quantize`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub enum QuantType {
+    #[serde(rename = "f16")]
     F16,
     #[value(name = "q8_0")]
+    #[serde(rename = "q8_0")]
     Q8_0,
     #[value(name = "q4_0")]
+    #[serde(rename = "q4_0")]
     Q4_0,
     #[value(name = "q4_k_m")]
+    #[serde(rename = "q4_k_m")]
     Q4KM,
+}
+
+impl QuantType {
+    /// The name `model quantize --type` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantType::F16 => "f16",
+            QuantType::Q8_0 => "q8_0",
+            QuantType::Q4_0 => "q4_0",
+            QuantType::Q4KM => "q4_k_m",
+        }
+    }
+
+    /// llama.cpp's `llama_ftype`, which a quantized file stores as `general.file_type`.
+    pub fn file_type(self) -> u32 {
+        match self {
+            QuantType::F16 => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_F16,
+            QuantType::Q8_0 => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_Q8_0,
+            QuantType::Q4_0 => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_Q4_0,
+            QuantType::Q4KM => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_Q4_K_M,
+        }
+    }
 }
 
 pub fn quantize(input: &Path, output: &Path, ty: QuantType, threads: i32) -> Result<()> {
     init();
     let (i, o) = (cstring(input)?, cstring(output)?);
-    let ftype = match ty {
-        QuantType::F16 => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_F16,
-        QuantType::Q8_0 => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_Q8_0,
-        QuantType::Q4_0 => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_Q4_0,
-        QuantType::Q4KM => sys::llama_ftype_LLAMA_FTYPE_MOSTLY_Q4_K_M,
-    };
+    let ftype = ty.file_type();
     // SAFETY: params are plain data; paths outlive the call.
     let rc = unsafe {
         let mut p = sys::llama_model_quantize_default_params();

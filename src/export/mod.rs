@@ -53,6 +53,11 @@ pub struct ExportSummary {
     /// Why the floor is an invalid measurement: a block whose arm decoded faster than a term of
     /// its floor (its reads alone, or the resident compute), named by block, cell and term.
     pub floor_invalid: Vec<String>,
+    /// `analysis.floor.envelope`: the arm's bytes per second over the envelope's best cell,
+    /// per block. None when any block's floor or envelope is invalid.
+    pub envelope: Option<PairedRatio>,
+    /// `analysis.wall`: each arm's mean complete wall time against the baseline's.
+    pub walls: Vec<WallRow>,
     /// One row per arm: the bench table.
     pub arms: Vec<ArmRow>,
     pub files: Vec<PathBuf>,
@@ -141,6 +146,43 @@ fn arm_rows(spec: &Campaign, cells: &[CellSpec], sealed: &BTreeMap<String, Seale
         .collect()
 }
 
+/// One arm of `analysis.wall` against its baseline (`wall.csv`).
+#[derive(Debug, Clone, Serialize)]
+pub struct WallRow {
+    pub arm: String,
+    pub baseline: String,
+    /// Mean complete wall seconds over the completed cells, and how many.
+    pub arm_wall_s: Option<f64>,
+    pub arm_cells: usize,
+    pub baseline_wall_s: Option<f64>,
+    pub baseline_cells: usize,
+    /// `baseline_wall_s / arm_wall_s`: how many times faster the arm completed.
+    pub speedup: Option<f64>,
+}
+
+fn wall_rows(w: &crate::campaign::spec::WallAnalysis, cells: &[CellSpec], sealed: &BTreeMap<String, Sealed>) -> Vec<WallRow> {
+    let walls = |arm: &str| -> Vec<f64> {
+        cells.iter().filter(|c| c.arm.id.value == arm).filter_map(|c| sealed.get(&c.key)).filter(|x| x.completed()).map(|x| x.doc.outcome.wall_s).collect()
+    };
+    let base = walls(&w.baseline.value);
+    w.arms
+        .iter()
+        .map(|a| {
+            let mine = walls(&a.value);
+            let (am, bm) = (mean(&mine), mean(&base));
+            WallRow {
+                arm: a.value.clone(),
+                baseline: w.baseline.value.clone(),
+                arm_wall_s: am,
+                arm_cells: mine.len(),
+                baseline_wall_s: bm,
+                baseline_cells: base.len(),
+                speedup: am.zip(bm).filter(|(a, _)| *a > 0.0).map(|(a, b)| b / a),
+            }
+        })
+        .collect()
+}
+
 /// One block of `analysis.floor`.
 struct FloorRow<'a> {
     block: usize,
@@ -148,21 +190,69 @@ struct FloorRow<'a> {
     arm: (&'a CellSpec, &'a Sealed, f64),
     replay: (&'a CellSpec, &'a Sealed, f64),
     compute: (&'a CellSpec, &'a Sealed, f64),
+    /// Decode bytes per token of the arm (its replay's), and the replay's bytes per second.
+    bytes_per_token: f64,
+    replay_bytes_per_s: f64,
+    /// The envelope's best cell in the campaign and its bytes per second.
+    envelope: Option<(&'a CellSpec, f64)>,
 }
+
+const MIB: f64 = 1048576.0;
 
 impl FloorRow<'_> {
     fn floor(&self) -> f64 {
         self.replay.2.max(self.compute.2)
     }
 
+    /// The arm's decode bytes per second.
+    fn arm_bytes_per_s(&self) -> f64 {
+        self.bytes_per_token / self.arm.2
+    }
+
+    /// Which term of the floor or the envelope this block breaks, if any.
+    fn broken_term(&self) -> Option<&'static str> {
+        broken_floor(self.arm.2, self.replay.2, self.compute.2)
+            .or_else(|| self.envelope.and_then(|(_, e)| beyond_envelope(self.arm_bytes_per_s(), self.replay_bytes_per_s, e)))
+    }
+
     /// Why this block's floor cannot be right, if it cannot.
     fn broken(&self) -> Option<String> {
-        let term = broken_floor(self.arm.2, self.replay.2, self.compute.2)?;
-        let (cell, s) = if term == "read" { (&self.replay.0.key, self.replay.2) } else { (&self.compute.0.key, self.compute.2) };
-        Some(format!(
-            "block {}: arm cell {} decoded at {:.6} s/token, faster than the floor's {term} term ({cell}, {s:.6} s/token)",
-            self.block, self.arm.0.key, self.arm.2
-        ))
+        let term = self.broken_term()?;
+        let (env_cell, env) = self.envelope.map_or((String::new(), f64::NAN), |(c, e)| (c.key.clone(), e / MIB));
+        Some(match term {
+            "read" | "compute" => {
+                let (cell, s) = if term == "read" { (&self.replay.0.key, self.replay.2) } else { (&self.compute.0.key, self.compute.2) };
+                format!(
+                    "block {}: arm cell {} decoded at {:.6} s/token, faster than the floor's {term} term ({cell}, {s:.6} s/token)",
+                    self.block, self.arm.0.key, self.arm.2
+                )
+            }
+            "replay" => format!(
+                "block {}: replay cell {} read at {:.1} MiB/s, faster than the envelope's best cell ({env_cell}, {env:.1} MiB/s)",
+                self.block,
+                self.replay.0.key,
+                self.replay_bytes_per_s / MIB
+            ),
+            _ => format!(
+                "block {}: arm cell {} moved {:.1} MiB/s, more than the envelope's best cell ({env_cell}, {env:.1} MiB/s)",
+                self.block,
+                self.arm.0.key,
+                self.arm_bytes_per_s() / MIB
+            ),
+        })
+    }
+}
+
+/// Which of a block's read rates exceeds the device's measured ceiling (`replay`: the replay
+/// of the arm's reads; `arm`: the arm's own decode), or None. Nothing reads faster than the
+/// device does: a rate above the envelope's best cell is a mismeasurement.
+fn beyond_envelope(arm_bytes_per_s: f64, replay_bytes_per_s: f64, envelope_bytes_per_s: f64) -> Option<&'static str> {
+    if !(replay_bytes_per_s.is_finite() && replay_bytes_per_s <= envelope_bytes_per_s) {
+        Some("replay")
+    } else if !(arm_bytes_per_s.is_finite() && arm_bytes_per_s <= envelope_bytes_per_s) {
+        Some("arm")
+    } else {
+        None
     }
 }
 
@@ -189,6 +279,14 @@ fn floor_rows<'a>(f: &crate::campaign::spec::FloorAnalysis, cells: &'a [CellSpec
         cells.iter().find(|c| c.block == block && c.arm.id.value == arm).and_then(|c| sealed.get(&c.key).filter(|x| x.completed()).map(|x| (c, x)))
     };
     let blocks: std::collections::BTreeSet<usize> = cells.iter().map(|c| c.block).collect();
+    // The envelope's best cell over the whole campaign: the device's ceiling.
+    let envelope = f.envelope.as_ref().and_then(|e| {
+        cells
+            .iter()
+            .filter(|c| c.arm.id.value == e.value)
+            .filter_map(|c| sealed.get(&c.key).filter(|x| x.completed()).and_then(|x| Some((c, x.envelope()?.best.as_ref()?.mib_per_s * MIB))))
+            .max_by(|p, q| p.1.total_cmp(&q.1))
+    });
     let mut rows = Vec::new();
     for b in blocks {
         let (Some((ca, xa)), Some((cr, xr))) = (find(b, &f.arm), find(b, &f.replay)) else { continue };
@@ -205,9 +303,41 @@ fn floor_rows<'a>(f: &crate::campaign::spec::FloorAnalysis, cells: &'a [CellSpec
         let (Some(a), Some(r)) = (xa.decode_s_per_token(), xr.read_replay().and_then(ReadReplayRecord::decode_s_per_token)) else {
             continue;
         };
-        rows.push(FloorRow { block: b, order: ca.order.clone(), arm: (ca, xa, a), replay: (cr, xr, r), compute: (cc, xc, c) });
+        let Some(d) = xr.read_replay().and_then(|x| x.decode.as_ref()).filter(|d| d.steps > 0) else { continue };
+        rows.push(FloorRow {
+            block: b,
+            order: ca.order.clone(),
+            arm: (ca, xa, a),
+            replay: (cr, xr, r),
+            compute: (cc, xc, c),
+            bytes_per_token: d.physical_bytes as f64 / d.steps as f64,
+            replay_bytes_per_s: d.physical_bytes as f64 / d.seconds,
+            envelope,
+        });
     }
     rows
+}
+
+/// A one-row summary table: the `names` columns, then the paired ratio (as `ratio`) with its
+/// interval and the statistics it came from.
+fn write_summary(path: &Path, names: &[(&str, &String)], ratio: &str, pr: &PairedRatio) -> Result<()> {
+    let mut w = csv::Writer::from_path(path)?;
+    let stats = ["n", "df", "level", ratio, "lo", "hi", "mean_log", "sd_log", "t"];
+    w.write_record(names.iter().map(|(n, _)| *n).chain(stats))?;
+    let values = [
+        pr.n.to_string(),
+        pr.df.to_string(),
+        pr.level.to_string(),
+        pr.ratio.to_string(),
+        opt(pr.lo),
+        opt(pr.hi),
+        pr.mean_log.to_string(),
+        opt(pr.sd_log),
+        opt(pr.t),
+    ];
+    w.write_record(names.iter().map(|(_, v)| v.to_string()).chain(values))?;
+    w.flush()?;
+    Ok(())
 }
 
 /// One sealed cell, loaded and verified.
@@ -521,24 +651,8 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
             let b: Vec<f64> = pair_rows.iter().map(|r| r.7).collect();
             let pr = paired_ratio(&labels, &a, &b, p.level)?;
             let sum_csv = out.join("pairs_summary.csv");
-            let mut w = csv::Writer::from_path(&sum_csv)?;
-            w.write_record(["a_arm", "b_arm", "metric_file", "metric_pointer", "n", "df", "level", "ratio_b_over_a", "lo", "hi", "mean_log", "sd_log", "t"])?;
-            w.write_record([
-                p.a.value.clone(),
-                p.b.value.clone(),
-                p.metric.file.clone(),
-                p.metric.pointer.clone(),
-                pr.n.to_string(),
-                pr.df.to_string(),
-                pr.level.to_string(),
-                pr.ratio.to_string(),
-                opt(pr.lo),
-                opt(pr.hi),
-                pr.mean_log.to_string(),
-                opt(pr.sd_log),
-                opt(pr.t),
-            ])?;
-            w.flush()?;
+            let names = [("a_arm", &p.a.value), ("b_arm", &p.b.value), ("metric_file", &p.metric.file), ("metric_pointer", &p.metric.pointer)];
+            write_summary(&sum_csv, &names, "ratio_b_over_a", &pr)?;
             files.push(sum_csv);
             let title = format!("{}: {} / {} ({}{})", spec.id.value, p.b.value, p.a.value, p.metric.file, p.metric.pointer);
             let blocks: Vec<String> = pair_rows.iter().map(|r| format!("{}\n{}", r.0, r.1)).collect();
@@ -548,6 +662,7 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     }
 
     let mut floor = None;
+    let mut envelope = None;
     let mut floor_invalid = Vec::new();
     if let Some(f) = spec.analysis.as_ref().and_then(|a| a.floor.as_ref()) {
         let rows = floor_rows(f, &cells, &sealed);
@@ -557,9 +672,10 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
         w.write_record([
             "block", "order", "arm_cell", "replay_cell", "compute_cell", "arm_record", "replay_record", "compute_record", "arm_s_per_token",
             "read_s_per_token", "compute_s_per_token", "floor_s_per_token", "bound", "ratio_to_floor", "replay_depth", "valid",
+            "decode_bytes_per_token", "arm_mib_per_s", "replay_mib_per_s", "envelope_cell", "envelope_mib_per_s", "arm_over_envelope",
         ])?;
         for r in &rows {
-            let broken = broken_floor(r.arm.2, r.replay.2, r.compute.2);
+            let broken = r.broken_term();
             w.write_record([
                 r.block.to_string(),
                 r.order.clone(),
@@ -578,7 +694,17 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
                 opt(r.replay.1.read_replay().and_then(|x| x.params.as_ref()).map(|p| p.depth)),
                 match broken {
                     None => "true".to_string(),
-                    Some(term) => format!("false: faster than its {term} term"),
+                    Some(t @ ("read" | "compute")) => format!("false: faster than its {t} term"),
+                    Some(t) => format!("false: {t} faster than the envelope"),
+                },
+                r.bytes_per_token.to_string(),
+                (r.arm_bytes_per_s() / MIB).to_string(),
+                (r.replay_bytes_per_s / MIB).to_string(),
+                r.envelope.map(|(c, _)| c.key.clone()).unwrap_or_default(),
+                opt(r.envelope.map(|(_, e)| e / MIB)),
+                match (broken, r.envelope) {
+                    (None, Some((_, e))) => (r.arm_bytes_per_s() / e).to_string(),
+                    _ => String::new(),
                 },
             ])?;
         }
@@ -591,26 +717,41 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
             let b: Vec<f64> = rows.iter().map(|r| r.arm.2).collect();
             let pr = paired_ratio(&labels, &a, &b, f.level)?;
             let path = out.join("floor_summary.csv");
-            let mut w = csv::Writer::from_path(&path)?;
-            w.write_record(["arm", "replay", "compute", "n", "df", "level", "ratio_to_floor", "lo", "hi", "mean_log", "sd_log", "t"])?;
-            w.write_record([
-                f.arm.value.clone(),
-                f.replay.value.clone(),
-                f.compute.value.clone(),
-                pr.n.to_string(),
-                pr.df.to_string(),
-                pr.level.to_string(),
-                pr.ratio.to_string(),
-                opt(pr.lo),
-                opt(pr.hi),
-                pr.mean_log.to_string(),
-                opt(pr.sd_log),
-                opt(pr.t),
-            ])?;
-            w.flush()?;
+            let names = [("arm", &f.arm.value), ("replay", &f.replay.value), ("compute", &f.compute.value)];
+            write_summary(&path, &names, "ratio_to_floor", &pr)?;
             files.push(path);
             floor = Some(pr);
+            if let Some(e) = f.envelope.as_ref().filter(|_| rows.iter().all(|r| r.envelope.is_some())) {
+                let a: Vec<f64> = rows.iter().filter_map(|r| r.envelope.map(|(_, e)| e)).collect();
+                let b: Vec<f64> = rows.iter().map(FloorRow::arm_bytes_per_s).collect();
+                let pr = paired_ratio(&labels, &a, &b, f.level)?;
+                let path = out.join("envelope_summary.csv");
+                write_summary(&path, &[("arm", &f.arm.value), ("envelope", &e.value)], "arm_over_envelope", &pr)?;
+                files.push(path);
+                envelope = Some(pr);
+            }
         }
+    }
+
+    let mut walls = Vec::new();
+    if let Some(wa) = spec.analysis.as_ref().and_then(|a| a.wall.as_ref()) {
+        walls = wall_rows(wa, &cells, &sealed);
+        let path = out.join("wall.csv");
+        let mut w = csv::Writer::from_path(&path)?;
+        w.write_record(["arm", "baseline", "arm_wall_s", "arm_cells", "baseline_wall_s", "baseline_cells", "speedup"])?;
+        for r in &walls {
+            w.write_record([
+                r.arm.clone(),
+                r.baseline.clone(),
+                opt(r.arm_wall_s),
+                r.arm_cells.to_string(),
+                opt(r.baseline_wall_s),
+                r.baseline_cells.to_string(),
+                opt(r.speedup),
+            ])?;
+        }
+        w.flush()?;
+        files.push(path);
     }
 
     let arms = arm_rows(&spec, &cells, &sealed);
@@ -655,7 +796,7 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     files.push(lpath);
     let claims = ledger.claims.iter().map(|(id, c)| Ok(format!("{id}@{}", c.digest()?))).collect::<Result<Vec<_>>>()?;
 
-    Ok(ExportSummary { campaign: id.to_string(), cells: cells.len(), sealed: sealed.len(), pairs: pair_rows.len(), summary, floor, floor_invalid, arms, files, claims })
+    Ok(ExportSummary { campaign: id.to_string(), cells: cells.len(), sealed: sealed.len(), pairs: pair_rows.len(), summary, floor, floor_invalid, envelope, walls, arms, files, claims })
 }
 
 fn draft_ledger(
@@ -769,7 +910,18 @@ fn draft_ledger(
 
 #[cfg(test)]
 mod floor_tests {
-    use super::broken_floor;
+    use super::{beyond_envelope, broken_floor};
+
+    #[test]
+    fn a_rate_above_the_envelope_is_a_mismeasurement() {
+        let mib = 1048576.0;
+        assert_eq!(beyond_envelope(2000.0 * mib, 2500.0 * mib, 3000.0 * mib), None);
+        assert_eq!(beyond_envelope(3000.0 * mib, 3000.0 * mib, 3000.0 * mib), None, "equal to the ceiling is a ceiling met");
+        assert_eq!(beyond_envelope(2000.0 * mib, 3100.0 * mib, 3000.0 * mib), Some("replay"));
+        assert_eq!(beyond_envelope(3100.0 * mib, 2500.0 * mib, 3000.0 * mib), Some("arm"));
+        assert_eq!(beyond_envelope(f64::NAN, 2500.0 * mib, 3000.0 * mib), Some("arm"));
+        assert_eq!(beyond_envelope(2000.0 * mib, f64::INFINITY, 3000.0 * mib), Some("replay"));
+    }
 
     #[test]
     fn an_arm_faster_than_a_term_of_its_floor_breaks_it() {
