@@ -13,19 +13,10 @@ deps:
 build: deps
 	$(CARGO) build --release --locked
 
-# Forge the `small` model, generate twice with every surface recorded, show digests and routes,
-# and prove the two runs identical.
+# The main job end to end (scripts/demo.sh): the `small` model resident, then stock mmap and
+# F with LRU under a 128 MiB hard limit, compared with the oracle, certified, in one table.
 demo: build
-	@mkdir -p $(MODELS) $(RESULTS)
-	$(BIN) build-info
-	test -f $(MODELS)/small.gguf || $(BIN) model forge --preset small --seed 7 --out $(MODELS)/small.gguf
-	$(BIN) inventory $(MODELS)/small.gguf | head -6
-	@rm -rf $(RESULTS)/demo-a $(RESULTS)/demo-b
-	$(BIN) generate --model $(MODELS)/small.gguf --prompt-file campaigns/prompts/demo.txt \
-		--n-predict 64 --threads 2 --record $(RESULTS)/demo-a
-	$(BIN) generate --model $(MODELS)/small.gguf --prompt-file campaigns/prompts/demo.txt \
-		--n-predict 64 --threads 2 --record $(RESULTS)/demo-b --json > /dev/null
-	$(BIN) compare --unsealed $(RESULTS)/demo-a $(RESULTS)/demo-b
+	BIN=$(BIN) scripts/demo.sh
 
 # The shipped exactness campaign on the tiny model, unattended, then its tables, figure and
 # draft claim ledger, verified and replayed. Running it again continues (or does nothing).
