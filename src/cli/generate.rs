@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 /// How the Plan serves experts from storage.
 #[derive(Args)]
+#[command(next_help_heading = "Plan runs only (with --experts plan)")]
 pub struct PlanArgs {
     /// Slots per MoE layer (plan).
     #[arg(long, default_value_t = 8)]
@@ -29,10 +30,11 @@ pub struct PlanArgs {
     #[arg(long, value_enum, default_value_t = SourceKind::F)]
     source: SourceKind,
     /// Staging windows (p, f). Default for f: the most distinct experts one pass of a layer can
-    /// miss (its unpinned slots), so a pass's reads are all in flight together; p: 8.
+    /// miss (its unpinned slots); p: 8.
     #[arg(long)]
     windows: Option<u32>,
-    /// Reads in flight (f). Default: windows x the most extents per expert.
+    /// Reads in flight (f). Default: the most extents per expert (one expert in flight: each
+    /// extent is verified before its expert is published).
     #[arg(long)]
     depth: Option<u32>,
     /// Layer buffers (plan): 0 gives every layer its own slot pools; 2 streams layer by layer
@@ -43,9 +45,10 @@ pub struct PlanArgs {
     /// record keeps in its `timeline` surface (plan); default: the middle one.
     #[arg(long)]
     timeline_token: Option<u32>,
-    /// Distinct experts per engine pass when a ubatch has one token (plan; default: all in one
-    /// pass). Fewer than a token selects lets the engine compute a layer's first experts while
-    /// the Plan still reads the others.
+    /// Distinct experts per engine pass when a ubatch has one token (plan). Fewer than a token
+    /// selects lets the engine compute a layer's first experts while the Plan still reads the
+    /// others. Default for f: a quarter of a token's experts (none with a fault cell); else
+    /// all in one pass.
     #[arg(long)]
     token_pass: Option<u32>,
     /// How each read is verified against the model's digest manifest (plan): xxh3 (XXH3-128,
@@ -73,6 +76,7 @@ impl PlanArgs {
 
 /// How a run is contained: a memory cgroup, its limit, observers, and the page-cache protocol.
 #[derive(Args)]
+#[command(next_help_heading = "Containment and observation")]
 pub struct ContainArgs {
     /// Run as its own process tree in a memory cgroup with this hard limit (bytes, or with a
     /// K/M/G suffix, binary), swap off; the record then states what bounded each memory tier
@@ -159,22 +163,22 @@ pub struct GenerateArgs {
     fault: FaultCell,
     /// Layers llama.cpp offloads to the GPU (`n_gpu_layers`; `all` for every layer). Without a
     /// GPU device nothing is offloaded and the record says so.
-    #[arg(long, value_parser = parse_gpu_layers, default_value = "0")]
+    #[arg(long, value_parser = parse_gpu_layers, default_value = "0", help_heading = "Devices")]
     gpu_layers: i32,
     /// RPC servers (HOST:PORT, comma-separated; `sovereign device serve`) whose devices take
     /// the offloaded layers, as llama.cpp's `--rpc` does.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', help_heading = "Devices")]
     rpc: Vec<String>,
     /// The memory cgroup directory of the RPC device's server (`device serve --memory-max`
     /// prints it): after the run its kernel peak is put on record against `--gpu-budget`.
-    #[arg(long, requires = "rpc")]
+    #[arg(long, requires = "rpc", help_heading = "Devices")]
     device_cgroup: Option<PathBuf>,
     #[command(flatten)]
     contained: ContainArgs,
     /// Record directory (must not exist).
-    #[arg(long)]
+    #[arg(long, help_heading = "Output")]
     record: PathBuf,
-    #[arg(long)]
+    #[arg(long, help_heading = "Output")]
     json: bool,
     /// Plan flags given on the command line (filled from the matches).
     #[arg(skip)]
