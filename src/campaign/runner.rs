@@ -715,6 +715,7 @@ mod tests {
                         worker: None,
                         telemetry: Telemetry::default(),
                         interrupted: Some("signal 9 from outside".into()),
+                        warmed_bytes: None,
                     });
                 }
             }
