@@ -353,3 +353,25 @@ fn nan_logits_fail_the_run_naming_the_row() {
     assert_eq!(v["counts"]["generated_tokens"], 0);
     assert!(!rec.join("tokens.bin").exists() && !d.join("r.partial").exists());
 }
+
+/// The verbs are listed in the order a newcomer meets them, and each one's help ends with a
+/// worked example that names the verb itself.
+#[test]
+fn every_verb_teaches_with_an_example() {
+    let top = ok(&["--help"]).stdout;
+    let verbs: Vec<&str> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|v| *v != "help")
+        .collect();
+    assert_eq!(&verbs[..4], ["model", "inventory", "generate", "compare"], "{top}");
+    assert!(verbs.len() >= 18, "{verbs:?}");
+    for v in verbs {
+        let help = ok(&[v, "--help"]).stdout;
+        let example = help.rsplit("Example").next().unwrap_or_default();
+        assert!(help.contains("Example") && example.contains(&format!("sovereign {}", if v == "refine" { "campaign" } else { v })), "{v}: {help}");
+    }
+}

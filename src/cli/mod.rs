@@ -29,59 +29,73 @@ pub struct Cli {
     pub backend_dir: Option<PathBuf>,
 }
 
+/// The verbs, in the order a newcomer meets them: make a model, run it, compare and certify
+/// the run, then campaigns and their evidence, then the tools around them.
 #[derive(Subcommand)]
 enum Command {
-    /// Print the identity of this build: engine pin, tree digest, patches, binary digest.
-    BuildInfo(model::BuildInfoArgs),
     /// Make or convert models.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Example:\n  sovereign model forge --preset small --seed 7 --out models/small.gguf")]
     Model(model::ModelCommand),
     /// List a model's tensors, T_repr and expert objects (the file is validated first).
+    #[command(after_help = "Example:\n  sovereign inventory models/small.gguf")]
     Inventory(model::InventoryArgs),
     /// Greedy generation with every oracle surface recorded.
+    #[command(after_help = "Example (experts streamed by the Plan under a 128 MiB hard limit):\n  sovereign generate --model models/small.gguf --prompt-file campaigns/prompts/demo.txt \\\n    --n-predict 64 --experts plan --slots 16 --policy lru:16 --memory-max 128M --record results/f")]
     Generate(generate::GenerateArgs),
+    /// Compare two records surface by surface; exit 0 only if every surface is exact.
+    #[command(after_help = "Example:\n  sovereign compare --unsealed results/oracle results/f")]
+    Compare(oracle::CompareArgs),
+    /// Certificates C = (I, B, A, E, L): predicates (1)-(3) and claim classes R, W, E[E,h], L[F].
+    #[command(subcommand, after_help = "Example:\n  sovereign certificate show results/f --oracle results/oracle --g-decl 0")]
+    Certificate(certificate::CertificateCommand),
+    /// Preregistered campaigns: check, run unattended, status, resume.
+    #[command(subcommand, after_help = "Example (makes the campaign's model from its recipe if missing):\n  sovereign campaign run campaigns/exactness.yaml")]
+    Campaign(campaign::CampaignCommand),
+    /// Write a campaign's records as CSV tables, a pair-ratio figure and a draft claim ledger.
+    #[command(after_help = "Example:\n  sovereign export --campaign exactness-resident-1 --out results/export-exactness")]
+    Export(tables::ExportArgs),
+    /// Re-hash every file of a claim's records and check its assertions and fault validations offline.
+    #[command(after_help = "Example:\n  sovereign verify --claim exactness-resident-1 --ledger results/export-exactness/claims.json")]
+    Verify(claims::ClaimArgs),
+    /// Recompute a claim's summaries (ratios, intervals, predicates, fault validations) from raw operands.
+    #[command(after_help = "Example:\n  sovereign replay --claim exactness-resident-1 --ledger results/export-exactness/claims.json")]
+    Replay(claims::ClaimArgs),
+    /// Run a claim's cells again from its pinned identity, compare every surface with the
+    /// originals, recompute its summaries and seal a reproduction report.
+    #[command(after_help = "Example:\n  sovereign reproduce --claim exactness-resident-1 --ledger results/export-exactness/claims.json \\\n    --campaign campaigns/exactness.yaml --out results/repro")]
+    Reproduce(reproduce::ReproduceArgs),
+    /// The Plan offline: replacement policies replayed on recorded routes.
+    #[command(subcommand, after_help = "Example:\n  sovereign plan simulate --routes results/oracle --slots 8,16,32 --policy lru:S --policy zero")]
+    Plan(plan::PlanCommand),
+    /// Cold O_DIRECT read bandwidth by block size x queue depth (io_uring); the best cell is the
+    /// device ceiling.
+    #[command(after_help = "Example:\n  sovereign envelope --file models/small.gguf --figure results/envelope.svg")]
+    Envelope(envelope::EnvelopeArgs),
+    /// Statistics over tables of measurements.
+    #[command(subcommand, after_help = "Example:\n  sovereign stats pairs --csv results/export-bench-3/pairs.csv --a a --b b")]
+    Stats(tables::StatsCommand),
+    /// Teacher-force a reference's greedy trajectories through a candidate: per-position top-1
+    /// margins and agreement, AUROC of margin as a disagreement predictor, escalation share.
+    #[command(after_help = "Example:\n  sovereign margins --reference models/tau-f32.gguf --candidate models/tau-q4_k_m.gguf --prompts campaigns/prompts/tau.txt")]
+    Margins(refine::MarginsArgs),
+    /// Margin-gated deferred refinement: a resident base generates, a higher-bit verifier
+    /// checks deferred decisions in windows and rolls back flips.
+    #[command(after_help = "Example:\n  sovereign campaign run campaigns/tau-sweep.yaml   (the τ sweep; `refine --help` lists one run's flags)")]
+    Refine(refine::RefineArgs),
+    /// Check a record against the validator of its fault cell (seed 000 Table 7); recoverable
+    /// cells are compared with the no-fault control record.
+    #[command(after_help = "Example:\n  sovereign fault-check --cell eio --control results/control results/eio")]
+    FaultCheck(oracle::FaultCheckArgs),
     /// A device in its own process: ggml's RPC backend over the CPU device.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Example:\n  sovereign device serve --listen 127.0.0.1:50052 --memory-max 256M")]
     Device(device::DeviceCommand),
+    /// Print the identity of this build: engine pin, tree digest, patches, binary digest.
+    #[command(after_help = "Example:\n  sovereign build-info --json")]
+    BuildInfo(model::BuildInfoArgs),
     /// Run one cell spec (JSON) in this process: the worker a contained run or a campaign
     /// starts.
     #[command(hide = true)]
     Cell(generate::CellArgs),
-    /// Cold O_DIRECT read bandwidth by block size x queue depth (io_uring); the best cell is the
-    /// device ceiling.
-    Envelope(envelope::EnvelopeArgs),
-    /// Teacher-force a reference's greedy trajectories through a candidate: per-position top-1
-    /// margins and agreement, AUROC of margin as a disagreement predictor, escalation share.
-    Margins(refine::MarginsArgs),
-    /// Margin-gated deferred refinement: a resident base generates, a higher-bit verifier
-    /// checks deferred decisions in windows and rolls back flips.
-    Refine(refine::RefineArgs),
-    /// Check a record against the validator of its fault cell (seed 000 Table 7); recoverable
-    /// cells are compared with the no-fault control record.
-    FaultCheck(oracle::FaultCheckArgs),
-    /// Compare two records surface by surface; exit 0 only if every surface is exact.
-    Compare(oracle::CompareArgs),
-    /// Preregistered campaigns: check, run unattended, status, resume.
-    #[command(subcommand)]
-    Campaign(campaign::CampaignCommand),
-    /// Certificates C = (I, B, A, E, L): predicates (1)-(3) and claim classes R, W, E[E,h], L[F].
-    #[command(subcommand)]
-    Certificate(certificate::CertificateCommand),
-    /// Re-hash every file of a claim's records and check its assertions and fault validations offline.
-    Verify(claims::ClaimArgs),
-    /// Recompute a claim's summaries (ratios, intervals, predicates, fault validations) from raw operands.
-    Replay(claims::ClaimArgs),
-    /// The Plan offline: replacement policies replayed on recorded routes.
-    #[command(subcommand)]
-    Plan(plan::PlanCommand),
-    /// Run a claim's cells again from its pinned identity, compare every surface with the
-    /// originals, recompute its summaries and seal a reproduction report.
-    Reproduce(reproduce::ReproduceArgs),
-    /// Statistics over tables of measurements.
-    #[command(subcommand)]
-    Stats(tables::StatsCommand),
-    /// Write a campaign's records as CSV tables, a pair-ratio figure and a draft claim ledger.
-    Export(tables::ExportArgs),
 }
 
 impl Cli {
