@@ -305,6 +305,15 @@ pub fn run(cell: &Cell) -> Result<Done> {
                     .map_err(|err| anyhow::anyhow!("--rpc {e}: no RPC server answers ({err}); start one with `sovereign device serve --listen {e}`"))?;
                 engine::backends::rpc_add_server(e).map_err(|e| anyhow::anyhow!(e))?;
             }
+            let placed = engine::placement_report();
+            if placed.gpu_layers != engine::GpuLayers::Count(0) && placed.gpu_devices.is_empty() {
+                // Offload asked for and nowhere to go: a run on the CPU would not be what was asked.
+                let found: Vec<String> = engine::backends::devices().into_iter().map(|d| format!("{} ({})", d.name, d.kind)).collect();
+                anyhow::bail!(
+                    "--gpu-layers: no GPU device is loaded (devices found: {}); load a GPU backend module (--backend-dir DIR with libggml-cuda.so), name an RPC device (--rpc HOST:PORT of `sovereign device serve`), or leave --gpu-layers out",
+                    found.join(", ")
+                );
+            }
             let spec = GenerateSpec {
                 model: g.model.clone(),
                 prompt: g.prompt_bytes()?,

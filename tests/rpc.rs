@@ -172,6 +172,16 @@ fn no_server_and_a_server_killed_mid_run_fail_closed_with_one_line() {
     let r = generate(&m, PROMPT, 4, &dir.path().join("none"), &["--rpc", &none, "--gpu-layers", "all"]);
     assert_one_line_error(&r, &[&none, "device serve"]);
     assert!(!dir.path().join("none").exists() && !dir.path().join("none.partial").exists());
+    // Offload asked for with no device at all (no GPU backend module is loaded unless
+    // SOVEREIGN_BACKEND_DIR names one): refused, naming the devices found and the fixes,
+    // rather than run on the CPU as if placed.
+    if std::env::var_os("SOVEREIGN_BACKEND_DIR").is_none() {
+        let r = generate(&m, PROMPT, 4, &dir.path().join("nodev"), &["--gpu-layers", "all"]);
+        assert_one_line_error(&r, &["no GPU device is loaded", "devices found: CPU", "--rpc", "--backend-dir"]);
+        assert!(!dir.path().join("nodev").exists());
+    }
+    // And without --gpu-layers the same run is fine.
+    assert_eq!(generate(&m, PROMPT, 4, &dir.path().join("cpu"), &[]).code, 0);
 
     // The server dies while the run decodes: the run fails closed on record, nothing partial.
     let mut s = Server::start();

@@ -162,7 +162,7 @@ pub struct GenerateArgs {
     #[arg(long, value_enum, default_value_t = FaultCell::None)]
     fault: FaultCell,
     /// Layers llama.cpp offloads to the GPU (`n_gpu_layers`; `all` for every layer). Without a
-    /// GPU device nothing is offloaded and the record says so.
+    /// GPU or RPC device the run is refused, naming the devices found.
     #[arg(long, value_parser = parse_gpu_layers, default_value = "0", help_heading = "Devices")]
     gpu_layers: i32,
     /// RPC servers (HOST:PORT, comma-separated; `sovereign device serve`) whose devices take
