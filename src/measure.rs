@@ -182,7 +182,7 @@ pub struct Sequence {
 pub fn sequence(inv: &Inventory, plan: &PlanOptions, events: &[LayerEvent], prefill_steps: usize) -> Result<Sequence> {
     let policy: PolicySpec = plan.policy.parse().context("the arm's policy")?;
     let manifest = Manifest::new(inv, plan.slots, &policy.pinned)?.with_layer_buffers(plan.layer_buffers)?;
-    let n_used = inv.expert_used_count.and_then(|n| u32::try_from(n).ok());
+    let n_used = inv.n_used();
     let sizing = crate::plan::engine::Sizing::of(&manifest, plan, n_used);
     let token_pass = sizing.token_pass.zip(n_used).map(|(g, n)| (n as usize, g));
     let trace = simulate::reads(manifest, &policy, events, sizing.windows, token_pass)?;

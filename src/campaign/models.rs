@@ -21,20 +21,11 @@ pub struct Made {
     pub seconds: f64,
 }
 
-/// Every model a campaign names, with its field.
-fn models(c: &Campaign) -> Vec<(&'static str, &ModelSpec)> {
-    let mut v = vec![("model", &c.model)];
-    if let Some(r) = &c.refine {
-        v.extend([("refine.verifier", &r.verifier), ("refine.reference", &r.reference)]);
-    }
-    v
-}
-
 /// Makes every missing model that has a recipe (forged ones first: a quantized model's source
 /// may be one of them), and checks the recipes of the models present. `base`: the campaign
 /// file's directory.
 pub fn make_missing(c: &Campaign, base: &Path) -> Result<Vec<Made>> {
-    let specs = models(c);
+    let specs = c.models();
     let mut made = Vec::new();
     for quantized in [false, true] {
         for &(field, m) in specs.iter().filter(|(_, m)| m.quantize.is_some() == quantized) {

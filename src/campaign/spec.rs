@@ -106,6 +106,18 @@ pub struct Campaign {
     pub analysis: Option<Analysis>,
 }
 
+impl Campaign {
+    /// Every model the campaign names, with its field: the model, and a refinement's verifier
+    /// and reference.
+    pub fn models(&self) -> Vec<(&'static str, &ModelSpec)> {
+        let mut v = vec![("model", &self.model)];
+        if let Some(r) = &self.refine {
+            v.extend([("refine.verifier", &r.verifier), ("refine.reference", &r.reference)]);
+        }
+        v
+    }
+}
+
 /// The model, by path and expected digest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -541,12 +553,11 @@ pub fn parse(text: &str) -> std::result::Result<Campaign, Vec<Diagnostic>> {
 /// The model and prompt must be regular files that can be read (relative to `base`, the
 /// campaign file's directory); read permission is checked by opening.
 pub fn check_paths(c: &Campaign, base: &std::path::Path) -> Vec<Diagnostic> {
-    let mut paths = vec![("model.path", c.model.path.as_str()), ("workload.prompt_file", c.workload.prompt_file.as_str())];
-    if let Some(r) = &c.refine {
-        paths.extend([("refine.verifier.path", r.verifier.path.as_str()), ("refine.reference.path", r.reference.path.as_str())]);
-    }
+    let mut paths: Vec<(String, &str)> = c.models().into_iter().map(|(f, m)| (format!("{f}.path"), m.path.as_str())).collect();
+    paths.push(("workload.prompt_file".into(), c.workload.prompt_file.as_str()));
     let mut out = Vec::new();
     for (what, p) in paths {
+        let what = what.as_str();
         let full = base.join(p);
         let ok = crate::bounds::regular_file(what, &full).and_then(|_| crate::bounds::open_regular(&full).map(drop).map_err(|e| anyhow::anyhow!("{}: {what} cannot be read: {e}", full.display())));
         if let Err(e) = ok {
@@ -575,11 +586,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     if c.arms.is_empty() {
         out.push(Diagnostic { line: 0, column: 0, message: "a campaign needs at least one arm".into() });
     }
-    let mut specs = vec![("model", &c.model)];
-    if let Some(r) = &c.refine {
-        specs.extend([("refine.verifier", &r.verifier), ("refine.reference", &r.reference)]);
-    }
-    for (field, m) in specs {
+    for (field, m) in c.models() {
         if m.forge.is_some() && m.quantize.is_some() {
             out.push(Diagnostic { line: 0, column: 0, message: format!("{field}: give `forge` or `quantize`, not both") });
         }

@@ -75,6 +75,12 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// The experts a token selects (`expert_used_count`), where the model names a count that
+    /// fits a u32.
+    pub fn n_used(&self) -> Option<u32> {
+        self.expert_used_count.and_then(|n| u32::try_from(n).ok())
+    }
+
     /// Validates the file and builds its inventory. A model without expert tensors is refused.
     pub fn of(path: &Path) -> Result<Inventory> {
         let g = Gguf::open(path)?;

@@ -108,7 +108,7 @@ impl PlanSource {
             bail!("layers with different expert counts need per-layer slot counts, which the engine does not take");
         }
         let w = manifest.window_size;
-        let sizing = Sizing::of(&manifest, &options, inv.expert_used_count.and_then(|n| u32::try_from(n).ok()));
+        let sizing = Sizing::of(&manifest, &options, inv.n_used());
         let (mut alloc, windows_memory) = window_memory();
         let (source, registered): (Box<dyn Source>, Option<bool>) = match options.source {
             SourceKind::P => (Box::new(BufferedSource::open_with(model, sizing.windows, w, &mut *alloc)?), None),
