@@ -74,7 +74,7 @@ echo "== F decode bytes per second over the envelope's best cell"
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a envelope_mib_per_s --b arm_mib_per_s
 
 if [ "${BENCH_SKEW:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; then
-  echo "== campaign bench-skew-1 (campaigns/bench-skew.yaml)"
+  echo "== campaign bench-skew-2 (campaigns/bench-skew.yaml)"
   "$BIN" campaign run campaigns/bench-skew.yaml --results "$RESULTS"
-  "$BIN" export --campaign bench-skew-1 --results "$RESULTS" --out "$RESULTS/export-bench-skew-1"
+  "$BIN" export --campaign bench-skew-2 --results "$RESULTS" --out "$RESULTS/export-bench-skew-2"
 fi

@@ -54,7 +54,7 @@ fn scaled_bench(outputs: u32) -> (tempfile::TempDir, PathBuf) {
             ),
             String::new(),
         ),
-        ("id: bench-3", "id: bench-tiny".into()),
+        ("id: bench-4", "id: bench-tiny".into()),
     ];
     for (from, to) in subs {
         assert!(text.contains(from), "campaigns/bench.yaml no longer holds {from:?}");

@@ -108,6 +108,14 @@ pub trait ExpertSource: Send {
     /// Takes the engine's pool of expert tensor `name` of `layer` (`n_slots` slots of
     /// `slot_bytes`) and returns its buffer: pools of one role with the same buffer share memory.
     fn pool(&mut self, layer: u32, name: &str, slot_bytes: usize, n_slots: u32, pool: SlotPool) -> Result<u32>;
+    /// Asked before [`ExpertSource::pool`] for a pool of plain host memory: `Some(head)` (under
+    /// 4096) places each slot `head` bytes past a page boundary, slots `round_up(head +
+    /// slot_bytes, 4096)` apart, so that an extent at that offset within a page of the file can
+    /// be read straight into a slot. `None`: packed slots.
+    fn slot_head(&mut self, layer: u32, name: &str, slot_bytes: usize) -> Option<u64> {
+        let _ = (layer, name, slot_bytes);
+        None
+    }
     /// Make group `pass` of the distinct experts in `ids` resident; `slots[i]` gets the slot of
     /// `ids[i]`, or -1 when that expert belongs to another group.
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()>;
@@ -156,6 +164,7 @@ impl Bridge {
                 pool: Some(pool_cb),
                 acquire: Some(acquire_cb),
                 release: Some(release_cb),
+                slot_head: Some(slot_head_cb),
             },
         });
         b.c.user = (&mut *b) as *mut Bridge as *mut c_void;
@@ -221,6 +230,29 @@ unsafe extern "C" fn pool_cb(
         Ok(())
     });
     out
+}
+
+/// llama.cpp's slot layout callback: 0 with `*head` set, or 1 for packed slots.
+///
+/// # Safety
+/// `user` is the [`Bridge`] registered with the model; `name` is NUL-terminated and `head` is
+/// valid for a write for the duration of the call.
+unsafe extern "C" fn slot_head_cb(user: *mut c_void, il: i32, name: *const c_char, slot_bytes: usize, head: *mut usize) -> i32 {
+    let mut out = None;
+    guarded(user, |b| {
+        // SAFETY: llama.cpp passes a NUL-terminated tensor name.
+        let name = unsafe { CStr::from_ptr(name).to_string_lossy() };
+        out = b.source.slot_head(il as u32, &name, slot_bytes).filter(|&h| h < crate::source::ALIGN);
+        Ok(())
+    });
+    match out {
+        Some(h) => {
+            // SAFETY: `head` is valid for a write for the duration of the call.
+            unsafe { *head = h as usize };
+            0
+        }
+        None => 1,
+    }
 }
 
 /// llama.cpp's acquire callback.

@@ -442,6 +442,10 @@ impl ExpertSource for PlanSource {
         Ok(buffer)
     }
 
+    fn slot_head(&mut self, layer: u32, name: &str, slot_bytes: usize) -> Option<u64> {
+        self.plan.slot_head(layer, role_of(name).ok()?, slot_bytes as u64)
+    }
+
     fn acquire(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
         self.plan.timeline().acquire_enter(layer, pass);
         let r = self.acquire_event(layer, pass, ids, slots);

@@ -264,6 +264,27 @@ impl Manifest {
         Ok(self)
     }
 
+    /// The offset within a page that every extent of `role` has in the layers using pool
+    /// memory `buffer`: slots placed that far past a page boundary (and a page apart, rounded
+    /// up) take those extents' covering reads whole, straight from the file. `None` where the
+    /// offsets differ: an extent length that is not a multiple of the page moves each expert's
+    /// offset, and those extents go through windows.
+    pub fn slot_head(&self, buffer: usize, role: Role) -> Option<u64> {
+        let mut head = None;
+        for (li, lp) in self.layers.iter().enumerate() {
+            if self.buffer_of(li) != buffer {
+                continue;
+            }
+            for o in &self.objects[lp.first_object..lp.first_object + lp.n_experts as usize] {
+                let h = o.extents.iter().find(|e| e.role == role)?.covering.head;
+                if *head.get_or_insert(h) != h {
+                    return None;
+                }
+            }
+        }
+        head
+    }
+
     /// The pool memory layer index `li` uses.
     pub fn buffer_of(&self, li: usize) -> usize {
         if self.layer_buffers == 0 { li } else { li % self.layer_buffers as usize }

@@ -4,8 +4,8 @@
 //! The engine calls, from one thread inside graph compute:
 //! - [`Plan::bind`] once per (layer, role) at load time: the engine's pool for it, which the
 //!   Plan fills slot by slot through a [`SlotWriter`] (a host-to-device copy on a device).
-//!   A Plan made with [`Plan::new`] owns host pools instead ([`Plan::pool`]: stable 4096-aligned
-//!   base addresses, slot `s` at `pool(L, r) + s * bytes_per_slot(L, r)`).
+//!   A Plan made with [`Plan::new`] owns host pools instead ([`Plan::pool`]: stable base
+//!   addresses, slot `s` at `pool(L, r) + s * stride(L, r)`; see [`Plan::slot_layout`]).
 //! - [`Plan::acquire`] after a MoE layer's router, [`Plan::release`] after the layer, once per
 //!   pass (group); a pass whose acquire wrote only -1 has nothing to release.
 //! - [`Plan::reset`] between requests, [`Plan::shutdown`] at the end.
@@ -38,7 +38,7 @@ pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};
 pub use telemetry::{Closure, DigestCheck, Movement, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
 pub use timeline::Timeline;
 
-use crate::source::{AlignedBuf, Completion, ReadRequest, Source, SourceError, ALIGN};
+use crate::source::{align_up, AlignedBuf, Completion, ReadRequest, Source, SourceError, ALIGN};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::time::Instant;
@@ -193,7 +193,36 @@ type Job = (u32, ObjectId, u32, Version);
 struct Pool {
     role: Role,
     bytes_per_slot: u64,
+    /// Where a slot starts past a page boundary ([`Manifest::slot_head`]), with slots `stride`
+    /// apart: its extents' covering reads land whole in the slot's own stride. `None`: packed
+    /// slots (`stride` = `bytes_per_slot`), filled through windows unless page-aligned.
+    head: Option<u64>,
+    stride: u64,
     mem: PoolMem,
+}
+
+impl Pool {
+    fn new(role: Role, bytes_per_slot: u64, head: Option<u64>, mem: PoolMem) -> Pool {
+        Pool { role, bytes_per_slot, head, stride: Pool::stride_of(bytes_per_slot, head), mem }
+    }
+
+    /// Slots with a head lie a whole number of pages apart, so each slot's covering reads fit.
+    fn stride_of(bytes_per_slot: u64, head: Option<u64>) -> u64 {
+        head.map_or(bytes_per_slot, |h| align_up(h + bytes_per_slot))
+    }
+
+    /// Where `slot`'s bytes lie when the pool is host memory.
+    fn host(&self, slot: u32) -> Option<std::ptr::NonNull<u8>> {
+        match &self.mem {
+            // SAFETY: callers pass slot < n_slots: head + slot * stride + bytes_per_slot stays
+            // inside the allocation (`Plan::build`).
+            PoolMem::Host(buf) => std::ptr::NonNull::new(unsafe {
+                buf.as_ptr().add((self.head.unwrap_or(0) + u64::from(slot) * self.stride) as usize)
+            }),
+            PoolMem::Engine(Some(w)) => w.host(slot),
+            PoolMem::Engine(None) => None,
+        }
+    }
 }
 
 /// The engine's way to fill one slot of a pool it owns.
@@ -363,18 +392,20 @@ impl Plan {
         }
         let mut pools = Vec::new();
         let n_buffers = if manifest.layer_buffers == 0 { manifest.layers.len() } else { manifest.layer_buffers as usize };
-        for lp in &manifest.layers[..n_buffers] {
+        for (buffer, lp) in manifest.layers[..n_buffers].iter().enumerate() {
             let mut ps = Vec::new();
             for &(role, bytes_per_slot) in &lp.roles {
+                let head = manifest.slot_head(buffer, role);
+                let stride = Pool::stride_of(bytes_per_slot, head);
                 let mem = if host_pools {
                     PoolMem::Host(
-                        AlignedBuf::new(bytes_per_slot * u64::from(lp.n_slots))
+                        AlignedBuf::new(head.unwrap_or(0) + stride * u64::from(lp.n_slots))
                             .map_err(|e| config(format!("layer {} {role} pool: {e:#}", lp.layer)))?,
                     )
                 } else {
                     PoolMem::Engine(None)
                 };
-                ps.push(Pool { role, bytes_per_slot, mem });
+                ps.push(Pool::new(role, bytes_per_slot, head, mem));
             }
             pools.push(ps);
         }
@@ -471,12 +502,30 @@ impl Plan {
         Ok((buffer, i))
     }
 
-    /// The stable base address of the (layer, role) host pool. Refuses, without failing the
+    /// Where slots of (layer, role) start past a page boundary (the engine asks before it
+    /// allocates a host pool) when `bytes_per_slot` is the manifest's; `None`: packed slots.
+    pub fn slot_head(&self, layer: u32, role: Role, bytes_per_slot: u64) -> Option<u64> {
+        let li = self.manifest.layer_index(layer)?;
+        let pool = self.pools[self.manifest.buffer_of(li)].iter().find(|p| p.role == role)?;
+        (pool.bytes_per_slot == bytes_per_slot).then_some(pool.head).flatten()
+    }
+
+    /// (head, stride) of the (layer, role) pool: slot `s` starts `head + s * stride` bytes past
+    /// the start of its memory, so [`Plan::pool`] + `s * stride`.
+    pub fn slot_layout(&self, layer: u32, role: Role) -> Option<(u64, u64)> {
+        let li = self.manifest.layer_index(layer)?;
+        let pool = self.pools[self.manifest.buffer_of(li)].iter().find(|p| p.role == role)?;
+        Some((pool.head.unwrap_or(0), pool.stride))
+    }
+
+    /// The stable address of slot 0 of the (layer, role) host pool. Refuses, without failing the
     /// Plan, any request whose role, bytes per slot or slot count disagrees with the manifest.
     pub fn pool(&self, layer: u32, role: Role, bytes_per_slot: u64, n_slots: u32) -> Result<*mut u8, PlanError> {
         let (buffer, i) = self.pool_of(layer, role, bytes_per_slot, n_slots)?;
-        match &self.pools[buffer][i].mem {
-            PoolMem::Host(buf) => Ok(buf.as_ptr()),
+        let pool = &self.pools[buffer][i];
+        match &pool.mem {
+            // SAFETY: the head lies inside the allocation (`Plan::build`).
+            PoolMem::Host(buf) => Ok(unsafe { buf.as_ptr().add(pool.head.unwrap_or(0) as usize) }),
             PoolMem::Engine(_) => Err(PlanError::PoolMismatch { detail: "the engine owns this pool".into() }),
         }
     }
@@ -514,7 +563,7 @@ impl Plan {
         }
         let p = self.pools[self.manifest.buffer_of(li)].iter().find(|p| p.role == role)?;
         let PoolMem::Host(buf) = &p.mem else { return None };
-        let start = (u64::from(slot) * p.bytes_per_slot) as usize;
+        let start = (p.head.unwrap_or(0) + u64::from(slot) * p.stride) as usize;
         Some(&buf.as_slice()[start..start + p.bytes_per_slot as usize])
     }
 
@@ -1093,25 +1142,26 @@ impl Plan {
         self.submit_bundles(li, &jobs, inflight)
     }
 
-    /// Where extent `i` of a bundle for `slot` of layer index `li` can be read straight into
-    /// its slot: a source that takes host targets, pool memory on the host, and an extent whose
-    /// covering read is exactly its logical bytes at an aligned slot address. `None`: the window.
+    /// Where the covering read of extent `i` of a bundle for `slot` of layer index `li` can
+    /// land straight in the slot: a source that takes host targets, pool memory on the host
+    /// whose slots start at the extent's offset within a page (its head) past a page boundary,
+    /// and a covering read that fits the slot's stride. The logical bytes then start at the
+    /// slot's address; the padding falls in the slot's margins. `None`: the window.
     fn direct_target(&self, li: usize, i: usize, slot: u32, e: &ExtentPlan) -> Option<std::ptr::NonNull<u8>> {
-        let aligned = e.covering.head == 0 && e.covering.len == e.extent.len && e.extent.len % ALIGN == 0;
-        if !aligned || !self.source.reads_into_host() {
+        if !self.source.reads_into_host() {
             return None;
         }
         let pool = &self.pools[self.manifest.buffer_of(li)][i];
-        if pool.role != e.role || pool.bytes_per_slot != e.extent.len {
+        let head = pool.head?;
+        if pool.role != e.role || pool.bytes_per_slot != e.extent.len || e.covering.head != head || e.covering.len > pool.stride {
             return None;
         }
-        let p = match &pool.mem {
-            // SAFETY: slot < n_slots, so the offset stays inside the pool's allocation.
-            PoolMem::Host(buf) => std::ptr::NonNull::new(unsafe { buf.as_ptr().add((u64::from(slot) * pool.bytes_per_slot) as usize) }),
-            PoolMem::Engine(Some(w)) => w.host(slot),
-            PoolMem::Engine(None) => None,
-        }?;
-        (p.as_ptr() as u64 % ALIGN == 0).then_some(p)
+        let p = pool.host(slot)?.as_ptr();
+        if (p as u64).wrapping_sub(head) % ALIGN != 0 {
+            return None;
+        }
+        // The head room lies inside the slot's stride, so inside the pool's memory.
+        std::ptr::NonNull::new(p.wrapping_sub(head as usize))
     }
 
     /// Advises huge pages for the engine's host slot pools once, before the first read touches
@@ -1126,14 +1176,28 @@ impl Plan {
             if self.manifest.buffer_of(li) != li || lp.n_slots == 0 {
                 continue;
             }
-            for pool in &self.pools[li] {
+            for pool in &mut self.pools[li] {
                 let PoolMem::Engine(Some(w)) = &pool.mem else { continue };
-                let (Some(first), Some(last)) = (w.host(0), w.host(lp.n_slots - 1)) else { continue };
-                let len = pool.bytes_per_slot as usize * lp.n_slots as usize;
-                if last.as_ptr() as usize != first.as_ptr() as usize + len - pool.bytes_per_slot as usize {
+                let (Some(first), Some(last)) = (w.host(0), w.host(lp.n_slots - 1)) else {
+                    // Device memory: filled by copies, so no layout to honour.
+                    pool.head = None;
+                    continue;
+                };
+                let span = pool.stride as usize * (lp.n_slots as usize - 1);
+                if last.as_ptr() as usize != first.as_ptr() as usize + span {
+                    // The engine did not lay the slots out as asked: no read goes straight in.
+                    pool.head = None;
                     continue;
                 }
-                advised += crate::source::advise_huge(first.as_ptr(), len) as u64;
+                let head = pool.head.unwrap_or(0) as usize;
+                let len = head + pool.stride as usize * lp.n_slots as usize;
+                advised += crate::source::advise_huge(first.as_ptr().wrapping_sub(head), len) as u64;
+            }
+        }
+        let (mut direct, mut windowed) = (0, 0);
+        for pool in self.pools.iter().flatten() {
+            if pool.host(0).is_some() {
+                if pool.head.is_some() { direct += 1 } else { windowed += 1 }
             }
         }
         for pool in self.pools.iter().flatten() {
@@ -1141,7 +1205,9 @@ impl Plan {
                 advised += buf.huge_bytes() as u64;
             }
         }
-        self.tel.movement.get_or_insert_with(Default::default).huge_advised_bytes = advised;
+        let mv = self.tel.movement.get_or_insert_with(Default::default);
+        mv.huge_advised_bytes = advised;
+        (mv.host_pools_direct, mv.host_pools_windowed) = (direct, windowed);
     }
 
     /// Starts the reads of every bundle of `jobs` (windows Free, slots Loading) and adds the
@@ -1333,8 +1399,8 @@ impl Plan {
                 // SAFETY: the destination is slot `b.slot`'s region of this pool, inside the
                 // allocation (slot < n_slots); the slot is Loading, so no consumer reads it; the
                 // window is the source's own memory, disjoint from every pool.
-                PoolMem::Host(buf) => unsafe {
-                    let dst = buf.as_ptr().add((u64::from(b.slot) * pool.bytes_per_slot) as usize);
+                PoolMem::Host(_) => unsafe {
+                    let dst = pool.host(b.slot).expect("host pool").as_ptr();
                     std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
                 },
                 PoolMem::Engine(Some(writer)) if writer.asynchronous() => {

@@ -160,6 +160,13 @@ pub struct Movement {
     /// first read (reads into them reach the device in fewer, larger segments).
     #[serde(default)]
     pub huge_advised_bytes: u64,
+    /// Host slot pools laid out for reads straight into their slots (every extent of the role
+    /// at one offset within a page), and those filled through windows (offsets that vary from
+    /// expert to expert: an extent length that is not a multiple of the page).
+    #[serde(default)]
+    pub host_pools_direct: u64,
+    #[serde(default)]
+    pub host_pools_windowed: u64,
 }
 
 /// What the Plan verified of the bytes it read.

@@ -278,7 +278,11 @@ fn pools_are_stable_aligned_and_refuse_disagreement() {
     let mut p = plan("zero", 4);
     let bps = 256 * 256 * 4;
     let base = p.pool(1, Role::Up, bps, 4).unwrap();
-    assert_eq!(base as usize % 4096, 0);
+    let (head, stride) = p.slot_layout(1, Role::Up).unwrap();
+    // Slots start at their extents' offset within a page, a whole number of pages apart.
+    let e = &p.manifest().object(obj(1, 0)).unwrap().extents[1];
+    assert_eq!((e.role, head, stride), (Role::Up, e.covering.head, crate::source::align_up(head + bps)));
+    assert_eq!((base as u64 - head) % 4096, 0);
     let gate = p.pool(1, Role::Gate, bps, 4).unwrap();
     assert_ne!(base, gate);
     for bad in [
@@ -291,11 +295,11 @@ fn pools_are_stable_aligned_and_refuse_disagreement() {
     }
     assert!(p.failure().is_none());
     let slots = acq(&mut p, 1, 0, &[3, 9]).unwrap();
-    // The slot's region is at base + s * bytes_per_slot.
+    // The slot's region is at base + s * stride.
     let s = slots[0] as u64;
     assert_eq!(
         p.slot_bytes(1, Role::Up, s as u32).unwrap().as_ptr(),
-        base.wrapping_add((s * bps) as usize) as *const u8
+        base.wrapping_add((s * stride) as usize) as *const u8
     );
     p.release(1, 0).unwrap();
     assert_eq!(p.pool(1, Role::Up, bps, 4).unwrap(), base);
@@ -1160,17 +1164,80 @@ fn a_streamed_event_left_unfinished_fails_closed() {
     assert!(c.failed.as_deref().is_some_and(|f| f.contains("never served")), "{c:?}");
 }
 
+/// The tiny preset with an expert FFN of 258: each F32 expert extent (258 KiB) is not a whole
+/// number of pages, so the experts of one tensor start at offsets within a page that alternate.
+fn odd_model() -> &'static Model {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL.get_or_init(|| forged("tiny-seed7-ff258.gguf", crate::forge::Dims { expert_ff: 258, ..Preset::Tiny.dims() }))
+}
+
+#[test]
+fn reads_land_straight_in_slots_at_every_offset_within_a_page() {
+    // Alignments 32 (the default), 64 and 4096: every expert of a tensor starts at one offset
+    // within a page, so slots placed there take the covering read whole and nothing is copied.
+    static A64: OnceLock<Model> = OnceLock::new();
+    let a64 = A64.get_or_init(|| forged("tiny-seed7-a64.gguf", crate::forge::Dims { alignment: 64, ..Preset::Tiny.dims() }));
+    for m in [model(), a64, aligned_model()] {
+        let heads: BTreeSet<u64> = m.inv.objects.iter().flat_map(|o| o.extents.iter().map(|(_, e)| e.offset % 4096)).collect();
+        let mut p = uring_plan(m, 4, None, crate::source::fault::FaultCell::None);
+        for layer in [0, 1, 2] {
+            let ids = [3, 2, 11, 12];
+            let slots = acq(&mut p, layer, 0, &ids).unwrap();
+            for (&id, &s) in ids.iter().zip(&slots) {
+                assert_holds_file(&p, m, s as u32, obj(layer, id as u32));
+            }
+            p.release(layer, 0).unwrap();
+        }
+        let t = p.telemetry();
+        let mv = t.movement.unwrap();
+        assert_eq!((mv.direct_extents, mv.direct_bytes, mv.window_bytes, t.bytes_copied), (36, t.q_run.logical_bytes, 0, 0), "heads {heads:?}: {mv:?}");
+        assert_eq!((mv.host_pools_direct, mv.host_pools_windowed), (9, 0), "{mv:?}");
+        assert!(p.shutdown().unwrap().is_clean());
+    }
+    assert!(model().inv.objects.iter().any(|o| o.extents.iter().any(|(_, e)| e.offset % 4096 != 0)), "the test needs unaligned extents");
+}
+
+#[test]
+fn pools_whose_offsets_differ_go_through_windows_and_are_counted() {
+    // Mixed: with two layer buffers, layers 0 and 2 share pool memory; where their extents'
+    // offsets within a page differ, that pool cannot be laid out for both and is filled through
+    // windows, while layer 1's pools still take reads straight in. Every byte lands either way.
+    let m = model();
+    let spec: PolicySpec = "zero".parse().unwrap();
+    let manifest = Manifest::new(&m.inv, 4, &[]).unwrap().with_layer_buffers(2).unwrap();
+    let expect: Vec<Option<u64>> = [0, 1].iter().flat_map(|&b| [Role::Gate, Role::Up, Role::Down].map(|r| manifest.slot_head(b, r))).collect();
+    let windowed = expect.iter().filter(|h| h.is_none()).count() as u64;
+    assert!(windowed > 0 && windowed < 6, "the test needs layers whose offsets differ: {expect:?}");
+    let source = crate::source::UringSource::open(&m.path, 4, manifest.window_size, 12).unwrap();
+    let mut p = Plan::new(manifest, &spec, Box::new(source)).unwrap();
+    let mut direct = 0;
+    for layer in [0, 1, 2] {
+        let slots = acq(&mut p, layer, 0, &[5, 6]).unwrap();
+        assert_holds_file(&p, m, slots[0] as u32, obj(layer, 5));
+        assert_holds_file(&p, m, slots[1] as u32, obj(layer, 6));
+        p.release(layer, 0).unwrap();
+        let b = (layer % 2) as usize;
+        direct += 2 * expect[3 * b..3 * b + 3].iter().filter(|h| h.is_some()).count() as u64;
+    }
+    let mv = p.telemetry().movement.unwrap();
+    assert_eq!((mv.host_pools_direct, mv.host_pools_windowed), (6 - windowed, windowed), "{mv:?}");
+    assert_eq!(mv.direct_extents, direct, "{mv:?}");
+    assert!(mv.window_bytes > 0 && mv.direct_bytes > 0, "{mv:?}");
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
 #[test]
 fn unaligned_neighbours_share_their_boundary_block_through_windows() {
-    // The default alignment (32): extents start mid-page, so neighbours share a block. One read
+    // Expert extents that are not whole pages start at offsets within a page that vary, so no
+    // slot layout fits them all: they go through windows. Neighbours share a block; one read
     // carries both; the shared block is copied into the second window; nothing goes direct.
-    let m = model();
+    let m = odd_model();
     assert!(m.inv.objects.iter().any(|o| o.extents.iter().any(|(_, e)| e.offset % 4096 != 0)), "the test needs unaligned extents");
     let mut p = uring_plan(m, 4, None, crate::source::fault::FaultCell::None);
     let ids = [2, 3, 1, 0];
     let slots = acq(&mut p, 0, 0, &ids).unwrap();
     for (&id, &s) in ids.iter().zip(&slots) {
-        assert_holds(&p, s as u32, obj(0, id as u32));
+        assert_holds_file(&p, m, s as u32, obj(0, id as u32));
     }
     let t = p.telemetry();
     let mv = t.movement.unwrap();

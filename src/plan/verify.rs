@@ -60,7 +60,7 @@ impl Plan {
             if let Some(p) = self.direct_target(li, t.extent as usize, t.slot, e) {
                 // SAFETY: the slot is Loading and its read has completed: nothing writes it
                 // until the bundle is published or discarded, and the region holds the extent.
-                return unsafe { std::slice::from_raw_parts(p.as_ptr(), e.extent.len as usize) };
+                return unsafe { std::slice::from_raw_parts(p.as_ptr().add(e.covering.head as usize), e.extent.len as usize) };
             }
         }
         &self.source.window(t.window)[e.window_range()]
