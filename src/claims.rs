@@ -142,13 +142,69 @@ impl Report {
     }
 }
 
+/// The ledger file of a sealed ledger directory (`results/ledgers/<digest>/`).
+pub const LEDGER_FILE: &str = "ledger.json";
+
 pub fn load_ledger(path: &Path) -> Result<Ledger> {
-    let text = crate::bounds::read_text("the ledger", path, crate::bounds::MAX_LEDGER_BYTES)?;
-    let l: Ledger = serde_json::from_str(&text).with_context(|| format!("{}: not a claim ledger", path.display()))?;
+    Ok(load_ledger_sealed(path)?.0)
+}
+
+/// The ledger at `path` (a ledger file, or a sealed ledger directory) and, when it is sealed,
+/// its digest. A sealed ledger whose files no longer match their seal is refused.
+pub fn load_ledger_sealed(path: &Path) -> Result<(Ledger, Option<String>)> {
+    let sealed_dir = if path.is_dir() {
+        Some(path.to_path_buf())
+    } else {
+        path.parent()
+            .filter(|d| path.file_name().is_some_and(|n| n == LEDGER_FILE) && d.join(crate::record::MANIFEST_FILE).is_file())
+            .map(Path::to_path_buf)
+    };
+    let digest = match &sealed_dir {
+        Some(d) => Some(
+            crate::record::verify_record(d)
+                .with_context(|| format!("{}: the ledger was changed after it was sealed", d.display()))?
+                .digest,
+        ),
+        None => None,
+    };
+    let file = sealed_dir.as_ref().map_or_else(|| path.to_path_buf(), |d| d.join(LEDGER_FILE));
+    let text = crate::bounds::read_text("the ledger", &file, crate::bounds::MAX_LEDGER_BYTES)?;
+    let l: Ledger = serde_json::from_str(&text).with_context(|| format!("{}: not a claim ledger", file.display()))?;
     if l.format != LEDGER_FORMAT {
-        bail!("{}: format {:?}, expected {LEDGER_FORMAT:?}", path.display(), l.format);
+        bail!("{}: format {:?}, expected {LEDGER_FORMAT:?}", file.display(), l.format);
     }
-    Ok(l)
+    Ok((l, digest))
+}
+
+/// Seals `ledger` like a record: `results/ledgers/<digest>/ledger.json` with its manifest,
+/// read-only, the digest its identity. The same ledger sealed again is found in place.
+pub fn seal_ledger(results: &Path, ledger: &Ledger) -> Result<PathBuf> {
+    let root = results.join("ledgers");
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let staging = root.join(format!(".staging-{}", std::process::id()));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
+    }
+    std::fs::create_dir(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    let text = serde_json::to_string_pretty(ledger)? + "\n";
+    crate::util::write_new_durable(&staging.join(LEDGER_FILE), text.as_bytes())?;
+    let prepared = crate::record::prepare_seal(&staging)?;
+    let target = root.join(prepared.digest());
+    if target.exists() {
+        std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
+        crate::record::verify_record(&target)?;
+        return Ok(target);
+    }
+    Ok(prepared.finish(&root)?.dir)
+}
+
+/// The report line that says whether the ledger is sealed.
+fn ledger_item(r: &mut Report, sealed: &Option<String>) {
+    let detail = match sealed {
+        Some(d) => format!("sealed as {d}: its files match their seal"),
+        None => "not sealed (a ledger file as written; a claim anchored as ID@DIGEST is still bound)".to_string(),
+    };
+    r.push("ledger".into(), true, detail);
 }
 
 impl Claim {
@@ -231,6 +287,15 @@ fn check_preregistration(r: &mut Report, recs: &mut Records) {
             Err(e) => (false, format!("campaign {id}: {e}")),
         };
         r.push(format!("record {alias} campaign"), ok, detail);
+    }
+    // The journal of each campaign must agree with the records: what it sealed, and nothing more.
+    for id in seen.keys() {
+        let (ok, detail) = match crate::campaign::audit::journal_disagreements(&recs.results, id) {
+            Ok(d) if d.is_empty() => (true, "the journal names exactly the campaign's records, with their outcomes".to_string()),
+            Ok(d) => (false, d.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")),
+            Err(e) => (false, format!("{e:#}")),
+        };
+        r.push(format!("campaign {id} journal"), ok, detail);
     }
 }
 
@@ -421,9 +486,10 @@ pub fn check(actual: Option<&Value>, c: &Check) -> (bool, String) {
 
 /// `sovereign verify --claim ID`.
 pub fn verify(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: bool) -> Result<Report> {
-    let l = load_ledger(ledger_path)?;
+    let (l, sealed) = load_ledger_sealed(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
+    ledger_item(&mut r, &sealed);
     let mut recs = Records::new(c, results, allow_mixed_nodes);
     verify_records(&mut r, &recs);
     check_preregistration(&mut r, &mut recs);
@@ -561,9 +627,10 @@ fn close_opt(a: Option<f64>, b: Option<f64>, tol: f64) -> bool {
 
 /// `sovereign replay --claim ID`.
 pub fn replay(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: bool) -> Result<Report> {
-    let l = load_ledger(ledger_path)?;
+    let (l, sealed) = load_ledger_sealed(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
+    ledger_item(&mut r, &sealed);
     let mut recs = Records::new(c, results, allow_mixed_nodes);
     // Recomputing from damaged operands proves nothing: the records are verified first.
     verify_records(&mut r, &recs);

@@ -55,6 +55,30 @@ impl<T: JsonSchema> JsonSchema for At<T> {
     }
 }
 
+impl AsRef<std::path::Path> for At<String> {
+    fn as_ref(&self) -> &std::path::Path {
+        self.value.as_ref()
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for At<String> {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.value.as_ref()
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for At<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.value.fmt(f)
+    }
+}
+
+impl AsRef<str> for At<String> {
+    fn as_ref(&self) -> &str {
+        &self.value
+    }
+}
+
 impl<T> std::ops::Deref for At<T> {
     type Target = T;
     fn deref(&self) -> &T {

@@ -104,6 +104,18 @@ fn assert_sealed_exactly_once(results: &Path, id: &str, cells: usize) -> Vec<Val
     j
 }
 
+/// `DIR/campaigns/` holding a copy of the shipped prompts and nothing else.
+fn shipped_prompts(dir: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = dir.join("campaigns");
+    fs::create_dir_all(shipped.join("prompts")).unwrap();
+    for e in fs::read_dir(root.join("campaigns/prompts")).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), shipped.join("prompts").join(e.file_name())).unwrap();
+    }
+    shipped
+}
+
 /// Every campaign the repository ships.
 const SHIPPED: [&str; 6] = ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml", "bench-skew.yaml"];
 
@@ -112,12 +124,7 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let t = tempfile::tempdir().unwrap();
     // The shipped campaigns in a fresh directory, without the models they name.
-    let shipped = t.path().join("campaigns");
-    fs::create_dir_all(shipped.join("prompts")).unwrap();
-    for e in fs::read_dir(root.join("campaigns/prompts")).unwrap() {
-        let e = e.unwrap();
-        fs::copy(e.path(), shipped.join("prompts").join(e.file_name())).unwrap();
-    }
+    let shipped = shipped_prompts(t.path());
     let models = t.path().join("models");
     // Every shipped campaign makes its missing models from their recipes (the bench's several
     // GiB stay out of the tests: without its recipe, its missing model is refused with the fix).
@@ -202,11 +209,75 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     let want = format!("{}:{}:23: schedule.blocks names arm `residnet`", bad.display(), line_of("[resident-t1, resident]"));
     assert!(r.stderr.starts_with(&want), "got {:?}, want {want:?}", r.stderr);
 
+    {
+    // Semantic checks have positions too, and quote the value as given: each at its own line.
+    for (what, from, to, at) in [
+        ("outputs 0", "  outputs: 16", "  outputs: 0", "  outputs: 16"),
+        ("an empty block", "      - [resident-t1, resident]", "      - []", "[resident-t1, resident]"),
+        ("max_interrupted_attempts 0", "  max_interrupted_attempts: 3", "  max_interrupted_attempts: 0", "max_interrupted_attempts"),
+        ("seeded_random count 0", "    preordered:\n      - [resident, resident-t1]\n      - [resident-t1, resident]\n      - [resident, resident-t1]\n", "    seeded_random: { seed: 1, arms: [resident, resident-t1],\n      count: 0 }\n", "    preordered:"),
+        ("seeded_random count 10^6", "    preordered:\n      - [resident, resident-t1]\n      - [resident-t1, resident]\n      - [resident, resident-t1]\n", "    seeded_random: { seed: 1, arms: [resident, resident-t1],\n      count: 1000000 }\n", "    preordered:"),
+    ] {
+        let bad = t.path().join("semantic.yaml");
+        let edited = text.replacen(from, to, 1);
+        assert_ne!(edited, text, "{what}: the edit applied");
+        fs::write(&bad, &edited).unwrap();
+        let r = run(&["campaign", "check", s(&bad)]);
+        assert_eq!(r.code, 1, "{what}: {}{}", r.stdout, r.stderr);
+        let line = line_of(at) + usize::from(what.starts_with("seeded_random"));
+        let want = format!("{}:{line}:", bad.display());
+        assert!(r.stderr.starts_with(&want), "{what}: got {:?}, want {want:?}", r.stderr);
+        let value = what.rsplit(' ').next().unwrap().replace("10^6", "1000000");
+        assert!(what == "an empty block" || r.stderr.contains(&value), "{what}: the value as given: {}", r.stderr);
+    }
+    // A missing model with no recipe: at model.path, with the fix.
+    let bad = t.path().join("semantic.yaml");
+    fs::write(&bad, text.replacen("../models/tiny.gguf", "../models/absent.gguf", 1).replacen("  forge: { preset: tiny, seed: 1 }\n", "", 1)).unwrap();
+    let r = run(&["campaign", "check", s(&bad)]);
+    let want = format!("{}:{}:9: ", bad.display(), line_of("../models/tiny.gguf"));
+    assert!(r.stderr.starts_with(&want) && r.stderr.contains("gives no recipe") && r.stderr.lines().count() == 1, "got {:?}, want {want:?}", r.stderr);
+
+    }
     // `run` refuses the same file with the same one line, and freezes nothing.
     let res = t.path().join("results");
     let r = run(&["campaign", "run", s(&bad), "--results", s(&res)]);
     assert_one_line_error(&r, &["residnet"]);
     assert!(!res.join("campaigns").exists());
+}
+
+/// From a directory holding only the shipped campaign files and their prompts, each shipped
+/// campaign (outputs scaled down; the benches' several GiB model aside, tests/bench.rs runs
+/// their scaled copy) runs by its own command: its models are made from their recipes, every
+/// cell settles, and nothing is abandoned.
+#[test]
+fn every_shipped_campaign_runs_by_its_own_command_from_a_clean_directory() {
+    if !cgroups_usable() {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let t = tempfile::tempdir().unwrap();
+    let shipped = shipped_prompts(t.path());
+    for (f, outputs, reduced) in [("exactness.yaml", 16, 4), ("faults.yaml", 8, 2), ("pdf-pairs.yaml", 32, 4), ("tau-sweep.yaml", 64, 4)] {
+        let text = fs::read_to_string(root.join("campaigns").join(f)).unwrap();
+        let scaled = text
+            .replacen(&format!("  outputs: {outputs}"), &format!("  outputs: {reduced}"), 1)
+            .replacen(&format!("  horizon: {outputs}"), &format!("  horizon: {reduced}"), 1)
+            .replacen("  window: 16\n", &format!("  window: {reduced}\n"), 1);
+        assert!(scaled.contains(&format!("  outputs: {reduced}")) && scaled.contains(&format!("  horizon: {reduced}")), "{f}: outputs and horizon scaled");
+        let file = shipped.join(f);
+        fs::write(&file, scaled).unwrap();
+        let results = t.path().join(format!("results-{f}"));
+        let started = Instant::now();
+        let r = ok(&["campaign", "run", s(&file), "--results", s(&results), "--json"]);
+        let v: Value = serde_json::from_str(&r.stdout).unwrap();
+        let n = |k: &str| v[k].as_u64().unwrap();
+        assert!(n("cells") > 0 && n("sealed") + n("skipped") == n("cells") && n("abandoned") == 0, "{f}: {v}");
+        assert!(n("sealed") > 0, "{f}: {v}");
+        eprintln!("{f}: {} cells in {:.1} s", n("cells"), started.elapsed().as_secs_f64());
+    }
+    for m in ["tiny", "pdf", "tau-f32", "tau-q4_k_m", "tau-q8_0"] {
+        assert!(t.path().join("models").join(format!("{m}.gguf")).is_file(), "{m} was made from its recipe");
+    }
 }
 
 #[test]
@@ -344,6 +415,95 @@ fn unattended_run_then_verify_replay_tamper_export() {
     let r = run(&["replay", "--claim", "t-run", "--ledger", s(&wrong), "--results", s(&st.results)]);
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("paired ratio"), "{}", r.stderr);
+
+    // ...the ledger export sealed is refused once a byte of it differs from its seal...
+    let sealed_ledger = PathBuf::from(exported.stdout.lines().find_map(|l| l.strip_prefix("ledger ")?.strip_suffix(" (sealed)")).expect("export prints the sealed ledger"));
+    assert_eq!(sealed_ledger.parent().unwrap(), st.results.join("ledgers"));
+    let r = ok(&["verify", "--claim", &anchored, "--ledger", s(&sealed_ledger), "--results", s(&st.results), "--json"]);
+    let items: Value = serde_json::from_str(&r.stdout).unwrap();
+    let item = |v: &Value, what: &str| v["items"].as_array().unwrap().iter().find(|i| i["what"] == what).cloned().unwrap_or_else(|| panic!("no {what} item: {v}"));
+    assert!(item(&items, "ledger")["detail"].as_str().unwrap().contains(sealed_ledger.file_name().unwrap().to_str().unwrap()));
+    assert_eq!(item(&items, "campaign t-run journal")["ok"], true);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let f = sealed_ledger.join("ledger.json");
+        let text = fs::read_to_string(&f).unwrap();
+        fs::set_permissions(&sealed_ledger, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::write(&f, text.replacen("\"tolerance\": ", "\"tolerance\": 1", 1)).unwrap();
+        for ledger in [sealed_ledger.clone(), f.clone()] {
+            let r = run(&["verify", "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results)]);
+            assert_one_line_error(&r, &["changed after it was sealed"]);
+        }
+        fs::write(&f, text).unwrap();
+        ok(&["verify", "--claim", "t-run", "--ledger", s(&sealed_ledger), "--results", s(&st.results)]);
+    }
+
+    // ...the journal must agree with the records: a zeroed digest or a deleted journal fails
+    // verify and stops export...
+    let jpath = st.results.join("campaigns/t-run/journal.jsonl");
+    let jtext = fs::read_to_string(&jpath).unwrap();
+    let digest3 = events(&j, "cell_sealed")[3]["digest"].as_str().unwrap().to_string();
+    let zeroed = jtext.replacen(&format!("\"digest\":\"{digest3}\",\"status\""), &format!("\"digest\":\"{}\",\"status\"", "0".repeat(64)), 1);
+    assert_ne!(zeroed, jtext, "the edit applied");
+    for (name, edit) in [("zeroed", Some(zeroed)), ("deleted", None)] {
+        match edit {
+            Some(t) => fs::write(&jpath, t).unwrap(),
+            None => fs::remove_file(&jpath).unwrap(),
+        }
+        let r = run(&["verify", "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results), "--json"]);
+        assert_eq!(r.code, 1, "{name}: {}", r.stdout);
+        let v: Value = serde_json::from_str(&r.stdout).unwrap();
+        let detail = item(&v, "campaign t-run journal")["detail"].as_str().unwrap().to_string();
+        assert!(detail.contains(if name == "zeroed" { "never sealed it" } else { "no journal" }), "{name}: {detail}");
+        let r = run(&["export", "--campaign", "t-run", "--results", s(&st.results), "--out", s(&st.dir.join("export-2"))]);
+        assert_one_line_error(&r, &["the journal and the records disagree"]);
+        fs::write(&jpath, &jtext).unwrap();
+    }
+    // ...a record re-sealed with another wall time and the journal pointed at it: while the
+    // original exists the journal disagrees; with the original gone too the campaign agrees
+    // again, but the claim exported from it is not the published one.
+    let original_dir = st.results.join(&digest3);
+    let staging = st.dir.join("resealed");
+    fs::create_dir(&staging).unwrap();
+    let mut cell: Value = serde_json::from_str(&fs::read_to_string(original_dir.join("cell.json")).unwrap()).unwrap();
+    let wall = cell["outcome"]["wall_s"].as_f64().unwrap();
+    cell["outcome"]["wall_s"] = (wall * 3.0).into();
+    for e in fs::read_dir(&original_dir).unwrap().flatten() {
+        let name = e.file_name();
+        if name != "manifest.json" && name != "cell.json" {
+            fs::copy(e.path(), staging.join(&name)).unwrap();
+        }
+    }
+    fs::write(staging.join("cell.json"), serde_json::to_string(&cell).unwrap()).unwrap();
+    let forged = sovereign::record::seal(&staging, &st.results).unwrap();
+    let repointed = jtext.replace(&digest3, &forged.digest).replacen(&format!("\"wall_s\":{wall}"), &format!("\"wall_s\":{}", wall * 3.0), 1);
+    assert!(repointed.contains(&format!("\"wall_s\":{}", wall * 3.0)) && !repointed.contains(&digest3), "the edit applied");
+    fs::write(&jpath, &repointed).unwrap();
+    let r = run(&["export", "--campaign", "t-run", "--results", s(&st.results), "--out", s(&st.dir.join("export-2"))]);
+    assert_one_line_error(&r, &["the journal and the records disagree", &digest3]);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let hidden = st.dir.join("original-record");
+        fs::set_permissions(&original_dir, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::rename(&original_dir, &hidden).unwrap();
+        let again = ok(&["export", "--campaign", "t-run", "--results", s(&st.results), "--out", s(&st.dir.join("export-2"))]);
+        let new_claim = again.stdout.lines().find_map(|l| l.strip_prefix("claim t-run@")).map(|d| format!("t-run@{d}")).unwrap();
+        assert_ne!(new_claim, anchored);
+        let r = run(&["verify", "--claim", &anchored, "--ledger", s(&st.dir.join("export-2/claims.json")), "--results", s(&st.results)]);
+        assert_one_line_error(&r, &["changed after it was published"]);
+        fs::rename(&hidden, &original_dir).unwrap();
+        fs::set_permissions(&original_dir, fs::Permissions::from_mode(0o555)).unwrap();
+        fs::remove_dir_all(st.results.join(&forged.digest)).unwrap_or_else(|_| {
+            fs::set_permissions(st.results.join(&forged.digest), fs::Permissions::from_mode(0o755)).unwrap();
+            for e in fs::read_dir(st.results.join(&forged.digest)).unwrap().flatten() {
+                fs::set_permissions(e.path(), fs::Permissions::from_mode(0o644)).unwrap();
+            }
+            fs::remove_dir_all(st.results.join(&forged.digest)).unwrap();
+        });
+        fs::write(&jpath, &jtext).unwrap();
+    }
+    ok(&["verify", "--claim", &anchored, "--ledger", s(&ledger), "--results", s(&st.results)]);
 
     // ...and one flipped byte in a sealed record fails verify, naming the file.
     let sealed = events(&j, "cell_sealed");

@@ -104,11 +104,10 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     let (results, ledger) = run_and_export(t.path(), &file, id);
     let out = t.path().join("repro");
 
-    // The oracle's record says it ran with other CPU features: a warning, recorded, not a refusal.
-    let warned = altered(t.path(), &results, &ledger, id, "b00-p0-oracle", "other-cpu", |r, _| {
+    // A record says it ran with other CPU features: a warning, recorded, not a refusal.
+    let (ledger, results) = altered(t.path(), &results, &ledger, id, "b01-p0-resident", "other-cpu", |r, _| {
         r["build"]["cpu_features"] = serde_json::json!(["NOT-THIS-CPU"]);
     });
-    let ledger = warned;
     let v = reproduce_holds(id, &ledger, &results, &out, &["--campaign", s(&file)]);
     let report = &v["report"];
     let warnings = report["warnings"].as_array().unwrap();
@@ -133,7 +132,7 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
 
     // A record whose logits are not what this build computes: the reproduction does not hold,
     // names the surface, and exits 1 (the cells are not run again: the same --out resumes).
-    let forged = altered(t.path(), &results, &ledger, id, "b02-p1-resident", "forged-logits", |r, dir| {
+    let (forged, forged_results) = altered(t.path(), &results, &ledger, id, "b02-p1-resident", "forged-logits", |r, dir| {
         let f = dir.join("logits.bin");
         let mut bytes = fs::read(&f).unwrap();
         let n = bytes.len();
@@ -141,7 +140,7 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
         fs::write(&f, &bytes).unwrap();
         r["surfaces"]["logits"]["sha256"] = sovereign::util::sha256(&bytes).into();
     });
-    let r = run(&["reproduce", "--claim", id, "--ledger", s(&forged), "--results", s(&results), "--out", s(&out), "--campaign", s(&file)]);
+    let r = run(&["reproduce", "--claim", id, "--ledger", s(&forged), "--results", s(&forged_results), "--out", s(&out), "--campaign", s(&file)]);
     assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("FAILS surfaces   record b02-p1-resident: ") && r.stdout.contains("differs in logits"), "{}", r.stdout);
     assert!(r.stdout.contains("holds timing") && r.stdout.contains("reproduction FAILED"), "{}", r.stdout);
@@ -151,12 +150,13 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     let model = t.path().join("models/tiny.gguf");
     let digest = sha256(&model);
     let fresh = t.path().join("refused");
-    let refused = |extra: &[&str], ledger: &Path, needles: &[&str]| {
-        let mut args = vec!["reproduce", "--claim", id, "--ledger", s(ledger), "--results", s(&results), "--out", s(&fresh)];
+    let refused_in = |extra: &[&str], ledger: &Path, results: &Path, needles: &[&str]| {
+        let mut args = vec!["reproduce", "--claim", id, "--ledger", s(ledger), "--results", s(results), "--out", s(&fresh)];
         args.extend_from_slice(extra);
         assert_one_line_error(&run(&args), needles);
         assert!(!fresh.join("campaigns").exists(), "a refused reproduction ran something");
     };
+    let refused = |extra: &[&str], ledger: &Path, needles: &[&str]| refused_in(extra, ledger, &results, needles);
 
     // A tampered model, given by digest.
     let tampered = t.path().join("tampered.gguf");
@@ -178,10 +178,10 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
 
     // A different build: one record's engine tree digest altered and the record sealed again.
     let alias = "b01-p1-resident-t1";
-    let other = altered(t.path(), &results, &ledger, id, alias, "other-build", |r, _| {
+    let (other, other_results) = altered(t.path(), &results, &ledger, id, alias, "other-build", |r, _| {
         r["build"]["engine"]["tree_sha256"] = "0".repeat(64).into();
     });
-    refused(&["--campaign", s(&file)], &other, &[alias, "engine tree digest", &"0".repeat(64)]);
+    refused_in(&["--campaign", s(&file)], &other, &other_results, &[alias, "engine tree digest", &"0".repeat(64)]);
 
     // The originals' own directory is not a place for a reproduction.
     let r = run(&["reproduce", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--out", s(&results), "--campaign", s(&file)]);
@@ -198,18 +198,27 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     refused(&["--campaign", s(&file)], &ledger, &["does not verify", "tokens.bin"]);
 }
 
-/// A copy of the ledger in which one record is replaced by a copy of it, edited by `edit` (its
-/// record.json, and the directory) and sealed again beside the originals.
-fn altered(dir: &Path, results: &Path, ledger: &Path, id: &str, alias: &str, name: &str, edit: impl FnOnce(&mut Value, &Path)) -> PathBuf {
+/// A copy of the results and of the ledger in which one record is replaced by a copy of it,
+/// edited by `edit` (its record.json, and the directory) and sealed again, the original gone
+/// and the journal pointed at the new one: a consistent history that verifies (only the
+/// claim's published digest tells it apart). Returns the ledger and the results.
+fn altered(dir: &Path, results: &Path, ledger: &Path, id: &str, alias: &str, name: &str, edit: impl FnOnce(&mut Value, &Path)) -> (PathBuf, PathBuf) {
+    let copy = dir.join(format!("{name}.results"));
+    copy_writable(results, &copy);
     let mut l: Value = serde_json::from_str(&fs::read_to_string(ledger).unwrap()).unwrap();
     let orig = l["claims"][id]["records"][alias].as_str().unwrap().to_string();
     let staging = dir.join(format!("{name}.staging"));
-    copy_writable(&results.join(&orig), &staging);
+    copy_writable(&copy.join(&orig), &staging);
     fs::remove_file(staging.join("manifest.json")).unwrap();
     let mut rec: Value = serde_json::from_str(&fs::read_to_string(staging.join("record.json")).unwrap()).unwrap();
     edit(&mut rec, &staging);
     fs::write(staging.join("record.json"), serde_json::to_string_pretty(&rec).unwrap()).unwrap();
-    let sealed = sovereign::record::seal(&staging, results).unwrap();
+    let sealed = sovereign::record::seal(&staging, &copy).unwrap();
+    fs::remove_dir_all(copy.join(&orig)).unwrap();
+    for j in journal_files(&copy.join("campaigns").join(id)) {
+        let text = fs::read_to_string(&j).unwrap();
+        fs::write(&j, text.replace(&orig, &sealed.digest)).unwrap();
+    }
     l["claims"][id]["records"][alias] = sealed.digest.clone().into();
     if name == "forged-logits" {
         // A claim that states no exactness or admission for the forged record (else its own
@@ -218,8 +227,17 @@ fn altered(dir: &Path, results: &Path, ledger: &Path, id: &str, alias: &str, nam
     }
     let out = dir.join(format!("{name}.json"));
     fs::write(&out, serde_json::to_string_pretty(&l).unwrap()).unwrap();
-    ok(&["verify", "--claim", id, "--ledger", s(&out), "--results", s(results)]);
-    out
+    ok(&["verify", "--claim", id, "--ledger", s(&out), "--results", s(&copy)]);
+    (out, copy)
+}
+
+/// The journal files of a campaign directory: `journal.jsonl` and a cluster run's `journals/`.
+fn journal_files(campaign: &Path) -> Vec<PathBuf> {
+    let mut v = vec![campaign.join("journal.jsonl")];
+    if let Ok(rd) = fs::read_dir(campaign.join("journals")) {
+        v.extend(rd.flatten().map(|e| e.path()));
+    }
+    v.into_iter().filter(|p| p.is_file()).collect()
 }
 
 fn copy_writable(from: &Path, to: &Path) {

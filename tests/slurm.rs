@@ -133,6 +133,35 @@ fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 }
 
 /// No block task of the campaign is pending or running any more.
+/// The shipped exactness campaign under its own id, with cells long enough to be ended
+/// mid-run, submitted to the cluster; returns the campaign file and the results root.
+fn submit_long(c: &Cluster, tmp: &Path, id: &str) -> (PathBuf, PathBuf) {
+    let file = shipped(tmp, |t| t.replace("id: exactness-resident-1", &format!("id: {id}")).replace("outputs: 16", "outputs: 400").replace("horizon: 16", "horizon: 400"));
+    let results = tmp.join("results");
+    c.ok(&["campaign", "run", s(&file), "--executor", "slurm", "--results", s(&results), "--time", "20"]);
+    (file, results)
+}
+
+/// Waits until some block's task has started its first cell (its journal ends in that
+/// cell_started) and returns the block and the cell.
+fn first_cell_started(results: &Path, id: &str) -> (usize, String) {
+    let jdir = results.join("campaigns").join(id).join("journals");
+    let mut victim = None;
+    wait_until("a block's first cell to start", 600, || {
+        for b in 1..=3 {
+            let text = fs::read_to_string(jdir.join(format!("b{b:02}.jsonl"))).unwrap_or_default();
+            if let Some(last) = text.lines().last().map(|l| serde_json::from_str::<Value>(l).unwrap()) {
+                if last["event"] == "cell_started" && last["cell"].as_str().unwrap().contains("-p0-") {
+                    victim = Some((b, last["cell"].as_str().unwrap().to_string()));
+                    return true;
+                }
+            }
+        }
+        false
+    });
+    victim.unwrap()
+}
+
 fn idle(v: &Value) -> bool {
     v["blocks"].as_array().unwrap().iter().all(|b| !matches!(b["slurm"].as_str().unwrap(), "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING"))
 }
@@ -223,6 +252,14 @@ fn shipped_exactness_campaign_as_a_job_array() {
     let r: Value = serde_json::from_str(&c.ok(&["campaign", "resume", s(&file), "--executor", "slurm", "--results", s(&results), "--json"]).stdout).unwrap();
     assert!(r["submitted"].as_array().unwrap().is_empty(), "{r}");
     assert_eq!(r["settled_blocks"], serde_json::json!([0, 1, 2, 3]));
+    // A cluster that cannot be asked (no controller configuration here): status still shows
+    // every cell from the journal and says the cluster could not be asked.
+    let unreachable = Cluster { conf: tmp.path().join("no-such-slurm.conf").display().to_string() };
+    let v: Value = serde_json::from_str(&unreachable.ok(&["campaign", "status", s(&file), "--results", s(&results), "--json"]).stdout).unwrap();
+    assert_eq!((&v["finished"], &v["counts"]["sealed"]), (&Value::Bool(true), &serde_json::json!(7)), "{v}");
+    assert!(v["cluster_unreachable"].as_str().is_some_and(|w| w.contains("squeue")), "{v}");
+    let text = unreachable.ok(&["campaign", "status", s(&file), "--results", s(&results)]).stdout;
+    assert!(text.contains("the cluster could not be asked") && text.contains("7 sealed"), "{text}");
 }
 
 #[test]
@@ -230,28 +267,11 @@ fn a_cancelled_task_leaves_no_half_record_and_resume_reruns_only_its_block() {
     let Some(conf) = cluster() else { return };
     let c = Cluster { conf };
     let tmp = tempfile::tempdir().unwrap();
-    // The shipped campaign under its own id, with cells long enough to be cancelled mid-run.
     let id = "exactness-cancel";
-    let file = shipped(tmp.path(), |t| t.replace("id: exactness-resident-1", &format!("id: {id}")).replace("outputs: 16", "outputs: 400").replace("horizon: 16", "horizon: 400"));
-    let results = tmp.path().join("results");
-    c.ok(&["campaign", "run", s(&file), "--executor", "slurm", "--results", s(&results), "--time", "20"]);
+    let (file, results) = submit_long(&c, tmp.path(), id);
 
     // Cancel a block's task while its first cell runs (its journal ends in that cell_started).
-    let jdir = results.join("campaigns").join(id).join("journals");
-    let mut victim = None;
-    wait_until("a block's first cell to start", 600, || {
-        for b in 1..=3 {
-            let text = fs::read_to_string(jdir.join(format!("b{b:02}.jsonl"))).unwrap_or_default();
-            if let Some(last) = text.lines().last().map(|l| serde_json::from_str::<Value>(l).unwrap()) {
-                if last["event"] == "cell_started" && last["cell"].as_str().unwrap().contains("-p0-") {
-                    victim = Some((b, last["cell"].as_str().unwrap().to_string()));
-                    return true;
-                }
-            }
-        }
-        false
-    });
-    let (block, _) = victim.unwrap();
+    let (block, _) = first_cell_started(&results, id);
     let v = status(&c, &file, &results);
     let task = v["blocks"][block]["task"].as_str().unwrap().to_string();
     assert_eq!(v["blocks"][block]["slurm"], "RUNNING", "{v}");
@@ -288,6 +308,37 @@ fn a_cancelled_task_leaves_no_half_record_and_resume_reruns_only_its_block() {
     assert_eq!(count(&j, "cell_discarded").get(&cell), Some(&1), "the cancelled attempt is discarded once");
     let attempts: Vec<u64> = j.iter().filter(|e| e["event"] == "cell_sealed" && e["cell"] == cell.as_str()).map(|e| e["attempt"].as_u64().unwrap()).collect();
     assert_eq!(attempts, [2]);
+}
+
+#[test]
+fn a_requeued_task_reruns_its_cell_as_an_interrupted_attempt_and_its_arm_goes_on() {
+    let Some(conf) = cluster() else { return };
+    let c = Cluster { conf };
+    let tmp = tempfile::tempdir().unwrap();
+    let id = "exactness-requeue";
+    let (file, results) = submit_long(&c, tmp.path(), id);
+
+    // Requeue a block's task (what preemption with PreemptMode=REQUEUE does) while its first
+    // cell runs: Slurm ends the task and starts it again by itself, with no resume.
+    let (block, cell) = first_cell_started(&results, id);
+    let v = status(&c, &file, &results);
+    let task = v["blocks"][block]["task"].as_str().unwrap().to_string();
+    c.slurm("scontrol", &["requeue", &task]);
+    wait_until("the requeued block to finish", 900, || {
+        let v = status(&c, &file, &results);
+        v["finished"] == true && idle(&v)
+    });
+    // The attempt the scheduler ended is discarded as interrupted, saying so; the cell then
+    // seals on its next attempt and the arm's later cells are not skipped.
+    let j = check_finished(&c, &file, &results, id, 7);
+    let discards: Vec<&Value> = j.iter().filter(|e| e["event"] == "cell_discarded" && e["cell"] == cell.as_str()).collect();
+    // (The worker may see the scheduler's signal a moment before its runner does: then that
+    // runner discards the attempt first, and the restarted task discards the next one.)
+    assert!(!discards.is_empty() && discards.len() <= 2, "{discards:?}");
+    assert!(discards.iter().any(|d| d["reason"].as_str().unwrap().contains("preempted or requeued")), "{discards:?}");
+    assert!(j.iter().all(|e| e["event"] != "cell_skipped" && e["event"] != "cell_abandoned"), "nothing is skipped after a requeue");
+    let attempts: Vec<u64> = j.iter().filter(|e| e["event"] == "cell_sealed" && e["cell"] == cell.as_str()).map(|e| e["attempt"].as_u64().unwrap()).collect();
+    assert_eq!(attempts, [discards.len() as u64 + 1]);
 }
 
 #[test]

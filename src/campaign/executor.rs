@@ -225,10 +225,10 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
             verifier: verifier.to_path_buf(),
             reference: Some(reference.to_path_buf()),
             prompts: p.prompt_file.to_path_buf(),
-            n_predict: cell.workload.outputs,
+            n_predict: *cell.workload.outputs,
             mode: ra.mode,
             tau: ra.tau.unwrap_or(refine::DEFAULT_TAU),
-            window: models.window,
+            window: *models.window,
             verify_all: ra.verify_all,
             exec: exec(cell::REFINE_CTX),
             stream: (arm.experts_mode() == ExpertsMode::Plan).then(|| plan(FaultCell::None)),
@@ -238,7 +238,7 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
         _ => Cell::Generate(GenerateCell {
             model: p.model.to_path_buf(),
             prompt: Prompt::File(p.prompt_file.to_path_buf()),
-            n_predict: cell.workload.outputs,
+            n_predict: *cell.workload.outputs,
             exec: exec(cell::GENERATE_CTX),
             ignore_eos: cell.workload.ignore_eos,
             experts: match arm.experts_mode() {

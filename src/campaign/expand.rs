@@ -50,7 +50,7 @@ pub fn block_orders(blocks: &Blocks) -> Vec<Vec<String>> {
         Blocks::Preordered(b) => b.iter().map(|b| b.iter().map(|a| a.value.clone()).collect()).collect(),
         Blocks::SeededRandom { seed, count, arms } => {
             let mut rng = SplitMix64(*seed);
-            (0..*count)
+            (0..count.value)
                 .map(|_| {
                     let mut v: Vec<String> = arms.iter().map(|a| a.value.clone()).collect();
                     for i in (1..v.len()).rev() {

@@ -19,6 +19,7 @@
 //! ```
 
 pub mod admission;
+pub mod audit;
 pub mod document;
 pub mod executor;
 pub mod expand;

@@ -29,20 +29,24 @@ pub fn make_missing(c: &Campaign, base: &Path) -> Result<Vec<Made>> {
     let mut made = Vec::new();
     for quantized in [false, true] {
         for &(field, m) in specs.iter().filter(|(_, m)| m.quantize.is_some() == quantized) {
-            let path = base.join(&m.path);
+            // Errors carry the model's position in the campaign file (`line:column: ...`).
+            let at = |e: anyhow::Error| anyhow!("{}:{}: {e:#}", m.path.line, m.path.column);
+            let path = base.join(&*m.path);
             if path.symlink_metadata().is_ok() {
-                check_recipe(field, m, &path)?;
+                check_recipe(field, m, &path).map_err(at)?;
                 continue;
             }
             let t = Instant::now();
             let recipe = match (&m.forge, &m.quantize) {
-                (Some(f), _) => make(field, m, &path, |tmp| forge(f, tmp))?,
-                (None, Some(q)) => make(field, m, &path, |tmp| quantize(q, base, tmp))?,
-                (None, None) => bail!(
-                    "{}: {field}.path is missing, and {field} gives no recipe: make it (`sovereign model forge ... --out {}`), or add `forge:` or `quantize:` to {field}",
-                    path.display(),
-                    m.path
-                ),
+                (Some(f), _) => make(field, m, &path, |tmp| forge(f, tmp)).map_err(at)?,
+                (None, Some(q)) => make(field, m, &path, |tmp| quantize(q, base, tmp)).map_err(at)?,
+                (None, None) => {
+                    return Err(at(anyhow!(
+                        "{}: {field}.path is missing, and {field} gives no recipe: make it (`sovereign model forge ... --out {}`), or add `forge:` or `quantize:` to {field}",
+                        path.display(),
+                        m.path.value
+                    )))
+                }
             };
             made.push(Made { field, path, recipe, seconds: t.elapsed().as_secs_f64() });
         }

@@ -147,12 +147,12 @@ fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome, measure: boo
                     }
                 }
                 let prompt_tokens = rec.prompt_tokens().map(|n| n as u64);
-                if prompt_tokens != Some(spec.workload.prompt_tokens as u64) {
+                if prompt_tokens != Some(u64::from(*spec.workload.prompt_tokens)) {
                     problems.push(format!("{:?} prompt tokens where {} were preregistered", prompt_tokens, spec.workload.prompt_tokens));
                 }
                 // A refinement record counts the outputs of all its prompts.
                 let per = if spec.refine.is_some() { refine.and_then(|r| r.counts.as_ref()).map_or(0, |c| c.prompts as u64) } else { 1 };
-                let outputs = spec.workload.outputs as u64 * per;
+                let outputs = u64::from(*spec.workload.outputs) * per;
                 let generated = rec.generated_tokens().map(|n| n as u64);
                 if spec.workload.ignore_eos && generated != Some(outputs) {
                     problems.push(format!("{generated:?} outputs where {outputs} were preregistered"));
@@ -292,7 +292,10 @@ fn recover(ctx: &mut Ctx, summary: &mut RunSummary) -> Result<()> {
                 ctx.append(Event::CellDiscarded {
                     cell: cell.key.clone(),
                     attempt,
-                    reason: "interrupted before an outcome was recorded; staging deleted, the cell runs again (not an outcome-selected rerun)".into(),
+                    reason: format!(
+                        "interrupted before an outcome was recorded{}; staging deleted, the cell runs again (not an outcome-selected rerun)",
+                        requeued().map(|why| format!(" ({why})")).unwrap_or_default()
+                    ),
                 })?;
                 summary.discarded += 1;
             }
@@ -307,6 +310,15 @@ fn recover(ctx: &mut Ctx, summary: &mut RunSummary) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Why this runner is a Slurm task's second or later start: Slurm requeued it (preemption
+/// with `PreemptMode=REQUEUE`, `scontrol requeue`, a node failure), so the attempt the earlier
+/// start was running was ended by the scheduler, not by the run.
+fn requeued() -> Option<String> {
+    let restarts: u32 = std::env::var("SLURM_RESTART_COUNT").ok()?.trim().parse().ok()?;
+    let job = std::env::var("SLURM_JOB_ID").ok()?;
+    (restarts > 0).then(|| format!("the Slurm task was preempted or requeued: job {job}, restart {restarts}"))
 }
 
 /// The stop rule that skips a cell, if one does.
@@ -519,7 +531,7 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
         // repetition.max_interrupted_attempts.
         let sealed = loop {
             let discards = ctx.hist.get(&cell.key).map_or(0, |h| h.discards);
-            if discards >= ctx.c.spec.repetition.max_interrupted_attempts {
+            if discards >= *ctx.c.spec.repetition.max_interrupted_attempts {
                 ctx.append(Event::CellAbandoned {
                     cell: cell.key.clone(),
                     attempts: discards,
@@ -602,6 +614,9 @@ pub struct StatusReport {
     /// Each block's cluster job, where the campaign was submitted to Slurm.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub blocks: Vec<super::slurm::BlockRow>,
+    /// Why the cluster could not be asked about those jobs (the states come from the journals).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_unreachable: Option<String>,
 }
 
 /// `campaign status`: the journal folded per cell (read-only; safe while a runner is active).
@@ -647,7 +662,7 @@ pub fn status(c: &Loaded, results: &Path) -> Result<StatusReport> {
         });
     }
     let finished = cells.iter().all(|r| matches!(r.state.as_str(), "sealed" | "skipped" | "abandoned"));
-    Ok(StatusReport { campaign: c.id().to_string(), digest, preregistered, file_changed, runner_active: active, finished, counts, cells, blocks: Vec::new() })
+    Ok(StatusReport { campaign: c.id().to_string(), digest, preregistered, file_changed, runner_active: active, finished, counts, cells, blocks: Vec::new(), cluster_unreachable: None })
 }
 
 impl StatusReport {
@@ -677,7 +692,7 @@ impl StatusReport {
         }
         let counts: Vec<String> = self.counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
         s += &format!("{} cells: {}{}\n", self.cells.len(), counts.join(", "), if self.finished { " (finished)" } else { "" });
-        s += &super::slurm::blocks_text(&self.blocks);
+        s += &super::slurm::blocks_text(&self.blocks, self.cluster_unreachable.as_deref());
         s
     }
 }
@@ -764,8 +779,8 @@ mod tests {
                     },
                     params: None,
                     counts: Some(record::format::GenerateCounts {
-                        prompt_tokens: cell.workload.prompt_tokens as usize,
-                        generated_tokens: cell.workload.outputs as usize,
+                        prompt_tokens: *cell.workload.prompt_tokens as usize,
+                        generated_tokens: *cell.workload.outputs as usize,
                         logits_rows: 0,
                         n_vocab: 0,
                         route_events: 0,

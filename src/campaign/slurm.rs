@@ -158,21 +158,26 @@ fn states(jobs: &BTreeSet<String>) -> Result<(BTreeMap<String, (String, &'static
     Ok((out, sacct_ok))
 }
 
-/// Each block's cells, settled count and cluster task (empty when never submitted to Slurm).
-pub fn block_rows(c: &Loaded, results: &Path) -> Result<Vec<BlockRow>> {
+/// Each block's cells, settled count and cluster task (empty when never submitted to Slurm),
+/// and why the cluster could not be asked, if it could not: the journals still say how far
+/// every block got, so the rows then come from them alone.
+pub fn block_rows(c: &Loaded, results: &Path) -> Result<(Vec<BlockRow>, Option<String>)> {
     let dir = CampaignDir::new(results, c.id());
     let subs = submissions(&dir)?;
     if subs.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     }
     let (spec, _) = super::frozen(results, c.id())?;
     let cells = expand(&spec);
     let hist = histories(&Journal::read_all(&dir.journal_files()?)?);
     let tasks = tasks(&subs);
     let jobs: BTreeSet<String> = subs.iter().map(|s| s.job.clone()).collect();
-    let (states, _) = states(&jobs)?;
+    let (states, unreachable) = match states(&jobs) {
+        Ok((st, _)) => (st, None),
+        Err(e) => (BTreeMap::new(), Some(format!("{e:#}").replace('\n', " "))),
+    };
     let blocks: BTreeSet<usize> = cells.iter().map(|x| x.block).collect();
-    Ok(blocks
+    let rows = blocks
         .into_iter()
         .map(|b| {
             let mine: Vec<_> = cells.iter().filter(|x| x.block == b).collect();
@@ -185,23 +190,28 @@ pub fn block_rows(c: &Loaded, results: &Path) -> Result<Vec<BlockRow>> {
             };
             BlockRow { block: b, cells: mine.len(), settled: done, task, slurm, source }
         })
-        .collect())
+        .collect();
+    Ok((rows, unreachable))
 }
 
-pub fn blocks_text(rows: &[BlockRow]) -> String {
+/// The blocks as `campaign status` prints them; `unreachable`: why the cluster was not asked.
+pub fn blocks_text(rows: &[BlockRow], unreachable: Option<&str>) -> String {
     if rows.is_empty() {
         return String::new();
     }
     let mut s = String::from("blocks on Slurm:\n");
     for r in rows {
         let st = match (r.slurm.as_str(), r.source.as_str()) {
+            (_, _) if unreachable.is_some() => "state not asked (from the journal)".to_string(),
             ("unknown", _) if r.settled == r.cells => "ended (all cells settled)".to_string(),
             ("unknown", _) => "ended, unsettled (killed, failed or timed out: resume resubmits it)".to_string(),
             (st, src) => format!("{st} ({src})"),
         };
         s += &format!("  b{:02}  {:<10} {}/{} settled  {st}\n", r.block, r.task.as_deref().unwrap_or("-"), r.settled, r.cells);
     }
-    if rows.iter().any(|r| r.source == "journal" && r.task.is_some()) {
+    if let Some(why) = unreachable {
+        s += &format!("  (the cluster could not be asked: {why}; every cell's state above comes from the journals)\n");
+    } else if rows.iter().any(|r| r.source == "journal" && r.task.is_some()) {
         s += "  (squeue no longer holds these jobs and sacct has no accounting storage here: their state comes from the journals)\n";
     }
     s

@@ -123,7 +123,7 @@ impl Campaign {
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     /// Relative paths are taken from the campaign file's directory.
-    pub path: String,
+    pub path: At<String>,
     pub sha256: Sha256Hex,
     /// How the model is made when `path` is missing: forged (`model forge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -184,7 +184,7 @@ pub struct RefineModels {
     /// The full-precision model whose mean per-token log-probability scores every output.
     pub reference: ModelSpec,
     /// Verify every `window` generated tokens.
-    pub window: u32,
+    pub window: At<u32>,
 }
 
 /// What a refinement arm decodes with (`sovereign refine --mode`).
@@ -214,12 +214,12 @@ fn default_refine_mode() -> RefineMode {
 #[serde(deny_unknown_fields)]
 pub struct Workload {
     /// Relative paths are taken from the campaign file's directory.
-    pub prompt_file: String,
+    pub prompt_file: At<String>,
     pub prompt_sha256: Sha256Hex,
     /// Expected prompt length in tokens; a record with another count is invalid.
-    pub prompt_tokens: u32,
+    pub prompt_tokens: At<u32>,
     /// Tokens to generate (greedy).
-    pub outputs: u32,
+    pub outputs: At<u32>,
     /// Keep generating past end-of-generation tokens, so every cell has `outputs` outputs.
     pub ignore_eos: bool,
 }
@@ -409,9 +409,9 @@ pub struct Schedule {
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Blocks {
     /// Each inner list is one block: the arms in the order they run (Table 6).
-    Preordered(Vec<Vec<At<String>>>),
+    Preordered(Vec<At<Vec<At<String>>>>),
     /// `count` blocks, each a permutation of `arms` drawn from `seed` (SplitMix64, Fisher–Yates).
-    SeededRandom { seed: u64, count: u32, arms: Vec<At<String>> },
+    SeededRandom { seed: u64, count: At<u32>, arms: Vec<At<String>> },
 }
 
 /// The oracle arm and the exactness relation E with its horizon.
@@ -455,7 +455,7 @@ pub struct Repetition {
     /// A cell interrupted before it produced an outcome (runner killed, machine rebooted) is
     /// discarded and run again; once it has been interrupted this many times it is abandoned
     /// instead. Every discard and abandonment is journaled.
-    pub max_interrupted_attempts: u32,
+    pub max_interrupted_attempts: At<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -553,15 +553,16 @@ pub fn parse(text: &str) -> std::result::Result<Campaign, Vec<Diagnostic>> {
 /// The model and prompt must be regular files that can be read (relative to `base`, the
 /// campaign file's directory); read permission is checked by opening.
 pub fn check_paths(c: &Campaign, base: &std::path::Path) -> Vec<Diagnostic> {
-    let mut paths: Vec<(String, &str)> = c.models().into_iter().map(|(f, m)| (format!("{f}.path"), m.path.as_str())).collect();
-    paths.push(("workload.prompt_file".into(), c.workload.prompt_file.as_str()));
+    let mut paths: Vec<(String, &str, (u64, u64))> =
+        c.models().into_iter().map(|(f, m)| (format!("{f}.path"), m.path.as_str(), (m.path.line, m.path.column))).collect();
+    paths.push(("workload.prompt_file".into(), c.workload.prompt_file.as_str(), (c.workload.prompt_file.line, c.workload.prompt_file.column)));
     let mut out = Vec::new();
-    for (what, p) in paths {
+    for (what, p, (line, column)) in paths {
         let what = what.as_str();
         let full = base.join(p);
         let ok = crate::bounds::regular_file(what, &full).and_then(|_| crate::bounds::open_regular(&full).map(drop).map_err(|e| anyhow::anyhow!("{}: {what} cannot be read: {e}", full.display())));
         if let Err(e) = ok {
-            out.push(Diagnostic { line: 0, column: 0, message: e.to_string() });
+            out.push(Diagnostic { line, column, message: e.to_string() });
         }
     }
     out
@@ -577,22 +578,23 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     if let Err(e) = crate::bounds::campaign_id(&c.id.value) {
         out.push(Diagnostic::at(&c.id, e));
     }
-    if c.workload.outputs == 0 || c.workload.outputs > crate::bounds::MAX_N_PREDICT {
-        out.push(Diagnostic { line: 0, column: 0, message: format!("workload.outputs must lie in 1..={}", crate::bounds::MAX_N_PREDICT) });
+    let outputs = &c.workload.outputs;
+    if outputs.value == 0 || outputs.value > crate::bounds::MAX_N_PREDICT {
+        out.push(Diagnostic::at(outputs, format!("workload.outputs {}: expected 1..={}", outputs.value, crate::bounds::MAX_N_PREDICT)));
     }
-    if c.workload.prompt_tokens == 0 {
-        out.push(Diagnostic { line: 0, column: 0, message: "workload.prompt_tokens must be at least 1".into() });
+    if c.workload.prompt_tokens.value == 0 {
+        out.push(Diagnostic::at(&c.workload.prompt_tokens, "workload.prompt_tokens 0: expected at least 1"));
     }
     if c.arms.is_empty() {
-        out.push(Diagnostic { line: 0, column: 0, message: "a campaign needs at least one arm".into() });
+        out.push(Diagnostic::at(&c.id, "a campaign needs at least one arm (`arms:` is empty)"));
     }
     for (field, m) in c.models() {
         if m.forge.is_some() && m.quantize.is_some() {
-            out.push(Diagnostic { line: 0, column: 0, message: format!("{field}: give `forge` or `quantize`, not both") });
+            out.push(Diagnostic::at(&m.path, format!("{field}: give `forge` or `quantize`, not both")));
         }
         if let Some(f) = &m.forge {
             if !(f.router_skew.is_finite() && (0.0..=crate::forge::MAX_ROUTER_SKEW).contains(&f.router_skew)) {
-                out.push(Diagnostic { line: 0, column: 0, message: format!("{field}.forge.router_skew {}: expected 0..={}", f.router_skew, crate::forge::MAX_ROUTER_SKEW) });
+                out.push(Diagnostic::at(&m.path, format!("{field}.forge.router_skew {}: expected 0..={}", f.router_skew, crate::forge::MAX_ROUTER_SKEW)));
             }
         }
     }
@@ -720,18 +722,18 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
         Blocks::Preordered(blocks) => {
             for b in blocks {
                 if b.is_empty() {
-                    out.push(Diagnostic { line: 0, column: 0, message: "schedule.blocks: a block is empty".into() });
+                    out.push(Diagnostic::at(b, "schedule.blocks: a block is empty"));
                 }
                 check_block(b, "schedule.blocks", &mut out);
             }
         }
         Blocks::SeededRandom { arms, count, .. } => {
-            if arms.is_empty() || *count == 0 {
-                out.push(Diagnostic { line: 0, column: 0, message: "schedule.blocks.seeded_random needs arms and count >= 1".into() });
+            if arms.is_empty() || count.value == 0 {
+                out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} with {} arms: needs arms and count >= 1", count.value, arms.len())));
             }
-            let cells = *count as u64 * arms.len() as u64;
+            let cells = u64::from(count.value) * arms.len() as u64;
             if cells > crate::bounds::MAX_CELLS {
-                out.push(Diagnostic { line: 0, column: 0, message: format!("schedule.blocks.seeded_random: count {count} x {} arms is {cells} cells, more than {}", arms.len(), crate::bounds::MAX_CELLS) });
+                out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} x {} arms is {cells} cells, more than {}", count.value, arms.len(), crate::bounds::MAX_CELLS)));
             }
             check_block(arms, "schedule.blocks.seeded_random.arms", &mut out);
         }
@@ -753,7 +755,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             out.push(Diagnostic::at(&c.oracle.arm, format!("the oracle arm `{}` must be the first cell scheduled (put it first in schedule.lead)", c.oracle.arm.value)));
         }
     }
-    if c.oracle.horizon != c.workload.outputs {
+    if c.oracle.horizon != *c.workload.outputs {
         out.push(Diagnostic::at(&c.oracle.arm, format!("oracle.horizon {} must equal workload.outputs {}", c.oracle.horizon, c.workload.outputs)));
     }
     out.extend(validate_refine(c));
@@ -808,8 +810,8 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             out.push(Diagnostic::at(&w.baseline, "analysis.wall.arms names no arm".to_string()));
         }
     }
-    if c.repetition.max_interrupted_attempts == 0 {
-        out.push(Diagnostic { line: 0, column: 0, message: "repetition.max_interrupted_attempts must be at least 1".into() });
+    if c.repetition.max_interrupted_attempts.value == 0 {
+        out.push(Diagnostic::at(&c.repetition.max_interrupted_attempts, "repetition.max_interrupted_attempts 0: expected at least 1"));
     }
     out
 }
@@ -905,14 +907,14 @@ fn validate_refine(c: &Campaign) -> Vec<Diagnostic> {
             }
         }
         Some(r) => {
-            if r.window == 0 {
-                out.push(Diagnostic { line: 0, column: 0, message: "refine.window must be at least 1".into() });
+            if r.window.value == 0 {
+                out.push(Diagnostic::at(&r.window, "refine.window 0: expected at least 1"));
             }
             if c.oracle.relation != Relation::Tokens {
                 out.push(Diagnostic::at(&c.oracle.arm, "a refinement campaign records no logits rows: use `relation: tokens`"));
             }
             if !c.workload.ignore_eos {
-                out.push(Diagnostic { line: 0, column: 0, message: "refinement always decodes workload.outputs tokens: set workload.ignore_eos: true".into() });
+                out.push(Diagnostic::at(&c.workload.outputs, "refinement always decodes workload.outputs tokens: set workload.ignore_eos: true"));
             }
             for a in &c.arms {
                 match &a.refine {

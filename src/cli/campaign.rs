@@ -10,16 +10,20 @@ use std::process::ExitCode;
 #[derive(Subcommand)]
 pub enum CampaignCommand {
     /// Check a campaign file: typos and wrong types as FILE:line:column: message.
+    #[command(after_help = "Example:\n  sovereign campaign check campaigns/exactness.yaml")]
     Check {
         file: PathBuf,
         #[arg(long)]
         json: bool,
     },
     /// Preregister (freeze) the campaign, then run every cell unattended.
+    #[command(after_help = "Example:\n  sovereign campaign run campaigns/exactness.yaml\n  sovereign campaign run campaigns/exactness.yaml --executor slurm --time 30   (a task per block)")]
     Run(RunArgs),
     /// Continue a preregistered campaign after an interruption.
+    #[command(after_help = "Example:\n  sovereign campaign resume campaigns/exactness.yaml")]
     Resume(RunArgs),
     /// Show each cell's state from the journal.
+    #[command(after_help = "Example:\n  sovereign campaign status campaigns/exactness.yaml --json")]
     Status {
         file: PathBuf,
         #[arg(long, default_value = "results")]
@@ -28,6 +32,7 @@ pub enum CampaignCommand {
         json: bool,
     },
     /// Print the JSON Schema of campaign files.
+    #[command(after_help = "Example:\n  sovereign campaign schema > schemas/campaign.schema.json")]
     Schema,
     /// Run one block of a preregistered campaign (what a Slurm array task runs).
     #[command(hide = true)]
@@ -90,7 +95,7 @@ pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
                 Ok(made) => report_made(&made, json),
                 Err(e) => {
                     // A model that cannot be made is a problem of the file, like any other.
-                    let line = format!("{}: {}", file.display(), format!("{e:#}").replace('\n', " "));
+                    let line = in_file(&file, &e);
                     if json {
                         print_json(&serde_json::json!({ "file": file, "ok": false, "problems": [line] }))?;
                     } else {
@@ -119,7 +124,7 @@ pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
             let l = campaign::load(&file)?;
             let mut r = campaign::status(&l, &results)?;
             if r.preregistered {
-                r.blocks = campaign::slurm::block_rows(&l, &results)?;
+                (r.blocks, r.cluster_unreachable) = campaign::slurm::block_rows(&l, &results)?;
             }
             if json {
                 print_json(&r)?;
@@ -151,7 +156,7 @@ fn report_made(made: &[campaign::models::Made], json: bool) {
 
 fn run(a: RunArgs, mode: campaign::RunMode) -> Result<ExitCode> {
     let l = campaign::load(&a.file)?;
-    let made = campaign::models::make_missing(&l.spec, &l.base).map_err(|e| anyhow::anyhow!("{}: {e:#}", a.file.display()))?;
+    let made = campaign::models::make_missing(&l.spec, &l.base).map_err(|e| anyhow::anyhow!(in_file(&a.file, &e)))?;
     report_made(&made, a.json);
     if a.executor == Executor::Slurm {
         return submit(a, &l, mode);
@@ -204,4 +209,12 @@ fn submit(a: RunArgs, l: &campaign::Loaded, mode: campaign::RunMode) -> Result<E
     }
     println!("watch: sovereign campaign status {} --results {}", a.file.display(), a.results.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// `FILE:line:column: message` for an error that starts at a position in the campaign file
+/// (`line:column: ...`), else `FILE: message`; on one line.
+fn in_file(file: &std::path::Path, e: &anyhow::Error) -> String {
+    let m = format!("{e:#}").replace('\n', " ");
+    let positioned = m.split(':').take(2).all(|x| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit()));
+    if positioned { format!("{}:{m}", file.display()) } else { format!("{}: {m}", file.display()) }
 }

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 #[derive(Subcommand)]
 pub enum StatsCommand {
     /// Paired geometric ratio b/a and paired-log Student-t interval (df = n - 1) of two columns.
+    #[command(after_help = "Example:\n  sovereign stats pairs --csv results/export-bench-4/pairs.csv --a a --b b")]
     Pairs {
         #[arg(long)]
         csv: PathBuf,
@@ -64,6 +65,7 @@ pub fn stats(c: StatsCommand) -> Result<ExitCode> {
 enum ExportCommand {
     /// The timeline of the decode token a Plan run's record kept (its `timeline` surface):
     /// reads per extent, copies, acquires, compute; SVG or PNG by the name's extension.
+    #[command(after_help = "Example:\n  sovereign export timeline --record results/f --out results/f-timeline.svg")]
     Timeline {
         #[arg(long)]
         record: PathBuf,
@@ -118,6 +120,7 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
     for c in &s.claims {
         println!("claim {c}");
     }
+    println!("ledger {} (sealed)", s.ledger.display());
     println!("{}", export::ArmRow::header());
     for r in &s.arms {
         println!("{}", r.line());

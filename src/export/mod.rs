@@ -64,6 +64,8 @@ pub struct ExportSummary {
     /// Each drafted claim as `ID@DIGEST`: what `verify` and `replay` take to refuse a claim
     /// changed after it was published.
     pub claims: Vec<String>,
+    /// The drafted ledger sealed like a record: `results/ledgers/<digest>` (`verify --ledger`).
+    pub ledger: PathBuf,
 }
 
 /// One arm of the bench table (`arms.csv`).
@@ -556,6 +558,13 @@ fn number(x: &Sealed, file: &str, pointer: &str) -> Option<f64> {
 pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     let (spec, digest) = frozen(results, id)?;
     let dir = CampaignDir::new(results, id);
+    let disagree = crate::campaign::audit::journal_disagreements(results, id)?;
+    if let Some(first) = disagree.first() {
+        anyhow::bail!(
+            "campaign `{id}`: the journal and the records disagree ({} in all; first: {first}); nothing was exported",
+            disagree.len()
+        );
+    }
     let hist = histories(&Journal::read_all(&dir.journal_files()?)?);
     let cells = expand(&spec);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
@@ -795,8 +804,23 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     std::fs::write(&lpath, serde_json::to_string_pretty(&ledger)? + "\n")?;
     files.push(lpath);
     let claims = ledger.claims.iter().map(|(id, c)| Ok(format!("{id}@{}", c.digest()?))).collect::<Result<Vec<_>>>()?;
+    let ledger = crate::claims::seal_ledger(results, &ledger)?;
 
-    Ok(ExportSummary { campaign: id.to_string(), cells: cells.len(), sealed: sealed.len(), pairs: pair_rows.len(), summary, floor, floor_invalid, envelope, walls, arms, files, claims })
+    Ok(ExportSummary {
+        campaign: id.to_string(),
+        cells: cells.len(),
+        sealed: sealed.len(),
+        pairs: pair_rows.len(),
+        summary,
+        floor,
+        floor_invalid,
+        envelope,
+        walls,
+        arms,
+        files,
+        claims,
+        ledger,
+    })
 }
 
 fn draft_ledger(
@@ -828,7 +852,7 @@ fn draft_ledger(
             record: c.key.clone(),
             file: RECORD_FILE.into(),
             pointer: "/counts/prompt_tokens".into(),
-            expect: Check::Eq(spec.workload.prompt_tokens.into()),
+            expect: Check::Eq((*spec.workload.prompt_tokens).into()),
         });
         if let Some(n) = x.record.as_ref().and_then(TypedRecord::generated_tokens) {
             assertions.push(Assertion { record: c.key.clone(), file: RECORD_FILE.into(), pointer: "/counts/generated_tokens".into(), expect: Check::Eq(n.into()) });

@@ -148,6 +148,11 @@ impl Manifest {
     /// role. `pinned` objects must exist, be distinct, and leave at least one unpinned slot per
     /// layer.
     pub fn new(inv: &Inventory, n_slots: u32, pinned: &[ObjectId]) -> Result<Manifest> {
+        // Every refusal names the model file it is about.
+        Self::of(inv, n_slots, pinned).map_err(|e| if e.to_string().starts_with(&inv.file) { e } else { e.context(inv.file.clone()) })
+    }
+
+    fn of(inv: &Inventory, n_slots: u32, pinned: &[ObjectId]) -> Result<Manifest> {
         if n_slots == 0 {
             bail!("a Plan needs at least one slot per layer");
         }

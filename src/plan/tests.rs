@@ -271,6 +271,11 @@ fn manifest_validates_its_inputs() {
     let mut inv = m.inv.clone();
     inv.objects.remove(3);
     assert!(Manifest::new(&inv, 4, &[]).is_err());
+    // An expert without its up role: refused, naming the model file.
+    let mut inv = m.inv.clone();
+    inv.objects[1].extents.retain(|(r, _)| r != "up");
+    let e = format!("{:#}", Manifest::new(&inv, 4, &[]).unwrap_err());
+    assert!(e.starts_with(&m.inv.file) && e.contains("are neither gate, up, down"), "{e}");
 }
 
 #[test]
