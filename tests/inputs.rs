@@ -369,9 +369,27 @@ fn every_verb_teaches_with_an_example() {
         .collect();
     assert_eq!(&verbs[..4], ["model", "inventory", "generate", "compare"], "{top}");
     assert!(verbs.len() >= 18, "{verbs:?}");
+    let commands = |help: &str| -> Vec<String> {
+        help.lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .filter(|v| v != "help")
+            .collect()
+    };
+    let mut nested = 0;
     for v in verbs {
         let help = ok(&[v, "--help"]).stdout;
         let example = help.rsplit("Example").next().unwrap_or_default();
         assert!(help.contains("Example") && example.contains(&format!("sovereign {}", if v == "refine" { "campaign" } else { v })), "{v}: {help}");
+        // Each subcommand's help ends with an example of that very subcommand.
+        for sub in commands(&help) {
+            let help = ok(&[v, &sub, "--help"]).stdout;
+            let example = help.rsplit("Example").next().unwrap_or_default();
+            assert!(help.contains("Example") && example.contains(&format!("sovereign {v} {sub}")), "{v} {sub}: {help}");
+            nested += 1;
+        }
     }
+    assert!(nested >= 14, "{nested} subcommands");
 }

@@ -14,6 +14,7 @@ pub enum CertificateCommand {
     /// The certificate of a generate record (plain or sealed), or of every record a claim of the
     /// ledger names, evaluated. Exit 0 when it could be built, whatever its verdicts; records of
     /// different binaries are refused (exit 2).
+    #[command(after_help = "Example:\n  sovereign certificate show results/f --oracle results/oracle --g-decl 0 --g-phys 0 --r-policy 0")]
     Show {
         /// A record directory, or a claim id of the ledger.
         record: String,
@@ -40,12 +41,14 @@ pub enum CertificateCommand {
     },
     /// Check and evaluate a hand-written certificate (YAML) about any system; fields may say
     /// `insufficient public evidence`. Problems as FILE:line:column: message (exit 1).
+    #[command(after_help = "Example:\n  sovereign certificate check certificates/seed-c1.yaml")]
     Check {
         file: PathBuf,
         #[arg(long)]
         json: bool,
     },
     /// Print the JSON Schema of certificates.
+    #[command(after_help = "Example:\n  sovereign certificate schema > schemas/certificate.schema.json")]
     Schema,
 }
 

@@ -11,6 +11,7 @@ pub enum DeviceCommand {
     /// HOST:PORT --gpu-layers all` then places layers and slot pools in its buffers.
     ///
     /// Example: sovereign device serve --listen 127.0.0.1:50052
+    #[command(after_help = "Example:\n  sovereign device serve --listen 127.0.0.1:50052 --memory-max 256M")]
     Serve {
         /// HOST:PORT to listen on (a loopback address: the protocol has no authentication).
         #[arg(long)]

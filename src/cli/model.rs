@@ -24,6 +24,7 @@ pub struct BuildInfoArgs {
 #[derive(Subcommand)]
 pub enum ModelCommand {
     /// Write a deterministic synthetic GGUF of a real architecture.
+    #[command(after_help = "Example:\n  sovereign model forge --preset small --seed 7 --out models/small.gguf")]
     Forge {
         #[arg(long, value_enum, default_value_t = Arch::Qwen3moe)]
         arch: Arch,
@@ -63,6 +64,7 @@ pub enum ModelCommand {
         json: bool,
     },
     /// Quantize through llama.cpp's own llama_model_quantize.
+    #[command(after_help = "Example:\n  sovereign model quantize --type q8_0 models/small.gguf models/small-q8_0.gguf")]
     Quantize {
         #[arg(long = "type", value_enum)]
         ty: QuantType,
@@ -74,6 +76,7 @@ pub enum ModelCommand {
     /// Build (once per file identity) or show the model's digest manifest: the SHA-256 of
     /// every expert extent, every other tensor and the whole file. SOVEREIGN_CACHE (else
     /// $XDG_CACHE_HOME/sovereign, else ~/.cache/sovereign) holds it.
+    #[command(after_help = "Example:\n  sovereign model digests models/small.gguf --check")]
     Digests {
         model: PathBuf,
         /// Re-hash everything and compare with the cached manifest.

@@ -14,6 +14,7 @@ pub enum PlanCommand {
     /// Replay a generate record's routes through the Plan's replacement policies, without
     /// compute or I/O: per slot count, hits, loads and bytes moved, beside Belady's MIN (the
     /// fewest loads any policy could make with those slots).
+    #[command(after_help = "Example:\n  sovereign plan simulate --routes results/oracle --slots 8,16,32 --policy lru:S --policy zero")]
     Simulate(SimulateArgs),
 }
 
