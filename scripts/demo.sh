@@ -14,7 +14,9 @@ mkdir -p models "$OUT"
 
 "$BIN" build-info
 [ -f "$MODEL" ] || "$BIN" model forge --preset small --seed 7 --out "$MODEL"
-"$BIN" inventory "$MODEL" | head -4
+# (The whole inventory goes to a file: `| head` would end it by SIGPIPE under pipefail.)
+"$BIN" inventory "$MODEL" > "$OUT/inventory.txt"
+head -4 "$OUT/inventory.txt"
 rm -rf "$OUT"/oracle "$OUT"/stock "$OUT"/F-LRU
 gen() {
   local name=$1; shift
