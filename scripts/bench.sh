@@ -18,7 +18,7 @@ mkdir -p models "$RESULTS"
 
 # The model the campaign pins (a model forged by an earlier bench, with other bytes, is
 # forged again).
-want=$(sed -n 's/^  sha256: //p' "$CAMPAIGN" | head -1)
+want=$(awk '/^  sha256: / { print $2; exit }' "$CAMPAIGN")
 if [ ! -f "$MODEL" ] || [ "$(sha256sum "$MODEL" | cut -d' ' -f1)" != "$want" ]; then
   "$BIN" model forge --preset bench --seed 1 --out "$MODEL"
 fi

@@ -115,3 +115,59 @@ fn records_are_read_through_their_types_outside_record() {
     }
     assert!(found.is_empty(), "records read by string path: {found:?}");
 }
+
+/// The rooms as ARCHITECTURE.md's code map lists them, lowest first: one entry per `- ` line,
+/// each naming its rooms in backticks before the dash.
+fn documented_order(doc: &str) -> Vec<Vec<String>> {
+    let start = doc.find("Library rooms (`src/`), lowest first").expect("the code map");
+    let end = doc[start..].find("\nThe binary").map_or(doc.len(), |e| start + e);
+    doc[start..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("- "))
+        .map(|l| {
+            let head = l.split(" — ").next().unwrap_or("");
+            head.split('`').skip(1).step_by(2).map(str::to_string).collect()
+        })
+        .collect()
+}
+
+/// Each room imports only rooms its own entry or an earlier one names.
+fn layering_errors(order: &[Vec<String>], g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let level: BTreeMap<&str, usize> = order.iter().enumerate().flat_map(|(i, e)| e.iter().map(move |r| (r.as_str(), i))).collect();
+    let mut errors = Vec::new();
+    for (room, deps) in g {
+        let Some(&at) = level.get(room.as_str()) else {
+            errors.push(format!("room `{room}` is not in the code map"));
+            continue;
+        };
+        for d in deps {
+            match level.get(d.as_str()) {
+                Some(&l) if l <= at => {}
+                Some(_) => errors.push(format!("`{room}` imports `{d}`, which the code map lists after it")),
+                None => errors.push(format!("`{room}` imports `{d}`, which is not in the code map")),
+            }
+        }
+    }
+    for r in level.keys() {
+        if !g.contains_key(*r) {
+            errors.push(format!("the code map lists `{r}`, which is not a room of src/"));
+        }
+    }
+    errors
+}
+
+#[test]
+fn the_code_map_lists_rooms_in_the_order_they_import_each_other() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let order = documented_order(&doc);
+    assert!(order.len() > 15, "{order:?}");
+    let g = imports(&root.join("src"));
+    let errors = layering_errors(&order, &g);
+    assert!(errors.is_empty(), "ARCHITECTURE.md's code map is not the import order:\n{}", errors.join("\n"));
+    // The check can fail: a room listed below what imports it is reported.
+    let mut swapped = order.clone();
+    let (a, b) = (swapped.iter().position(|e| e.contains(&"source".to_string())).unwrap(), swapped.iter().position(|e| e.contains(&"plan".to_string())).unwrap());
+    swapped.swap(a, b);
+    assert!(layering_errors(&swapped, &g).iter().any(|e| e.contains("`plan` imports `source`, which the code map lists after it")), "{:?}", layering_errors(&swapped, &g));
+}
