@@ -287,7 +287,7 @@ pub fn obtain(path: &Path, inv: &Inventory, pin: Option<&str>) -> Result<Obtaine
         // A first build is silent (the record says it was built, and how long it took); a
         // rebuild says why.
         if !why.is_empty() {
-            eprintln!("sovereign: {why}; rebuilding its digest manifest");
+            log::info!("{why}; rebuilding its digest manifest");
         }
         let t = Instant::now();
         let body = build_body(&canonical, inv)?;
@@ -310,7 +310,7 @@ pub fn obtain(path: &Path, inv: &Inventory, pin: Option<&str>) -> Result<Obtaine
         });
         // The manifest holds for this run either way; only the next run pays the pass again.
         if let Err(e) = cached {
-            eprintln!("sovereign: digest manifest of {} not cached: {e:#}", path.display());
+            log::warn!("digest manifest of {} not cached: {e:#}", path.display());
         }
         let provenance = Provenance {
             manifest_sha256: d.manifest_sha256.clone(),
@@ -632,12 +632,12 @@ pub fn check(path: &Path, inv: &Inventory) -> Result<Check> {
     let cached = match read_cache(&cache_file, inv) {
         Ok(c) if c.key == key => Some(c),
         Ok(c) => {
-            eprintln!("sovereign: {} changed since its digest manifest was built ({}); nothing cached to compare", path.display(), c.key.changes(&key));
+            log::info!("{} changed since its digest manifest was built ({}); nothing cached to compare", path.display(), c.key.changes(&key));
             None
         }
         Err(e) => {
             if cache_file.exists() {
-                eprintln!("sovereign: digest cache {}: {e:#}; nothing cached to compare", cache_file.display());
+                log::info!("digest cache {}: {e:#}; nothing cached to compare", cache_file.display());
             }
             None
         }

@@ -9,6 +9,7 @@ fn main() -> ExitCode {
     // Die quietly on a closed pipe (`sovereign inventory M | head`), like other Unix tools.
     // SAFETY: setting a signal disposition before any threads start.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    cli::notices::install();
     let m = cli::Cli::command().get_matches();
     let mut cli = cli::Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
     cli.note_given(&m);

@@ -51,7 +51,8 @@ pub struct Options {
     pub campaign: Option<PathBuf>,
     /// Inputs by SHA-256 (`--model DIGEST=PATH`, `--prompt DIGEST=PATH`).
     pub inputs: BTreeMap<String, PathBuf>,
-    pub progress: bool,
+    /// Where the rerun campaign reports its cells.
+    pub progress: std::sync::Arc<dyn campaign::Progress>,
 }
 
 /// One record of the claim, original and reproduced.
@@ -362,14 +363,14 @@ pub fn reproduce(opts: &Options) -> Result<Reproduction> {
         laid.push(Loaded { base, ..c.clone() });
     }
     for w in &warnings {
-        eprintln!("warning: {w}");
+        log::warn!("{w}");
     }
 
     // Run again: the campaign runner, its executor and its seals; a rerun resumes.
     for c in &laid {
         let exec = ProcessExecutor::current(&c.base)?;
-        let s = campaign::run(c, &exec, &RunOptions { results: opts.out.clone(), mode: RunMode::Run, progress: opts.progress, block: None })?;
-        eprintln!("campaign {}: {} cells, {} ran now, {} sealed", s.campaign, s.cells, s.ran, s.sealed);
+        let s = campaign::run(c, &exec, &RunOptions { results: opts.out.clone(), mode: RunMode::Run, progress: opts.progress.clone(), block: None })?;
+        log::info!("campaign {}: {} cells, {} ran now, {} sealed", s.campaign, s.cells, s.ran, s.sealed);
     }
 
     // The reproduced record of each alias, by cell key.

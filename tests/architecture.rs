@@ -171,3 +171,26 @@ fn the_code_map_lists_rooms_in_the_order_they_import_each_other() {
     swapped.swap(a, b);
     assert!(layering_errors(&swapped, &g).iter().any(|e| e.contains("`plan` imports `source`, which the code map lists after it")), "{:?}", layering_errors(&swapped, &g));
 }
+
+/// The library never prints: its rooms report through `log` (notices) and
+/// `campaign::Progress` (a runner's cells), which the binary shows.
+#[test]
+fn library_rooms_never_print() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut printing = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        if rel == "main.rs" || rel.starts_with("cli/") {
+            continue;
+        }
+        let text = code(&std::fs::read_to_string(&f).unwrap());
+        for needle in ["println!", "print!(", "eprint!(", "indicatif::", "std::io::stdout", "std::io::stderr"] {
+            if text.contains(needle) {
+                printing.push(format!("{rel}: {needle}"));
+            }
+        }
+    }
+    assert!(printing.is_empty(), "library rooms that print:\n{}", printing.join("\n"));
+}

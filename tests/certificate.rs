@@ -92,6 +92,11 @@ fn certificate_show_p_d_f_runs_under_a_cap() {
         assert_eq!(ev["classes"]["e"]["class"], "E[all_surfaces, 8]");
         assert_eq!(status(&v, "l"), "holds", "{source}: {}", c["lifecycle"]);
         assert_eq!(c["lifecycle"]["fault_cell"], "none");
+        // The transitions named are the ones the run took: F reads straight into its host
+        // slots, P and D through their windows.
+        let names = c["lifecycle"]["transitions"].to_string();
+        let (direct, windowed) = (names.contains("read straight into a Loading slot"), names.contains("read into window"));
+        assert_eq!((direct, windowed), (source == "f", source != "f"), "{source}: {names}");
         if source == "p" {
             assert_eq!(ev["resource"]["status"], "fails", "{source}: {}", ev["resource"]);
             let reason = ev["resource"]["reason"].as_str().unwrap();

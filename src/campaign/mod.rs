@@ -33,7 +33,7 @@ pub use document::{read_cell, CellDocument, CELL_FILE};
 pub use executor::{measure_cell, worker_cell, BlockRecord, CellExecutor, CellInputs, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry};
 pub use expand::{expand, CellSpec};
 pub use journal::{histories, CellHistory, CellState};
-pub use runner::{run, status, RunMode, RunOptions, RunSummary, StatusReport};
+pub use runner::{run, status, Progress, Quiet, RunMode, RunOptions, RunSummary, StatusReport};
 pub use spec::{parse, schema_json, Campaign, Diagnostic};
 
 use anyhow::{bail, Context, Result};

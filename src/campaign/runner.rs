@@ -34,11 +34,36 @@ pub enum RunMode {
 pub struct RunOptions {
     pub results: PathBuf,
     pub mode: RunMode,
-    /// Draw a progress bar (only where stderr is a terminal).
-    pub progress: bool,
+    /// Where the runner reports its cells as it goes (the binary draws or prints them).
+    pub progress: std::sync::Arc<dyn Progress>,
     /// Run only this block, with its own journal (a cluster task; see slurm.rs).
     pub block: Option<usize>,
 }
+
+/// What a runner reports while it runs, for its caller to show: the runner itself never
+/// prints. Every method has a default that does nothing ([`Quiet`]).
+pub trait Progress: Send + Sync {
+    /// `done` of `total` cells are settled before this run starts.
+    fn start(&self, total: usize, done: usize) {
+        let _ = (total, done);
+    }
+    /// Cell `key` starts an attempt.
+    fn running(&self, key: &str) {
+        let _ = key;
+    }
+    /// One line about a cell: sealed, skipped, abandoned or interrupted. `settled`: the cell
+    /// is settled by it (one more of `total` done).
+    fn line(&self, line: &str, settled: bool) {
+        let _ = (line, settled);
+    }
+    /// Every cell this run can settle is settled.
+    fn finish(&self) {}
+}
+
+/// Reports nothing.
+pub struct Quiet;
+
+impl Progress for Quiet {}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
@@ -497,24 +522,8 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
 
     let settled = |s: &CellState| matches!(s, CellState::Sealed { .. } | CellState::Skipped { .. } | CellState::Abandoned);
     let done = ctx.cells.iter().filter(|c| settled(&ctx.state(&c.key))).count();
-    let pb = indicatif::ProgressBar::with_draw_target(
-        Some(ctx.cells.len() as u64),
-        if opts.progress { indicatif::ProgressDrawTarget::stderr() } else { indicatif::ProgressDrawTarget::hidden() },
-    );
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} cells  {elapsed_precise} elapsed, ETA {eta}  {msg}")
-            .expect("a valid template"),
-    );
-    pb.set_position(done as u64);
-    pb.reset_eta();
-    // One line per settled cell on stderr (stdout carries only the result, e.g. `--json`).
-    let say = |pb: &indicatif::ProgressBar, line: String| {
-        if pb.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            pb.println(line);
-        }
-    };
+    let progress = &*opts.progress;
+    progress.start(ctx.cells.len(), done);
 
     for cell in ctx.cells.clone() {
         if settled(&ctx.state(&cell.key)) || !ctx.mine(&cell) {
@@ -523,8 +532,7 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
         let n = format!("[{}/{}]", cell.index + 1, ctx.cells.len());
         if let Some(reason) = stop_reason(&ctx, &cell) {
             ctx.append(Event::CellSkipped { cell: cell.key.clone(), reason: reason.clone() })?;
-            say(&pb, format!("{n} {} skipped: {reason}", cell.key));
-            pb.inc(1);
+            progress.line(&format!("{n} {} skipped: {reason}", cell.key), true);
             continue;
         }
         // An attempt interrupted from outside is discarded and the cell runs again, up to
@@ -537,19 +545,16 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
                     attempts: discards,
                     reason: format!("interrupted {discards} times (repetition.max_interrupted_attempts)"),
                 })?;
-                say(&pb, format!("{n} {} abandoned after {discards} interrupted attempts", cell.key));
+                progress.line(&format!("{n} {} abandoned after {discards} interrupted attempts", cell.key), true);
                 break None;
             }
-            pb.set_message(format!("running {}", cell.key));
+            progress.running(&cell.key);
             match run_cell(&mut ctx, exec, &cell)? {
                 Some(s) => break Some(s),
-                None => say(&pb, format!("{n} {} interrupted from outside; attempt discarded, running it again", cell.key)),
+                None => progress.line(&format!("{n} {} interrupted from outside; attempt discarded, running it again", cell.key), false),
             }
         };
-        let Some((digest, doc)) = sealed else {
-            pb.inc(1);
-            continue;
-        };
+        let Some((digest, doc)) = sealed else { continue };
         summary.ran += 1;
         let adm = match doc.admission.passed {
             Some(true) => "admitted",
@@ -566,10 +571,9 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
             Some(f) => format!(", fault {} FAILED its validation ({})", f.cell.name(), f.validation.failed.join(", ")),
             None => String::new(),
         };
-        say(&pb, format!("{n} {} {} in {:.2} s{exact}, {adm}{fault}: sealed {digest}", cell.key, doc.outcome.status.name(), doc.outcome.wall_s));
-        pb.inc(1);
+        progress.line(&format!("{n} {} {} in {:.2} s{exact}, {adm}{fault}: sealed {digest}", cell.key, doc.outcome.status.name(), doc.outcome.wall_s), true);
     }
-    pb.finish_and_clear();
+    progress.finish();
     for cell in &ctx.cells {
         match ctx.state(&cell.key) {
             CellState::Sealed { .. } => summary.sealed += 1,
@@ -841,7 +845,7 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
     }
 
     fn opts(results: &Path, mode: RunMode) -> RunOptions {
-        RunOptions { results: results.to_path_buf(), mode, progress: false, block: None }
+        RunOptions { results: results.to_path_buf(), mode, progress: std::sync::Arc::new(Quiet), block: None }
     }
 
     fn journal(results: &Path) -> Vec<Entry> {

@@ -341,7 +341,7 @@ pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Re
 }
 
 /// `campaign run-block`: one array task. Blocks after the lead wait for the oracle's record.
-pub fn run_block(c: &Loaded, results: &Path, block: usize, binary_sha256: Option<&str>) -> Result<RunSummary> {
+pub fn run_block(c: &Loaded, results: &Path, block: usize, binary_sha256: Option<&str>, progress: std::sync::Arc<dyn runner::Progress>) -> Result<RunSummary> {
     if let Some(want) = binary_sha256 {
         let have = crate::identity::build_identity()?.binary_sha256;
         if have != want {
@@ -362,5 +362,5 @@ pub fn run_block(c: &Loaded, results: &Path, block: usize, binary_sha256: Option
         }
     }
     let exec = ProcessExecutor::current(&c.base)?;
-    runner::run(c, &exec, &RunOptions { results: results.to_path_buf(), mode: RunMode::Resume, progress: false, block: Some(block) })
+    runner::run(c, &exec, &RunOptions { results: results.to_path_buf(), mode: RunMode::Resume, progress, block: Some(block) })
 }

@@ -43,8 +43,12 @@ fn bytes(b: Option<u64>) -> Evidence<Bytes> {
 /// The transitions the Plan's counters show were exercised.
 fn transitions(tel: &Telemetry) -> Vec<String> {
     let mut t = Vec::new();
+    // Loads went through windows, straight into slots, or both (records from before the
+    // movement counters read through windows only).
+    let (windowed, direct) = tel.movement.map_or((tel.loads, 0), |m| (if m.window_bytes > 0 { tel.loads } else { 0 }, m.direct_extents));
     for (counter, name, n) in [
-        ("loads", "read into window, movement, publication after movement", tel.loads),
+        ("loads", "read into window, movement, publication after movement", windowed),
+        ("direct_extents", "read straight into a Loading slot, publication after validation", direct),
         ("hits", "reuse of a published version", tel.hits),
         ("recycles", "recycle (Recyclable -> Vacant)", tel.recycles),
         ("consumer_takes", "consumer take and release", tel.consumer_takes),

@@ -135,7 +135,7 @@ pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
         CampaignCommand::Schema => print!("{}", campaign::schema_json()),
         CampaignCommand::RunBlock { file, block, results, binary_sha256 } => {
             let l = campaign::load(&file)?;
-            let s = campaign::slurm::run_block(&l, &results, block, binary_sha256.as_deref())?;
+            let s = campaign::slurm::run_block(&l, &results, block, binary_sha256.as_deref(), super::progress::on_stderr(false))?;
             println!("campaign {} block {block}: {} ran, {} interrupted attempts discarded", s.campaign, s.ran, s.discarded);
         }
     }
@@ -173,7 +173,7 @@ fn run(a: RunArgs, mode: campaign::RunMode) -> Result<ExitCode> {
         }
     }
     let exec = campaign::ProcessExecutor::current(&l.base)?;
-    let opts = campaign::RunOptions { results: a.results, mode, progress: !a.no_progress && !a.json, block: None };
+    let opts = campaign::RunOptions { results: a.results, mode, progress: super::progress::on_stderr(!a.no_progress && !a.json), block: None };
     let s = campaign::run(&l, &exec, &opts)?;
     if a.json {
         print_json(&s)?;

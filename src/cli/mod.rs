@@ -7,6 +7,8 @@ mod device;
 mod envelope;
 mod generate;
 mod model;
+pub mod notices;
+mod progress;
 mod oracle;
 mod plan;
 mod refine;

@@ -6,7 +6,6 @@ use clap::Args;
 use super::claims::ClaimRef;
 use sovereign::reproduce::{self, Options};
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -56,7 +55,7 @@ pub fn reproduce(a: ReproduceArgs) -> Result<ExitCode> {
         None if plain(&a.c.claim) => PathBuf::from("reproductions").join(&a.c.claim),
         None => bail!("--claim {:?}: not a plain name, so there is no default --out; give one", a.c.claim),
     };
-    let progress = !a.no_progress && !a.json && std::io::stderr().is_terminal();
+    let progress = super::progress::on_stderr(!a.no_progress && !a.json);
     let opts = Options { ledger: a.c.ledger, claim: a.c.claim, results: a.c.results, out, campaign: a.campaign, inputs, progress };
     let r = reproduce::reproduce(&opts)?;
     if a.json {

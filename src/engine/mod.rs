@@ -121,7 +121,7 @@ unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_cha
     // SAFETY: llama.cpp passes a NUL-terminated string valid for this call.
     let line = unsafe { CStr::from_ptr(text) }.to_string_lossy();
     if std::env::var_os("SOVEREIGN_ENGINE_LOG").is_some() {
-        eprint!("{line}");
+        log::info!("engine: {}", line.trim_end());
     }
     if level >= sys::ggml_log_level_GGML_LOG_LEVEL_WARN || level == sys::ggml_log_level_GGML_LOG_LEVEL_CONT {
         let mut log = LOG.lock().unwrap_or_else(|e| e.into_inner());

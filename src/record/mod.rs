@@ -103,7 +103,7 @@ impl Staging {
                 let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 let aside = final_dir.with_file_name(format!("{base}.abandoned-{secs}"));
                 rename_noreplace(&dir, &aside).with_context(|| format!("{}: left by a run that died; moving it aside", dir.display()))?;
-                eprintln!("sovereign: {} was left by a run that died; moved to {}", dir.display(), aside.display());
+                log::info!("{} was left by a run that died; moved to {}", dir.display(), aside.display());
             }
             bail!("{}: could not be claimed", dir.display())
         })();

@@ -384,8 +384,8 @@ impl Drop for UringSource {
             if let Err(e) = self.reap(true) {
                 // The kernel may still write into the windows: they are leaked, never freed.
                 let bytes: usize = self.windows.iter().map(AlignedBuf::len).sum();
-                eprintln!(
-                    "warning: io_uring could not be drained ({e}) with {} reads in flight; leaking its {} windows ({bytes} bytes) rather than freeing memory the kernel may still write",
+                log::warn!(
+                    "io_uring could not be drained ({e}) with {} reads in flight; leaking its {} windows ({bytes} bytes) rather than freeing memory the kernel may still write",
                     self.depth - self.free.len(),
                     self.windows.len()
                 );
