@@ -44,7 +44,7 @@ pub enum Cell {
 }
 
 /// How a run holds its experts: the `--experts` flag and a campaign arm's `experts` field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ExpertsMode {
     /// Stock llama.cpp: every expert resident.

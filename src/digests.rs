@@ -139,7 +139,7 @@ pub struct ModelDigests {
 }
 
 /// How reads are verified against the manifest.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Verify {
     /// XXH3-128 (default): at memory speed; detects corruption and wrong objects.

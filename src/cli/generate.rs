@@ -27,7 +27,7 @@ pub struct PlanArgs {
     policy: String,
     /// How expert bytes are read (plan): p = buffered pread, d = blocking O_DIRECT with one
     /// window, f = io_uring O_DIRECT with --windows windows and --depth reads in flight.
-    #[arg(long, value_enum, default_value_t = SourceKind::F)]
+    #[arg(long, value_parser = super::choices::parser::<SourceKind>(), default_value = "f")]
     source: SourceKind,
     /// Staging windows (p, f). Default for f: the most distinct experts one pass of a layer can
     /// miss (its unpinned slots); p: 8.
@@ -53,7 +53,7 @@ pub struct PlanArgs {
     token_pass: Option<u32>,
     /// How each read is verified against the model's digest manifest (plan): xxh3 (XXH3-128,
     /// at memory speed) or blake3. Default: xxh3.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = super::choices::parser::<sovereign::digests::Verify>())]
     verify: Option<sovereign::digests::Verify>,
 }
 
@@ -153,13 +153,13 @@ pub struct GenerateArgs {
     ignore_eos: bool,
     /// `resident`: llama.cpp loads every expert (stock path). `plan`: experts are served from
     /// storage through a bounded slot pool. `host`: resident, expert tensors in host memory.
-    #[arg(long, value_enum, default_value_t = ExpertsMode::Resident)]
+    #[arg(long, value_parser = super::choices::parser::<ExpertsMode>(), default_value = "resident")]
     experts: ExpertsMode,
     #[command(flatten)]
     plan: PlanArgs,
     /// Deterministic fault cell (plan): fatal cells must fail closed with nothing accepted,
     /// recoverable ones must stay exact against the no-fault control.
-    #[arg(long, value_enum, default_value_t = FaultCell::None)]
+    #[arg(long, value_parser = super::choices::parser::<FaultCell>(), default_value = "none")]
     fault: FaultCell,
     /// Layers llama.cpp offloads to the GPU (`n_gpu_layers`; `all` for every layer). Without a
     /// GPU or RPC device the run is refused, naming the devices found.

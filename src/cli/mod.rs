@@ -2,6 +2,7 @@
 
 mod campaign;
 mod certificate;
+mod choices;
 mod claims;
 mod device;
 mod envelope;

@@ -26,9 +26,9 @@ pub enum ModelCommand {
     /// Write a deterministic synthetic GGUF of a real architecture.
     #[command(after_help = "Example:\n  sovereign model forge --preset small --seed 7 --out models/small.gguf")]
     Forge {
-        #[arg(long, value_enum, default_value_t = Arch::Qwen3moe)]
+        #[arg(long, value_parser = super::choices::parser::<Arch>(), default_value = "qwen3moe")]
         arch: Arch,
-        #[arg(long, value_enum)]
+        #[arg(long, value_parser = super::choices::parser::<Preset>())]
         preset: Preset,
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -66,7 +66,7 @@ pub enum ModelCommand {
     /// Quantize through llama.cpp's own llama_model_quantize.
     #[command(after_help = "Example:\n  sovereign model quantize --type q8_0 models/small.gguf models/small-q8_0.gguf")]
     Quantize {
-        #[arg(long = "type", value_enum)]
+        #[arg(long = "type", value_parser = super::choices::parser::<QuantType>())]
         ty: QuantType,
         input: PathBuf,
         output: PathBuf,

@@ -23,7 +23,7 @@ pub struct CompareArgs {
 
 #[derive(Args)]
 pub struct FaultCheckArgs {
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = super::choices::parser::<FaultCell>())]
     cell: FaultCell,
     record: PathBuf,
     #[arg(long)]

@@ -62,13 +62,13 @@ pub struct RefineArgs {
     #[arg(long)]
     verify_all: bool,
     /// `refine` (the runtime), `base` (the base alone) or `verifier` (the verifier alone).
-    #[arg(long, value_enum, default_value_t = Mode::Refine)]
+    #[arg(long, value_parser = super::choices::parser::<Mode>(), default_value = "refine")]
     mode: Mode,
     #[command(flatten)]
     exec: ExecArgs,
     /// `resident`: the verifier is loaded whole. `plan`: its experts (and the reference's) are
     /// streamed from storage through the Plan, for when it cannot co-reside with the base.
-    #[arg(long, value_enum, default_value_t = ExpertsMode::Resident)]
+    #[arg(long, value_parser = super::choices::parser::<ExpertsMode>(), default_value = "resident")]
     verifier_experts: ExpertsMode,
     #[command(flatten)]
     plan: super::generate::PlanArgs,

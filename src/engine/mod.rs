@@ -662,17 +662,14 @@ impl Drop for Context<'_> {
 }
 
 /// Quantization targets offered by `model quantize`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub enum QuantType {
     #[serde(rename = "f16")]
     F16,
-    #[value(name = "q8_0")]
     #[serde(rename = "q8_0")]
     Q8_0,
-    #[value(name = "q4_0")]
     #[serde(rename = "q4_0")]
     Q4_0,
-    #[value(name = "q4_k_m")]
     #[serde(rename = "q4_k_m")]
     Q4KM,
 }

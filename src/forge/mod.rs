@@ -9,13 +9,12 @@ mod tokenizer;
 
 use crate::gguf::{GgmlType, GgufWriter, TensorSpec, Value};
 use anyhow::{bail, Result};
-use clap::ValueEnum;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::path::Path;
 
 /// The MoE families `forge` writes, each as llama.cpp's loader for it expects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
     #[default]
@@ -30,7 +29,6 @@ pub enum Arch {
     /// MLA attention, a dense leading layer, expert groups, a shared expert, selection bias.
     Deepseek2,
     /// Expert and router biases, attention sinks, alternating sliding window.
-    #[value(name = "gpt-oss")]
     #[serde(rename = "gpt-oss")]
     GptOss,
     /// q/k norms over the whole projection.
@@ -94,7 +92,7 @@ pub struct Variant {
 /// The largest router skew forge takes: beyond it every token picks the same experts.
 pub const MAX_ROUTER_SKEW: f32 = 8.0;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Preset {
     /// At most 64 MiB: unit tests.

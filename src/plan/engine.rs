@@ -10,14 +10,13 @@ use crate::inventory::Inventory;
 use crate::source::fault::{FaultCell, FaultySource};
 use crate::source::{AlignedBuf, BufferedSource, Source, UringSource};
 use anyhow::{anyhow, bail, Result};
-use clap::ValueEnum;
 use serde::Serialize;
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// How expert bytes are read (seed 000 §5.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
     /// Buffered pread through the page cache.

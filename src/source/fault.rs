@@ -6,15 +6,13 @@
 //! the Plan's engine adapter. A cell that never fired fails its validator.
 
 use super::{Completion, ReadRequest, Source, SourceError, SourceStats};
-use clap::ValueEnum;
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
 use std::ptr::NonNull;
 
 /// A deterministic fault cell (seed 000 §5.4, Table 7); `none` is the no-fault control.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
 pub enum FaultCell {
     None,
     ShortRead,
