@@ -15,7 +15,7 @@ use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::plan::engine::PlanOptions;
 use crate::plan::simulate::{self, LayerEvent};
-use crate::plan::{Manifest, PolicySpec, Traffic};
+use crate::plan::{Manifest, Traffic};
 use crate::record::format::{EnvelopeBest, EnvelopeParams, ModelIdentity, Outcome, ReadReplayParams, ReplayCheck, ReplayPhase};
 use crate::record::{EnvelopeRecord, ReadReplayRecord, Staging, ENVELOPE_FORMAT, READ_REPLAY_FORMAT};
 use crate::source::{open_direct, AlignedBuf, Covering};
@@ -180,7 +180,7 @@ pub struct Sequence {
 /// The reads the Plan with `plan`'s settings submits for `events` (every layer event of a
 /// run's routes), per ubatch; the first `prefill_steps` ubatches are the prompt's.
 pub fn sequence(inv: &Inventory, plan: &PlanOptions, events: &[LayerEvent], prefill_steps: usize) -> Result<Sequence> {
-    let policy: PolicySpec = plan.policy.parse().context("the arm's policy")?;
+    let policy = plan.policy.clone();
     let manifest = Manifest::new(inv, plan.slots, &policy.pinned)?.with_layer_buffers(plan.layer_buffers)?;
     let n_used = inv.n_used();
     let sizing = crate::plan::engine::Sizing::of(&manifest, plan, n_used);

@@ -101,7 +101,7 @@ fn fewer_passes_than_groups_fail_the_decode_closed() {
     let spec = generate_spec(&m, &rec, PROMPT, OUTPUTS);
     let options = PlanOptions {
         slots: 4,
-        policy: "pin:0/0".into(),
+        policy: "pin:0/0".parse().unwrap(),
         source: SourceKind::F,
         windows: Some(4),
         depth: Some(4),

@@ -10,6 +10,7 @@ use super::spec::ExpertsMode;
 use crate::cell::{self, Cell, Experts, GenerateCell, Prompt, RefineCell};
 use crate::engine::ExecParams;
 use crate::plan::engine::{PlanOptions, SourceKind};
+use crate::plan::PolicySpec;
 use crate::observe::RunStatus;
 use crate::refine;
 use crate::source::fault::FaultCell;
@@ -183,11 +184,19 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
     }
 }
 
+/// A campaign's policy as the Plan takes it (a campaign names no pins).
+fn policy_spec(p: &super::spec::Policy) -> PolicySpec {
+    match *p {
+        super::spec::Policy::Zero { prefetch } => PolicySpec { retain: 0, pinned: Vec::new(), prefetch },
+        super::spec::Policy::Lru { k, prefetch } => PolicySpec { retain: k, pinned: Vec::new(), prefetch },
+    }
+}
+
 /// A Plan arm's settings as the run takes them.
 fn plan_options(arm: &super::spec::Arm, fault: FaultCell) -> PlanOptions {
     PlanOptions {
         slots: arm.slots.unwrap_or(0),
-        policy: arm.policy.as_ref().map(|v| v.to_string()).unwrap_or_default(),
+        policy: arm.policy.as_ref().map(policy_spec).unwrap_or_default(),
         source: arm.source.unwrap_or(SourceKind::F),
         windows: arm.windows,
         depth: arm.depth,

@@ -24,7 +24,7 @@ pub struct PlanArgs {
     /// Replacement policy (plan): `zero`, `lru:K`, `pin:L/E,...`, combined with `+`, and
     /// `+prefetch` for next-layer prefetch.
     #[arg(long, default_value = "zero")]
-    policy: String,
+    policy: sovereign::plan::PolicySpec,
     /// How expert bytes are read (plan): p = buffered pread, d = blocking O_DIRECT with one
     /// window, f = io_uring O_DIRECT with --windows windows and --depth reads in flight.
     #[arg(long, value_parser = super::choices::parser::<SourceKind>(), default_value = "f")]

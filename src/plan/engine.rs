@@ -41,7 +41,7 @@ impl SourceKind {
 #[serde(deny_unknown_fields)]
 pub struct PlanOptions {
     pub slots: u32,
-    pub policy: String,
+    pub policy: PolicySpec,
     pub source: SourceKind,
     /// Windows and reads in flight; absent: sized from the manifest (F) or 8 (P).
     #[serde(default)]
@@ -100,7 +100,7 @@ pub struct PlanSource {
 
 impl PlanSource {
     pub fn new(model: &Path, inv: &Inventory, options: PlanOptions) -> Result<PlanSource> {
-        let policy: PolicySpec = options.policy.parse()?;
+        let policy = options.policy.clone();
         let manifest = Manifest::new(inv, options.slots, &policy.pinned)?.with_layer_buffers(options.layer_buffers)?;
         let n_slots = manifest.layers.first().map(|l| l.n_slots).ok_or_else(|| anyhow!("no MoE layer"))?;
         if manifest.layers.iter().any(|l| l.n_slots != n_slots) {

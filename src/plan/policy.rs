@@ -9,7 +9,7 @@
 use super::manifest::Manifest;
 use super::ObjectId;
 use anyhow::{anyhow, bail, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::str::FromStr;
@@ -35,8 +35,9 @@ pub trait ReplacementPolicy: Send {
     }
 }
 
-/// A parsed policy string.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+/// A parsed policy string; it crosses processes and records as that string.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct PolicySpec {
     /// Recyclable objects retained per layer (LRU); 0 is `zero`.
     pub retain: u32,
@@ -85,6 +86,20 @@ impl FromStr for PolicySpec {
             bail!("policy `{s}`: name zero, lru:K or pin:L/E,...");
         }
         Ok(spec)
+    }
+}
+
+impl TryFrom<String> for PolicySpec {
+    type Error = anyhow::Error;
+
+    fn try_from(s: String) -> Result<PolicySpec> {
+        s.parse()
+    }
+}
+
+impl From<PolicySpec> for String {
+    fn from(p: PolicySpec) -> String {
+        p.to_string()
     }
 }
 

@@ -373,8 +373,9 @@ fn held_consumers_are_never_evicted() {
     let err = acq(&mut p, 0, 1, &[1, 2, 3]).unwrap_err();
     assert_eq!(err, PlanError::NoSlot { object: obj(0, 3) });
     assert_eq!(p.slots(0).unwrap(), before, "a failed acquire touched slots in use");
-    assert!(p.failure().is_some());
-    assert!(matches!(acq(&mut p, 0, 0, &[1]), Err(PlanError::Failed { .. })));
+    assert_eq!(p.failure(), Some(&PlanError::NoSlot { object: obj(0, 3) }));
+    // Every later refusal carries the first error, kind included.
+    assert!(matches!(acq(&mut p, 0, 0, &[1]), Err(PlanError::Failed { first }) if *first == PlanError::NoSlot { object: obj(0, 3) }));
     // Release still balances a failed Plan, and shutdown reports it.
     p.release(0, 0).unwrap();
     let c = p.shutdown().unwrap();
@@ -542,14 +543,14 @@ fn semantic_union_counts_router_selections_on_pass_zero() {
 /// shutdown that drains the source and reports the interrupted window.
 fn assert_failed_closed(mut p: Plan, err: PlanError, kind: RejectKind, layer: u32) {
     assert!(matches!(&err, PlanError::Rejected { kind: k, .. } if *k == kind), "{err:?}");
-    assert!(p.failure().is_some());
+    assert_eq!(p.failure(), Some(&err));
     assert_eq!(p.telemetry().rejections.get(kind.name()), Some(&1));
     for c in p.slots(layer).unwrap() {
         assert!(matches!(c.state, SlotState::Vacant | SlotState::Loading), "published after a rejection: {c:?}");
         assert_eq!(c.consumers, 0);
     }
-    assert!(matches!(acq(&mut p, layer, 0, &[0]), Err(PlanError::Failed { .. })));
-    assert!(matches!(p.reset(), Err(PlanError::Failed { .. })));
+    assert!(matches!(acq(&mut p, layer, 0, &[0]), Err(PlanError::Failed { first }) if *first == err));
+    assert!(matches!(p.reset(), Err(PlanError::Failed { first }) if *first == err));
     let c = p.shutdown().unwrap();
     assert_eq!((c.active_tickets, c.source_outstanding, c.consumers_live), (0, 0, 0), "{c:?}");
     assert_eq!(c.windows_free, c.windows_total, "the interrupted window is discarded uncopied: {c:?}");

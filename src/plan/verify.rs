@@ -47,8 +47,8 @@ impl Plan {
             }
             expected.insert(o.id, v);
         }
-        self.digests = Some(Expected { by_object: expected, with });
-        self.tel.digests = Some(DigestCheck { manifest_sha256: d.manifest_sha256.clone(), algorithm: Some(with.name().into()), ..Default::default() });
+        self.obs.digests = Some(Expected { by_object: expected, with });
+        self.obs.tel.digests = Some(DigestCheck { manifest_sha256: d.manifest_sha256.clone(), algorithm: Some(with.name().into()), ..Default::default() });
         Ok(())
     }
 
@@ -68,7 +68,7 @@ impl Plan {
 
     /// Hashes `t`'s landed extent and compares it with the manifest: a mismatch is a rejection.
     pub(super) fn verify_extent(&mut self, li: usize, t: &Ticket, direct: bool) -> Result<(), PlanError> {
-        let Some((want, with)) = self.digests.as_ref().map(|d| (d.by_object.get(&t.object).map(|v| v[t.extent as usize]), d.with)) else {
+        let Some((want, with)) = self.obs.digests.as_ref().map(|d| (d.by_object.get(&t.object).map(|v| v[t.extent as usize]), d.with)) else {
             return Ok(());
         };
         let started = Instant::now();
@@ -85,7 +85,7 @@ impl Plan {
             }
         };
         let ns = started.elapsed().as_nanos() as u64;
-        let check = self.tel.digests.get_or_insert_with(Default::default);
+        let check = self.obs.tel.digests.get_or_insert_with(Default::default);
         check.hash_ns += ns;
         check.extents += 1;
         check.bytes += len;

@@ -1,0 +1,65 @@
+//! Next-layer prefetch: reads of the predicted experts run while the engine computes this layer.
+
+use super::*;
+
+impl Plan {
+    /// Starts loading the next layer's predicted experts into its Vacant slots and free windows,
+    /// without waiting: the reads proceed while the engine computes this layer, and the next
+    /// Plan call completes them ([`Plan::complete_prefetch`]). Evicts nothing.
+    pub(super) fn prefetch(&mut self, next: u32) -> Result<(), PlanError> {
+        let Some(nli) = self.manifest.layer_index(next) else { return Ok(()) };
+        if !self.holds[nli].is_empty() || self.prefetching.is_some() {
+            return Ok(());
+        }
+        let (n_experts, capacity) = (self.manifest.layers[nli].n_experts, self.manifest.layers[nli].capacity());
+        let free: Vec<u32> =
+            (0..self.windows.len() as u32).filter(|&w| self.windows[w as usize] == WindowState::Free).collect();
+        let mut loads = Vec::new();
+        for expert in self.policy.prefetch(next).into_iter().take(capacity as usize) {
+            if expert >= n_experts || self.table.find(nli, expert).is_some() {
+                continue;
+            }
+            let Some(slot) = self.table.vacant(nli) else { break };
+            let object = ObjectId { layer: next, expert };
+            let v = self.begin_load(nli, slot, object)?;
+            loads.push((object, slot, v));
+        }
+        let mut inflight = HashMap::new();
+        let submitted = free.len().min(loads.len());
+        // As many bundles as there are free windows go out now; the rest load at completion.
+        let jobs: Vec<Job> = loads.iter().zip(&free).map(|(&(object, slot, version), &w)| (w, object, slot, version)).collect();
+        self.submit_bundles(nli, &jobs, &mut inflight)?;
+        if !loads.is_empty() {
+            self.prefetching = Some(Prefetch { li: nli, loads, submitted, inflight });
+        }
+        Ok(())
+    }
+
+    /// Takes back the prefetch reads in flight: each bundle is validated, copied and published,
+    /// then held by one prefetch consumer until its layer's next acquire.
+    pub(super) fn complete_prefetch(&mut self) -> Result<(), PlanError> {
+        let Some(Prefetch { li: nli, loads, submitted, mut inflight }) = self.prefetching.take() else { return Ok(()) };
+        while !inflight.is_empty() {
+            let c = self.wait_source()?;
+            self.accept(nli, c, &mut inflight)?;
+        }
+        self.load(nli, &loads[submitted..])?;
+        self.finish_copies_into(nli, &loads)?;
+        for (object, slot, _) in loads {
+            let v = self.table.consume(nli, slot, object)?;
+            self.obs.tel.consumer_takes += 1;
+            self.obs.tel.prefetch_loads += 1;
+            self.holds[nli].push((nli, slot, v));
+        }
+        Ok(())
+    }
+
+    /// Prefetch reads that have landed by a release start their copies, which then run while
+    /// the engine computes up to the next layer's acquire.
+    pub(super) fn harvest_prefetch(&mut self) -> Result<(), PlanError> {
+        let Some(mut p) = self.prefetching.take() else { return Ok(()) };
+        let r = self.harvest(p.li, &mut VecDeque::new(), &mut p.inflight);
+        self.prefetching = Some(p);
+        r
+    }
+}

@@ -1,0 +1,140 @@
+//! One-token events served in passes: the whole selection is claimed and read at pass 0, and each pass returns once its own group is published.
+
+use super::*;
+
+impl Plan {
+    /// Pass 0 of a streamed event: the hits of every group take their consumers (so no miss can
+    /// evict them), every miss claims its slot and begins loading, the reads go out in group
+    /// order, and the call returns once group 0 is published.
+    pub(super) fn start_stream(&mut self, li: usize, layer: u32, groups: Vec<Vec<u32>>, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
+        let n = groups.len();
+        let mut hits = vec![Vec::new(); n];
+        let mut misses = vec![Vec::new(); n];
+        for (k, group) in groups.iter().enumerate() {
+            for &expert in group {
+                let object = ObjectId { layer, expert };
+                self.obs.tel.object_requests += 1;
+                let Some(slot) = self.table.find(li, expert) else {
+                    misses[k].push(object);
+                    continue;
+                };
+                // Through `taking` until the event is set up: a failure below drops them all.
+                hits[k].push(self.hit(li, slot, object)?);
+            }
+        }
+        for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
+            self.drop_consumer(hli, slot, v)?;
+        }
+        let mut loads = vec![Vec::new(); n];
+        for (k, group) in misses.iter().enumerate() {
+            for &object in group {
+                self.obs.tel.misses += 1;
+                let slot = self.claim_slot(li, object)?;
+                let v = self.begin_load(li, slot, object)?;
+                loads[k].push((object, slot, v));
+            }
+        }
+        self.taking.clear();
+        let pending = loads.iter().flatten().copied().collect();
+        self.stream = Some(Stream { li, layer, next: 0, hits, loads, pending, inflight: HashMap::new() });
+        self.stream_pass(ids, slots)
+    }
+
+    /// The engine's next pass of the streamed event: reads on until its group is published,
+    /// then serves that group; the last pass ends the stream (and starts the next layer's
+    /// prefetch, which never runs beside a stream).
+    pub(super) fn stream_pass(&mut self, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
+        let mut s = self.stream.take().expect("a stream");
+        let r = self.serve_stream_pass(&mut s, ids, slots);
+        if r.is_err() || (s.next as usize) < s.hits.len() {
+            self.stream = Some(s);
+            return r;
+        }
+        match self.manifest.next_layer(s.layer) {
+            Some(next) => self.prefetch(next),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn serve_stream_pass(&mut self, s: &mut Stream, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
+        let (li, layer, k) = (s.li, s.layer, s.next as usize);
+        if k > 0 {
+            self.obs.tel.acquires += 1;
+        }
+        // Reads on until every load of group k is published; later groups stay in flight.
+        let group = &s.loads[k];
+        self.read_until(li, &mut s.pending, &mut s.inflight, |p, _, _| {
+            for &(_, slot, _) in group {
+                if p.table.cell(li, slot)?.state == SlotState::Loading && !p.copy_in_flight(li, slot) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })?;
+        self.finish_copies_into(li, group)?;
+        // Through `taking`: a failure below drops them.
+        self.taking.append(&mut s.hits[k]);
+        self.take_loads(li, &s.loads[k])?;
+        self.serve_taking(li, layer, k as u32, ids, slots)?;
+        s.next += 1;
+        // Later groups' reads that have already landed start their copies now, so that they
+        // run on the copy stream while the engine computes this pass.
+        self.harvest(li, &mut s.pending, &mut s.inflight)
+    }
+
+    /// Takes back every completion the source has ready without blocking (refilling its room),
+    /// each validated and its copies started: nothing waits, and nothing is published here
+    /// that a synchronous copy would not have published.
+    pub(super) fn harvest(
+        &mut self,
+        li: usize,
+        pending: &mut VecDeque<(ObjectId, u32, Version)>,
+        inflight: &mut HashMap<u32, Bundle>,
+    ) -> Result<(), PlanError> {
+        if !self.copies_async {
+            return Ok(());
+        }
+        while !inflight.is_empty() && self.source.poll_ready() {
+            let c = self.wait_source()?;
+            self.obs.tel.harvested += 1;
+            self.submit_pending(li, pending, inflight)?;
+            self.accept(li, c, inflight)?;
+        }
+        Ok(())
+    }
+
+    /// Ends a streamed event the engine left unfinished: the consumers taken for passes it never
+    /// asked for are dropped; reads still in flight are drained with the rest.
+    pub(super) fn drop_stream(&mut self) -> Result<(), PlanError> {
+        if let Some(s) = self.stream.take() {
+            for (li, slot, v) in s.hits.into_iter().skip(s.next as usize).flatten() {
+                self.drop_consumer(li, slot, v)?;
+            }
+            if self.status == Status::Running {
+                let e = PlanError::Config { detail: format!("layer {}'s streamed event ended at pass {}: its later groups were never served", s.layer, s.next) };
+                self.fail(&e);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Splits distinct experts into groups with at most `capacity` unpinned members each.
+pub(super) fn groups(distinct: &[u32], capacity: u32, pinned: impl Fn(u32) -> bool) -> Vec<Vec<u32>> {
+    let mut out = Vec::new();
+    let (mut cur, mut n) = (Vec::new(), 0);
+    for &e in distinct {
+        if !pinned(e) {
+            if n == capacity {
+                out.push(std::mem::take(&mut cur));
+                n = 0;
+            }
+            n += 1;
+        }
+        cur.push(e);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
