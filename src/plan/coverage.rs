@@ -7,6 +7,50 @@
 
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::fmt;
+
+/// How service disagreed with demand: the run fails closed with the first of these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CoverageError {
+    UnknownLayer { layer: u32 },
+    NoPassZero { layer: u32, pass: u32 },
+    PassOutOfOrder { layer: u32, pass: u32, due: u32 },
+    OtherSelection { layer: u32, pass: u32 },
+    OutsideEvent { layer: u32, pass: u32 },
+    SlotsLength { layer: u32, pass: u32, slots: usize, selections: usize },
+    ServedTwice { layer: u32, index: usize, expert: i32, pass: u32 },
+    /// An event closed with selections no pass served (`expert` the first of them).
+    Incomplete { layer: u32, served: u64, demanded: u64, passes: u32, expert: i32 },
+}
+
+impl fmt::Display for CoverageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            CoverageError::UnknownLayer { layer } => write!(f, "layer {layer} is not a managed MoE layer"),
+            CoverageError::NoPassZero { layer, pass } => write!(f, "layer {layer}: pass {pass} without a pass 0 before it"),
+            CoverageError::PassOutOfOrder { layer, pass, due } => {
+                write!(f, "layer {layer}: pass {pass} where pass {due} was due (a pass was skipped or repeated)")
+            }
+            CoverageError::OtherSelection { layer, pass } => {
+                write!(f, "layer {layer}: pass {pass} selects other experts than pass 0 of its event")
+            }
+            CoverageError::OutsideEvent { layer, pass } => write!(f, "layer {layer}: pass {pass} served outside an event"),
+            CoverageError::SlotsLength { layer, pass, slots, selections } => {
+                write!(f, "layer {layer}: pass {pass} wrote {slots} slots for {selections} selections")
+            }
+            CoverageError::ServedTwice { layer, index, expert, pass } => {
+                write!(f, "layer {layer}: selection {index} (expert {expert}) served twice, again by pass {pass}")
+            }
+            CoverageError::Incomplete { layer, served, demanded, passes, expert } => write!(
+                f,
+                "layer {layer}: an event served {served} of {demanded} selections in {passes} passes (expert {expert} never served): \
+                 incomplete service"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CoverageError {}
 
 /// Per MoE layer: events, passes, selections demanded and selections served.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -32,7 +76,7 @@ pub struct Coverage {
     open: BTreeMap<u32, OpenEvent>,
     /// Events left open by a failed decode: never complete, never counted as served.
     abandoned: u64,
-    error: Option<String>,
+    error: Option<CoverageError>,
 }
 
 /// What a record carries about the completeness of service.
@@ -55,14 +99,14 @@ impl Coverage {
 
     /// Before the acquire of (layer, pass) with the event's selections `ids`: pass 0 closes the
     /// layer's previous event and opens the next; a later pass must continue the open event.
-    pub fn begin(&mut self, layer: u32, pass: u32, ids: &[i32]) -> Result<(), String> {
+    pub fn begin(&mut self, layer: u32, pass: u32, ids: &[i32]) -> Result<(), CoverageError> {
         self.check()?;
         let r = self.begin_inner(layer, pass, ids);
         self.keep(r)
     }
 
     /// After the acquire of (layer, pass) wrote `slots`: the selections it served.
-    pub fn served(&mut self, layer: u32, pass: u32, slots: &[i32]) -> Result<(), String> {
+    pub fn served(&mut self, layer: u32, pass: u32, slots: &[i32]) -> Result<(), CoverageError> {
         self.check()?;
         let r = self.served_inner(layer, pass, slots);
         self.keep(r)
@@ -70,7 +114,7 @@ impl Coverage {
 
     /// Closes every open event (a decode returned): each must be served exactly. After a
     /// failure the events still open are abandoned.
-    pub fn close_all(&mut self) -> Result<(), String> {
+    pub fn close_all(&mut self) -> Result<(), CoverageError> {
         let layers: Vec<u32> = self.open.keys().copied().collect();
         for layer in layers {
             if self.error.is_some() {
@@ -97,36 +141,36 @@ impl Coverage {
         self.open.len()
     }
 
-    pub fn error(&self) -> Option<&str> {
-        self.error.as_deref()
+    pub fn error(&self) -> Option<&CoverageError> {
+        self.error.as_ref()
     }
 
     pub fn report(&self) -> CoverageReport {
         CoverageReport {
             complete: self.error.is_none() && self.open.is_empty(),
-            error: self.error.clone(),
+            error: self.error.as_ref().map(ToString::to_string),
             abandoned_events: self.abandoned,
             layers: self.layers.values().cloned().collect(),
         }
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), CoverageError> {
         match &self.error {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
     }
 
-    fn keep(&mut self, r: Result<(), String>) -> Result<(), String> {
+    fn keep(&mut self, r: Result<(), CoverageError>) -> Result<(), CoverageError> {
         if let Err(e) = &r {
             self.error.get_or_insert_with(|| e.clone());
         }
         r
     }
 
-    fn begin_inner(&mut self, layer: u32, pass: u32, ids: &[i32]) -> Result<(), String> {
+    fn begin_inner(&mut self, layer: u32, pass: u32, ids: &[i32]) -> Result<(), CoverageError> {
         if !self.layers.contains_key(&layer) {
-            return Err(format!("layer {layer} is not a managed MoE layer"));
+            return Err(CoverageError::UnknownLayer { layer });
         }
         if pass == 0 {
             if self.open.contains_key(&layer) {
@@ -141,28 +185,25 @@ impl Coverage {
         let event = self
             .open
             .get(&layer)
-            .ok_or_else(|| format!("layer {layer}: pass {pass} without a pass 0 before it"))?;
+            .ok_or(CoverageError::NoPassZero { layer, pass })?;
         if pass != event.passes {
-            return Err(format!("layer {layer}: pass {pass} where pass {} was due (a pass was skipped or repeated)", event.passes));
+            return Err(CoverageError::PassOutOfOrder { layer, pass, due: event.passes });
         }
         if event.ids != ids {
-            return Err(format!("layer {layer}: pass {pass} selects other experts than pass 0 of its event"));
+            return Err(CoverageError::OtherSelection { layer, pass });
         }
         Ok(())
     }
 
-    fn served_inner(&mut self, layer: u32, pass: u32, slots: &[i32]) -> Result<(), String> {
-        let event = self.open.get_mut(&layer).ok_or_else(|| format!("layer {layer}: pass {pass} served outside an event"))?;
+    fn served_inner(&mut self, layer: u32, pass: u32, slots: &[i32]) -> Result<(), CoverageError> {
+        let event = self.open.get_mut(&layer).ok_or(CoverageError::OutsideEvent { layer, pass })?;
         if slots.len() != event.served.len() {
-            return Err(format!("layer {layer}: pass {pass} wrote {} slots for {} selections", slots.len(), event.served.len()));
+            return Err(CoverageError::SlotsLength { layer, pass, slots: slots.len(), selections: event.served.len() });
         }
         let mut n = 0;
         for (i, _) in slots.iter().enumerate().filter(|(_, &s)| s >= 0) {
             if std::mem::replace(&mut event.served[i], true) {
-                return Err(format!(
-                    "layer {layer}: selection {i} (expert {}) served twice, again by pass {pass}",
-                    event.ids[i]
-                ));
+                return Err(CoverageError::ServedTwice { layer, index: i, expert: event.ids[i], pass });
             }
             n += 1;
         }
@@ -174,18 +215,18 @@ impl Coverage {
         Ok(())
     }
 
-    fn close(&mut self, layer: u32) -> Result<(), String> {
+    fn close(&mut self, layer: u32) -> Result<(), CoverageError> {
         let Some(event) = self.open.remove(&layer) else { return Ok(()) };
         let demanded = event.ids.len() as u64;
         if event.n_served != demanded {
             let first = event.served.iter().position(|s| !s).unwrap_or(0);
-            return Err(format!(
-                "layer {layer}: an event served {} of {demanded} selections in {} passes (expert {} never served): \
-                 incomplete service",
-                event.n_served,
-                event.passes,
-                event.ids.get(first).copied().unwrap_or(-1)
-            ));
+            return Err(CoverageError::Incomplete {
+                layer,
+                served: event.n_served,
+                demanded,
+                passes: event.passes,
+                expert: event.ids.get(first).copied().unwrap_or(-1),
+            });
         }
         Ok(())
     }
@@ -220,11 +261,11 @@ mod tests {
         c.begin(0, 0, &[0, 1, 2]).unwrap();
         c.served(0, 0, &[0, 1, -1]).unwrap();
         let e = c.begin(0, 0, &[0]).unwrap_err();
-        assert!(e.contains("served 2 of 3") && e.contains("expert 2"), "{e}");
+        assert_eq!(e, CoverageError::Incomplete { layer: 0, served: 2, demanded: 3, passes: 1, expert: 2 });
         assert!(!c.report().complete);
         // The first error stays; nothing later is accepted.
         assert_eq!(c.begin(0, 0, &[0]).unwrap_err(), e);
-        assert_eq!(c.report().error.as_deref(), Some(e.as_str()));
+        assert_eq!(c.report().error, Some(e.to_string()));
     }
 
     #[test]
@@ -232,7 +273,7 @@ mod tests {
         let mut c = Coverage::new([0]);
         c.begin(0, 0, &[0, 1]).unwrap();
         c.served(0, 0, &[0, -1]).unwrap();
-        assert!(c.close_all().unwrap_err().contains("served 1 of 2"));
+        assert!(matches!(c.close_all(), Err(CoverageError::Incomplete { served: 1, demanded: 2, .. })));
         assert_eq!(c.open_events(), 0);
     }
 
@@ -255,23 +296,23 @@ mod tests {
         c.served(0, 0, &[0, -1]).unwrap();
         c.begin(0, 1, &[0, 1]).unwrap();
         let e = c.served(0, 1, &[1, 0]).unwrap_err();
-        assert!(e.contains("served twice"), "{e}");
+        assert_eq!(e, CoverageError::ServedTwice { layer: 0, index: 0, expert: 0, pass: 1 });
     }
 
     #[test]
     fn skipped_repeated_or_orphan_passes_and_changed_ids_fail() {
         let mut c = Coverage::new([0]);
-        assert!(c.begin(0, 1, &[0]).unwrap_err().contains("without a pass 0"));
+        assert_eq!(c.begin(0, 1, &[0]), Err(CoverageError::NoPassZero { layer: 0, pass: 1 }));
         let mut c = Coverage::new([0]);
         c.begin(0, 0, &[0, 1]).unwrap();
         c.served(0, 0, &[0, -1]).unwrap();
-        assert!(c.begin(0, 2, &[0, 1]).unwrap_err().contains("skipped"));
+        assert_eq!(c.begin(0, 2, &[0, 1]), Err(CoverageError::PassOutOfOrder { layer: 0, pass: 2, due: 1 }));
         let mut c = Coverage::new([0]);
         c.begin(0, 0, &[0, 1]).unwrap();
         c.served(0, 0, &[0, -1]).unwrap();
-        assert!(c.begin(0, 1, &[0, 2]).unwrap_err().contains("other experts"));
+        assert_eq!(c.begin(0, 1, &[0, 2]), Err(CoverageError::OtherSelection { layer: 0, pass: 1 }));
         let mut c = Coverage::new([0]);
-        assert!(c.begin(7, 0, &[0]).unwrap_err().contains("not a managed"));
+        assert_eq!(c.begin(7, 0, &[0]), Err(CoverageError::UnknownLayer { layer: 7 }));
     }
 
     #[test]

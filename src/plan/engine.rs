@@ -3,7 +3,7 @@
 
 use super::coverage::Coverage;
 use super::timeline::{self, Timeline};
-use super::{Manifest, Plan, PolicySpec, Role, SlotWriter};
+use super::{CopyError, Manifest, Plan, PolicySpec, Role, SlotWriter};
 use super::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, SourceBound, StepsReport, STEP_FIELDS};
 use crate::engine::{ExpertSource, SlotPool};
 use crate::inventory::Inventory;
@@ -252,8 +252,8 @@ fn window_memory() -> (Box<dyn FnMut(u64) -> Result<AlignedBuf>>, String) {
 }
 
 impl SlotWriter for SlotPool {
-    fn write(&self, slot: u32, src: &[u8]) -> Result<(), String> {
-        SlotPool::write(self, slot, src).map_err(|e| format!("{e:#}"))
+    fn write(&self, slot: u32, src: &[u8]) -> Result<(), CopyError> {
+        SlotPool::write(self, slot, src).map_err(copy_error)
     }
 
     fn host(&self, slot: u32) -> Option<std::ptr::NonNull<u8>> {
@@ -264,14 +264,18 @@ impl SlotWriter for SlotPool {
         SlotPool::asynchronous(self)
     }
 
-    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, String> {
+    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, CopyError> {
         // SAFETY: the caller's contract is the pool's.
-        unsafe { SlotPool::begin(self, slot, src) }.map_err(|e| format!("{e:#}"))
+        unsafe { SlotPool::begin(self, slot, src) }.map_err(copy_error)
     }
 
-    fn wait(&self, id: u64) -> Result<(), String> {
-        SlotPool::wait(self, id).map_err(|e| format!("{e:#}"))
+    fn wait(&self, id: u64) -> Result<(), CopyError> {
+        SlotPool::wait(self, id).map_err(copy_error)
     }
+}
+
+fn copy_error(e: anyhow::Error) -> CopyError {
+    CopyError { detail: format!("{e:#}") }
 }
 
 /// Windows, depth and token pass of a run's source: the flags', or derived from the manifest.
@@ -488,7 +492,7 @@ impl ExpertSource for PlanSource {
 
 impl PlanSource {
     fn acquire_event(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
-        self.coverage.begin(layer, pass, ids).map_err(|e| anyhow!(e))?;
+        self.coverage.begin(layer, pass, ids).map_err(anyhow::Error::from)?;
         let t = Instant::now();
         self.step(layer, pass, t);
         let r = self.before_acquire(layer).and_then(|()| Ok(self.plan.acquire(layer, pass, ids, slots)?));
@@ -496,7 +500,7 @@ impl PlanSource {
         self.acquire_calls += 1;
         self.call_done(t);
         r?;
-        self.coverage.served(layer, pass, slots).map_err(|e| anyhow!(e))?;
+        self.coverage.served(layer, pass, slots).map_err(anyhow::Error::from)?;
         if slots.iter().any(|&s| s >= 0) {
             self.served.insert((layer, pass));
         }
@@ -521,7 +525,7 @@ impl PlanSource {
         // A decode the engine failed on its own, with the Plan healthy and no fault injected,
         // is checked too: an unserved selection is then its cause.
         if ok || (self.plan.failure().is_none() && self.options.fault == FaultCell::None) {
-            self.coverage.close_all().map_err(|e| anyhow!(e))
+            self.coverage.close_all().map_err(anyhow::Error::from)
         } else {
             self.coverage.abandon();
             Ok(())

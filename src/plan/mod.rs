@@ -36,7 +36,7 @@ mod telemetry;
 mod verify;
 pub mod timeline;
 
-pub use coverage::{Coverage, CoverageReport, LayerCoverage};
+pub use coverage::{Coverage, CoverageError, CoverageReport, LayerCoverage};
 pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
 pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
@@ -106,9 +106,7 @@ pub enum PlanError {
         detail: String,
     },
     /// The copy of a window into its slot failed.
-    Copy {
-        detail: String,
-    },
+    Copy(CopyError),
     Config {
         detail: String,
     },
@@ -140,7 +138,7 @@ impl fmt::Display for PlanError {
             PlanError::ConsumersLive { consumers } => write!(f, "{consumers} consumers are still live"),
             PlanError::OutstandingWork { detail } => write!(f, "outstanding work: {detail}"),
             PlanError::PoolMismatch { detail } => write!(f, "pool request refused: {detail}"),
-            PlanError::Copy { detail } => write!(f, "copy into a slot failed: {detail}"),
+            PlanError::Copy(e) => write!(f, "copy into a slot failed: {e}"),
             PlanError::Config { detail } => write!(f, "{detail}"),
         }
     }
@@ -231,10 +229,24 @@ impl Pool {
     }
 }
 
+/// Why the engine could not copy into one of its slots, in its own words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyError {
+    pub detail: String,
+}
+
+impl fmt::Display for CopyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for CopyError {}
+
 /// The engine's way to fill one slot of a pool it owns.
 pub trait SlotWriter: Send {
     /// Copies `src` (one slot's bytes) into `slot`; returns once the copy has completed.
-    fn write(&self, slot: u32, src: &[u8]) -> Result<(), String>;
+    fn write(&self, slot: u32, src: &[u8]) -> Result<(), CopyError>;
     /// Where `slot` lies when the pool is plain host memory, so that a write would be a memcpy
     /// there; `None` otherwise (device memory, or not allocated yet). A source may then read
     /// straight into it.
@@ -250,11 +262,11 @@ pub trait SlotWriter: Send {
     ///
     /// # Safety
     /// `src` must stay valid and unchanged until `wait` returned for the id.
-    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, String> {
+    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, CopyError> {
         self.write(slot, src).map(|()| 0)
     }
     /// Waits for copy `id` alone: once it returns, the bytes are in the slot.
-    fn wait(&self, _id: u64) -> Result<(), String> {
+    fn wait(&self, _id: u64) -> Result<(), CopyError> {
         Ok(())
     }
 }

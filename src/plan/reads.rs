@@ -267,14 +267,14 @@ impl Plan {
                     // no read lands in it and no other bundle is assembled there; the source
                     // (and its windows) lives as long as the Plan, and a Plan that fails or
                     // closes waits for every copy in flight first.
-                    let id = unsafe { writer.begin(b.slot, src) }.map_err(|detail| PlanError::Copy { detail })?;
+                    let id = unsafe { writer.begin(b.slot, src) }.map_err(PlanError::Copy)?;
                     ids.push((pi, id));
                 }
                 PoolMem::Engine(Some(writer)) => {
-                    writer.write(b.slot, src).map_err(|detail| PlanError::Copy { detail })?;
+                    writer.write(b.slot, src).map_err(PlanError::Copy)?;
                 }
                 PoolMem::Engine(None) => {
-                    return Err(PlanError::Copy { detail: format!("the engine never bound the {} pool", pool.role) })
+                    return Err(PlanError::Copy(CopyError { detail: format!("the engine never bound the {} pool", pool.role) }))
                 }
             }
         }
@@ -304,8 +304,8 @@ impl Plan {
                     unreachable!("only engine pools copy asynchronously")
                 };
                 // Every id is waited for, even after a failure: the device may still read the window.
-                if let Err(detail) = w.wait(id) {
-                    first.get_or_insert(PlanError::Copy { detail });
+                if let Err(e) = w.wait(id) {
+                    first.get_or_insert(PlanError::Copy(e));
                 }
             }
             let waited = started.elapsed().as_nanos() as u64;

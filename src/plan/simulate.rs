@@ -132,7 +132,7 @@ impl Source for DrySource {
 struct Discard;
 
 impl SlotWriter for Discard {
-    fn write(&self, _slot: u32, _src: &[u8]) -> Result<(), String> {
+    fn write(&self, _slot: u32, _src: &[u8]) -> Result<(), super::CopyError> {
         Ok(())
     }
 }

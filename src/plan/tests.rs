@@ -752,9 +752,9 @@ struct TestPool {
 }
 
 impl SlotWriter for TestPool {
-    fn write(&self, slot: u32, src: &[u8]) -> Result<(), String> {
+    fn write(&self, slot: u32, src: &[u8]) -> Result<(), CopyError> {
         if self.fail || src.len() != self.bytes_per_slot {
-            return Err(format!("refused {} bytes into slot {slot}", src.len()));
+            return Err(CopyError { detail: format!("refused {} bytes into slot {slot}", src.len()) });
         }
         let start = slot as usize * self.bytes_per_slot;
         self.mem.lock().unwrap()[start..start + src.len()].copy_from_slice(src);
@@ -773,21 +773,21 @@ struct AsyncPool {
 }
 
 impl SlotWriter for AsyncPool {
-    fn write(&self, slot: u32, src: &[u8]) -> Result<(), String> {
+    fn write(&self, slot: u32, src: &[u8]) -> Result<(), CopyError> {
         self.pool.write(slot, src)
     }
     fn asynchronous(&self) -> bool {
         true
     }
-    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, String> {
+    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, CopyError> {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.queued.lock().unwrap().insert(id, (slot, src.to_vec()));
         Ok(id)
     }
-    fn wait(&self, id: u64) -> Result<(), String> {
-        let (slot, bytes) = self.queued.lock().unwrap().remove(&id).ok_or_else(|| format!("no copy {id}"))?;
+    fn wait(&self, id: u64) -> Result<(), CopyError> {
+        let (slot, bytes) = self.queued.lock().unwrap().remove(&id).ok_or_else(|| CopyError { detail: format!("no copy {id}") })?;
         if self.fail_wait {
-            return Err(format!("copy {id} failed on the device"));
+            return Err(CopyError { detail: format!("copy {id} failed on the device") });
         }
         self.pool.write(slot, &bytes)
     }
