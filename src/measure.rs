@@ -13,7 +13,7 @@
 use crate::envelope;
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
-use crate::plan::engine::PlanOptions;
+use crate::plan::PlanOptions;
 use crate::plan::simulate::{self, LayerEvent};
 use crate::plan::{Manifest, Traffic};
 use crate::record::format::{EnvelopeBest, EnvelopeParams, ModelIdentity, Outcome, ReadReplayParams, ReplayCheck, ReplayPhase};
@@ -183,7 +183,7 @@ pub fn sequence(inv: &Inventory, plan: &PlanOptions, events: &[LayerEvent], pref
     let policy = plan.policy.clone();
     let manifest = Manifest::new(inv, plan.slots, &policy.pinned)?.with_layer_buffers(plan.layer_buffers)?;
     let n_used = inv.n_used();
-    let sizing = crate::plan::engine::Sizing::of(&manifest, plan, n_used);
+    let sizing = crate::plan::Sizing::of(&manifest, plan, n_used);
     let token_pass = sizing.token_pass.zip(n_used).map(|(g, n)| (n as usize, g));
     let trace = simulate::reads(manifest, &policy, events, sizing.windows, token_pass)?;
     let n_steps = events.last().map_or(0, |e| e.ubatch as usize + 1);

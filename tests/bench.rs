@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use sovereign::cell::ReadReplayCell;
-use sovereign::plan::engine::{PlanOptions, SourceKind};
+use sovereign::plan::{PlanOptions, SourceKind};
 use sovereign::source::fault::FaultCell;
 use std::fs;
 use std::path::{Path, PathBuf};

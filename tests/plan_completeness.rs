@@ -8,7 +8,8 @@ use anyhow::Result;
 use common::*;
 use sovereign::engine::{ExpertSource, SlotPool};
 use sovereign::generate;
-use sovereign::plan::engine::{PlanOptions, PlanSource, SourceKind};
+use sovereign::plan::{PlanOptions, SourceKind};
+use sovereign::service::PlanSource;
 use sovereign::source::fault::FaultCell;
 use std::path::Path;
 

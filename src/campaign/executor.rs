@@ -9,7 +9,7 @@ use super::expand::CellSpec;
 use super::spec::ExpertsMode;
 use crate::cell::{self, Cell, Experts, GenerateCell, Prompt, RefineCell};
 use crate::engine::ExecParams;
-use crate::plan::engine::{PlanOptions, SourceKind};
+use crate::plan::{PlanOptions, SourceKind};
 use crate::plan::PolicySpec;
 use crate::observe::RunStatus;
 use crate::refine;

@@ -245,7 +245,7 @@ pub struct PatchSpec {
 pub use crate::cell::ExpertsMode;
 
 /// Where a Plan arm reads expert bytes.
-pub use crate::plan::engine::SourceKind;
+pub use crate::plan::SourceKind;
 
 /// A deterministic fault cell (seed 000 §5.4, Table 7): the type `generate --fault` takes.
 /// Absent (or `none`): the no-fault control.

@@ -45,7 +45,7 @@ mod tests {
     #[test]
     fn every_variant_is_offered_under_its_serde_name() {
         let names = |v: Vec<(String, Option<String>)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
-        assert_eq!(names(values::<sovereign::plan::engine::SourceKind>()), ["p", "d", "f"]);
+        assert_eq!(names(values::<sovereign::plan::SourceKind>()), ["p", "d", "f"]);
         assert_eq!(names(values::<sovereign::engine::QuantType>()), ["f16", "q8_0", "q4_0", "q4_k_m"]);
         let arch = names(values::<sovereign::forge::Arch>());
         assert!(arch.len() == 11 && arch[0] == "qwen3moe" && arch.contains(&"gpt-oss".to_string()), "{arch:?}");

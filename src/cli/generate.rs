@@ -9,7 +9,7 @@ use sovereign::engine::ExecParams;
 use sovereign::generate;
 use sovereign::observe::ContainSpec;
 use sovereign::record::format::{Outcome, TypedRecord};
-use sovereign::plan::engine::{PlanOptions, SourceKind};
+use sovereign::plan::{PlanOptions, SourceKind};
 use sovereign::source::fault::FaultCell;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -19,9 +19,9 @@
 //! drains; a failed Plan's interrupted windows are left as they were and reported.
 
 mod coverage;
-pub mod engine;
 mod lifecycle;
 mod manifest;
+pub mod options;
 mod policy;
 mod pools;
 mod prefetch;
@@ -38,6 +38,7 @@ pub mod timeline;
 
 pub use coverage::{Coverage, CoverageError, CoverageReport, LayerCoverage};
 pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
+pub use options::{PlanOptions, SizedFrom, Sizing, SourceKind};
 pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
 pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};

@@ -2,7 +2,7 @@
 //! (`params.experts`) and its report after it (`experts`).
 
 use super::coverage::CoverageReport;
-use super::engine::SourceKind;
+use super::options::SourceKind;
 use super::telemetry::{Closure, Telemetry};
 use super::timeline::TimelineReport;
 use crate::source::fault::{Expect, FaultCell};
@@ -31,7 +31,7 @@ pub struct PlanDescription {
     pub depth: Option<u32>,
     /// Where windows and depth came from: the flags, or the manifest (absent in earlier records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sizing: Option<super::engine::Sizing>,
+    pub sizing: Option<super::options::Sizing>,
     /// Distinct experts per engine pass of a one-token ubatch, when decode is streamed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_pass: Option<u32>,

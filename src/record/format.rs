@@ -10,7 +10,7 @@ use crate::engine::{ExecParams, PlacementReport};
 use crate::identity::BuildIdentity;
 use crate::inventory::Inventory;
 use crate::observe::ContainedRun;
-use crate::plan::engine::PlanOptions;
+use crate::plan::PlanOptions;
 use crate::plan::report::{PlanDescription, PlanReport};
 use anyhow::{bail, Context, Result};
 use serde::de::Error as _;

@@ -4,7 +4,7 @@
 use crate::engine::{Context, ExecParams};
 use crate::generate::argmax;
 use crate::inventory::Inventory;
-use crate::plan::engine::PlanOptions;
+use crate::plan::PlanOptions;
 use anyhow::Result;
 
 use std::path::Path;

@@ -1,67 +1,19 @@
 //! The Plan as the engine's expert source: pools, acquire and release through the patched
-//! llama.cpp boundary, with the source chosen at run time (P, D or F).
+//! llama.cpp boundary, with the source chosen at run time (P, D or F). The Plan itself knows
+//! nothing of the engine; this room is where the two meet.
 
-use super::coverage::Coverage;
-use super::timeline::{self, Timeline};
-use super::{CopyError, Manifest, Plan, PolicySpec, Role, SlotWriter};
-use super::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, SourceBound, StepsReport, STEP_FIELDS};
 use crate::engine::{ExpertSource, SlotPool};
 use crate::inventory::Inventory;
+use crate::plan::options::per_pass;
+use crate::plan::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, SourceBound, StepsReport, STEP_FIELDS};
+use crate::plan::timeline::{self, Timeline};
+use crate::plan::{Coverage, CopyError, Manifest, Plan, PlanOptions, Role, Sizing, SlotState, SlotWriter, SourceKind};
 use crate::source::fault::{FaultCell, FaultySource};
 use crate::source::{AlignedBuf, BufferedSource, Source, UringSource};
 use anyhow::{anyhow, bail, Result};
-use serde::Serialize;
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// How expert bytes are read (seed 000 §5.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum SourceKind {
-    /// Buffered pread through the page cache.
-    P,
-    /// Blocking O_DIRECT, one window.
-    D,
-    /// io_uring O_DIRECT, registered windows, bounded depth.
-    F,
-}
-
-impl SourceKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            SourceKind::P => "p",
-            SourceKind::D => "d",
-            SourceKind::F => "f",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PlanOptions {
-    pub slots: u32,
-    pub policy: PolicySpec,
-    pub source: SourceKind,
-    /// Windows and reads in flight; absent: sized from the manifest (F) or 8 (P).
-    #[serde(default)]
-    pub windows: Option<u32>,
-    #[serde(default)]
-    pub depth: Option<u32>,
-    /// Layer buffers (0: one pool per layer; 2: double-buffered layer by layer).
-    pub layer_buffers: u32,
-    pub fault: FaultCell,
-    /// The decode token whose every event the timeline keeps (absent: the middle one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeline_token: Option<u32>,
-    /// Distinct experts per engine pass for a one-token ubatch (absent: one pass): fewer than
-    /// a token selects lets the engine compute a layer's first groups while the rest is read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token_pass: Option<u32>,
-    /// How each read is verified against the digest manifest (absent: XXH3-128).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub verify: Option<crate::digests::Verify>,
-}
 
 pub struct PlanSource {
     plan: Plan,
@@ -278,84 +230,6 @@ fn copy_error(e: anyhow::Error) -> CopyError {
     CopyError { detail: format!("{e:#}") }
 }
 
-/// Windows, depth and token pass of a run's source: the flags', or derived from the manifest.
-///
-/// F's defaults are the configuration the bench measures fastest on its disk, derived from the
-/// manifest rather than tuned by flags: one window per slot a pass can miss, one bundle's
-/// extents in flight (every extent is verified before its bundle publishes, so a deeper queue
-/// leaves the disk idle while the completions are checked), and a decode token served in
-/// passes of a quarter of its experts, so the engine computes a layer's first experts while
-/// the rest are read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Sizing {
-    pub from: SizedFrom,
-    pub windows: u32,
-    pub depth: u32,
-    /// What the manifest asks for: the most distinct misses of one pass (a layer's unpinned
-    /// slots) and the most extents per bundle.
-    pub pass_capacity: u32,
-    pub extents_per_bundle: u32,
-    /// Distinct experts per engine pass of a one-token ubatch (absent: one pass), and where it
-    /// came from (absent in earlier records).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token_pass: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token_pass_from: Option<SizedFrom>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SizedFrom {
-    /// Both given on the command line or in the arm.
-    Flags,
-    /// Both sized from the manifest.
-    Manifest,
-    /// One given, the other sized.
-    Mixed,
-}
-
-/// Windows of P when none are given (P reads synchronously: more windows only batch).
-const P_WINDOWS: u32 = 8;
-
-/// F's default token pass: a quarter of a token's experts, at least one.
-fn default_token_pass(n_used: u32, per_pass: u32) -> Option<u32> {
-    (n_used >= 2).then(|| n_used.div_ceil(4).clamp(1, per_pass.max(1)))
-}
-
-impl Sizing {
-    /// `n_used`: the experts a token selects (the model's `expert_used_count`).
-    pub fn of(m: &Manifest, o: &PlanOptions, n_used: Option<u32>) -> Sizing {
-        let pass_capacity = m.layers.iter().map(|l| l.capacity()).max().unwrap_or(1).max(1);
-        let extents_per_bundle = m.objects.iter().map(|o| o.extents.len() as u32).max().unwrap_or(1).max(1);
-        let sized_windows = pass_capacity.min(crate::bounds::MAX_WINDOWS);
-        let (windows, depth) = match o.source {
-            SourceKind::D => (1, 1),
-            SourceKind::P => (o.windows.unwrap_or(P_WINDOWS), 1),
-            SourceKind::F => {
-                let windows = o.windows.unwrap_or(sized_windows);
-                let depth = o.depth.unwrap_or(extents_per_bundle.min(crate::bounds::MAX_DEPTH));
-                (windows, depth)
-            }
-        };
-        let from = match (o.windows.is_some(), o.depth.is_some()) {
-            (true, true) => SizedFrom::Flags,
-            (false, false) => SizedFrom::Manifest,
-            _ => SizedFrom::Mixed,
-        };
-        // Token passes stream F's reads under compute; fault cells script whole passes.
-        let derived = match (o.source, o.fault, n_used) {
-            (SourceKind::F, FaultCell::None, Some(n)) => default_token_pass(n, per_pass(m, 0)),
-            _ => None,
-        };
-        let (token_pass, token_pass_from) = match (o.token_pass, derived) {
-            (Some(g), _) => (Some(g), Some(SizedFrom::Flags)),
-            (None, Some(g)) => (Some(g), Some(SizedFrom::Manifest)),
-            (None, None) => (None, None),
-        };
-        Sizing { from, windows, depth, pass_capacity, extents_per_bundle, token_pass, token_pass_from }
-    }
-}
-
 impl PlanSource {
     /// (slot, generation) of every InUse slot of `layer`.
     fn in_use(&self, layer: u32) -> Vec<(u32, u64)> {
@@ -364,7 +238,7 @@ impl PlanSource {
             .unwrap_or_default()
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.state == super::SlotState::InUse)
+            .filter(|(_, c)| c.state == SlotState::InUse)
             .map(|(i, c)| (i as u32, c.generation))
             .collect()
     }
@@ -401,11 +275,6 @@ impl PlanSource {
         Ok(())
     }
 
-}
-
-/// Distinct experts one engine pass serves: the unpinned capacity of the layer with the least.
-fn per_pass(m: &Manifest, n_slots: u32) -> u32 {
-    m.layers.iter().map(|l| l.capacity()).min().unwrap_or(n_slots).max(1)
 }
 
 fn role_of(name: &str) -> Result<Role> {
