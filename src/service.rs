@@ -20,8 +20,6 @@ pub struct PlanSource {
     options: PlanOptions,
     sizing: Sizing,
     n_slots: u32,
-    /// (layer, pass) acquires that took consumers and so must be released.
-    served: HashSet<(u32, u32)>,
     /// Time the engine spent blocked in acquire: the exposed source wait.
     wait: Duration,
     /// Time inside acquire, and the counters where the first step, the current step and the
@@ -97,7 +95,6 @@ impl PlanSource {
             options,
             sizing,
             n_slots,
-            served: HashSet::new(),
             wait: Duration::ZERO,
             in_calls: Duration::ZERO,
             marks: None,
@@ -370,15 +367,13 @@ impl PlanSource {
         self.call_done(t);
         r?;
         self.coverage.served(layer, pass, slots).map_err(anyhow::Error::from)?;
-        if slots.iter().any(|&s| s >= 0) {
-            self.served.insert((layer, pass));
-        }
         Ok(())
     }
 
     fn release_event(&mut self, layer: u32, pass: u32) -> Result<()> {
-        // The graph sizes its passes for the worst case; a pass past the last group got nothing.
-        if self.served.remove(&(layer, pass)) {
+        // The graph sizes its passes for the worst case; a pass past the last group took no
+        // consumer, so the Plan holds no event for it.
+        if self.plan.holds_event(layer, pass) && self.held.as_ref().is_none_or(|h| (h.0, h.1) != (layer, pass)) {
             if self.options.fault == FaultCell::HeldConsumer && self.fault_fired == 0 {
                 // The consumer of this first event keeps its slots past its release point.
                 let held = self.in_use(layer);

@@ -529,6 +529,11 @@ impl Plan {
     }
 
     /// Drops the consumers taken by the latest outstanding acquire of (layer, pass).
+    /// An acquire of (layer, pass) took consumers that no release has dropped yet.
+    pub fn holds_event(&self, layer: u32, pass: u32) -> bool {
+        self.events.get(&(layer, pass)).and_then(|e| e.last()).is_some_and(|taken| !taken.is_empty())
+    }
+
     pub fn release(&mut self, layer: u32, pass: u32) -> Result<(), PlanError> {
         if self.status == Status::Closed {
             return Err(PlanError::Closed);
