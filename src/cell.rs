@@ -379,7 +379,7 @@ pub fn cache_protocol(cell: &Cell, warm: bool) -> Result<&'static str> {
 /// unless told otherwise) writes its record inside ours; we add what bounded each memory tier
 /// and the admission outcome, then commit to the cell's record directory. A worker that dies
 /// still leaves a record of how it died. Returns the record and where it was committed.
-pub fn run_contained(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, exe: Option<&Path>) -> Result<(TypedRecord, PathBuf)> {
+pub fn run_in_cgroup(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, exe: Option<&Path>) -> Result<(TypedRecord, PathBuf)> {
     cell.check()?;
     for m in cell.models() {
         Inventory::of(m)?;

@@ -497,7 +497,7 @@ impl CellExecutor for ProcessExecutor {
                     device_cgroup: server.as_ref().and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf),
                     ..Default::default()
                 };
-                let ran = cell::cache_protocol(&worker, false).and_then(|cache| cell::run_contained(&worker, &contain, cache, Some(&self.exe)));
+                let ran = cell::cache_protocol(&worker, false).and_then(|cache| cell::run_in_cgroup(&worker, &contain, cache, Some(&self.exe)));
                 match ran {
                     Ok((rec, dir)) => {
                         if let Ok(text) = std::fs::read_to_string(dir.join(cell::LOG_FILE)) {

@@ -124,7 +124,7 @@ impl ContainArgs {
     /// committed record.
     pub fn run(&self, cell: &Cell) -> Result<(TypedRecord, PathBuf)> {
         let cache = cell::cache_protocol(cell, self.warm_cache)?;
-        cell::run_contained(cell, &self.spec(cell), cache, None)
+        cell::run_in_cgroup(cell, &self.spec(cell), cache, None)
     }
 }
 
