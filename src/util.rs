@@ -63,14 +63,6 @@ pub fn sha256(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// This process's resident-set high-water mark (`VmHWM`), if /proc tells it.
-pub fn vm_hwm_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// Drops a file's clean pages from the page cache, so the next reader pays (and is charged for)
 /// the reads itself. Returns whether the kernel accepted the advice.
 pub fn drop_file_cache(path: &Path) -> Result<()> {

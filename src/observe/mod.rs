@@ -448,7 +448,7 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
     let stat_end = cg.stat();
     let cleanup = cg.remove();
 
-    let swap_total = procs::meminfo("SwapTotal");
+    let swap_total = procs::swap_total();
     let swap = if end.swap.is_some() || hs.swap_peak.is_some() {
         let peak = [hs.swap_peak, end.swap, end.swap_peak].into_iter().flatten().max();
         SwapReport { accounted: true, peak, end: end.swap, events: end.swap_events, note: setting.swap_control.clone() }
@@ -487,7 +487,7 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
         swap,
         stat_at_peak: hs.stat_at_peak,
         stat_end,
-        mem_total: procs::meminfo("MemTotal"),
+        mem_total: procs::mem_total(),
         samples: hs.samples,
         stragglers_killed,
         stale_removed,
