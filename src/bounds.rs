@@ -139,13 +139,12 @@ pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
     }
     // Regular files ignore O_NONBLOCK; clear it anyway so reads behave as ever.
-    // SAFETY: fcntl on a descriptor we own.
-    unsafe {
+    {
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
         use std::os::fd::AsRawFd;
         let fd = f.as_raw_fd();
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        if fl >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        if let Ok(fl) = fcntl(fd, FcntlArg::F_GETFL) {
+            let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::from_bits_retain(fl) & !OFlag::O_NONBLOCK));
         }
     }
     Ok(f)

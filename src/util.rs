@@ -69,10 +69,9 @@ pub fn drop_file_cache(path: &Path) -> Result<()> {
     use std::os::unix::io::AsRawFd;
     let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     f.sync_all().ok();
-    // SAFETY: plain advice on an open descriptor.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        anyhow::bail!("{}: posix_fadvise(DONTNEED) failed: {}", path.display(), std::io::Error::from_raw_os_error(rc));
+    use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+    if let Err(e) = posix_fadvise(f.as_raw_fd(), 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED) {
+        anyhow::bail!("{}: posix_fadvise(DONTNEED) failed: {}", path.display(), std::io::Error::from(e));
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -667,8 +668,7 @@ fn kill_all(dir: &Path, evacuate: Option<&Path>) -> u32 {
         }
         if !dir.join("cgroup.kill").exists() || fs::write(dir.join("cgroup.kill"), "1").is_err() {
             for &pid in &pids {
-                // SAFETY: kill(2) with a pid read from this cgroup's own member list.
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as libc::pid_t), nix::sys::signal::Signal::SIGKILL);
             }
         }
         killed.extend(pids);
@@ -745,9 +745,8 @@ pub fn cleanup_stale(h: &Hierarchy) -> Vec<Stale> {
 
 /// Writes the calling process's pid into an open `cgroup.procs`; async-signal-safe (no
 /// allocation), for `pre_exec`.
-pub fn join_fd(fd: libc::c_int) -> io::Result<()> {
-    // SAFETY: getpid and write are async-signal-safe; the buffer is on the stack.
-    let pid = unsafe { libc::getpid() } as u64;
+pub fn join_fd(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let pid = nix::unistd::getpid().as_raw() as u64;
     let mut buf = [0u8; 24];
     let mut i = buf.len();
     let mut n = pid;
@@ -760,11 +759,8 @@ pub fn join_fd(fd: libc::c_int) -> io::Result<()> {
         }
     }
     let len = buf.len() - i;
-    let w = unsafe { libc::write(fd, buf[i..].as_ptr().cast(), len) };
-    if w < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if w as usize != len {
+    let w = nix::unistd::write(fd, &buf[i..]).map_err(io::Error::from)?;
+    if w != len {
         return Err(io::Error::from_raw_os_error(libc::EIO));
     }
     Ok(())

@@ -15,10 +15,12 @@
 //! bytes of the extent that were delivered: `n < len` is a short read, for the Plan to reject.
 
 use anyhow::{anyhow, bail, Context, Result};
+use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
 use serde::Serialize;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -306,8 +308,9 @@ pub fn advise_huge(ptr: *mut u8, len: usize) -> usize {
     if end <= start {
         return 0;
     }
+    let Some(at) = NonNull::new(start as *mut libc::c_void) else { return 0 };
     // SAFETY: a hint on pages the caller owns; it changes no contents.
-    let ok = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) == 0 };
+    let ok = unsafe { madvise(at, end - start, MmapAdvise::MADV_HUGEPAGE) }.is_ok();
     if ok {
         end - start
     } else {
@@ -374,22 +377,21 @@ impl AlignedBuf {
         let huge = HUGE as usize;
         let mapped = size.checked_next_multiple_of(huge).context("buffer size")?;
         let reserve = mapped.checked_add(huge).context("buffer size")?;
-        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-        let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), reserve, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-        };
-        if base == libc::MAP_FAILED {
-            bail!("cannot map {mapped} bytes: {}", std::io::Error::last_os_error());
-        }
-        let start = (base as usize).next_multiple_of(huge);
+        let length = NonZeroUsize::new(reserve).context("buffer size")?;
+        // SAFETY: a fresh private anonymous mapping at an address the kernel picks; nothing
+        // else refers to it.
+        let base = unsafe { mmap_anonymous(None, length, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE) }
+            .map_err(|e| anyhow!("cannot map {mapped} bytes: {}", std::io::Error::from(e)))?;
+        let base = base.as_ptr() as usize;
+        let start = base.next_multiple_of(huge);
+        let tail = base + reserve - (start + mapped);
         // SAFETY: head and tail lie inside the reservation and are not used.
         unsafe {
-            if start > base as usize {
-                libc::munmap(base, start - base as usize);
+            if let Some(head) = NonNull::new(base as *mut libc::c_void).filter(|_| start > base) {
+                let _ = munmap(head, start - base);
             }
-            let tail = base as usize + reserve - (start + mapped);
-            if tail > 0 {
-                libc::munmap((start + mapped) as *mut libc::c_void, tail);
+            if let Some(tail_at) = NonNull::new((start + mapped) as *mut libc::c_void).filter(|_| tail > 0) {
+                let _ = munmap(tail_at, tail);
             }
         }
         let advised = advise_huge(start as *mut u8, mapped);
@@ -444,7 +446,7 @@ impl Drop for AlignedBuf {
         }
         if self.mapped > 0 {
             // SAFETY: the mapping made in `huge`, unmapped once.
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+            let _ = unsafe { munmap(self.ptr.cast(), self.mapped) };
             return;
         }
         // SAFETY: allocated with this layout in `new`.
