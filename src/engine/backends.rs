@@ -89,6 +89,7 @@ unsafe fn rpc_proc<F: Copy>(name: &CStr) -> Result<F, String> {
 /// Registers the devices of the RPC server at `endpoint` (`HOST:PORT`), so that layers can be
 /// placed there as on a GPU (`--gpu-layers`). Returns the devices' names.
 pub fn rpc_add_server(endpoint: &str) -> Result<Vec<String>, String> {
+    // Safety of a call: `endpoint` must be NUL-terminated (ggml-rpc.h).
     type AddServer = unsafe extern "C" fn(*const std::ffi::c_char) -> sys::ggml_backend_reg_t;
     let c = CString::new(endpoint).map_err(|_| format!("--rpc {endpoint:?}: NUL in the endpoint"))?;
     // SAFETY: ggml-rpc.h: ggml_backend_reg_t ggml_backend_rpc_add_server(const char * endpoint).
@@ -109,6 +110,8 @@ pub fn rpc_add_server(endpoint: &str) -> Result<Vec<String>, String> {
 
 /// Serves this machine's CPU device over ggml's RPC protocol at `endpoint` until killed.
 pub fn rpc_serve(endpoint: &str, threads: usize) -> Result<(), String> {
+    // Safety of a call: a NUL-terminated endpoint, a cache directory that is NUL-terminated or
+    // null, and `n_devices` live devices at `devices` (ggml-rpc.h).
     type StartServer =
         unsafe extern "C" fn(*const std::ffi::c_char, *const std::ffi::c_char, usize, usize, *mut sys::ggml_backend_dev_t);
     let c = CString::new(endpoint).map_err(|_| format!("--listen {endpoint:?}: NUL in the endpoint"))?;
@@ -199,6 +202,7 @@ pub fn loaded_libraries() -> Vec<LoadedLibrary> {
 /// Devices ggml's registry knows, in registry order.
 pub fn devices() -> Vec<Device> {
     let s = |p: *const std::ffi::c_char| {
+        // SAFETY: only called on the props' name fields, NUL-terminated strings the modules own.
         if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
     };
     // SAFETY: registry queries; props point at strings owned by the loaded modules.
