@@ -64,9 +64,17 @@ pub struct UringSource {
     run: Vec<Pending>,
 }
 
-/// A checked request waiting to join an SQE: request, covering read, destination, host target,
-/// first block shared with the previous request.
-type Pending = (ReadRequest, Covering, *mut u8, bool, bool);
+/// A checked request waiting to join an SQE.
+#[derive(Clone, Copy)]
+struct Pending {
+    req: ReadRequest,
+    cov: Covering,
+    /// Where the covering read lands: inside a window, or the caller's host target.
+    dst: *mut u8,
+    host: bool,
+    /// Its first block is the previous request's last one (see [`Member::shared_head`]).
+    shared_head: bool,
+}
 
 // SAFETY: the raw pointers in the in-flight table point into the windows this source owns or
 // into host targets the caller lent for the duration of the read (see `submit_vectored`).
@@ -223,7 +231,7 @@ impl UringSource {
         let f = &mut self.table[idx];
         f.members.clear();
         f.iovecs.clear();
-        for &(req, cov, dst, host, shared_head) in run {
+        for &Pending { req, cov, dst, host, shared_head } in run {
             let skip = if shared_head { ALIGN } else { 0 };
             let m = Member { req, cov, iov_len: cov.len - skip, shared_head, dst, host };
             // SAFETY: inside the covering range (cov.len > ALIGN when shared_head).
@@ -248,7 +256,7 @@ impl UringSource {
             self.stats.coalesced_sqes += 1;
             self.stats.coalesced_requests += n as u64;
         }
-        self.stats.host_target_requests += run.iter().filter(|r| r.3).count() as u64;
+        self.stats.host_target_requests += run.iter().filter(|r| r.host).count() as u64;
         let outstanding = self.outstanding() as u64;
         self.stats.peak_outstanding = self.stats.peak_outstanding.max(outstanding);
         self.ring.submit().map_err(|e| io_error(&e))?;
@@ -273,29 +281,25 @@ impl UringSource {
             };
             // Joins the run when its covering read starts where the previous one ends, or (two
             // windows, unaligned neighbours) on the previous one's last block.
-            let joins = run.last().and_then(|&(_, pcov, _, phost, _)| {
-                let end = pcov.offset + pcov.len;
+            let joins = run.last().and_then(|prev| {
+                let end = prev.cov.offset + prev.cov.len;
                 if run.len() >= MAX_VECTOR {
                     None
                 } else if cov.offset == end {
                     Some(false)
-                } else if !host && !phost && cov.offset + ALIGN == end && cov.len > ALIGN {
+                } else if !host && !prev.host && cov.offset + ALIGN == end && cov.len > ALIGN {
                     Some(true)
                 } else {
                     None
                 }
             });
-            match joins {
-                Some(shared) => run.push((req, cov, dst, host, shared)),
-                None => {
-                    if !run.is_empty() {
-                        self.submit_run(run).map_err(|e| (done, e))?;
-                        done += run.len();
-                        run.clear();
-                    }
-                    run.push((req, cov, dst, host, false));
-                }
+            let pending = Pending { req, cov, dst, host, shared_head: joins == Some(true) };
+            if joins.is_none() && !run.is_empty() {
+                self.submit_run(run).map_err(|e| (done, e))?;
+                done += run.len();
+                run.clear();
             }
+            run.push(pending);
         }
         if !run.is_empty() {
             self.submit_run(run).map_err(|e| (done, e))?;
