@@ -191,6 +191,9 @@ pub enum SourceError {
     /// A request named host memory this source cannot read into, or memory not aligned to
     /// [`ALIGN`].
     HostTarget { detail: &'static str },
+    /// Reads in flight could not be drained: the kernel may still write into the windows and
+    /// into host targets (see [`Source::drain`]).
+    Undrained,
 }
 
 impl fmt::Display for SourceError {
@@ -212,6 +215,7 @@ impl fmt::Display for SourceError {
                 write!(f, "source: I/O service failed: {}", std::io::Error::from_raw_os_error(*errno))
             }
             SourceError::HostTarget { detail } => write!(f, "source: refused a read into host memory: {detail}"),
+            SourceError::Undrained => write!(f, "source: reads in flight could not be drained; the memory they target is leaked"),
         }
     }
 }
@@ -255,7 +259,8 @@ pub trait Source: Send {
     /// # Safety
     /// Each host target is valid for writes of its request's covering length and is neither
     /// read nor written by anyone but the source until that request's completion has been
-    /// returned by `wait` (or the source dropped).
+    /// returned by `wait`, or [`Source::drain`] has returned `Ok`. Should draining fail, the
+    /// target stays the source's forever: its owner must leak it, never free or reuse it.
     unsafe fn submit_vectored(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)]) -> Result<(), (usize, SourceError)> {
         for (i, (req, into)) in reads.iter().enumerate() {
             if into.is_some() {
@@ -269,6 +274,25 @@ pub trait Source: Send {
     /// Flips every bit of the byte at `at` of window `w` (a fault cell's doing); false where
     /// this source cannot.
     fn corrupt(&mut self, _w: u32, _at: u64) -> bool {
+        false
+    }
+
+    /// Waits until no read is in flight; completions `wait` has not returned are discarded.
+    /// After `Ok` the source writes nothing more anywhere, so the host targets it was lent may
+    /// be freed. After `Err` (and from then on [`Source::undrained`]) reads may still land: the
+    /// source refuses new reads and leaks its windows when dropped, and the owner must leak
+    /// every host target of a request whose completion `wait` did not return. An owner that
+    /// lends host targets drains before it frees them; a dropped source drains itself too, but
+    /// then cannot tell the owner.
+    fn drain(&mut self) -> Result<(), SourceError> {
+        while self.outstanding() > 0 {
+            self.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Whether draining failed (see [`Source::drain`]).
+    fn undrained(&self) -> bool {
         false
     }
 }
