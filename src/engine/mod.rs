@@ -163,7 +163,7 @@ pub fn init() {
         unsafe { sys::llama_log_set(Some(log_callback), std::ptr::null_mut()) };
         // Modules first, by exact path: llama_backend_init only searches when none is loaded.
         if let Err(e) = backends::ensure_loaded() {
-            LOG.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+            LOG.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
         }
         // SAFETY: takes no arguments; `Once` runs it once per process, and every engine entry
         // point calls `init` first, so it precedes them all.
@@ -172,7 +172,7 @@ pub fn init() {
 }
 
 /// Why the backend modules could not be loaded, if they could not.
-pub fn backend_error() -> Option<String> {
+pub fn backend_error() -> Option<backends::BackendError> {
     init();
     backends::ensure_loaded().err()
 }

@@ -375,11 +375,19 @@ pub fn parse_keyed(text: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// A limit file that holds neither a number nor `max`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?}: {source}")]
+pub struct BadLimit {
+    pub text: String,
+    pub source: std::num::ParseIntError,
+}
+
 /// A single number, or `max` (v2 for "no limit") as `None`.
-pub fn parse_limit(text: &str) -> Result<Option<u64>, String> {
+pub fn parse_limit(text: &str) -> Result<Option<u64>, BadLimit> {
     match text.trim() {
         "max" => Ok(None),
-        t => t.parse().map(Some).map_err(|e| format!("{t:?}: {e}")),
+        t => t.parse().map(Some).map_err(|source| BadLimit { text: t.to_string(), source }),
     }
 }
 
@@ -631,7 +639,7 @@ impl RunCgroup {
     }
 
     /// Kills stragglers and removes the directory (retrying while the kernel reports busy).
-    pub fn remove(&mut self) -> Result<(), String> {
+    pub fn remove(&mut self) -> Result<(), RemoveError> {
         if self.removed {
             return Ok(());
         }
@@ -677,7 +685,15 @@ fn kill_all(dir: &Path, evacuate: Option<&Path>) -> u32 {
     killed.len() as u32
 }
 
-fn remove_dir(dir: &Path) -> Result<(), String> {
+/// A cgroup directory the kernel would not let go (still busy after five seconds, or refused).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot remove {}: {source}", dir.display())]
+pub struct RemoveError {
+    pub dir: PathBuf,
+    pub source: io::Error,
+}
+
+fn remove_dir(dir: &Path) -> Result<(), RemoveError> {
     let start = Instant::now();
     loop {
         match fs::remove_dir(dir) {
@@ -686,7 +702,7 @@ fn remove_dir(dir: &Path) -> Result<(), String> {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < Duration::from_secs(5) => {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(e) => return Err(format!("cannot remove {}: {e}", dir.display())),
+            Err(source) => return Err(RemoveError { dir: dir.to_path_buf(), source }),
         }
     }
 }
@@ -737,7 +753,7 @@ pub fn cleanup_stale(h: &Hierarchy) -> Vec<Stale> {
         };
         let killed = kill_all(&e.path(), evacuate.as_deref());
         let r = remove_dir(&e.path());
-        out.push(Stale { name, creator_pid: pid, killed, removed: r.is_ok(), error: r.err() });
+        out.push(Stale { name, creator_pid: pid, killed, removed: r.is_ok(), error: r.err().map(|e| e.to_string()) });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out

@@ -495,7 +495,7 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
         stragglers_killed,
         stale_removed,
         removed: cleanup.is_ok(),
-        cleanup_error: cleanup.err(),
+        cleanup_error: cleanup.err().map(|e| e.to_string()),
     };
     let maxrss_wait4 = (ru.ru_maxrss.max(0) as u64) * 1024;
     let procs = ProcCounters {
