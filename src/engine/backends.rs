@@ -205,10 +205,13 @@ pub fn ensure_loaded() -> Result<(), BackendError> {
 
 /// Engine libraries and backend modules mapped into the process, with their SHA-256.
 pub fn loaded_libraries() -> Vec<LoadedLibrary> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut paths: Vec<&str> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
+    let maps = procfs::process::Process::myself().and_then(|p| p.maps()).map(|m| m.0).unwrap_or_default();
+    let mut paths: Vec<String> = maps
+        .into_iter()
+        .filter_map(|m| match m.pathname {
+            procfs::process::MMapPath::Path(p) => Some(p.to_string_lossy().into_owned()),
+            _ => None,
+        })
         .filter(|p| {
             let n = p.rsplit('/').next().unwrap_or("");
             n.starts_with("libllama") || n.starts_with("libggml") || n.starts_with("libcudart") || n.starts_with("libcublas")
@@ -219,9 +222,9 @@ pub fn loaded_libraries() -> Vec<LoadedLibrary> {
     paths
         .into_iter()
         .map(|p| LoadedLibrary {
-            name: p.rsplit('/').next().unwrap_or(p).to_string(),
-            path: p.to_string(),
-            sha256: crate::util::sha256_file(Path::new(p)).unwrap_or_else(|e| format!("unreadable: {e}")),
+            name: p.rsplit('/').next().unwrap_or(&p).to_string(),
+            sha256: crate::util::sha256_file(Path::new(&p)).unwrap_or_else(|e| format!("unreadable: {e}")),
+            path: p,
         })
         .collect()
 }
