@@ -92,8 +92,19 @@ impl PlanParams {
     }
 }
 
+/// A byte count or memory limit that was refused; the message quotes what was given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    #[error("`{given}`: unknown size suffix `{suffix}` (use K, M, G or T, binary)")]
+    UnknownSuffix { given: String, suffix: String },
+    #[error("`{0}` is not a byte count")]
+    NotACount(String),
+    #[error("memory limit {0} is out of range {lo}..={hi} (1 MiB up to 1 PiB)", lo = MIN_MEMORY_MAX, hi = MAX_MEMORY_MAX)]
+    MemoryMaxOutOfRange(u64),
+}
+
 /// `48405005312`, `48,405,005,312`, `11 GiB`, `11G`, `512MiB`: exact, binary multiples.
-pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, ByteSizeError> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, suffix) = (t[..split].trim(), &t[split..]);
@@ -103,7 +114,7 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
         "M" => 1 << 20,
         "G" => 1 << 30,
         "T" => 1 << 40,
-        _ => return Err(format!("`{s}`: unknown size suffix `{suffix}` (use K, M, G or T, binary)")),
+        _ => return Err(ByteSizeError::UnknownSuffix { given: s.to_string(), suffix: suffix.to_string() }),
     };
     let digits: String = num.chars().filter(|c| *c != ',' && *c != '_').collect();
     digits
@@ -111,13 +122,15 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
         .ok()
         .filter(|_| !digits.is_empty())
         .and_then(|n| n.checked_mul(mul))
-        .ok_or_else(|| format!("`{s}` is not a byte count"))
+        .ok_or_else(|| ByteSizeError::NotACount(s.to_string()))
 }
 
 /// A memory limit in bytes, bounded.
-pub fn parse_memory_max(s: &str) -> std::result::Result<u64, String> {
+pub fn parse_memory_max(s: &str) -> std::result::Result<u64, ByteSizeError> {
     let v = parse_bytes(s)?;
-    range("memory limit", v, MIN_MEMORY_MAX, MAX_MEMORY_MAX, "1 MiB up to 1 PiB").map_err(|e| e.to_string())?;
+    if !(MIN_MEMORY_MAX..=MAX_MEMORY_MAX).contains(&v) {
+        return Err(ByteSizeError::MemoryMaxOutOfRange(v));
+    }
     Ok(v)
 }
 
@@ -139,13 +152,12 @@ pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
     }
     // Regular files ignore O_NONBLOCK; clear it anyway so reads behave as ever.
-    // SAFETY: fcntl on a descriptor we own.
-    unsafe {
+    {
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
         use std::os::fd::AsRawFd;
         let fd = f.as_raw_fd();
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        if fl >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        if let Ok(fl) = fcntl(fd, FcntlArg::F_GETFL) {
+            let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::from_bits_retain(fl) & !OFlag::O_NONBLOCK));
         }
     }
     Ok(f)
@@ -228,6 +240,9 @@ mod tests {
         assert!(PlanParams { slots: 8, windows: u32::MAX, depth: 8, layer_buffers: 0 }.check().is_err());
         assert_eq!(parse_bytes("512M"), Ok(512 << 20));
         assert!(parse_memory_max("1").is_err());
+        assert_eq!(parse_memory_max("1").unwrap_err().to_string(), "memory limit 1 is out of range 1048576..=1125899906842624 (1 MiB up to 1 PiB)");
+        assert_eq!(parse_bytes("3X").unwrap_err().to_string(), "`3X`: unknown size suffix `X` (use K, M, G or T, binary)");
+        assert_eq!(parse_bytes("GiB").unwrap_err().to_string(), "`GiB` is not a byte count");
         assert!(prompt_text("p", b"\xf7\x8f\xbc\xbf").is_err());
     }
 }

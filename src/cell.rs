@@ -296,7 +296,7 @@ pub fn run(cell: &Cell) -> Result<Done> {
                 // A device that goes away must be an error of the engine (which names it), not
                 // a SIGPIPE that says nothing.
                 // SAFETY: setting a signal disposition; no handler runs.
-                unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+                let _ = unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigIgn) };
             }
             for e in &g.rpc {
                 // ggml-rpc aborts when it cannot connect: ask first, and say how to fix it.

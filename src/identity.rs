@@ -54,11 +54,7 @@ fn node_identity(gpu: &crate::observe::gpu::DeviceInfo) -> NodeIdentity {
     };
     let mut cpu_flags: Vec<String> = field("flags").split_whitespace().map(str::to_string).collect();
     cpu_flags.sort();
-    let memory_bytes = read("/proc/meminfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024);
+    let memory_bytes = crate::observe::procs::mem_total().unwrap_or(0);
     let gpus = match gpu {
         crate::observe::gpu::DeviceInfo::Observed { boards, .. } => boards
             .iter()

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     // Die quietly on a closed pipe (`sovereign inventory M | head`), like other Unix tools.
-    // SAFETY: setting a signal disposition before any threads start.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // SAFETY: setting a signal disposition (no handler) before any threads start.
+    let _ = unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) };
     cli::notices::install();
     let m = cli::Cli::command().get_matches();
     let mut cli = cli::Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit());

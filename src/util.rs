@@ -63,24 +63,15 @@ pub fn sha256(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// This process's resident-set high-water mark (`VmHWM`), if /proc tells it.
-pub fn vm_hwm_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// Drops a file's clean pages from the page cache, so the next reader pays (and is charged for)
 /// the reads itself. Returns whether the kernel accepted the advice.
 pub fn drop_file_cache(path: &Path) -> Result<()> {
     use std::os::unix::io::AsRawFd;
     let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     f.sync_all().ok();
-    // SAFETY: plain advice on an open descriptor.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        anyhow::bail!("{}: posix_fadvise(DONTNEED) failed: {}", path.display(), std::io::Error::from_raw_os_error(rc));
+    use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+    if let Err(e) = posix_fadvise(f.as_raw_fd(), 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED) {
+        anyhow::bail!("{}: posix_fadvise(DONTNEED) failed: {}", path.display(), std::io::Error::from(e));
     }
     Ok(())
 }

@@ -76,17 +76,20 @@ static SERVER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(
 /// SIGTERM and SIGINT stop the server, so this process lives on to report and remove its
 /// cgroup (a SIGKILL leaves the cgroup to the next run's clean-up of stale ones).
 fn forward_termination(pid: u32) {
+    use nix::sys::signal::{kill, signal, SigHandler, Signal};
+    /// A signal handler: it may run between any two instructions of any thread, so it only
+    /// loads an atomic and calls kill, both async-signal-safe.
     extern "C" fn forward(sig: libc::c_int) {
         let pid = SERVER.load(std::sync::atomic::Ordering::Relaxed);
-        if pid > 0 {
-            // SAFETY: kill is async-signal-safe.
-            unsafe { libc::kill(pid, sig) };
+        if let (true, Ok(sig)) = (pid > 0, Signal::try_from(sig)) {
+            let _ = kill(nix::unistd::Pid::from_raw(pid), sig);
         }
     }
     SERVER.store(pid as i32, std::sync::atomic::Ordering::Relaxed);
-    // SAFETY: the handler only loads an atomic and calls kill, both async-signal-safe.
+    // SAFETY: the handler is async-signal-safe (see `forward`), and no other code of this
+    // process sets a disposition for these two signals.
     unsafe {
-        libc::signal(libc::SIGTERM, forward as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGINT, forward as *const () as libc::sighandler_t);
+        let _ = signal(Signal::SIGTERM, SigHandler::Handler(forward));
+        let _ = signal(Signal::SIGINT, SigHandler::Handler(forward));
     }
 }

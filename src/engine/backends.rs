@@ -31,7 +31,34 @@ pub struct Device {
     pub device_id: Option<String>,
 }
 
-static LOADED: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
+/// Why a backend module, the RPC backend or pinned host memory is not available.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    #[error("{}: NUL in path", .0.display())]
+    NulInPath(PathBuf),
+    #[error("{BACKEND_DIR_ENV} {}: {reason}", dir.display())]
+    BackendDir { dir: PathBuf, reason: String },
+    #[error("{}: ggml could not load this backend module", .0.display())]
+    Module(PathBuf),
+    #[error("{}: ggml could not load the RPC backend module", .0.display())]
+    RpcModule(PathBuf),
+    #[error("the RPC backend module has no {0}")]
+    RpcEntry(String),
+    #[error("{flag} {endpoint:?}: NUL in the endpoint")]
+    NulInEndpoint { flag: &'static str, endpoint: String },
+    #[error("--rpc {0}: no RPC server answered there (sovereign device serve --listen {0})")]
+    NoRpcServer(String),
+    #[error("no CPU device to serve")]
+    NoCpuDevice,
+    #[error("the RPC server at {0} stopped (is the address in use?)")]
+    RpcServerStopped(String),
+    #[error("cannot allocate {0} bytes of pinned host memory")]
+    PinnedAlloc(usize),
+    #[error("the pinned buffer has no base")]
+    PinnedNoBase,
+}
+
+static LOADED: OnceLock<Result<Vec<String>, BackendError>> = OnceLock::new();
 
 /// Where the CPU module is: next to a carried binary (`<exe dir>/lib`), else the cached build.
 fn cpu_module() -> PathBuf {
@@ -49,20 +76,20 @@ fn module(name: &str) -> PathBuf {
 }
 
 const RPC_MODULE: &str = "libggml-rpc.so";
-static RPC: OnceLock<Result<usize, String>> = OnceLock::new();
+static RPC: OnceLock<Result<usize, BackendError>> = OnceLock::new();
 
 /// ggml's RPC backend registry, its module loaded on first use (only runs that name an RPC
 /// device map it, so other records list the libraries they did before).
-fn rpc_reg() -> Result<sys::ggml_backend_reg_t, String> {
+fn rpc_reg() -> Result<sys::ggml_backend_reg_t, BackendError> {
     ensure_loaded()?;
     let reg = RPC
         .get_or_init(|| {
             let path = module(RPC_MODULE);
-            let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| format!("{}: NUL in path", path.display()))?;
+            let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| BackendError::NulInPath(path.clone()))?;
             // SAFETY: a NUL-terminated path; ggml keeps the handle for the life of the process.
             let reg = unsafe { sys::ggml_backend_load(c.as_ptr()) };
             if reg.is_null() {
-                return Err(format!("{}: ggml could not load the RPC backend module", path.display()));
+                return Err(BackendError::RpcModule(path));
             }
             Ok(reg as usize)
         })
@@ -74,12 +101,12 @@ fn rpc_reg() -> Result<sys::ggml_backend_reg_t, String> {
 ///
 /// # Safety
 /// `F` must be the C signature ggml-rpc.h declares for `name`.
-unsafe fn rpc_proc<F: Copy>(name: &CStr) -> Result<F, String> {
+unsafe fn rpc_proc<F: Copy>(name: &CStr) -> Result<F, BackendError> {
     let reg = rpc_reg()?;
     // SAFETY: a live registry and a NUL-terminated name.
     let f = unsafe { sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr()) };
     if f.is_null() {
-        return Err(format!("the RPC backend module has no {}", name.to_string_lossy()));
+        return Err(BackendError::RpcEntry(name.to_string_lossy().into_owned()));
     }
     assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut std::ffi::c_void>());
     // SAFETY: the caller names the function's real type; both are pointer-sized.
@@ -88,15 +115,16 @@ unsafe fn rpc_proc<F: Copy>(name: &CStr) -> Result<F, String> {
 
 /// Registers the devices of the RPC server at `endpoint` (`HOST:PORT`), so that layers can be
 /// placed there as on a GPU (`--gpu-layers`). Returns the devices' names.
-pub fn rpc_add_server(endpoint: &str) -> Result<Vec<String>, String> {
+pub fn rpc_add_server(endpoint: &str) -> Result<Vec<String>, BackendError> {
+    // Safety of a call: `endpoint` must be NUL-terminated (ggml-rpc.h).
     type AddServer = unsafe extern "C" fn(*const std::ffi::c_char) -> sys::ggml_backend_reg_t;
-    let c = CString::new(endpoint).map_err(|_| format!("--rpc {endpoint:?}: NUL in the endpoint"))?;
+    let c = CString::new(endpoint).map_err(|_| BackendError::NulInEndpoint { flag: "--rpc", endpoint: endpoint.to_string() })?;
     // SAFETY: ggml-rpc.h: ggml_backend_reg_t ggml_backend_rpc_add_server(const char * endpoint).
     let add: AddServer = unsafe { rpc_proc(c"ggml_backend_rpc_add_server")? };
     // SAFETY: a NUL-terminated endpoint; the registry it returns lives for the process.
     let reg = unsafe { add(c.as_ptr()) };
     if reg.is_null() {
-        return Err(format!("--rpc {endpoint}: no RPC server answered there (sovereign device serve --listen {endpoint})"));
+        return Err(BackendError::NoRpcServer(endpoint.to_string()));
     }
     // SAFETY: a live registry; its devices' names are strings it owns.
     unsafe {
@@ -108,30 +136,32 @@ pub fn rpc_add_server(endpoint: &str) -> Result<Vec<String>, String> {
 }
 
 /// Serves this machine's CPU device over ggml's RPC protocol at `endpoint` until killed.
-pub fn rpc_serve(endpoint: &str, threads: usize) -> Result<(), String> {
+pub fn rpc_serve(endpoint: &str, threads: usize) -> Result<(), BackendError> {
+    // Safety of a call: a NUL-terminated endpoint, a cache directory that is NUL-terminated or
+    // null, and `n_devices` live devices at `devices` (ggml-rpc.h).
     type StartServer =
         unsafe extern "C" fn(*const std::ffi::c_char, *const std::ffi::c_char, usize, usize, *mut sys::ggml_backend_dev_t);
-    let c = CString::new(endpoint).map_err(|_| format!("--listen {endpoint:?}: NUL in the endpoint"))?;
+    let c = CString::new(endpoint).map_err(|_| BackendError::NulInEndpoint { flag: "--listen", endpoint: endpoint.to_string() })?;
     // SAFETY: ggml-rpc.h: void ggml_backend_rpc_start_server(const char * endpoint,
     // const char * cache_dir, size_t n_threads, size_t n_devices, ggml_backend_dev_t * devices).
     let start: StartServer = unsafe { rpc_proc(c"ggml_backend_rpc_start_server")? };
     // SAFETY: registry queries on the loaded CPU module.
     let mut cpu = unsafe { sys::ggml_backend_dev_by_type(sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU) };
     if cpu.is_null() {
-        return Err("no CPU device to serve".into());
+        return Err(BackendError::NoCpuDevice);
     }
     // SAFETY: a NUL-terminated endpoint, no cache directory, one live device.
     unsafe { start(c.as_ptr(), std::ptr::null(), threads, 1, &mut cpu) };
-    Err(format!("the RPC server at {endpoint} stopped (is the address in use?)"))
+    Err(BackendError::RpcServerStopped(endpoint.to_string()))
 }
 
 /// Extra modules: every `libggml-*.so` in the backend directory except a CPU module.
-fn extra_modules() -> Result<Vec<PathBuf>, String> {
+fn extra_modules() -> Result<Vec<PathBuf>, BackendError> {
     let Some(dir) = std::env::var_os(BACKEND_DIR_ENV).filter(|d| !d.is_empty()) else {
         return Ok(Vec::new());
     };
     let dir = PathBuf::from(dir);
-    let rd = std::fs::read_dir(&dir).map_err(|e| format!("{BACKEND_DIR_ENV} {}: {e}", dir.display()))?;
+    let rd = std::fs::read_dir(&dir).map_err(|e| BackendError::BackendDir { dir: dir.clone(), reason: e.to_string() })?;
     let mut out: Vec<PathBuf> = rd
         .flatten()
         .map(|e| e.path())
@@ -144,18 +174,18 @@ fn extra_modules() -> Result<Vec<PathBuf>, String> {
     Ok(out)
 }
 
-fn load(path: &Path) -> Result<(), String> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| format!("{}: NUL in path", path.display()))?;
+fn load(path: &Path) -> Result<(), BackendError> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| BackendError::NulInPath(path.to_path_buf()))?;
     // SAFETY: a NUL-terminated path; ggml keeps the handle for the life of the process.
     let reg = unsafe { sys::ggml_backend_load(c.as_ptr()) };
     if reg.is_null() {
-        return Err(format!("{}: ggml could not load this backend module", path.display()));
+        return Err(BackendError::Module(path.to_path_buf()));
     }
     Ok(())
 }
 
 /// Loads the modules once; the error, if any, is kept and returned on every call.
-pub fn ensure_loaded() -> Result<(), String> {
+pub fn ensure_loaded() -> Result<(), BackendError> {
     LOADED
         .get_or_init(|| {
             let mut done = Vec::new();
@@ -175,10 +205,13 @@ pub fn ensure_loaded() -> Result<(), String> {
 
 /// Engine libraries and backend modules mapped into the process, with their SHA-256.
 pub fn loaded_libraries() -> Vec<LoadedLibrary> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut paths: Vec<&str> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
+    let maps = procfs::process::Process::myself().and_then(|p| p.maps()).map(|m| m.0).unwrap_or_default();
+    let mut paths: Vec<String> = maps
+        .into_iter()
+        .filter_map(|m| match m.pathname {
+            procfs::process::MMapPath::Path(p) => Some(p.to_string_lossy().into_owned()),
+            _ => None,
+        })
         .filter(|p| {
             let n = p.rsplit('/').next().unwrap_or("");
             n.starts_with("libllama") || n.starts_with("libggml") || n.starts_with("libcudart") || n.starts_with("libcublas")
@@ -189,9 +222,9 @@ pub fn loaded_libraries() -> Vec<LoadedLibrary> {
     paths
         .into_iter()
         .map(|p| LoadedLibrary {
-            name: p.rsplit('/').next().unwrap_or(p).to_string(),
-            path: p.to_string(),
-            sha256: crate::util::sha256_file(Path::new(p)).unwrap_or_else(|e| format!("unreadable: {e}")),
+            name: p.rsplit('/').next().unwrap_or(&p).to_string(),
+            sha256: crate::util::sha256_file(Path::new(&p)).unwrap_or_else(|e| format!("unreadable: {e}")),
+            path: p,
         })
         .collect()
 }
@@ -199,6 +232,7 @@ pub fn loaded_libraries() -> Vec<LoadedLibrary> {
 /// Devices ggml's registry knows, in registry order.
 pub fn devices() -> Vec<Device> {
     let s = |p: *const std::ffi::c_char| {
+        // SAFETY: only called on the props' name fields, NUL-terminated strings the modules own.
         if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
     };
     // SAFETY: registry queries; props point at strings owned by the loaded modules.
@@ -247,7 +281,7 @@ impl Drop for PinnedHost {
 /// The host buffer type of the first offload device (GPU type: CUDA, RPC), with its name, or
 /// why there is none.
 pub fn offload_host_buffer_type() -> Result<(usize, String), String> {
-    ensure_loaded()?;
+    ensure_loaded().map_err(|e| e.to_string())?;
     // SAFETY: registry queries on loaded modules; names are strings the modules own.
     unsafe {
         let dev = (0..sys::ggml_backend_dev_count())
@@ -265,18 +299,18 @@ pub fn offload_host_buffer_type() -> Result<(usize, String), String> {
 
 /// `len` bytes (a multiple of 4096) of the offload device's host buffer type, 4096-aligned, and
 /// the buffer that owns them.
-pub fn pinned_host(buft: usize, len: usize) -> Result<(std::ptr::NonNull<u8>, PinnedHost), String> {
+pub fn pinned_host(buft: usize, len: usize) -> Result<(std::ptr::NonNull<u8>, PinnedHost), BackendError> {
     const PAGE: usize = 4096;
     let buft = buft as sys::ggml_backend_buffer_type_t;
     // SAFETY: a host buffer type from `offload_host_buffer_type`; the buffer is freed by PinnedHost.
     unsafe {
         let buf = sys::ggml_backend_buft_alloc_buffer(buft, len + PAGE);
         if buf.is_null() {
-            return Err(format!("cannot allocate {len} bytes of pinned host memory"));
+            return Err(BackendError::PinnedAlloc(len));
         }
         let owner = PinnedHost { buf };
         let base = sys::ggml_backend_buffer_get_base(buf) as usize;
-        let p = std::ptr::NonNull::new(base.next_multiple_of(PAGE) as *mut u8).ok_or("the pinned buffer has no base")?;
+        let p = std::ptr::NonNull::new(base.next_multiple_of(PAGE) as *mut u8).ok_or(BackendError::PinnedNoBase)?;
         Ok((p, owner))
     }
 }

@@ -113,7 +113,9 @@ const LOG_KEEP: usize = 40;
 /// ggml's log callback.
 ///
 /// # Safety
-/// `text` is NUL-terminated (or NULL) for the duration of the call, as ggml passes it.
+/// `text` is NUL-terminated (or NULL) for the duration of the call, as ggml passes it. ggml may
+/// call it from any of its threads at once: it touches only `LOG`, behind a mutex. A panic here
+/// aborts the process rather than unwinding into C.
 unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
     if text.is_null() {
         return;
@@ -155,20 +157,22 @@ fn load_error() -> String {
 /// Initializes the backend once per process and routes llama.cpp's log through us.
 pub fn init() {
     static ONCE: Once = Once::new();
-    // SAFETY: once per process, before any other engine call: the log callback is a plain
-    // function, and backend initialisation takes no arguments.
-    ONCE.call_once(|| unsafe {
-        sys::llama_log_set(Some(log_callback), std::ptr::null_mut());
+    ONCE.call_once(|| {
+        // SAFETY: `log_callback` meets its own contract for every call ggml makes (see there)
+        // and takes no user data, so a null pointer is what it expects.
+        unsafe { sys::llama_log_set(Some(log_callback), std::ptr::null_mut()) };
         // Modules first, by exact path: llama_backend_init only searches when none is loaded.
         if let Err(e) = backends::ensure_loaded() {
-            LOG.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+            LOG.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
         }
-        sys::llama_backend_init();
+        // SAFETY: takes no arguments; `Once` runs it once per process, and every engine entry
+        // point calls `init` first, so it precedes them all.
+        unsafe { sys::llama_backend_init() };
     });
 }
 
 /// Why the backend modules could not be loaded, if they could not.
-pub fn backend_error() -> Option<String> {
+pub fn backend_error() -> Option<backends::BackendError> {
     init();
     backends::ensure_loaded().err()
 }

@@ -78,7 +78,9 @@ fn topk_layer(t: &sys::ggml_tensor) -> Option<u32> {
 ///
 /// # Safety
 /// `t` is a live tensor of the graph being computed and `user` the context's boxed
-/// [`RouteRecorder`], as registered; the scheduler calls it from one thread at a time.
+/// [`RouteRecorder`], as registered; the scheduler calls it from one thread at a time, and only
+/// while the context lives (it is freed before the recorder is dropped). A panic here aborts
+/// the process rather than unwinding into C.
 pub(super) unsafe extern "C" fn eval_callback(t: *mut sys::ggml_tensor, ask: bool, user: *mut c_void) -> bool {
     // SAFETY: the scheduler passes a live tensor; user data is the context's boxed recorder.
     let (t, rec) = unsafe { (&*t, &mut *(user as *mut RouteRecorder)) };

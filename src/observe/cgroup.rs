@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -374,11 +375,19 @@ pub fn parse_keyed(text: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// A limit file that holds neither a number nor `max`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?}: {source}")]
+pub struct BadLimit {
+    pub text: String,
+    pub source: std::num::ParseIntError,
+}
+
 /// A single number, or `max` (v2 for "no limit") as `None`.
-pub fn parse_limit(text: &str) -> Result<Option<u64>, String> {
+pub fn parse_limit(text: &str) -> Result<Option<u64>, BadLimit> {
     match text.trim() {
         "max" => Ok(None),
-        t => t.parse().map(Some).map_err(|e| format!("{t:?}: {e}")),
+        t => t.parse().map(Some).map_err(|source| BadLimit { text: t.to_string(), source }),
     }
 }
 
@@ -630,7 +639,7 @@ impl RunCgroup {
     }
 
     /// Kills stragglers and removes the directory (retrying while the kernel reports busy).
-    pub fn remove(&mut self) -> Result<(), String> {
+    pub fn remove(&mut self) -> Result<(), RemoveError> {
         if self.removed {
             return Ok(());
         }
@@ -667,8 +676,7 @@ fn kill_all(dir: &Path, evacuate: Option<&Path>) -> u32 {
         }
         if !dir.join("cgroup.kill").exists() || fs::write(dir.join("cgroup.kill"), "1").is_err() {
             for &pid in &pids {
-                // SAFETY: kill(2) with a pid read from this cgroup's own member list.
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as libc::pid_t), nix::sys::signal::Signal::SIGKILL);
             }
         }
         killed.extend(pids);
@@ -677,7 +685,15 @@ fn kill_all(dir: &Path, evacuate: Option<&Path>) -> u32 {
     killed.len() as u32
 }
 
-fn remove_dir(dir: &Path) -> Result<(), String> {
+/// A cgroup directory the kernel would not let go (still busy after five seconds, or refused).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot remove {}: {source}", dir.display())]
+pub struct RemoveError {
+    pub dir: PathBuf,
+    pub source: io::Error,
+}
+
+fn remove_dir(dir: &Path) -> Result<(), RemoveError> {
     let start = Instant::now();
     loop {
         match fs::remove_dir(dir) {
@@ -686,7 +702,7 @@ fn remove_dir(dir: &Path) -> Result<(), String> {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < Duration::from_secs(5) => {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(e) => return Err(format!("cannot remove {}: {e}", dir.display())),
+            Err(source) => return Err(RemoveError { dir: dir.to_path_buf(), source }),
         }
     }
 }
@@ -737,7 +753,7 @@ pub fn cleanup_stale(h: &Hierarchy) -> Vec<Stale> {
         };
         let killed = kill_all(&e.path(), evacuate.as_deref());
         let r = remove_dir(&e.path());
-        out.push(Stale { name, creator_pid: pid, killed, removed: r.is_ok(), error: r.err() });
+        out.push(Stale { name, creator_pid: pid, killed, removed: r.is_ok(), error: r.err().map(|e| e.to_string()) });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
@@ -745,9 +761,8 @@ pub fn cleanup_stale(h: &Hierarchy) -> Vec<Stale> {
 
 /// Writes the calling process's pid into an open `cgroup.procs`; async-signal-safe (no
 /// allocation), for `pre_exec`.
-pub fn join_fd(fd: libc::c_int) -> io::Result<()> {
-    // SAFETY: getpid and write are async-signal-safe; the buffer is on the stack.
-    let pid = unsafe { libc::getpid() } as u64;
+pub fn join_fd(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let pid = nix::unistd::getpid().as_raw() as u64;
     let mut buf = [0u8; 24];
     let mut i = buf.len();
     let mut n = pid;
@@ -760,11 +775,8 @@ pub fn join_fd(fd: libc::c_int) -> io::Result<()> {
         }
     }
     let len = buf.len() - i;
-    let w = unsafe { libc::write(fd, buf[i..].as_ptr().cast(), len) };
-    if w < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if w as usize != len {
+    let w = nix::unistd::write(fd, &buf[i..]).map_err(io::Error::from)?;
+    if w != len {
         return Err(io::Error::from_raw_os_error(libc::EIO));
     }
     Ok(())

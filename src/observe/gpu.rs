@@ -74,12 +74,20 @@ pub struct Membership {
     pub rel: String,
 }
 
+/// Why a process's cgroup could not be told.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unclassified {
+    #[error("/proc/{pid}/cgroup: {reason}")]
+    Unreadable { pid: u32, reason: String },
+    #[error("/proc/{pid}/cgroup: no memory hierarchy line")]
+    NoMemoryLine { pid: u32 },
+}
+
 impl Membership {
     /// `Ok(true)` inside, `Ok(false)` outside with its cgroup, `Err` when unreadable.
-    pub fn classify(&self, pid: u32) -> Result<(bool, String), String> {
-        let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| format!("/proc/{pid}/cgroup: {e}"))?;
-        let p = membership_path(&text, self.version)
-            .ok_or_else(|| format!("/proc/{pid}/cgroup: no memory hierarchy line"))?;
+    pub fn classify(&self, pid: u32) -> Result<(bool, String), Unclassified> {
+        let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| Unclassified::Unreadable { pid, reason: e.to_string() })?;
+        let p = membership_path(&text, self.version).ok_or(Unclassified::NoMemoryLine { pid })?;
         let inside = p == self.rel || p.starts_with(&format!("{}/", self.rel.trim_end_matches('/')));
         Ok((inside, p))
     }
@@ -216,7 +224,7 @@ struct State {
     membership: Membership,
     obs: GpuObservation,
     /// pid → inside the run? (with its cgroup text)
-    class: BTreeMap<u32, Result<(bool, String), String>>,
+    class: BTreeMap<u32, Result<(bool, String), Unclassified>>,
     foreign: BTreeMap<(u32, u32), ForeignProcess>,
     run: std::collections::BTreeSet<u32>,
 }

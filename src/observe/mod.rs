@@ -18,13 +18,17 @@ pub mod gpu;
 pub mod procs;
 
 use anyhow::{anyhow, bail, Context, Result};
+use nix::errno::Errno;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitid, Id, WaitPidFlag};
+use nix::unistd::Pid;
 use authority::{Admission, AuthorityVector};
 use cgroup::{Counters, Stale, StatSplit, Version};
 use gpu::{GpuAudit, GpuSampler, Membership};
 use procs::{Io, ProcCounters, TreeSampler};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
@@ -247,25 +251,23 @@ impl HostSampler {
 /// Waits for the direct child to exit, reads its /proc counters while it is a zombie, then reaps
 /// it with wait4 for its status and rusage.
 fn wait_child(pid: u32) -> Result<(RunStatus, Option<Io>, libc::rusage)> {
+    let id = Pid::from_raw(pid as libc::pid_t);
     loop {
-        // SAFETY: plain waitid on our own child; siginfo is written by the kernel.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let r = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
-        if r == 0 {
-            break;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            bail!("waiting for child {pid}: {e}");
+        match waitid(Id::Pid(id), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+            Ok(_) => break,
+            Err(Errno::EINTR) => continue,
+            Err(e) => bail!("waiting for child {pid}: {}", std::io::Error::from(e)),
         }
     }
     let io = procs::read_io(pid);
     let mut status: libc::c_int = 0;
-    // SAFETY: as above; rusage is plain data.
+    // SAFETY: rusage is plain data, valid when zeroed.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     loop {
-        let r = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut ru) };
-        if r == pid as libc::pid_t {
+        // SAFETY: wait4 (which nix does not wrap) on our own child, writing only into the two
+        // locals it is given.
+        let r = unsafe { libc::wait4(id.as_raw(), &mut status, 0, &mut ru) };
+        if r == id.as_raw() {
             break;
         }
         let e = std::io::Error::last_os_error();
@@ -280,15 +282,14 @@ fn wait_child(pid: u32) -> Result<(RunStatus, Option<Io>, libc::rusage)> {
 /// signal follows the thread that spawns, so spawn and wait on one thread. getppid after the
 /// prctl closes the race with a parent that died before it took effect.
 pub fn die_with_parent(cmd: &mut Command) {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: prctl, getppid and raise are async-signal-safe.
+    let parent = nix::unistd::getpid();
+    // SAFETY: the hook makes only prctl, getppid and raise calls (async-signal-safe, no
+    // allocation) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                libc::raise(libc::SIGKILL);
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            if nix::unistd::getppid() != parent {
+                let _ = nix::sys::signal::raise(Signal::SIGKILL);
             }
             Ok(())
         });
@@ -330,9 +331,10 @@ impl Capped {
         let procs_file = cg.open_procs()?;
         let fd = procs_file.as_raw_fd();
         // SAFETY: the hook only calls getpid and write (async-signal-safe); the fd stays open in
-        // the parent until spawn returns and is close-on-exec.
+        // the parent until spawn returns and is close-on-exec, so borrowing it in the child
+        // before exec is sound.
         unsafe {
-            cmd.pre_exec(move || cgroup::join_fd(fd));
+            cmd.pre_exec(move || cgroup::join_fd(BorrowedFd::borrow_raw(fd)));
         }
         die_with_parent(&mut cmd);
         let child = cmd.spawn().with_context(|| format!("cannot start {:?} in cgroup {}", cmd.get_program(), cg.path.display()))?;
@@ -412,9 +414,10 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
     let procs_file = cg.open_procs()?;
     let fd = procs_file.as_raw_fd();
     // SAFETY: the hook only calls getpid and write (async-signal-safe); the fd stays open in
-    // the parent until spawn returns and is close-on-exec, so the command never inherits it.
+    // the parent until spawn returns and is close-on-exec, so the command never inherits it and
+    // borrowing it in the child before exec is sound.
     unsafe {
-        cmd.pre_exec(move || cgroup::join_fd(fd));
+        cmd.pre_exec(move || cgroup::join_fd(BorrowedFd::borrow_raw(fd)));
     }
     die_with_parent(&mut cmd);
     let host_sampler = HostSampler::start(cg.path.clone(), cg.version, spec.sample_interval)?;
@@ -448,7 +451,7 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
     let stat_end = cg.stat();
     let cleanup = cg.remove();
 
-    let swap_total = procs::meminfo("SwapTotal");
+    let swap_total = procs::swap_total();
     let swap = if end.swap.is_some() || hs.swap_peak.is_some() {
         let peak = [hs.swap_peak, end.swap, end.swap_peak].into_iter().flatten().max();
         SwapReport { accounted: true, peak, end: end.swap, events: end.swap_events, note: setting.swap_control.clone() }
@@ -487,12 +490,12 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
         swap,
         stat_at_peak: hs.stat_at_peak,
         stat_end,
-        mem_total: procs::meminfo("MemTotal"),
+        mem_total: procs::mem_total(),
         samples: hs.samples,
         stragglers_killed,
         stale_removed,
         removed: cleanup.is_ok(),
-        cleanup_error: cleanup.err(),
+        cleanup_error: cleanup.err().map(|e| e.to_string()),
     };
     let maxrss_wait4 = (ru.ru_maxrss.max(0) as u64) * 1024;
     let procs = ProcCounters {

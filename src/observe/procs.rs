@@ -1,13 +1,14 @@
 //! /proc counters of the run's process tree: `read_bytes`, `rchar`, RSS high-water.
 //!
-//! Read from /proc directly (four fields of two files; the `procfs` crate would add nothing).
+//! Read through `procfs`, the one /proc reader of the harness (this process's own `VmHWM` too).
 //! The kernel adds a waited-for child's I/O counters to its parent's, and `/proc/<pid>/io` stays
 //! readable while a process is a zombie, so the direct child's counters read between its exit
 //! and its reaping cover itself and every descendant waited for inside the tree.
 
+use procfs::process::{Process, Status};
+use procfs::{Current, FromRead, Meminfo};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fs;
 
 /// `/proc/<pid>/io`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -27,46 +28,52 @@ impl Io {
     }
 }
 
-pub fn parse_io(text: &str) -> Option<Io> {
-    let mut io = Io::default();
-    let mut seen = 0;
-    for line in text.lines() {
-        let Some((k, v)) = line.split_once(':') else { continue };
-        let Ok(v) = v.trim().parse::<u64>() else { continue };
-        let slot = match k {
-            "rchar" => &mut io.rchar,
-            "wchar" => &mut io.wchar,
-            "read_bytes" => &mut io.read_bytes,
-            "write_bytes" => &mut io.write_bytes,
-            _ => continue,
-        };
-        *slot = v;
-        seen += 1;
+impl From<procfs::process::Io> for Io {
+    fn from(io: procfs::process::Io) -> Io {
+        Io { rchar: io.rchar, wchar: io.wchar, read_bytes: io.read_bytes, write_bytes: io.write_bytes }
     }
-    (seen == 4).then_some(io)
+}
+
+/// The text of a `/proc/<pid>/io`; None unless every field the kernel writes is there.
+pub fn parse_io(text: &str) -> Option<Io> {
+    procfs::process::Io::from_read(text.as_bytes()).ok().map(Io::from)
+}
+
+fn process(pid: u32) -> Option<Process> {
+    Process::new(i32::try_from(pid).ok()?).ok()
 }
 
 pub fn read_io(pid: u32) -> Option<Io> {
-    parse_io(&fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
+    process(pid)?.io().ok().map(Io::from)
 }
 
-/// `VmHWM` of `/proc/<pid>/status` in bytes (absent for zombies and kernel threads).
+/// `VmHWM` of a status in bytes (absent for zombies and kernel threads).
+fn hwm_of(status: &Status) -> Option<u64> {
+    status.vmhwm.map(|kb| kb * 1024)
+}
+
+/// `VmHWM` of the text of a `/proc/<pid>/status`, in bytes.
 pub fn parse_hwm(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line["VmHWM:".len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kb * 1024)
+    hwm_of(&Status::from_read(status.as_bytes()).ok()?)
 }
 
 pub fn read_hwm(pid: u32) -> Option<u64> {
-    parse_hwm(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+    hwm_of(&process(pid)?.status().ok()?)
 }
 
-/// `MemTotal` of `/proc/meminfo` (or `SwapTotal`, ...) in bytes.
-pub fn meminfo(key: &str) -> Option<u64> {
-    let text = fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.split(':').next() == Some(key))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+/// This process's resident-set high-water mark (`VmHWM`), if /proc tells it.
+pub fn own_hwm() -> Option<u64> {
+    hwm_of(&Process::myself().ok()?.status().ok()?)
+}
+
+/// `MemTotal` of `/proc/meminfo`, bytes.
+pub fn mem_total() -> Option<u64> {
+    Meminfo::current().ok().map(|m| m.mem_total)
+}
+
+/// `SwapTotal` of `/proc/meminfo`, bytes.
+pub fn swap_total() -> Option<u64> {
+    Meminfo::current().ok().map(|m| m.swap_total)
 }
 
 /// What sampling saw of each process that was in the run's cgroup.
@@ -78,8 +85,9 @@ pub struct TreeSampler {
 impl TreeSampler {
     pub fn sample(&mut self, pids: &[u32]) {
         for &pid in pids {
-            let io = read_io(pid);
-            let hwm = read_hwm(pid);
+            let p = process(pid);
+            let io = p.as_ref().and_then(|p| p.io().ok()).map(Io::from);
+            let hwm = p.as_ref().and_then(|p| p.status().ok()).as_ref().and_then(hwm_of);
             let e = self.per_pid.entry(pid).or_default();
             if io.is_some() {
                 e.0 = io;
@@ -124,14 +132,51 @@ mod tests {
         let io = parse_io("rchar: 8197\nwchar: 1221\nsyscr: 12\nsyscw: 1\nread_bytes: 4096\nwrite_bytes: 0\ncancelled_write_bytes: 0\n").unwrap();
         assert_eq!((io.rchar, io.wchar, io.read_bytes, io.write_bytes), (8197, 1221, 4096, 0));
         assert_eq!(parse_io("rchar: 1\n"), None);
-        assert_eq!(
-            parse_hwm("Name:\tdd\nVmPeak:\t  9000 kB\nVmHWM:\t    1792 kB\nVmRSS:\t 1700 kB\n"),
-            Some(1792 * 1024)
+        // A live process's status (as the kernel writes it), and a zombie's (no Vm lines).
+        let live = concat!(
+            "Name:\tpython3\n",
+            "Umask:\t0022\n",
+            "State:\tR (running)\n",
+            "Tgid:\t20787\n",
+            "Ngid:\t0\n",
+            "Pid:\t20787\n",
+            "PPid:\t20785\n",
+            "TracerPid:\t0\n",
+            "Uid:\t0\t0\t0\t0\n",
+            "Gid:\t0\t0\t0\t0\n",
+            "FDSize:\t256\n",
+            "Groups:\t \n",
+            "VmPeak:\t   16564 kB\n",
+            "VmHWM:\t    1792 kB\n",
+            "VmRSS:\t   13620 kB\n",
+            "Threads:\t1\n",
+            "SigQ:\t0/96364\n",
+            "SigPnd:\t0000000000000000\n",
+            "ShdPnd:\t0000000000000000\n",
+            "SigBlk:\t0000000000000000\n",
+            "SigIgn:\t0000000001001000\n",
+            "SigCgt:\t0000000000000002\n",
+            "CapInh:\t0000000000000000\n",
+            "CapPrm:\t000001fffeffffff\n",
+            "CapEff:\t000001fffeffffff\n",
+            "CapBnd:\t000001fffeffffff\n",
+            "Seccomp:\t0\n",
+            "Cpus_allowed:\t3\n",
+            "Cpus_allowed_list:\t0-1\n",
+            "Mems_allowed:\t00000001\n",
+            "Mems_allowed_list:\t0\n",
+            "voluntary_ctxt_switches:\t15\n",
+            "nonvoluntary_ctxt_switches:\t6\n",
         );
-        assert_eq!(parse_hwm("Name:\tzombie\n"), None);
-        assert!(meminfo("MemTotal").unwrap() > 0);
+        assert_eq!(parse_hwm(live), Some(1792 * 1024));
+        let zombie: String = live.lines().filter(|l| !l.starts_with("Vm")).map(|l| format!("{l}\n")).collect();
+        assert!(Status::from_read(zombie.as_bytes()).is_ok());
+        assert_eq!(parse_hwm(&zombie), None);
+        assert!(mem_total().unwrap() > 0);
+        assert!(swap_total().is_some());
         let me = std::process::id();
         assert!(read_io(me).unwrap().rchar > 0);
         assert!(read_hwm(me).unwrap() > 0);
+        assert!(own_hwm().unwrap() > 0);
     }
 }

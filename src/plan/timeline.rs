@@ -573,12 +573,10 @@ fn dur(from: Instant, to: Instant) -> u64 {
 
 /// The resolution of CLOCK_MONOTONIC (what `Instant` reads on Linux), in nanoseconds.
 pub fn clock_resolution_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_getres writes one timespec into the pointer it is given.
-    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
-        return 1;
+    match nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(ts) => (ts.tv_sec() as u64) * 1_000_000_000 + ts.tv_nsec() as u64,
+        Err(_) => 1,
     }
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 impl TimelineFile {

@@ -96,7 +96,7 @@ pub struct ProcessReport {
 
 impl ProcessReport {
     pub fn now() -> ProcessReport {
-        ProcessReport { vm_hwm_bytes: crate::util::vm_hwm_bytes() }
+        ProcessReport { vm_hwm_bytes: crate::observe::procs::own_hwm() }
     }
 }
 

@@ -21,6 +21,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use nix::fcntl::{Flock, FlockArg};
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -47,14 +48,13 @@ pub struct Staging {
     committed: bool,
     /// The staging directory, open and `flock`ed for the run's lifetime: a partial whose lock
     /// is free belongs to no live run.
-    _lock: File,
+    _lock: Flock<File>,
 }
 
-/// Takes `f`'s exclusive flock without waiting; false when another open file holds it.
-fn try_lock(f: &File) -> bool {
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a descriptor this File owns.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+/// Takes `f`'s exclusive flock without waiting (held until the result is dropped); None when
+/// another open file holds it.
+fn try_lock(f: File) -> Option<Flock<File>> {
+    Flock::lock(f, FlockArg::LockExclusiveNonblock).ok()
 }
 
 static NEXT_STAGING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -88,18 +88,18 @@ impl Staging {
         let mine = final_dir.with_file_name(format!(".{base}.staging-{}-{n}", std::process::id()));
         fs::create_dir(&mine).with_context(|| format!("creating {}", mine.display()))?;
         let lock = File::open(&mine).with_context(|| format!("opening {}", mine.display()))?;
-        let claimed = (|| -> Result<()> {
-            if !try_lock(&lock) {
+        let claimed = (|| -> Result<Flock<File>> {
+            let Some(lock) = try_lock(lock) else {
                 bail!("{}: cannot lock its own staging directory", mine.display());
-            }
+            };
             for _ in 0..2 {
                 if rename_noreplace(&mine, &dir).is_ok() {
-                    return Ok(());
+                    return Ok(lock);
                 }
                 let Ok(other) = File::open(&dir) else { continue };
-                if !try_lock(&other) {
+                let Some(_other_lock) = try_lock(other) else {
                     bail!("{}: already exists and a live run holds it (another run is writing this record); choose another --record", dir.display());
-                }
+                };
                 let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 let aside = final_dir.with_file_name(format!("{base}.abandoned-{secs}"));
                 rename_noreplace(&dir, &aside).with_context(|| format!("{}: left by a run that died; moving it aside", dir.display()))?;
@@ -107,10 +107,13 @@ impl Staging {
             }
             bail!("{}: could not be claimed", dir.display())
         })();
-        if let Err(e) = claimed {
-            let _ = fs::remove_dir(&mine);
-            return Err(e);
-        }
+        let lock = match claimed {
+            Ok(lock) => lock,
+            Err(e) => {
+                let _ = fs::remove_dir(&mine);
+                return Err(e);
+            }
+        };
         Ok(Staging { final_dir: final_dir.to_path_buf(), dir, surfaces: BTreeMap::new(), committed: false, _lock: lock })
     }
 

@@ -256,26 +256,20 @@ fn make_read_only(dir: &Path, top: bool) -> Result<()> {
 
 /// `rename(2)` that fails if `to` exists (plain rename would replace an empty directory).
 pub fn rename_noreplace(from: &Path, to: &Path) -> Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let f = CString::new(from.as_os_str().as_bytes())?;
-    let t = CString::new(to.as_os_str().as_bytes())?;
-    // SAFETY: two valid NUL-terminated paths relative to the current directory.
-    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), libc::RENAME_NOREPLACE) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
-    match err.raw_os_error() {
+    use nix::errno::Errno;
+    use nix::fcntl::{renameat2, RenameFlags};
+    let Err(errno) = renameat2(None, from, None, to, RenameFlags::RENAME_NOREPLACE) else { return Ok(()) };
+    let err = std::io::Error::from(errno);
+    match errno {
         // File systems without RENAME_NOREPLACE: an existence check, then a rename that
         // cannot replace a non-empty directory (and a record is never empty).
-        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+        Errno::EINVAL | Errno::ENOSYS => {
             if to.exists() {
                 bail!("{}: already exists; records are write-once", to.display());
             }
             fs::rename(from, to).with_context(|| format!("renaming {} to {}", from.display(), to.display()))
         }
-        Some(libc::EEXIST) | Some(libc::ENOTEMPTY) => bail!("{}: already exists; records are write-once", to.display()),
+        Errno::EEXIST | Errno::ENOTEMPTY => bail!("{}: already exists; records are write-once", to.display()),
         _ => Err(err).with_context(|| format!("renaming {} to {}", from.display(), to.display())),
     }
 }

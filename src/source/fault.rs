@@ -141,6 +141,17 @@ impl Source for FaultySource {
         self.inner.reads_into_host()
     }
 
+    fn drain(&mut self) -> Result<(), SourceError> {
+        self.held.clear();
+        self.late.clear();
+        self.requests.clear();
+        self.inner.drain()
+    }
+
+    fn undrained(&self) -> bool {
+        self.inner.undrained()
+    }
+
     fn room(&self) -> usize {
         self.inner.room()
     }

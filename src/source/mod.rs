@@ -15,10 +15,12 @@
 //! bytes of the extent that were delivered: `n < len` is a short read, for the Plan to reject.
 
 use anyhow::{anyhow, bail, Context, Result};
+use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
 use serde::Serialize;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -189,6 +191,9 @@ pub enum SourceError {
     /// A request named host memory this source cannot read into, or memory not aligned to
     /// [`ALIGN`].
     HostTarget { detail: &'static str },
+    /// Reads in flight could not be drained: the kernel may still write into the windows and
+    /// into host targets (see [`Source::drain`]).
+    Undrained,
 }
 
 impl fmt::Display for SourceError {
@@ -210,6 +215,7 @@ impl fmt::Display for SourceError {
                 write!(f, "source: I/O service failed: {}", std::io::Error::from_raw_os_error(*errno))
             }
             SourceError::HostTarget { detail } => write!(f, "source: refused a read into host memory: {detail}"),
+            SourceError::Undrained => write!(f, "source: reads in flight could not be drained; the memory they target is leaked"),
         }
     }
 }
@@ -253,7 +259,8 @@ pub trait Source: Send {
     /// # Safety
     /// Each host target is valid for writes of its request's covering length and is neither
     /// read nor written by anyone but the source until that request's completion has been
-    /// returned by `wait` (or the source dropped).
+    /// returned by `wait`, or [`Source::drain`] has returned `Ok`. Should draining fail, the
+    /// target stays the source's forever: its owner must leak it, never free or reuse it.
     unsafe fn submit_vectored(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)]) -> Result<(), (usize, SourceError)> {
         for (i, (req, into)) in reads.iter().enumerate() {
             if into.is_some() {
@@ -267,6 +274,25 @@ pub trait Source: Send {
     /// Flips every bit of the byte at `at` of window `w` (a fault cell's doing); false where
     /// this source cannot.
     fn corrupt(&mut self, _w: u32, _at: u64) -> bool {
+        false
+    }
+
+    /// Waits until no read is in flight; completions `wait` has not returned are discarded.
+    /// After `Ok` the source writes nothing more anywhere, so the host targets it was lent may
+    /// be freed. After `Err` (and from then on [`Source::undrained`]) reads may still land: the
+    /// source refuses new reads and leaks its windows when dropped, and the owner must leak
+    /// every host target of a request whose completion `wait` did not return. An owner that
+    /// lends host targets drains before it frees them; a dropped source drains itself too, but
+    /// then cannot tell the owner.
+    fn drain(&mut self) -> Result<(), SourceError> {
+        while self.outstanding() > 0 {
+            self.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Whether draining failed (see [`Source::drain`]).
+    fn undrained(&self) -> bool {
         false
     }
 }
@@ -306,8 +332,9 @@ pub fn advise_huge(ptr: *mut u8, len: usize) -> usize {
     if end <= start {
         return 0;
     }
+    let Some(at) = NonNull::new(start as *mut libc::c_void) else { return 0 };
     // SAFETY: a hint on pages the caller owns; it changes no contents.
-    let ok = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) == 0 };
+    let ok = unsafe { madvise(at, end - start, MmapAdvise::MADV_HUGEPAGE) }.is_ok();
     if ok {
         end - start
     } else {
@@ -374,22 +401,21 @@ impl AlignedBuf {
         let huge = HUGE as usize;
         let mapped = size.checked_next_multiple_of(huge).context("buffer size")?;
         let reserve = mapped.checked_add(huge).context("buffer size")?;
-        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-        let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), reserve, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-        };
-        if base == libc::MAP_FAILED {
-            bail!("cannot map {mapped} bytes: {}", std::io::Error::last_os_error());
-        }
-        let start = (base as usize).next_multiple_of(huge);
+        let length = NonZeroUsize::new(reserve).context("buffer size")?;
+        // SAFETY: a fresh private anonymous mapping at an address the kernel picks; nothing
+        // else refers to it.
+        let base = unsafe { mmap_anonymous(None, length, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE) }
+            .map_err(|e| anyhow!("cannot map {mapped} bytes: {}", std::io::Error::from(e)))?;
+        let base = base.as_ptr() as usize;
+        let start = base.next_multiple_of(huge);
+        let tail = base + reserve - (start + mapped);
         // SAFETY: head and tail lie inside the reservation and are not used.
         unsafe {
-            if start > base as usize {
-                libc::munmap(base, start - base as usize);
+            if let Some(head) = NonNull::new(base as *mut libc::c_void).filter(|_| start > base) {
+                let _ = munmap(head, start - base);
             }
-            let tail = base as usize + reserve - (start + mapped);
-            if tail > 0 {
-                libc::munmap((start + mapped) as *mut libc::c_void, tail);
+            if let Some(tail_at) = NonNull::new((start + mapped) as *mut libc::c_void).filter(|_| tail > 0) {
+                let _ = munmap(tail_at, tail);
             }
         }
         let advised = advise_huge(start as *mut u8, mapped);
@@ -444,7 +470,7 @@ impl Drop for AlignedBuf {
         }
         if self.mapped > 0 {
             // SAFETY: the mapping made in `huge`, unmapped once.
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+            let _ = unsafe { munmap(self.ptr.cast(), self.mapped) };
             return;
         }
         // SAFETY: allocated with this layout in `new`.

@@ -62,11 +62,21 @@ pub struct UringSource {
     stats: SourceStats,
     /// The run being gathered by `submit_vectored` (capacity `MAX_VECTOR`, allocated once).
     run: Vec<Pending>,
+    /// Draining failed: reads may still land in the windows (leaked) and in host targets.
+    undrained: bool,
 }
 
-/// A checked request waiting to join an SQE: request, covering read, destination, host target,
-/// first block shared with the previous request.
-type Pending = (ReadRequest, Covering, *mut u8, bool, bool);
+/// A checked request waiting to join an SQE.
+#[derive(Clone, Copy)]
+struct Pending {
+    req: ReadRequest,
+    cov: Covering,
+    /// Where the covering read lands: inside a window, or the caller's host target.
+    dst: *mut u8,
+    host: bool,
+    /// Its first block is the previous request's last one (see [`Member::shared_head`]).
+    shared_head: bool,
+}
 
 // SAFETY: the raw pointers in the in-flight table point into the windows this source owns or
 // into host targets the caller lent for the duration of the read (see `submit_vectored`).
@@ -115,6 +125,7 @@ impl UringSource {
             ready: VecDeque::with_capacity(depth),
             stats: SourceStats::default(),
             run: Vec::with_capacity(MAX_VECTOR),
+            undrained: false,
         })
     }
 
@@ -223,7 +234,7 @@ impl UringSource {
         let f = &mut self.table[idx];
         f.members.clear();
         f.iovecs.clear();
-        for &(req, cov, dst, host, shared_head) in run {
+        for &Pending { req, cov, dst, host, shared_head } in run {
             let skip = if shared_head { ALIGN } else { 0 };
             let m = Member { req, cov, iov_len: cov.len - skip, shared_head, dst, host };
             // SAFETY: inside the covering range (cov.len > ALIGN when shared_head).
@@ -248,7 +259,7 @@ impl UringSource {
             self.stats.coalesced_sqes += 1;
             self.stats.coalesced_requests += n as u64;
         }
-        self.stats.host_target_requests += run.iter().filter(|r| r.3).count() as u64;
+        self.stats.host_target_requests += run.iter().filter(|r| r.host).count() as u64;
         let outstanding = self.outstanding() as u64;
         self.stats.peak_outstanding = self.stats.peak_outstanding.max(outstanding);
         self.ring.submit().map_err(|e| io_error(&e))?;
@@ -273,29 +284,25 @@ impl UringSource {
             };
             // Joins the run when its covering read starts where the previous one ends, or (two
             // windows, unaligned neighbours) on the previous one's last block.
-            let joins = run.last().and_then(|&(_, pcov, _, phost, _)| {
-                let end = pcov.offset + pcov.len;
+            let joins = run.last().and_then(|prev| {
+                let end = prev.cov.offset + prev.cov.len;
                 if run.len() >= MAX_VECTOR {
                     None
                 } else if cov.offset == end {
                     Some(false)
-                } else if !host && !phost && cov.offset + ALIGN == end && cov.len > ALIGN {
+                } else if !host && !prev.host && cov.offset + ALIGN == end && cov.len > ALIGN {
                     Some(true)
                 } else {
                     None
                 }
             });
-            match joins {
-                Some(shared) => run.push((req, cov, dst, host, shared)),
-                None => {
-                    if !run.is_empty() {
-                        self.submit_run(run).map_err(|e| (done, e))?;
-                        done += run.len();
-                        run.clear();
-                    }
-                    run.push((req, cov, dst, host, false));
-                }
+            let pending = Pending { req, cov, dst, host, shared_head: joins == Some(true) };
+            if joins.is_none() && !run.is_empty() {
+                self.submit_run(run).map_err(|e| (done, e))?;
+                done += run.len();
+                run.clear();
             }
+            run.push(pending);
         }
         if !run.is_empty() {
             self.submit_run(run).map_err(|e| (done, e))?;
@@ -331,6 +338,9 @@ impl Source for UringSource {
     }
 
     unsafe fn submit_vectored(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)]) -> Result<(), (usize, SourceError)> {
+        if self.undrained {
+            return Err((0, SourceError::Undrained));
+        }
         let mut run = std::mem::take(&mut self.run);
         let r = self.submit_runs(reads, &mut run);
         run.clear();
@@ -375,25 +385,81 @@ impl Source for UringSource {
     fn stats(&self) -> SourceStats {
         self.stats
     }
+
+    fn drain(&mut self) -> Result<(), SourceError> {
+        if self.undrained {
+            return Err(SourceError::Undrained);
+        }
+        // Reads still in flight write into the windows and host targets: wait for every one.
+        while self.free.len() < self.depth {
+            if let Err(e) = self.reap(true) {
+                let in_flight = self.depth - self.free.len();
+                let host = self.table.iter().filter(|f| f.busy).flat_map(|f| &f.members).filter(|m| m.host).count();
+                let bytes: usize = self.windows.iter().map(AlignedBuf::len).sum();
+                log::warn!(
+                    "io_uring could not be drained ({e}) with {in_flight} reads in flight ({host} into host targets); leaking its {} windows ({bytes} bytes) rather than freeing memory the kernel may still write",
+                    self.windows.len()
+                );
+                self.undrained = true;
+                return Err(e);
+            }
+        }
+        self.ready.clear();
+        Ok(())
+    }
+
+    fn undrained(&self) -> bool {
+        self.undrained
+    }
 }
 
 impl Drop for UringSource {
     fn drop(&mut self) {
-        // Reads still in flight write into the windows: drain them before the memory goes.
-        while self.free.len() < self.depth {
-            if let Err(e) = self.reap(true) {
-                // The kernel may still write into the windows: they are leaked, never freed.
-                let bytes: usize = self.windows.iter().map(AlignedBuf::len).sum();
-                log::warn!(
-                    "io_uring could not be drained ({e}) with {} reads in flight; leaking its {} windows ({bytes} bytes) rather than freeing memory the kernel may still write",
-                    self.depth - self.free.len(),
-                    self.windows.len()
-                );
-                for w in std::mem::take(&mut self.windows) {
-                    std::mem::forget(w);
-                }
-                return;
+        // An owner that lent host targets drains first and learns the outcome; this is the
+        // last resort for the windows.
+        if self.drain().is_err() {
+            // The kernel may still write into the windows: they are leaked, never freed, and so
+            // are the iovecs its vectored reads were prepared from.
+            for w in std::mem::take(&mut self.windows) {
+                std::mem::forget(w);
             }
+            std::mem::forget(std::mem::take(&mut self.table));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::ObjectId;
+    use std::io::Write;
+
+    fn req(ticket: u64, offset: u64, len: u64, window: u32) -> ReadRequest {
+        ReadRequest { ticket, object: ObjectId { layer: 0, expert: ticket as u32 }, extent: 0, offset, len, window, window_offset: 0, epoch: 1, generation: 1 }
+    }
+
+    #[test]
+    fn drain_returns_once_every_read_has_landed() {
+        let block = 8 * ALIGN;
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let data: Vec<u8> = (0..4 * block as u32).map(|i| (i * 7 % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        f.as_file().sync_all().unwrap();
+        let mut s = UringSource::open(f.path(), 2, block, 4).unwrap();
+        let host = AlignedBuf::new(block).unwrap();
+        let target = NonNull::new(host.as_ptr()).unwrap();
+        let reads = [(req(1, 0, block, 0), None), (req(2, block, block, 1), Some(target)), (req(3, 3 * block, block, 1), None)];
+        // SAFETY: `host` outlives the source's reads (drained below) and is not touched meanwhile.
+        unsafe { s.submit_vectored(&reads) }.unwrap();
+        assert_eq!(s.outstanding(), 3);
+        s.drain().unwrap();
+        assert!(!s.undrained());
+        assert_eq!(s.outstanding(), 0);
+        assert_eq!(s.wait(), Err(SourceError::NothingOutstanding));
+        assert_eq!(s.stats().completions, 0, "drained completions are discarded, not returned");
+        assert!(host.as_slice() == &data[block as usize..2 * block as usize]);
+        assert!(s.window(0) == &data[..block as usize]);
+        assert!(s.window(1) == &data[3 * block as usize..]);
+        s.drain().unwrap();
     }
 }
