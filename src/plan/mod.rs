@@ -725,6 +725,25 @@ impl Plan {
     }
 }
 
+impl Drop for Plan {
+    /// Reads may land in host slots the Plan lent the source: it drains before any pool is
+    /// freed, and where it cannot, the Plan's own pools are leaked rather than freed under the
+    /// kernel's writes (the engine's pools are the engine's to keep; the failure is logged).
+    fn drop(&mut self) {
+        if self.source.drain().is_ok() && !self.source.undrained() {
+            return;
+        }
+        let mut leaked = 0u64;
+        for pool in self.pools.iter_mut().flatten() {
+            if let PoolMem::Host(buf) = std::mem::replace(&mut pool.mem, PoolMem::Engine(None)) {
+                leaked += buf.len() as u64;
+                std::mem::forget(buf);
+            }
+        }
+        log::warn!("the Plan's source could not be drained: {leaked} bytes of its own slot pools leaked rather than freed while reads may still land");
+    }
+}
+
 #[cfg(test)]
 mod model;
 #[cfg(test)]
