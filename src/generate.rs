@@ -167,9 +167,42 @@ pub fn run_with(
         bail!("the prompt is empty");
     }
     let staging = Staging::new(&spec.record)?;
-    let source = make_source(&inv)?;
+    let Loaded { model_id, experts, model, load_s, prompt } = load_for_run(spec, &inv, make_source(&inv)?)?;
+    let n_vocab = model.n_vocab();
+    let mut ctx = Context::new(&model, spec.exec, true)?;
+    let params = params_before_decode(spec, experts, &ctx)?;
+    let mut run = Decoding::new(prompt.len() + spec.n_predict as usize, n_vocab, spec.n_predict);
+    let decoded = run.decode(spec, &model, &mut ctx, &prompt);
+    let routes = ctx.take_routes();
+    let route_k = ctx.route_k().unwrap_or(0);
+    drop(ctx);
+    let source_report = model.with_source(|s| s.finish());
+    let source_surfaces = model.with_source(|s| s.surfaces()).unwrap_or_default();
+    let mut ran = Ran { model_id, params, prompt, n_vocab, route_k, load_s };
+    if let Err(e) = closing_checks(decoded, &source_report, &mut ran.params) {
+        let dir = commit_failed(staging, ran, &e, source_report)?;
+        return Err(e.context(format!("run failed closed; record {}", dir.display())));
+    }
+    let source_report = source_report.transpose()?.map(ExpertsReport::of_source).transpose()?;
+    let mut staging = staging;
+    write_surfaces(&mut staging, spec, &ran, &run, &routes, &source_surfaces)?;
+    commit_completed(staging, ran, run, routes, source_report)
+}
+
+/// The model loaded for a run, with what its record says of it.
+struct Loaded {
+    model_id: ModelIdentity,
+    experts: ExpertsParams,
+    model: Model,
+    load_s: f64,
+    prompt: Vec<i32>,
+}
+
+/// Loads the model (its experts from `source`, if any) and tokenizes the prompt, refusing a
+/// prompt that tokenizes to nothing or does not fit the context with its predictions.
+fn load_for_run(spec: &GenerateSpec, inv: &Inventory, source: Option<Box<dyn ExpertSource>>) -> Result<Loaded> {
     let loads = if source.is_some() { crate::digests::Loads::NonExpert } else { crate::digests::Loads::All };
-    let model_id = ModelIdentity::of(&spec.model, &inv, Some(loads))?;
+    let model_id = ModelIdentity::of(&spec.model, inv, Some(loads))?;
     let experts = match &source {
         Some(s) => ExpertsParams::of_source(s.describe())?,
         None => ExpertsParams::Resident,
@@ -177,168 +210,203 @@ pub fn run_with(
     let t0 = Instant::now();
     let model = load_model(&spec.model, source)?;
     let load_s = t0.elapsed().as_secs_f64();
-    let n_vocab = model.n_vocab();
     let prompt = model.tokenize(&spec.prompt, true)?;
     if prompt.is_empty() {
         bail!("the prompt tokenized to nothing");
     }
-    let need = prompt.len() + spec.n_predict as usize;
-    if need > spec.exec.n_ctx as usize {
+    if prompt.len() + spec.n_predict as usize > spec.exec.n_ctx as usize {
         bail!("prompt ({} tokens) + --n-predict {} exceeds the context of {}", prompt.len(), spec.n_predict, spec.exec.n_ctx);
     }
-    let mut ctx = Context::new(&model, spec.exec, true)?;
-    let device = device_check(&ctx)?;
-    let params = GenerateParams {
+    Ok(Loaded { model_id, experts, model, load_s, prompt })
+}
+
+/// The run's parameters, with the device check made once every buffer is allocated.
+fn params_before_decode(spec: &GenerateSpec, experts: ExpertsParams, ctx: &Context) -> Result<GenerateParams> {
+    let device = device_check(ctx)?;
+    Ok(GenerateParams {
         n_predict: spec.n_predict,
         ignore_eos: spec.ignore_eos,
         experts,
         sampling: SAMPLING.into(),
         exec: spec.exec,
         placement: Some(PlacementReport { device_before_decode: Some(device), ..crate::engine::placement_report() }),
-    };
+    })
+}
 
-    let mut logits: Vec<f32> = Vec::with_capacity(need * n_vocab);
-    let mut generated: Vec<i32> = Vec::with_capacity(spec.n_predict as usize);
-    let mut response = Vec::new();
-    let mut stop = "n_predict";
-    let (mut prefill_s, mut decode_s) = (0.0, 0.0);
-    let mut recurrent = RecurrentStates::default();
-    let decoded = (|| -> Result<()> {
+/// What the record states of a run beyond its decoding.
+struct Ran {
+    model_id: ModelIdentity,
+    params: GenerateParams,
+    prompt: Vec<i32>,
+    n_vocab: usize,
+    route_k: usize,
+    load_s: f64,
+}
+
+/// Greedy decoding's state: every logits row, the tokens and bytes generated, why it stopped.
+struct Decoding {
+    logits: Vec<f32>,
+    generated: Vec<i32>,
+    response: Vec<u8>,
+    stop: &'static str,
+    prefill_s: f64,
+    decode_s: f64,
+    recurrent: RecurrentStates,
+}
+
+impl Decoding {
+    fn new(rows: usize, n_vocab: usize, n_predict: u32) -> Decoding {
+        Decoding {
+            logits: Vec::with_capacity(rows * n_vocab),
+            generated: Vec::with_capacity(n_predict as usize),
+            response: Vec::new(),
+            stop: "n_predict",
+            prefill_s: 0.0,
+            decode_s: 0.0,
+            recurrent: RecurrentStates::default(),
+        }
+    }
+
+    /// Prefill, then one greedy step per token until `n_predict` tokens or, unless EOS is
+    /// ignored, the end of generation; every row is checked finite as it arrives.
+    fn decode(&mut self, spec: &GenerateSpec, model: &Model, ctx: &mut Context, prompt: &[i32]) -> Result<()> {
+        let n_vocab = model.n_vocab();
         let t1 = Instant::now();
-        ctx.decode(&prompt, true, &mut logits)?;
-        check_finite(&logits, n_vocab, 0)?;
-        prefill_s = t1.elapsed().as_secs_f64();
-        recurrent.capture(&ctx)?;
+        ctx.decode(prompt, true, &mut self.logits)?;
+        check_finite(&self.logits, n_vocab, 0)?;
+        self.prefill_s = t1.elapsed().as_secs_f64();
+        self.recurrent.capture(ctx)?;
         let t2 = Instant::now();
-        while generated.len() < spec.n_predict as usize {
-            let next = argmax(&logits[logits.len() - n_vocab..]) as i32;
+        while self.generated.len() < spec.n_predict as usize {
+            let next = argmax(&self.logits[self.logits.len() - n_vocab..]) as i32;
             if !spec.ignore_eos && model.is_eog(next) {
-                stop = "end_of_generation";
+                self.stop = "end_of_generation";
                 break;
             }
-            generated.push(next);
-            response.extend(model.token_bytes(next));
-            if generated.len() == spec.n_predict as usize {
+            self.generated.push(next);
+            self.response.extend(model.token_bytes(next));
+            if self.generated.len() == spec.n_predict as usize {
                 break;
             }
-            let from = logits.len() / n_vocab.max(1);
-            ctx.decode(&[next], true, &mut logits)?;
-            check_finite(&logits, n_vocab, from)?;
-            recurrent.capture(&ctx)?;
+            let from = self.logits.len() / n_vocab.max(1);
+            ctx.decode(&[next], true, &mut self.logits)?;
+            check_finite(&self.logits, n_vocab, from)?;
+            self.recurrent.capture(ctx)?;
         }
         // Capturing the states is the harness's work, not the engine's: not decode time.
-        decode_s = t2.elapsed().as_secs_f64() - recurrent.capture_s;
+        self.decode_s = t2.elapsed().as_secs_f64() - self.recurrent.capture_s;
         Ok(())
-    })();
-    let routes = ctx.take_routes();
-    let k = ctx.route_k().unwrap_or(0);
-    drop(ctx);
-    let source_report = model.with_source(|s| s.finish());
-    let source_surfaces = model.with_source(|s| s.surfaces()).unwrap_or_default();
-    // A source that cannot close clean (or show its service complete) fails the run on record.
-    let decoded = match (decoded, &source_report) {
+    }
+}
+
+/// After decoding: a source that cannot close clean (or show its service complete) fails the
+/// run, and so does a device server's audit over the budget.
+fn closing_checks(decoded: Result<()>, source_report: &Option<Result<serde_json::Value>>, params: &mut GenerateParams) -> Result<()> {
+    let decoded = match (decoded, source_report) {
         (Ok(()), Some(Err(f))) => Err(anyhow::anyhow!("the expert source did not close: {f:#}")),
         (d, _) => d,
     };
-    let mut params = params;
-    let decoded = decoded.and_then(|()| {
+    decoded.and_then(|()| {
         let Some(dir) = DEVICE_CGROUP.get() else { return Ok(()) };
         let audit = crate::observe::audit_device(dir)?;
-        let placement = params.placement.as_mut().expect("set above");
+        let placement = params.placement.as_mut().expect("set before decoding");
         let verdict = audit_verdict(&audit, placement.gpu_budget);
         placement.device_audit = Some(audit);
         verdict
-    });
-    if let Err(e) = decoded {
-        // Fail closed, and keep the evidence: nothing of the failed step is accepted, and the
-        // record says what failed and how the source closed.
-        let experts = match source_report {
-            Some(Ok(r)) => Some(ExpertsReport::of_source(r)?),
-            Some(Err(f)) => Some(ExpertsReport::FinishError(format!("{f:#}"))),
-            None => None,
-        };
-        let record = GenerateRecord {
-            format: GENERATE_FORMAT.into(),
-            outcome: Outcome::Failed,
-            error: Some(format!("{e:#}")),
-            model: Some(model_id),
-            build: build_identity()?,
-            params: Some(params),
-            counts: Some(GenerateCounts {
-                prompt_tokens: prompt.len(),
-                generated_tokens: 0,
-                logits_rows: 0,
-                n_vocab,
-                route_events: 0,
-                route_k: k,
-                stop: "failed".into(),
-            }),
-            timing: None,
-            experts: Some(experts),
-            process: Some(ProcessReport::now()),
-            surfaces: Default::default(),
-            resources: None,
-            cache_protocol: None,
-        };
-        let dir = staging.commit(&record)?;
-        return Err(e.context(format!("run failed closed; record {}", dir.display())));
-    }
-    let source_report = source_report.transpose()?.map(ExpertsReport::of_source).transpose()?;
+    })
+}
 
-    let mut staging = staging;
-    let tokens: Vec<u8> = prompt.iter().chain(&generated).flat_map(|t| t.to_le_bytes()).collect();
+/// Fail closed, and keep the evidence: nothing of the failed step is accepted, and the record
+/// says what failed and how the source closed.
+fn commit_failed(staging: Staging, ran: Ran, e: &anyhow::Error, source_report: Option<Result<serde_json::Value>>) -> Result<PathBuf> {
+    let experts = match source_report {
+        Some(Ok(r)) => Some(ExpertsReport::of_source(r)?),
+        Some(Err(f)) => Some(ExpertsReport::FinishError(format!("{f:#}"))),
+        None => None,
+    };
+    let record = GenerateRecord {
+        format: GENERATE_FORMAT.into(),
+        outcome: Outcome::Failed,
+        error: Some(format!("{e:#}")),
+        model: Some(ran.model_id),
+        build: build_identity()?,
+        params: Some(ran.params),
+        counts: Some(GenerateCounts {
+            prompt_tokens: ran.prompt.len(),
+            generated_tokens: 0,
+            logits_rows: 0,
+            n_vocab: ran.n_vocab,
+            route_events: 0,
+            route_k: ran.route_k,
+            stop: "failed".into(),
+        }),
+        timing: None,
+        experts: Some(experts),
+        process: Some(ProcessReport::now()),
+        surfaces: Default::default(),
+        resources: None,
+        cache_protocol: None,
+    };
+    staging.commit(&record)
+}
+
+/// The run's surfaces: prompt, tokens, logits rows, response, routes, the recurrent states
+/// where the model keeps one, and what the source adds.
+fn write_surfaces(
+    staging: &mut Staging,
+    spec: &GenerateSpec,
+    ran: &Ran,
+    run: &Decoding,
+    routes: &[RouteEvent],
+    source_surfaces: &[(String, String, Vec<u8>)],
+) -> Result<()> {
+    let tokens: Vec<u8> = ran.prompt.iter().chain(&run.generated).flat_map(|t| t.to_le_bytes()).collect();
     staging.surface("prompt", "prompt.bin", &spec.prompt, 1, false)?;
     staging.surface("tokens", "tokens.bin", &tokens, 4, false)?;
-    staging.surface("logits", "logits.bin", &f32_bytes(&logits), n_vocab as u64 * 4, true)?;
-    staging.surface("response", "response.bin", &response, 1, false)?;
-    let route_bytes: Vec<u8> = routes
-        .iter()
-        .flat_map(|e| {
-            [e.ubatch, e.row, e.pos, e.layer]
-                .into_iter()
-                .flat_map(u32::to_le_bytes)
-                .chain(e.experts.iter().flat_map(|x| x.to_le_bytes()))
-                .collect::<Vec<u8>>()
-        })
-        .collect();
-    staging.surface("routes", "routes.bin", &route_bytes, 16 + 4 * k as u64, false)?;
-    if let Some(last) = &recurrent.last {
+    staging.surface("logits", "logits.bin", &f32_bytes(&run.logits), ran.n_vocab as u64 * 4, true)?;
+    staging.surface("response", "response.bin", &run.response, 1, false)?;
+    staging.surface("routes", "routes.bin", &crate::routes::encode(routes), crate::routes::unit_bytes(ran.route_k), false)?;
+    if let Some(last) = &run.recurrent.last {
         // One SHA-256 per state (after prefill, after each decode step), and the last state.
-        staging.surface("recurrent", "recurrent.bin", &recurrent.digests, 32, false)?;
+        staging.surface("recurrent", "recurrent.bin", &run.recurrent.digests, 32, false)?;
         staging.surface("recurrent_state", "recurrent_state.bin", last, 1, false)?;
     }
-    for (name, file, bytes) in &source_surfaces {
+    for (name, file, bytes) in source_surfaces {
         staging.surface(name, file, bytes, 1, false)?;
     }
+    Ok(())
+}
 
-    let decode_steps = generated.len().saturating_sub(1);
+/// Seals the completed run's record and sums it up.
+fn commit_completed(staging: Staging, ran: Ran, run: Decoding, routes: Vec<RouteEvent>, experts: Option<ExpertsReport>) -> Result<Summary> {
+    let decode_steps = run.generated.len().saturating_sub(1);
     let timing = Timing {
-        load_s,
-        prefill_s,
-        decode_s,
-        prefill_tokens_per_s: prompt.len() as f64 / prefill_s.max(1e-9),
-        decode_tokens_per_s: decode_steps as f64 / decode_s.max(1e-9),
+        load_s: ran.load_s,
+        prefill_s: run.prefill_s,
+        decode_s: run.decode_s,
+        prefill_tokens_per_s: ran.prompt.len() as f64 / run.prefill_s.max(1e-9),
+        decode_tokens_per_s: decode_steps as f64 / run.decode_s.max(1e-9),
     };
     let counts = GenerateCounts {
-        prompt_tokens: prompt.len(),
-        generated_tokens: generated.len(),
-        logits_rows: logits.len() / n_vocab,
-        n_vocab,
+        prompt_tokens: ran.prompt.len(),
+        generated_tokens: run.generated.len(),
+        logits_rows: run.logits.len() / ran.n_vocab,
+        n_vocab: ran.n_vocab,
         route_events: routes.len(),
-        route_k: k,
-        stop: stop.into(),
+        route_k: ran.route_k,
+        stop: run.stop.into(),
     };
     let digests = staging.surfaces().iter().map(|(k, s)| (k.clone(), s.sha256.clone())).collect();
     let record = GenerateRecord {
         format: GENERATE_FORMAT.into(),
         outcome: Outcome::Completed,
         error: None,
-        model: Some(model_id),
+        model: Some(ran.model_id),
         build: build_identity()?,
-        params: Some(params),
+        params: Some(ran.params),
         counts: Some(counts),
         timing: Some(timing.clone()),
-        experts: Some(source_report),
+        experts: Some(experts),
         process: Some(ProcessReport::now()),
         surfaces: staging.surfaces().clone(),
         resources: None,
@@ -347,10 +415,10 @@ pub fn run_with(
     let dir = staging.commit(&record)?;
     Ok(Summary {
         record: dir,
-        prompt_tokens: prompt.len(),
-        generated_tokens: generated.len(),
+        prompt_tokens: ran.prompt.len(),
+        generated_tokens: run.generated.len(),
         timing,
-        response: String::from_utf8_lossy(&response).into_owned(),
+        response: String::from_utf8_lossy(&run.response).into_owned(),
         routes,
         digests,
     })

@@ -21,6 +21,7 @@ pub mod plan;
 pub mod record;
 pub mod refine;
 pub mod reproduce;
+pub mod routes;
 pub mod service;
 pub mod source;
 pub mod spec;

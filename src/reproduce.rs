@@ -22,7 +22,7 @@
 //! - value assertions: the ledger's check, applied to the reproduced record.
 
 use crate::campaign::journal::Journal;
-use crate::campaign::{histories, read_cell, CellDocument, CellState};
+use crate::campaign::{histories, read_cell, CellDocument, CellState, CellStatus};
 use crate::campaign::{self, CampaignDir, Loaded, ProcessExecutor, RunMode, RunOptions};
 use crate::oracle::Outcome;
 use crate::claims::{self, Claim, Records, Replay};
@@ -62,7 +62,8 @@ pub struct RecordPair {
     pub cell: String,
     pub original: String,
     pub reproduced: Option<String>,
-    pub status: String,
+    /// The original cell's status.
+    pub status: CellStatus,
     /// Surface → `exact`, or how it differs.
     pub surfaces: BTreeMap<String, String>,
 }
@@ -306,137 +307,27 @@ fn lay_out_inputs(c: &Loaded, opts: &Options, beside: Option<&Path>, farm: &Path
 pub fn reproduce(opts: &Options) -> Result<Reproduction> {
     let ledger = claims::load_ledger(&opts.ledger)?;
     let claim = claims::claim(&ledger, &opts.claim, &opts.ledger)?;
-    let same_dir = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    };
-    if same_dir(&opts.out, &opts.results) {
-        bail!("--out {}: is the results directory of the original records; a reproduction needs its own", opts.out.display());
-    }
-
-    // The originals must stand as claimed before anything runs again.
-    let mut checks = vec![("verify", claims::verify(&opts.ledger, &opts.claim, &opts.results, false)?)];
-    if !claim.replay.is_empty() {
-        checks.push(("replay", claims::replay(&opts.ledger, &opts.claim, &opts.results, false)?));
-    }
-    for (verb, r) in checks {
-        if let Some(first) = r.failures().into_iter().next() {
-            bail!("claim {} does not {verb} from its own records ({first}); nothing to reproduce", opts.claim);
-        }
-    }
-    let mut originals = Vec::new();
-    for (alias, digest) in &claim.records {
-        let dir = opts.results.join(digest);
-        let doc = read_cell(&dir).with_context(|| format!("record {alias}: only campaign records (with cell.json) can be run again"))?;
-        let record = match dir.join(crate::record::RECORD_FILE).is_file() {
-            true => Some(crate::record::load_typed(&dir)?),
-            false => None,
-        };
-        originals.push(Original { alias: alias.clone(), digest: digest.clone(), doc, record });
-    }
-
+    check_originals_stand(opts, claim)?;
+    let originals = read_originals(claim, &opts.results)?;
     let engine = serde_json::to_value(crate::engine::identity())?;
     let mut warnings = BTreeSet::new();
     for o in &originals {
         check_build(o, &engine, &mut warnings)?;
     }
-
-    let given = opts.campaign.as_deref().map(campaign::load).transpose()?;
-    let beside = given.as_ref().map(|c| c.base.clone());
-    let mut campaigns: BTreeMap<(String, String), Loaded> = BTreeMap::new();
-    for o in &originals {
-        let key = (o.doc.campaign.id.clone(), o.doc.campaign.sha256.clone());
-        if !campaigns.contains_key(&key) {
-            let c = find_campaign(&key.0, &key.1, given.as_ref(), &opts.results, &o.alias)?;
-            campaigns.insert(key.clone(), c);
-        }
-        let c = &campaigns[&key];
-        if !campaign::expand(&c.spec).contains(&o.doc.cell) {
-            bail!("record {}: cell {} is not a cell of campaign `{}` as frozen", o.alias, o.doc.cell.key, c.id());
-        }
-    }
-    let mut hashed = BTreeMap::new();
-    let mut laid = Vec::new();
-    for c in campaigns.values() {
-        let farm = opts.out.join("inputs").join(c.id());
-        let base = lay_out_inputs(c, opts, beside.as_deref(), &farm, &mut hashed)?;
-        laid.push(Loaded { base, ..c.clone() });
-    }
+    let laid = lay_out_campaigns(opts, &originals)?;
     for w in &warnings {
         log::warn!("{w}");
     }
-
-    // Run again: the campaign runner, its executor and its seals; a rerun resumes.
-    for c in &laid {
-        let exec = ProcessExecutor::current(&c.base)?;
-        let s = campaign::run(c, &exec, &RunOptions { results: opts.out.clone(), mode: RunMode::Run, progress: opts.progress.clone(), block: None })?;
-        log::info!("campaign {}: {} cells, {} ran now, {} sealed", s.campaign, s.cells, s.ran, s.sealed);
-    }
-
-    // The reproduced record of each alias, by cell key.
-    let mut new_digest: BTreeMap<String, String> = BTreeMap::new();
-    for c in &laid {
-        let hist = histories(&Journal::read(&CampaignDir::new(&opts.out, c.id()).journal())?);
-        for o in originals.iter().filter(|o| o.doc.campaign.id == c.id()) {
-            if let Some(CellState::Sealed { digest, .. }) = hist.get(&o.doc.cell.key).map(|h| &h.state) {
-                if *digest == o.digest {
-                    bail!("record {}: the reproduction's record is the original itself; --out must not hold the original run", o.alias);
-                }
-                new_digest.insert(o.alias.clone(), digest.clone());
-            }
-        }
-    }
+    rerun(opts, &laid)?;
+    let new_digest = reproduced_digests(opts, &laid, &originals)?;
 
     let mut judged = Vec::new();
     let mut pairs = Vec::new();
     for o in &originals {
-        let mut p = RecordPair {
-            alias: o.alias.clone(),
-            cell: o.doc.cell.key.clone(),
-            original: o.digest.clone(),
-            reproduced: new_digest.get(&o.alias).cloned(),
-            status: o.doc.outcome.status.name().to_string(),
-            surfaces: BTreeMap::new(),
-        };
-        let (holds, reproduced) = match &p.reproduced {
-            None => (false, "not reproduced (the cell was not sealed)".to_string()),
-            Some(d) => {
-                let ndir = opts.out.join(d);
-                verify_record(&ndir)?;
-                let ndoc = read_cell(&ndir)?;
-                if ndoc.outcome.status != o.doc.outcome.status {
-                    (false, format!("status {}", ndoc.outcome.status.name()))
-                } else if o.record.is_none() {
-                    (true, format!("status {} (no surfaces)", ndoc.outcome.status.name()))
-                } else {
-                    let cmp = crate::oracle::compare(&opts.results.join(&o.digest), &ndir)?;
-                    // A surface neither record has (a fail-closed run's) is reproduced too.
-                    let absent = |s: &crate::oracle::SurfaceComparison| matches!(s.outcome, Outcome::Missing { in_a: false, in_b: false });
-                    for s in &cmp {
-                        let v = serde_json::to_value(&s.outcome)?;
-                        let shown = if s.is_exact() { "exact".into() } else if absent(s) { "absent in both".into() } else { compact(&v) };
-                        p.surfaces.insert(s.surface.clone(), shown);
-                    }
-                    let differing: Vec<&str> = cmp.iter().filter(|s| !s.is_exact() && !absent(s)).map(|s| s.surface.as_str()).collect();
-                    let exact = cmp.iter().filter(|s| s.is_exact()).count();
-                    match (differing.is_empty(), cmp.len() - exact) {
-                        (true, 0) => (true, format!("{exact} surfaces bitwise equal")),
-                        (true, n) => (true, format!("{exact} surfaces bitwise equal, {n} absent in both")),
-                        (false, _) => (false, format!("differs in {}", differing.join(", "))),
-                    }
-                }
-            }
-        };
-        judged.push(Judged {
-            kind: "surfaces",
-            what: record_name(&o.alias, &o.doc.cell.key),
-            original: format!("{} {}", short(&o.digest), o.doc.outcome.status.name()),
-            reproduced,
-            holds,
-        });
-        pairs.push(p);
+        let (pair, j) = judge_record(opts, o, new_digest.get(&o.alias))?;
+        judged.push(j);
+        pairs.push(pair);
     }
-
     // The claim with the reproduced records under the same aliases, read by the replay code.
     let substituted = Claim { records: new_digest.clone(), ..claim.clone() };
     let mut old = Records::new(claim, &opts.results, false);
@@ -444,20 +335,7 @@ pub fn reproduce(opts: &Options) -> Result<Reproduction> {
     for rp in &claim.replay {
         judged.extend(judge_replay(rp, &mut old, &mut new));
     }
-    for a in &claim.assertions {
-        let what = format!("{} {}{} {}", a.record, a.file, a.pointer, serde_json::to_string(&a.expect).unwrap_or_default());
-        let value = |r: &mut Records| r.doc(&a.record, &a.file).map(|v| v.pointer(&a.pointer).cloned());
-        let o = value(&mut old).ok().flatten();
-        let (holds, reproduced) = match value(&mut new) {
-            Ok(v) => {
-                let (ok, detail) = claims::check(v.as_ref(), &a.expect);
-                let detail = if detail.len() <= 80 { format!(" ({detail})") } else { String::new() };
-                (ok, format!("{}{detail}", shown(v.as_ref())))
-            }
-            Err(e) => (false, format!("{e:#}")),
-        };
-        judged.push(Judged { kind: "value", what, original: shown(o.as_ref()), reproduced, holds });
-    }
+    judged.extend(claim.assertions.iter().map(|a| judge_value(a, &mut old, &mut new)));
 
     let report = Report {
         format: REPORT_FORMAT.into(),
@@ -475,6 +353,168 @@ pub fn reproduce(opts: &Options) -> Result<Reproduction> {
     };
     let sealed = seal_report(&report, &opts.out)?;
     Ok(Reproduction { report, sealed })
+}
+
+/// The originals must stand as claimed before anything runs again, and the reproduction needs
+/// a results directory of its own.
+fn check_originals_stand(opts: &Options, claim: &Claim) -> Result<()> {
+    let same_dir = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    };
+    if same_dir(&opts.out, &opts.results) {
+        bail!("--out {}: is the results directory of the original records; a reproduction needs its own", opts.out.display());
+    }
+    let mut checks = vec![("verify", claims::verify(&opts.ledger, &opts.claim, &opts.results, false)?)];
+    if !claim.replay.is_empty() {
+        checks.push(("replay", claims::replay(&opts.ledger, &opts.claim, &opts.results, false)?));
+    }
+    for (verb, r) in checks {
+        if let Some(first) = r.failures().into_iter().next() {
+            bail!("claim {} does not {verb} from its own records ({first}); nothing to reproduce", opts.claim);
+        }
+    }
+    Ok(())
+}
+
+/// Each record of the claim with the cell it was run as; only campaign records qualify.
+fn read_originals(claim: &Claim, results: &Path) -> Result<Vec<Original>> {
+    let mut originals = Vec::new();
+    for (alias, digest) in &claim.records {
+        let dir = results.join(digest);
+        let doc = read_cell(&dir).with_context(|| format!("record {alias}: only campaign records (with cell.json) can be run again"))?;
+        let record = match dir.join(crate::record::RECORD_FILE).is_file() {
+            true => Some(crate::record::load_typed(&dir)?),
+            false => None,
+        };
+        originals.push(Original { alias: alias.clone(), digest: digest.clone(), doc, record });
+    }
+    Ok(originals)
+}
+
+/// The campaigns the originals ran in, each as frozen and holding their cells, with their
+/// inputs laid out under `<out>/inputs/<campaign id>/`.
+fn lay_out_campaigns(opts: &Options, originals: &[Original]) -> Result<Vec<Loaded>> {
+    let given = opts.campaign.as_deref().map(campaign::load).transpose()?;
+    let beside = given.as_ref().map(|c| c.base.clone());
+    let mut campaigns: BTreeMap<(String, String), Loaded> = BTreeMap::new();
+    for o in originals {
+        let key = (o.doc.campaign.id.clone(), o.doc.campaign.sha256.clone());
+        if !campaigns.contains_key(&key) {
+            let c = find_campaign(&key.0, &key.1, given.as_ref(), &opts.results, &o.alias)?;
+            campaigns.insert(key.clone(), c);
+        }
+        let c = &campaigns[&key];
+        if !campaign::expand(&c.spec).contains(&o.doc.cell) {
+            bail!("record {}: cell {} is not a cell of campaign `{}` as frozen", o.alias, o.doc.cell.key, c.id());
+        }
+    }
+    let mut hashed = BTreeMap::new();
+    let mut laid = Vec::new();
+    for c in campaigns.values() {
+        let farm = opts.out.join("inputs").join(c.id());
+        let base = lay_out_inputs(c, opts, beside.as_deref(), &farm, &mut hashed)?;
+        laid.push(Loaded { base, ..c.clone() });
+    }
+    Ok(laid)
+}
+
+/// Run again: the campaign runner, its executor and its seals; a rerun resumes.
+fn rerun(opts: &Options, laid: &[Loaded]) -> Result<()> {
+    for c in laid {
+        let exec = ProcessExecutor::current(&c.base)?;
+        let s = campaign::run(c, &exec, &RunOptions { results: opts.out.clone(), mode: RunMode::Run, progress: opts.progress.clone(), block: None })?;
+        log::info!("campaign {}: {} cells, {} ran now, {} sealed", s.campaign, s.cells, s.ran, s.sealed);
+    }
+    Ok(())
+}
+
+/// The reproduced record of each alias, by cell key, from the rerun's journals.
+fn reproduced_digests(opts: &Options, laid: &[Loaded], originals: &[Original]) -> Result<BTreeMap<String, String>> {
+    let mut new_digest: BTreeMap<String, String> = BTreeMap::new();
+    for c in laid {
+        let hist = histories(&Journal::read(&CampaignDir::new(&opts.out, c.id()).journal())?);
+        for o in originals.iter().filter(|o| o.doc.campaign.id == c.id()) {
+            if let Some(CellState::Sealed { digest, .. }) = hist.get(&o.doc.cell.key).map(|h| &h.state) {
+                if *digest == o.digest {
+                    bail!("record {}: the reproduction's record is the original itself; --out must not hold the original run", o.alias);
+                }
+                new_digest.insert(o.alias.clone(), digest.clone());
+            }
+        }
+    }
+    Ok(new_digest)
+}
+
+/// One original against its reproduction: the same status, and every surface bitwise equal.
+fn judge_record(opts: &Options, o: &Original, reproduced: Option<&String>) -> Result<(RecordPair, Judged)> {
+    let mut p = RecordPair {
+        alias: o.alias.clone(),
+        cell: o.doc.cell.key.clone(),
+        original: o.digest.clone(),
+        reproduced: reproduced.cloned(),
+        status: o.doc.outcome.status,
+        surfaces: BTreeMap::new(),
+    };
+    let (holds, reproduced) = match reproduced {
+        None => (false, "not reproduced (the cell was not sealed)".to_string()),
+        Some(d) => {
+            let ndir = opts.out.join(d);
+            verify_record(&ndir)?;
+            let ndoc = read_cell(&ndir)?;
+            if ndoc.outcome.status != o.doc.outcome.status {
+                (false, format!("status {}", ndoc.outcome.status.name()))
+            } else if o.record.is_none() {
+                (true, format!("status {} (no surfaces)", ndoc.outcome.status.name()))
+            } else {
+                compare_surfaces(&opts.results.join(&o.digest), &ndir, &mut p.surfaces)?
+            }
+        }
+    };
+    let judged = Judged {
+        kind: "surfaces",
+        what: record_name(&o.alias, &o.doc.cell.key),
+        original: format!("{} {}", short(&o.digest), o.doc.outcome.status.name()),
+        reproduced,
+        holds,
+    };
+    Ok((p, judged))
+}
+
+/// Every surface of two records compared, each shown in `shown`; whether they all agree, and
+/// how they do.
+fn compare_surfaces(original: &Path, reproduced: &Path, shown: &mut BTreeMap<String, String>) -> Result<(bool, String)> {
+    let cmp = crate::oracle::compare(original, reproduced)?;
+    // A surface neither record has (a fail-closed run's) is reproduced too.
+    let absent = |s: &crate::oracle::SurfaceComparison| matches!(s.outcome, Outcome::Missing { in_a: false, in_b: false });
+    for s in &cmp {
+        let v = serde_json::to_value(&s.outcome)?;
+        let how = if s.is_exact() { "exact".into() } else if absent(s) { "absent in both".into() } else { compact(&v) };
+        shown.insert(s.surface.clone(), how);
+    }
+    let differing: Vec<&str> = cmp.iter().filter(|s| !s.is_exact() && !absent(s)).map(|s| s.surface.as_str()).collect();
+    let exact = cmp.iter().filter(|s| s.is_exact()).count();
+    Ok(match (differing.is_empty(), cmp.len() - exact) {
+        (true, 0) => (true, format!("{exact} surfaces bitwise equal")),
+        (true, n) => (true, format!("{exact} surfaces bitwise equal, {n} absent in both")),
+        (false, _) => (false, format!("differs in {}", differing.join(", "))),
+    })
+}
+
+/// A value assertion of the ledger, checked on the reproduced record.
+fn judge_value(a: &claims::Assertion, old: &mut Records, new: &mut Records) -> Judged {
+    let what = format!("{} {}{} {}", a.record, a.file, a.pointer, serde_json::to_string(&a.expect).unwrap_or_default());
+    let value = |r: &mut Records| r.doc(&a.record, &a.file).map(|v| v.pointer(&a.pointer).cloned());
+    let o = value(old).ok().flatten();
+    let (holds, reproduced) = match value(new) {
+        Ok(v) => {
+            let (ok, detail) = claims::check(v.as_ref(), &a.expect);
+            let detail = if detail.len() <= 80 { format!(" ({detail})") } else { String::new() };
+            (ok, format!("{}{detail}", shown(v.as_ref())))
+        }
+        Err(e) => (false, format!("{e:#}")),
+    };
+    Judged { kind: "value", what, original: shown(o.as_ref()), reproduced, holds }
 }
 
 fn interval(lo: Option<f64>, hi: Option<f64>) -> String {

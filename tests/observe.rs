@@ -72,7 +72,7 @@ fn show(what: &str, r: &ContainedRun) {
          stat_at_peak {:?} stat_end {:?} read_bytes {} rchar {} rss_hwm {:?} margin {:?} admitted {} failed {:?}",
         r.status, r.wall_s, h.limit, h.kernel_peak, h.sampled_peak, h.limit_events, h.limit_event_files, h.oom_kills,
         h.stat_at_peak, h.stat_end, r.procs.read_bytes, r.procs.rchar, r.procs.rss_hwm, r.authority.host.margin,
-        r.admission.admitted, r.admission.failed
+        r.admission.admitted, r.admission.failed()
     );
 }
 
@@ -107,7 +107,8 @@ fn page_cache_hits_the_limit_direct_io_does_not() {
     assert!(p.procs.read_bytes >= 250 * MIB, "{:?}", p.procs);
     assert!(p.procs.rss_hwm.unwrap() < 16 * MIB, "RSS should stay small: {:?}", p.procs);
     assert!(!p.admission.admitted);
-    assert!(p.admission.failed.contains(&format!("limit events: {}", p.host.limit_events)), "{:?}", p.admission.failed);
+    let events = p.admission.conjuncts.iter().find(|c| c.name == "limit events").unwrap();
+    assert_eq!((events.passed, events.value.clone()), (false, p.host.limit_events.to_string()), "{:?}", p.admission);
     assert_gone(&p);
 
     drop_cache(&file);
@@ -118,7 +119,7 @@ fn page_cache_hits_the_limit_direct_io_does_not() {
     assert_eq!(d.host.limit_events, 0);
     assert!(d.authority.host.margin.unwrap() > 0);
     assert_eq!(d.procs.read_bytes, 300 * MIB, "O_DIRECT read_bytes rise exactly by the bytes read");
-    assert!(d.admission.admitted, "{:?}", d.admission.failed);
+    assert!(d.admission.admitted, "{:?}", d.admission.failed());
     assert_gone(&d);
 }
 
@@ -133,7 +134,7 @@ fn anon_beyond_the_limit_is_oom_killed_and_recorded() {
     assert!(matches!(r.status, RunStatus::Signaled { signal: libc::SIGKILL, .. }), "{:?}", r.status);
     assert!(r.host.oom_kills >= 1, "{:?}", r.host);
     assert!(!r.admission.admitted);
-    assert!(r.admission.failed.iter().any(|f| f.starts_with("oom kills: ")), "{:?}", r.admission.failed);
+    assert!(r.admission.failing().any(|c| c.name == "oom kills"), "{:?}", r.admission);
     assert_gone(&r);
 }
 
@@ -194,7 +195,7 @@ fn accounting_only_run_charges_the_child() {
     assert_eq!(r.authority.host.grade, Grade::HighWaterMark);
     assert_eq!(r.authority.host.ceiling, r.host.mem_total);
     assert!(r.authority.host.ceiling_margin.unwrap() > 0);
-    assert_eq!(r.admission.failed, vec!["host margin: no hard host limit (accounting-only run)".to_string()]);
+    assert_eq!(r.admission.failing().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["host margin"], "{:?}", r.admission);
     assert_gone(&r);
 }
 
@@ -211,14 +212,14 @@ fn gpu_without_nvml_is_not_observed() {
             assert!(reason.starts_with("NVML unavailable: ") || reason.contains("zero devices"), "{reason}");
             assert_eq!(r.authority.gpu.grade, Graded::not_observed(reason.clone()));
             assert_eq!((r.authority.gpu.boundary, r.authority.gpu.peak), (None, None));
-            assert!(r.admission.admitted, "{:?}", r.admission.failed);
+            assert!(r.admission.admitted, "{:?}", r.admission.failed());
             // Declaring a GPU allowance that cannot be audited is not admitted.
             let d = run_contained(quiet("true", &[]), &ContainSpec { gpu_declared: Some(MIB), ..spec(Some(64 * MIB)) })
                 .unwrap();
             assert!(
-                d.admission.failed.iter().any(|f| f.starts_with("gpu margin: not observed")),
+                d.admission.failing().any(|c| c.name == "gpu margin" && c.value.starts_with("not observed")),
                 "{:?}",
-                d.admission.failed
+                d.admission
             );
         }
         (None, GpuAudit::Observed(o)) => {

@@ -166,6 +166,28 @@ fn gap(what: &str) -> Verdict {
 }
 
 pub fn evaluate(c: &Certificate) -> Evaluation {
+    let [p1, p2, p3, p3d] = predicates(c);
+    let r = Class { class: "R".into(), verdict: p2.verdict.clone() };
+    let w = Class { class: "W".into(), verdict: p3.verdict.clone() };
+    let e = exactness_class(c);
+    let l = lifecycle_class(c);
+    let resource = resource_verdict(c);
+    let sovereign_execution = sovereign_execution(c, &r, &w, &resource, &e, &l);
+
+    let mut insufficient = Vec::new();
+    all_insufficient(&serde_json::to_value(c).expect("a certificate serializes"), "", &mut insufficient);
+
+    Evaluation {
+        predicates: vec![p1, p2, p3, p3d],
+        classes: Classes { r, w, e, l },
+        resource,
+        sovereign_execution,
+        insufficient_public_evidence: insufficient,
+    }
+}
+
+/// Predicates (1), (2), (3), and (3d).
+fn predicates(c: &Certificate) -> [Predicate; 4] {
     let i = &c.inventory;
     let b = &c.boundaries;
     let p1 = predicate(
@@ -202,10 +224,11 @@ pub fn evaluate(c: &Certificate) -> Evaluation {
         operand("G_decl", &b.gpu.bytes, "boundaries.gpu.bytes"),
         false,
     );
+    [p1, p2, p3, p3d]
+}
 
-    let r = Class { class: "R".into(), verdict: p2.verdict.clone() };
-    let w = Class { class: "W".into(), verdict: p3.verdict.clone() };
-
+/// E[relation, h]: the compared surfaces are exact against a named oracle.
+fn exactness_class(c: &Certificate) -> Class {
     let x = &c.exactness;
     let e_name = format!(
         "E[{}, {}]",
@@ -228,8 +251,11 @@ pub fn evaluate(c: &Certificate) -> Evaluation {
             None => gap("exactness.oracle"),
         },
     };
-    let e = Class { class: e_name, verdict: e_verdict };
+    Class { class: e_name, verdict: e_verdict }
+}
 
+/// L[F]: the lifecycle's transitions were exercised and its closure is clean.
+fn lifecycle_class(c: &Certificate) -> Class {
     let l = &c.lifecycle;
     let f = match (l.fault_cell.value().map(String::as_str), l.transitions.value()) {
         (Some("none") | None, Some(t)) => t.join(", "),
@@ -247,9 +273,13 @@ pub fn evaluate(c: &Certificate) -> Evaluation {
         }
         (Some(true), Some(_)) => Verdict::Holds,
     };
-    let l = Class { class: format!("L[{f}]"), verdict: l_verdict };
+    Class { class: format!("L[{f}]"), verdict: l_verdict }
+}
 
-    let resource = match c.admission.admitted.value() {
+/// The resource predicate: admitted, with both tiers' grades stated.
+fn resource_verdict(c: &Certificate) -> Verdict {
+    let b = &c.boundaries;
+    match c.admission.admitted.value() {
         None => gap("admission.admitted"),
         Some(false) => Verdict::Fails {
             reason: if c.admission.failed.is_empty() {
@@ -263,8 +293,11 @@ pub fn evaluate(c: &Certificate) -> Evaluation {
             (_, None) => gap("boundaries.gpu.grade (the authority vector)"),
             _ => Verdict::Holds,
         },
-    };
+    }
+}
 
+/// Memory-sovereign execution: R or W, the resource predicate, E, L, and one build throughout.
+fn sovereign_execution(c: &Certificate, r: &Class, w: &Class, resource: &Verdict, e: &Class, l: &Class) -> Verdict {
     let r_or_w = match (&r.verdict, &w.verdict) {
         (Verdict::Holds, _) | (_, Verdict::Holds) => Verdict::Holds,
         (Verdict::Fails { reason: a }, Verdict::Fails { reason: b }) => {
@@ -274,29 +307,18 @@ pub fn evaluate(c: &Certificate) -> Evaluation {
             Verdict::InsufficientEvidence { reason: reason.clone() }
         }
     };
-    let identity = match x.same_build.value() {
+    let identity = match c.exactness.same_build.value() {
         Some(true) => Verdict::Holds,
         Some(false) => Verdict::Fails { reason: "the oracle ran a different binary".into() },
         None => gap("exactness.same_build"),
     };
-    let sovereign_execution = conjunction(&[
+    conjunction(&[
         ("R or W", r_or_w),
         ("resource predicate", resource.clone()),
         (&e.class, e.verdict.clone()),
         (&l.class, l.verdict.clone()),
         ("one execution identity", identity),
-    ]);
-
-    let mut insufficient = Vec::new();
-    all_insufficient(&serde_json::to_value(c).expect("a certificate serializes"), "", &mut insufficient);
-
-    Evaluation {
-        predicates: vec![p1, p2, p3, p3d],
-        classes: Classes { r, w, e, l },
-        resource,
-        sovereign_execution,
-        insufficient_public_evidence: insufficient,
-    }
+    ])
 }
 
 fn ev_bytes(e: &Evidence<Bytes>) -> String {

@@ -336,5 +336,5 @@ fn lifecycle(r: &GenerateRecord) -> Lifecycle {
 
 fn admission(r: &GenerateRecord) -> AdmissionEvidence {
     let adm = r.resources.as_ref().map(|res| &res.admission);
-    AdmissionEvidence { admitted: adm.map(|a| a.admitted).into(), failed: adm.map(|a| a.failed.clone()).unwrap_or_default() }
+    AdmissionEvidence { admitted: adm.map(|a| a.admitted).into(), failed: adm.map(|a| a.failed()).unwrap_or_default() }
 }

@@ -357,7 +357,7 @@ pub fn print_contained(rec: &TypedRecord, dir: &std::path::Path, json: bool) -> 
     }
     println!("authority host {} / gpu {}", res.authority.host.grade.grade.name(), res.authority.gpu.grade.grade.name());
     let adm = &res.admission;
-    let failed = if adm.failed.is_empty() { String::new() } else { format!(": {}", adm.failed.join(", ")) };
+    let failed = if adm.failed().is_empty() { String::new() } else { format!(": {}", adm.failed().join(", ")) };
     println!("admission {}{failed}", if adm.admitted { "admitted" } else { "NOT admitted" });
     Ok(())
 }

@@ -89,136 +89,33 @@ impl DeltaNet {
     }
 }
 
+/// Every family's hyperparameter keys, in the order its forged file has always written them.
 pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
-    let kv = kv_heads(arch, d);
-    let common = |b: &mut Builder| {
-        b.u32("context_length", d.context).u32("embedding_length", d.embd).u32("block_count", d.layers);
-    };
-    let attention = |b: &mut Builder, rot: u64| {
-        b.u32("attention.head_count", d.heads)
-            .u32("attention.head_count_kv", kv)
-            .u32("attention.key_length", d.head_dim)
-            .u32("attention.value_length", d.head_dim);
-        if rot != 0 {
-            b.u32("rope.dimension_count", rot);
-        }
-        b.f32("attention.layer_norm_rms_epsilon", 1e-6);
-    };
-    let experts = |b: &mut Builder| {
-        b.u32("expert_count", d.experts).u32("expert_used_count", d.top_k);
-    };
     match arch {
         Arch::Qwen3moe => {
-            common(b);
+            hp_common(d, b);
             b.u32("feed_forward_length", d.expert_ff).u32("expert_feed_forward_length", d.expert_ff);
-            experts(b);
-            attention(b, 0);
+            hp_experts(d, b);
+            hp_attention(arch, d, b, 0);
             b.f32("rope.freq_base", 1_000_000.0);
         }
-        Arch::Qwen3next | Arch::Qwen35moe => {
-            let dn = DeltaNet::of(d);
-            // Partial rotary, as the published models (a quarter of each head).
-            let rot = d.head_dim / 4;
-            common(b);
-            attention(b, rot);
-            b.f32("rope.freq_base", 10_000_000.0);
-            if arch == Arch::Qwen35moe {
-                // Interleaved M-RoPE sections (t, h, w, e), half the rotary dimensions in all.
-                let half = rot / 2;
-                let s = half * 3 / 8;
-                let sections = [s, s, half - 2 * s, 0].map(|x| Value::I32(x as i32)).to_vec();
-                b.hp("rope.dimension_sections", Value::Array(sections));
-            }
-            experts(b);
-            b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_feed_forward_length", 2 * d.expert_ff);
-            b.u32("ssm.conv_kernel", 4)
-                .u32("ssm.inner_size", dn.value_dim())
-                .u32("ssm.state_size", dn.state)
-                .u32("ssm.time_step_rank", dn.heads)
-                .u32("ssm.group_count", dn.groups)
-                .u32("full_attention_interval", full_attention_interval(d));
-        }
-        Arch::Gemma4 => {
-            common(b);
-            b.u32("feed_forward_length", 2 * d.expert_ff).u32("embedding_length_per_layer_input", 0);
-            b.u32("attention.head_count", d.heads)
-                .u32("attention.head_count_kv", kv)
-                .u32("attention.key_length", d.head_dim)
-                .u32("attention.value_length", d.head_dim)
-                .u32("attention.key_length_swa", d.head_dim)
-                .u32("attention.value_length_swa", d.head_dim)
-                .u32("attention.sliding_window", SLIDING_WINDOW);
-            let pattern = (0..d.layers).map(|l| Value::Bool(gemma4_is_swa(d, l))).collect();
-            b.hp("attention.sliding_window_pattern", Value::Array(pattern));
-            b.f32("attention.layer_norm_rms_epsilon", 1e-6)
-                .f32("rope.freq_base", 1_000_000.0)
-                .f32("rope.freq_base_swa", 10_000.0)
-                .f32("final_logit_softcapping", 30.0);
-            experts(b);
-            b.u32("expert_feed_forward_length", d.expert_ff);
-        }
-        Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe => {
-            common(b);
-            b.u32("feed_forward_length", d.expert_ff);
-            attention(b, d.head_dim);
-            b.f32("rope.freq_base", 10_000.0);
-            experts(b);
-            match arch {
-                Arch::Llama => {
-                    b.u32("vocab_size", d.vocab);
-                }
-                Arch::Qwen2moe => {
-                    b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_feed_forward_length", d.expert_ff);
-                }
-                Arch::Granitemoe => {
-                    b.f32("embedding_scale", 12.0)
-                        .f32("residual_scale", 0.22)
-                        .f32("attention.scale", 0.015625)
-                        .f32("logit_scale", 6.0)
-                        .u32("expert_shared_feed_forward_length", d.expert_ff);
-                }
-                _ => {}
-            }
-        }
-        Arch::Deepseek2 => {
-            let m = Mla::of(d);
-            common(b);
-            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
-            // Absorbed MLA is multi-query over the latent: one K/V head, K the latent and its
-            // rotary part, V the latent.
-            b.u32("attention.head_count", d.heads)
-                .u32("attention.head_count_kv", 1)
-                .u32("attention.key_length", m.kv_lora + m.rope)
-                .u32("attention.value_length", m.kv_lora)
-                .u32("attention.key_length_mla", m.nope + m.rope)
-                .u32("attention.value_length_mla", d.head_dim)
-                .u32("attention.q_lora_rank", m.q_lora)
-                .u32("attention.kv_lora_rank", m.kv_lora)
-                .f32("attention.layer_norm_rms_epsilon", 1e-6)
-                .u32("rope.dimension_count", m.rope)
-                .f32("rope.freq_base", 10_000.0);
-            experts(b);
-            b.u32("expert_shared_count", 1)
-                .u32("expert_feed_forward_length", d.expert_ff)
-                .u32("expert_group_count", DEEPSEEK2_GROUPS)
-                .u32("expert_group_used_count", DEEPSEEK2_GROUPS_USED)
-                .f32("expert_weights_scale", 2.5)
-                .hp("expert_weights_norm", Value::Bool(true))
-                .u32("expert_gating_func", 2);
-        }
+        Arch::Qwen3next | Arch::Qwen35moe => hparams_deltanet(arch, d, b),
+        Arch::Gemma4 => hparams_gemma4(arch, d, b),
+        Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe => hparams_classic(arch, d, b),
+        Arch::Deepseek2 => hparams_deepseek2(d, b),
         Arch::GptOss => {
-            common(b);
-            attention(b, d.head_dim);
+            hp_common(d, b);
+            hp_attention(arch, d, b, d.head_dim);
             b.f32("rope.freq_base", 150_000.0).u32("attention.sliding_window", SLIDING_WINDOW);
-            experts(b);
+            hp_experts(d, b);
             b.u32("expert_feed_forward_length", d.expert_ff);
         }
         Arch::Glm4moe => {
-            common(b);
+            hp_common(d, b);
             b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
-            attention(b, d.head_dim / 2);
+            hp_attention(arch, d, b, d.head_dim / 2);
             b.f32("rope.freq_base", 1_000_000.0);
-            experts(b);
+            hp_experts(d, b);
             b.u32("expert_shared_count", 1)
                 .u32("expert_feed_forward_length", d.expert_ff)
                 .f32("expert_weights_scale", 2.5)
@@ -226,6 +123,126 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .u32("expert_gating_func", 2);
         }
     }
+}
+
+fn hp_common(d: &Dims, b: &mut Builder) {
+    b.u32("context_length", d.context).u32("embedding_length", d.embd).u32("block_count", d.layers);
+}
+
+/// Standard multi-head attention keys; `rot` rotary dimensions (0: the key is left out).
+fn hp_attention(arch: Arch, d: &Dims, b: &mut Builder, rot: u64) {
+    b.u32("attention.head_count", d.heads)
+        .u32("attention.head_count_kv", kv_heads(arch, d))
+        .u32("attention.key_length", d.head_dim)
+        .u32("attention.value_length", d.head_dim);
+    if rot != 0 {
+        b.u32("rope.dimension_count", rot);
+    }
+    b.f32("attention.layer_norm_rms_epsilon", 1e-6);
+}
+
+fn hp_experts(d: &Dims, b: &mut Builder) {
+    b.u32("expert_count", d.experts).u32("expert_used_count", d.top_k);
+}
+
+/// Qwen3-Next and Qwen3.5-MoE: gated DeltaNet layers between full-attention ones.
+fn hparams_deltanet(arch: Arch, d: &Dims, b: &mut Builder) {
+    let dn = DeltaNet::of(d);
+    // Partial rotary, as the published models (a quarter of each head).
+    let rot = d.head_dim / 4;
+    hp_common(d, b);
+    hp_attention(arch, d, b, rot);
+    b.f32("rope.freq_base", 10_000_000.0);
+    if arch == Arch::Qwen35moe {
+        // Interleaved M-RoPE sections (t, h, w, e), half the rotary dimensions in all.
+        let half = rot / 2;
+        let s = half * 3 / 8;
+        let sections = [s, s, half - 2 * s, 0].map(|x| Value::I32(x as i32)).to_vec();
+        b.hp("rope.dimension_sections", Value::Array(sections));
+    }
+    hp_experts(d, b);
+    b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_feed_forward_length", 2 * d.expert_ff);
+    b.u32("ssm.conv_kernel", 4)
+        .u32("ssm.inner_size", dn.value_dim())
+        .u32("ssm.state_size", dn.state)
+        .u32("ssm.time_step_rank", dn.heads)
+        .u32("ssm.group_count", dn.groups)
+        .u32("full_attention_interval", full_attention_interval(d));
+}
+
+/// Gemma 4: sliding-window layers in a pattern, softcapped logits.
+fn hparams_gemma4(arch: Arch, d: &Dims, b: &mut Builder) {
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff).u32("embedding_length_per_layer_input", 0);
+    b.u32("attention.head_count", d.heads)
+        .u32("attention.head_count_kv", kv_heads(arch, d))
+        .u32("attention.key_length", d.head_dim)
+        .u32("attention.value_length", d.head_dim)
+        .u32("attention.key_length_swa", d.head_dim)
+        .u32("attention.value_length_swa", d.head_dim)
+        .u32("attention.sliding_window", SLIDING_WINDOW);
+    let pattern = (0..d.layers).map(|l| Value::Bool(gemma4_is_swa(d, l))).collect();
+    b.hp("attention.sliding_window_pattern", Value::Array(pattern));
+    b.f32("attention.layer_norm_rms_epsilon", 1e-6)
+        .f32("rope.freq_base", 1_000_000.0)
+        .f32("rope.freq_base_swa", 10_000.0)
+        .f32("final_logit_softcapping", 30.0);
+    hp_experts(d, b);
+    b.u32("expert_feed_forward_length", d.expert_ff);
+}
+
+/// OLMoE, Llama, Qwen2-MoE and Granite-MoE: full rotary attention, each with
+/// its own few extra keys.
+fn hparams_classic(arch: Arch, d: &Dims, b: &mut Builder) {
+    hp_common(d, b);
+    b.u32("feed_forward_length", d.expert_ff);
+    hp_attention(arch, d, b, d.head_dim);
+    b.f32("rope.freq_base", 10_000.0);
+    hp_experts(d, b);
+    match arch {
+        Arch::Llama => {
+            b.u32("vocab_size", d.vocab);
+        }
+        Arch::Qwen2moe => {
+            b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_feed_forward_length", d.expert_ff);
+        }
+        Arch::Granitemoe => {
+            b.f32("embedding_scale", 12.0)
+                .f32("residual_scale", 0.22)
+                .f32("attention.scale", 0.015625)
+                .f32("logit_scale", 6.0)
+                .u32("expert_shared_feed_forward_length", d.expert_ff);
+        }
+        _ => {}
+    }
+}
+
+/// DeepSeek-V2: absorbed MLA, a leading dense block, grouped expert selection.
+fn hparams_deepseek2(d: &Dims, b: &mut Builder) {
+    let m = Mla::of(d);
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+    // Absorbed MLA is multi-query over the latent: one K/V head, K the latent and its
+    // rotary part, V the latent.
+    b.u32("attention.head_count", d.heads)
+        .u32("attention.head_count_kv", 1)
+        .u32("attention.key_length", m.kv_lora + m.rope)
+        .u32("attention.value_length", m.kv_lora)
+        .u32("attention.key_length_mla", m.nope + m.rope)
+        .u32("attention.value_length_mla", d.head_dim)
+        .u32("attention.q_lora_rank", m.q_lora)
+        .u32("attention.kv_lora_rank", m.kv_lora)
+        .f32("attention.layer_norm_rms_epsilon", 1e-6)
+        .u32("rope.dimension_count", m.rope)
+        .f32("rope.freq_base", 10_000.0);
+    hp_experts(d, b);
+    b.u32("expert_shared_count", 1)
+        .u32("expert_feed_forward_length", d.expert_ff)
+        .u32("expert_group_count", DEEPSEEK2_GROUPS)
+        .u32("expert_group_used_count", DEEPSEEK2_GROUPS_USED)
+        .f32("expert_weights_scale", 2.5)
+        .hp("expert_weights_norm", Value::Bool(true))
+        .u32("expert_gating_func", 2);
 }
 
 pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {

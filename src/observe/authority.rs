@@ -147,22 +147,47 @@ pub struct Conjunct {
     pub value: String,
 }
 
+/// The admission predicate's outcome. A record carries `failed` beside the conjuncts for its
+/// readers; it is written from the conjuncts and ignored when read back.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(into = "AdmissionRecord")]
 pub struct Admission {
     pub admitted: bool,
     pub conjuncts: Vec<Conjunct>,
-    /// `name: value` of every failed conjunct, e.g. `limit events: 33481`.
-    pub failed: Vec<String>,
 }
 
 impl Admission {
     /// Adds a conjunct about the run itself: a failed run is never admitted.
     pub fn require_run(&mut self, name: &str, passed: bool, value: String) {
         if !passed {
-            self.failed.insert(0, format!("{name}: {value}"));
             self.admitted = false;
         }
         self.conjuncts.insert(0, Conjunct { name: name.to_string(), passed, value });
+    }
+
+    /// The conjuncts that failed, in order.
+    pub fn failing(&self) -> impl Iterator<Item = &Conjunct> {
+        self.conjuncts.iter().filter(|x| !x.passed)
+    }
+
+    /// `name: value` of every failed conjunct, e.g. `limit events: 33481`.
+    pub fn failed(&self) -> Vec<String> {
+        self.failing().map(|x| format!("{}: {}", x.name, x.value)).collect()
+    }
+}
+
+/// [`Admission`] as a record serializes it.
+#[derive(Serialize)]
+struct AdmissionRecord {
+    admitted: bool,
+    conjuncts: Vec<Conjunct>,
+    failed: Vec<String>,
+}
+
+impl From<Admission> for AdmissionRecord {
+    fn from(a: Admission) -> AdmissionRecord {
+        let failed = a.failed();
+        AdmissionRecord { admitted: a.admitted, conjuncts: a.conjuncts, failed }
     }
 }
 
@@ -251,8 +276,7 @@ pub fn admission_with_budget(
             GpuAudit::NotObserved { reason } => push("device margin", false, format!("not observed ({reason})")),
         }
     }
-    let failed: Vec<String> = c.iter().filter(|x| !x.passed).map(|x| format!("{}: {}", x.name, x.value)).collect();
-    Admission { admitted: failed.is_empty(), conjuncts: c, failed }
+    Admission { admitted: c.iter().all(|x| x.passed), conjuncts: c }
 }
 
 #[cfg(test)]
@@ -297,6 +321,37 @@ mod tests {
         })
     }
 
+    /// The names of the conjuncts that failed, in order.
+    fn failing(adm: &Admission) -> Vec<&str> {
+        adm.failing().map(|c| c.name.as_str()).collect()
+    }
+
+    /// Whether the conjunct `name` passed, and its value.
+    fn value<'a>(adm: &'a Admission, name: &str) -> (bool, &'a str) {
+        let c = adm.conjuncts.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no conjunct {name}: {adm:?}"));
+        (c.passed, c.value.as_str())
+    }
+
+    /// A record's `failed` is the failing conjuncts as `name: value`, written from them and
+    /// ignored when read back; a run's own conjunct counts like any other.
+    #[test]
+    fn failed_is_written_from_the_conjuncts() {
+        let h = host(Some(11 * GIB), 11 * GIB, 7);
+        let g = board(20 * GIB, vec![]);
+        let mut adm = admission(&h, &g, &authority(&h, &g, None), None);
+        adm.require_run("worker exited 0", false, "Exited { code: 3 }".into());
+        assert!(!adm.admitted);
+        assert_eq!(failing(&adm), ["worker exited 0", "host margin", "limit events"]);
+        let json = serde_json::to_value(&adm).unwrap();
+        assert_eq!(json["failed"], serde_json::json!(adm.failed()));
+        assert_eq!(adm.failed()[2], "limit events: 7");
+        let mut stale = json.clone();
+        stale["failed"] = serde_json::json!(["nothing: at all"]);
+        let back: Admission = serde_json::from_value(stale).unwrap();
+        assert_eq!(back, adm);
+        assert_eq!(serde_json::to_value(&back).unwrap(), json);
+    }
+
     /// The seed's P cell: it reaches the 11 GiB ceiling and advances memory.max 33,481 times.
     #[test]
     fn seed_p_cell_fails_d_cell_passes() {
@@ -310,12 +365,12 @@ mod tests {
         assert_eq!(a.gpu.ceiling, Some(25_769_803_776));
         let adm = admission(&p, &g, &a, Some(23 * GIB));
         assert!(!adm.admitted);
-        assert!(adm.failed.contains(&"limit events: 33481".to_string()), "{:?}", adm.failed);
+        assert_eq!(value(&adm, "limit events"), (false, "33481"), "{adm:?}");
 
         let d = host(Some(11 * GIB), 9 * GIB, 0);
         let a = authority(&d, &g, Some(23 * GIB));
         let adm = admission(&d, &g, &a, Some(23 * GIB));
-        assert!(adm.admitted, "{:?}", adm.failed);
+        assert!(adm.admitted && adm.failing().next().is_none(), "{adm:?}");
         assert_eq!(a.host.margin, Some(2 * GIB as i64));
     }
 
@@ -324,7 +379,8 @@ mod tests {
         let d = host(Some(11 * GIB), 9 * GIB, 0);
         let g = board(20 * GIB, vec![4242]);
         let adm = admission(&d, &g, &authority(&d, &g, None), None);
-        assert_eq!(adm.failed, vec!["foreign compute processes: 1 (pids 4242)".to_string()]);
+        assert_eq!(failing(&adm), ["foreign compute processes"]);
+        assert_eq!(value(&adm, "foreign compute processes"), (false, "1 (pids 4242)"));
 
         let mut h = host(Some(11 * GIB), 9 * GIB, 0);
         h.swap.peak = Some(8192);
@@ -335,10 +391,11 @@ mod tests {
         assert_eq!(a.gpu.grade, Graded::not_observed("NVML unavailable: x".into()));
         assert_eq!(a.gpu.boundary, None);
         let adm = admission(&h, &g, &a, None);
-        assert_eq!(adm.failed, vec!["oom events: 1", "oom kills: 1", "swap: 8192 bytes"]);
+        assert_eq!(failing(&adm), ["oom events", "oom kills", "swap"]);
+        assert_eq!([value(&adm, "oom events").1, value(&adm, "oom kills").1], ["1", "1"]);
         // A declared GPU allowance that cannot be audited fails.
         let adm = admission(&d, &g, &authority(&d, &g, Some(GIB)), Some(GIB));
-        assert_eq!(adm.failed.len(), 2);
+        assert_eq!(failing(&adm), ["foreign compute processes", "gpu margin"]);
 
         let free = host(None, 9 * GIB, 0);
         let a = authority(&free, &g, None);
@@ -347,7 +404,7 @@ mod tests {
         assert_eq!(a.host.margin, None);
         assert_eq!(a.host.ceiling_margin, Some(16_667_594_752 - 9 * GIB as i64));
         let adm = admission(&free, &g, &a, None);
-        assert_eq!(adm.failed, vec!["host margin: no hard host limit (accounting-only run)"]);
+        assert_eq!(failing(&adm), ["host margin"]);
     }
 
     /// `--gpu-budget`: the run's own sampled device memory must stay below it; a board-wide
@@ -366,10 +423,13 @@ mod tests {
         assert!(check(&own(Some(3 * GIB)), Some(4 * GIB)).admitted);
         // The board's 20 GiB is foreign to the run: only the run's own 3 GiB counts.
         let adm = check(&own(Some(4 * GIB)), Some(4 * GIB));
-        assert_eq!(adm.failed, vec![format!("device margin: 0 bytes below the {}-byte budget (run's own, sampled)", 4 * GIB)]);
-        assert_eq!(check(&own(None), Some(4 * GIB)).failed, vec!["device margin: NVML did not report the run's own device memory"]);
+        assert_eq!(failing(&adm), ["device margin"]);
+        assert!(value(&adm, "device margin").1.contains("(run's own, sampled)"), "{adm:?}");
+        assert_eq!(failing(&check(&own(None), Some(4 * GIB))), ["device margin"]);
         let none = GpuAudit::NotObserved { reason: "NVML unavailable: x".into() };
-        assert_eq!(check(&none, Some(GIB)).failed, vec!["device margin: not observed (NVML unavailable: x)"]);
+        let adm = check(&none, Some(GIB));
+        assert_eq!(failing(&adm), ["device margin"]);
+        assert!(value(&adm, "device margin").1.contains("NVML unavailable: x"), "{adm:?}");
         // Without a budget there is no such conjunct.
         assert!(check(&own(Some(30 * GIB)), None).conjuncts.iter().all(|c| c.name != "device margin"));
     }

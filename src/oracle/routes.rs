@@ -2,7 +2,7 @@
 //! they came from: what `plan simulate` replays.
 
 use crate::inventory::Inventory;
-use crate::plan::simulate::{parse_routes, LayerEvent};
+use crate::plan::simulate::{layer_events, LayerEvent};
 use crate::record::format::Outcome;
 use anyhow::{anyhow, bail, Result};
 use std::path::{Path, PathBuf};
@@ -29,11 +29,12 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
     };
     let surface = rec.surfaces.get("routes").ok_or_else(|| anyhow!("{name}: the record has no routes surface"))?;
     let k = counts.route_k;
-    if surface.unit_bytes != 16 + 4 * k as u64 {
+    if surface.unit_bytes != crate::routes::unit_bytes(k) {
         bail!("{name}: routes unit of {} bytes disagrees with route_k {k}", surface.unit_bytes);
     }
     let bytes = super::read_checked(dir, surface)?;
-    let events = parse_routes(&bytes, k).map_err(|e| anyhow!("{name}/{}: {e:#}", surface.file))?;
+    let events = crate::routes::decode(&bytes, k).map_err(|e| anyhow!("{name}/{}: {e}", surface.file))?;
+    let events = layer_events(events);
     let model = model.map_or_else(|| PathBuf::from(&m.file), Path::to_path_buf);
     let inventory = Inventory::of(&model).map_err(|e| anyhow!("{e:#} (the model of record {name}; name another with --model)"))?;
     let agree = [
@@ -57,4 +58,24 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
     }
     let token_pass = rec.params.as_ref().and_then(|p| p.experts.plan()).and_then(|d| d.token_pass).map(|g| (k as usize, g));
     Ok(Recorded { events, inventory, model, token_pass })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::RouteEvent;
+
+    #[test]
+    fn rows_of_one_ubatch_and_layer_make_one_layer_event() {
+        let ev = |ubatch, row, layer, experts: &[i32]| RouteEvent { ubatch, row, pos: row, layer, experts: experts.to_vec() };
+        let routes = vec![ev(0, 0, 1, &[3, 4]), ev(0, 1, 1, &[4, 5]), ev(0, 0, 2, &[0, 1]), ev(1, 0, 1, &[7, 3])];
+        assert_eq!(
+            layer_events(routes),
+            vec![
+                LayerEvent { ubatch: 0, layer: 1, ids: vec![3, 4, 4, 5] },
+                LayerEvent { ubatch: 0, layer: 2, ids: vec![0, 1] },
+                LayerEvent { ubatch: 1, layer: 1, ids: vec![7, 3] },
+            ]
+        );
+    }
 }

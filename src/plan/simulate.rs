@@ -8,14 +8,13 @@
 //! acquire and, when it served anything, a release.
 
 use super::{groups, LayerPlan, Manifest, Plan, PolicySpec, SlotWriter, Telemetry};
+use crate::engine::RouteEvent;
 use crate::source::{check_request, Completion, ReadRequest, Source, SourceError, SourceStats};
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-/// Route ids per event beyond this are refused as hostile (top-k of any real router is far less).
-const MAX_K: usize = 4096;
 /// Windows of the dry source: they bound reads in flight, never what is loaded.
 const WINDOWS: u32 = 8;
 
@@ -27,40 +26,23 @@ pub struct LayerEvent {
     pub ids: Vec<i32>,
 }
 
-/// Parses a `routes` surface (per event ubatch, row, pos, layer as u32 LE, then k ids as i32
-/// LE) into layer events, refusing anything the engine could not have written.
+/// Parses a `routes` surface into layer events, refusing anything the engine could not have
+/// written ([`crate::routes::decode`]).
 pub fn parse_routes(bytes: &[u8], k: usize) -> Result<Vec<LayerEvent>> {
-    if k == 0 || k > MAX_K {
-        bail!("route k = {k}: expected 1..={MAX_K}");
-    }
-    let unit = 16 + 4 * k;
-    if bytes.len() % unit != 0 {
-        bail!("{} bytes is not a whole number of {unit}-byte events (k = {k})", bytes.len());
-    }
-    let u32_at = |b: &[u8], i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    Ok(layer_events(crate::routes::decode(bytes, k)?))
+}
+
+/// One layer event per (ubatch, layer): its rows' ids in row order, as the engine hands them to
+/// the Plan. The decoder has already checked the rows come in order.
+pub fn layer_events(routes: Vec<RouteEvent>) -> Vec<LayerEvent> {
     let mut out: Vec<LayerEvent> = Vec::new();
-    let mut next_row = 0u32;
-    for (n, e) in bytes.chunks_exact(unit).enumerate() {
-        let (ubatch, row, layer) = (u32_at(e, 0), u32_at(e, 1), u32_at(e, 3));
-        let ids = (0..k).map(|i| u32_at(e, 4 + i) as i32);
+    for e in routes {
         match out.last_mut() {
-            Some(last) if last.ubatch == ubatch && last.layer == layer => {
-                if row != next_row {
-                    bail!("event {n}: row {row} of ubatch {ubatch} layer {layer}, expected row {next_row}");
-                }
-                last.ids.extend(ids);
-            }
-            last => {
-                let in_order = last.is_none_or(|l| ubatch > l.ubatch || (ubatch == l.ubatch && layer > l.layer));
-                if !in_order || row != 0 {
-                    bail!("event {n}: ubatch {ubatch} layer {layer} row {row} is out of order");
-                }
-                out.push(LayerEvent { ubatch, layer, ids: ids.collect() });
-            }
+            Some(last) if last.ubatch == e.ubatch && last.layer == e.layer => last.ids.extend(e.experts),
+            _ => out.push(LayerEvent { ubatch: e.ubatch, layer: e.layer, ids: e.experts }),
         }
-        next_row = row + 1;
     }
-    Ok(out)
+    out
 }
 
 /// Passes the engine runs for `n_ids` selections (llama_expert_binding::n_passes).

@@ -339,21 +339,9 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     let staging = Staging::new(&spec.record)?;
 
     let t0 = Instant::now();
-    let mut base_model = match spec.mode {
-        Mode::Verifier => None,
-        _ => Some(Model::load(&spec.base)?),
-    };
-    let ver_model = match spec.mode {
-        Mode::Base => None,
-        _ => Some(load(&spec.verifier, &ver_inv, &spec.stream)?),
-    };
+    let (mut base_model, ver_model) = load_models(spec, &ver_inv)?;
     let load_s = t0.elapsed().as_secs_f64();
     let tok_model = base_model.as_ref().or(ver_model.as_ref()).expect("one model at least");
-    if let (Some(b), Some(v)) = (&base_model, &ver_model) {
-        if b.n_vocab() != v.n_vocab() {
-            bail!("base and verifier vocabularies differ ({} vs {})", b.n_vocab(), v.n_vocab());
-        }
-    }
     let n_vocab = tok_model.n_vocab();
     let tokenized = tokenize(tok_model, spec)?;
     let mut rt = Runtime {
@@ -363,32 +351,11 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
         counters: Counters::default(),
     };
     let t1 = Instant::now();
-    let mut runs = Vec::new();
-    let mut failure = None;
-    let total = tokenized.len();
-    for (i, prompt) in tokenized.into_iter().enumerate() {
-        match rt.run_prompt(spec, prompt) {
-            Ok(r) => runs.push(r),
-            Err(e) => {
-                failure = Some(e.context(format!("prompt {} of {total}", i + 1)));
-                break;
-            }
-        }
-    }
+    let (runs, mut failure) = rt.run_prompts(spec, tokenized);
     let gen_s = t1.elapsed().as_secs_f64();
     let counters = rt.counters.clone();
     drop(rt);
-    // A source that cannot close clean is evidence too: it goes into the record, not lost.
-    let stream_report = match ver_model.as_ref().and_then(|m| m.with_source(|s| s.finish())) {
-        Some(Ok(r)) => Some(ExpertsReport::of_source(r)?),
-        Some(Err(e)) => {
-            if failure.is_none() {
-                failure = Some(anyhow::anyhow!("the verifier's expert source did not close clean: {e:#}"));
-            }
-            Some(ExpertsReport::FinishError(format!("{e:#}")))
-        }
-        None => None,
-    };
+    let stream_report = close_verifier_source(ver_model.as_ref(), &mut failure)?;
     let responses: Vec<Vec<u8>> = runs.iter().map(|r| r.out.iter().flat_map(|&t| tok_model.token_bytes(t)).collect()).collect();
     drop(ver_model);
     if base_model.take().is_some() {
@@ -398,39 +365,16 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
 
     let generated: usize = runs.iter().map(|r| r.out.len()).sum();
     let prompt_tokens: usize = runs.iter().map(|r| r.prompt.len()).sum();
-    // Logical verification bytes: one pass over the verifier checkpoint per sweep (seed 001).
-    let verification_bytes = counters.sweeps * ver_id.t_repr_bytes;
-    let per_token = verification_bytes as f64 / generated.max(1) as f64;
-    let params = RefineParams {
-        mode: spec.mode,
-        tau: spec.tau,
-        window: spec.window,
-        verify_all: spec.verify_all,
-        n_predict: spec.n_predict,
-        prompts: spec.prompts.len(),
-        sampling: crate::generate::SAMPLING.into(),
-        verifier: match &spec.stream {
-            None => VerifierParams::Resident(Resident::Resident),
-            Some(o) => VerifierParams::Streamed { streamed: o.clone() },
-        },
-        exec: spec.exec,
-    };
-
+    let report = refine_report(&counters, ver_id.t_repr_bytes, generated, stream_report.as_ref());
     let quality = match (&failure, &reference) {
-        (None, Some((_, inv))) => {
-            let r = spec.reference.as_ref().expect("reference identity implies a path");
-            let seqs: Vec<(&[i32], &[i32])> = runs.iter().map(|r| (r.prompt.as_slice(), r.out.as_slice())).collect();
-            // A reference that cannot score the output fails the run on record.
-            score::score(r, inv, &seqs, spec.exec, &spec.reference_stream)
-                .map_err(|e| failure = Some(e.context("scoring under --reference")))
-                .ok()
-        }
+        (None, Some((_, inv))) => score_under_reference(spec, inv, &runs).map_err(|e| failure = Some(e)).ok(),
         _ => None,
     };
 
     let mut staging = staging;
     write_surfaces(&mut staging, spec, &runs, &responses, failure.is_none())?;
     let tokens_per_s = generated as f64 / gen_s.max(1e-9);
+    let per_token = report.verification_bytes_per_token;
     let record = RefineRecord {
         format: REFINE_FORMAT.into(),
         outcome: if failure.is_some() { Outcome::Failed } else { Outcome::Completed },
@@ -438,7 +382,7 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
         model: Some(base_id),
         reference: Some(reference.map(|(id, _)| id)),
         build: build_identity()?,
-        params: Some(params),
+        params: Some(params_of(spec)),
         counts: Some(RefineCounts {
             prompts: spec.prompts.len(),
             prompt_tokens: if failure.is_some() { None } else { Some(prompt_tokens) },
@@ -446,18 +390,7 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
             generated_tokens: generated,
             n_vocab,
         }),
-        refine: Some(RefineReport {
-            counters: counters.clone(),
-            verification_bytes_logical: verification_bytes,
-            verification_bytes_per_token: per_token,
-            verifier_bytes: ver_id.t_repr_bytes,
-            bytes_per_token_over_verifier: per_token / ver_id.t_repr_bytes.max(1) as f64,
-            rollbacks_per_token: counters.rollbacks as f64 / generated.max(1) as f64,
-            served_bytes_per_token: stream_report
-                .as_ref()
-                .and_then(ExpertsReport::plan)
-                .map(|r| r.telemetry.q_run.logical_bytes as f64 / generated.max(1) as f64),
-        }),
+        refine: Some(report),
         verifier: Some(ver_id),
         timing: Some(RefineTiming { load_s, generate_s: gen_s, tokens_per_s }),
         experts: Some(stream_report),
@@ -483,6 +416,96 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
         tokens_per_s,
         quality,
     })
+}
+
+/// The models the mode needs: the base unless only the verifier runs, the verifier (streamed
+/// where asked) unless only the base runs; two must share a vocabulary.
+fn load_models(spec: &RefineSpec, ver_inv: &Inventory) -> Result<(Option<Model>, Option<Model>)> {
+    let base_model = match spec.mode {
+        Mode::Verifier => None,
+        _ => Some(Model::load(&spec.base)?),
+    };
+    let ver_model = match spec.mode {
+        Mode::Base => None,
+        _ => Some(load(&spec.verifier, ver_inv, &spec.stream)?),
+    };
+    if let (Some(b), Some(v)) = (&base_model, &ver_model) {
+        if b.n_vocab() != v.n_vocab() {
+            bail!("base and verifier vocabularies differ ({} vs {})", b.n_vocab(), v.n_vocab());
+        }
+    }
+    Ok((base_model, ver_model))
+}
+
+impl Runtime<'_> {
+    /// Every prompt in order, up to the first that fails: the runs before it, and its error.
+    fn run_prompts(&mut self, spec: &RefineSpec, tokenized: Vec<Vec<i32>>) -> (Vec<PromptRun>, Option<anyhow::Error>) {
+        let mut runs = Vec::new();
+        let total = tokenized.len();
+        for (i, prompt) in tokenized.into_iter().enumerate() {
+            match self.run_prompt(spec, prompt) {
+                Ok(r) => runs.push(r),
+                Err(e) => return (runs, Some(e.context(format!("prompt {} of {total}", i + 1)))),
+            }
+        }
+        (runs, None)
+    }
+}
+
+/// The verifier's source closed and reported. A source that cannot close clean is evidence
+/// too: it goes into the record, not lost, and fails a run that had not failed already.
+fn close_verifier_source(ver_model: Option<&Model>, failure: &mut Option<anyhow::Error>) -> Result<Option<ExpertsReport>> {
+    Ok(match ver_model.and_then(|m| m.with_source(|s| s.finish())) {
+        Some(Ok(r)) => Some(ExpertsReport::of_source(r)?),
+        Some(Err(e)) => {
+            if failure.is_none() {
+                *failure = Some(anyhow::anyhow!("the verifier's expert source did not close clean: {e:#}"));
+            }
+            Some(ExpertsReport::FinishError(format!("{e:#}")))
+        }
+        None => None,
+    })
+}
+
+/// What the verifier cost per generated token.
+fn refine_report(counters: &Counters, verifier_bytes: u64, generated: usize, stream: Option<&ExpertsReport>) -> RefineReport {
+    // Logical verification bytes: one pass over the verifier checkpoint per sweep (seed 001).
+    let verification_bytes = counters.sweeps * verifier_bytes;
+    let per_token = verification_bytes as f64 / generated.max(1) as f64;
+    RefineReport {
+        counters: counters.clone(),
+        verification_bytes_logical: verification_bytes,
+        verification_bytes_per_token: per_token,
+        verifier_bytes,
+        bytes_per_token_over_verifier: per_token / verifier_bytes.max(1) as f64,
+        rollbacks_per_token: counters.rollbacks as f64 / generated.max(1) as f64,
+        served_bytes_per_token: stream.and_then(ExpertsReport::plan).map(|r| r.telemetry.q_run.logical_bytes as f64 / generated.max(1) as f64),
+    }
+}
+
+fn params_of(spec: &RefineSpec) -> RefineParams {
+    RefineParams {
+        mode: spec.mode,
+        tau: spec.tau,
+        window: spec.window,
+        verify_all: spec.verify_all,
+        n_predict: spec.n_predict,
+        prompts: spec.prompts.len(),
+        sampling: crate::generate::SAMPLING.into(),
+        verifier: match &spec.stream {
+            None => VerifierParams::Resident(Resident::Resident),
+            Some(o) => VerifierParams::Streamed { streamed: o.clone() },
+        },
+        exec: spec.exec,
+    }
+}
+
+/// The outputs scored under `--reference`; a reference that cannot score them fails the run
+/// on record.
+fn score_under_reference(spec: &RefineSpec, inv: &Inventory, runs: &[PromptRun]) -> Result<score::Quality> {
+    let r = spec.reference.as_ref().expect("reference identity implies a path");
+    let seqs: Vec<(&[i32], &[i32])> = runs.iter().map(|r| (r.prompt.as_slice(), r.out.as_slice())).collect();
+    score::score(r, inv, &seqs, spec.exec, &spec.reference_stream).map_err(|e| e.context("scoring under --reference"))
 }
 
 #[cfg(test)]
