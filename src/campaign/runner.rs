@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::io::AsRawFd;
+use nix::fcntl::{Flock, FlockArg};
 use std::path::{Path, PathBuf};
 
 /// Journaled as `run` or `resume`.
@@ -82,31 +82,30 @@ pub struct RunSummary {
 }
 
 /// An exclusive lock on the campaign directory, released by the kernel when the runner dies.
-struct Lock(#[allow(dead_code)] fs::File);
+struct Lock(#[allow(dead_code)] Flock<fs::File>);
 
 fn lock(dir: &CampaignDir) -> Result<Vec<Lock>> {
-    let take = |path: PathBuf, op: i32| -> Result<Lock> {
+    let take = |path: PathBuf, arg: FlockArg| -> Result<Lock> {
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent)?;
         }
         let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(f.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
-            bail!("campaign `{}` is being run by another process", dir.root.file_name().unwrap_or_default().to_string_lossy());
+        match Flock::lock(f, arg) {
+            Ok(l) => Ok(Lock(l)),
+            Err(_) => bail!("campaign `{}` is being run by another process", dir.root.file_name().unwrap_or_default().to_string_lossy()),
         }
-        Ok(Lock(f))
     };
     match dir.block {
-        None => Ok(vec![take(dir.lock(), libc::LOCK_EX)?]),
+        None => Ok(vec![take(dir.lock(), FlockArg::LockExclusiveNonblock)?]),
         // Block tasks run side by side, never beside a local runner.
-        Some(_) => Ok(vec![take(dir.campaign_lock(), libc::LOCK_SH)?, take(dir.lock(), libc::LOCK_EX)?]),
+        Some(_) => Ok(vec![take(dir.campaign_lock(), FlockArg::LockSharedNonblock)?, take(dir.lock(), FlockArg::LockExclusiveNonblock)?]),
     }
 }
 
 fn is_locked(dir: &CampaignDir) -> bool {
     match fs::OpenOptions::new().write(true).open(dir.lock()) {
-        // SAFETY: flock on a descriptor we own; released when `f` drops.
-        Ok(f) => unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 },
+        // Released when the lock drops.
+        Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_err(),
         Err(_) => false,
     }
 }
