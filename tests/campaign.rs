@@ -284,8 +284,9 @@ fn every_shipped_campaign_runs_by_its_own_command_from_a_clean_directory() {
 fn unattended_run_then_verify_replay_tamper_export() {
     let st = setup("t-run", &["[A, B]", "[B, A]", "[A, B]"], 8);
     let started = Instant::now();
-    let r = ok(&["campaign", "run", s(&st.file), "--results", s(&st.results)]);
-    assert!(r.stdout.contains("7 sealed"), "{}", r.stdout);
+    let r = ok(&["campaign", "run", s(&st.file), "--results", s(&st.results), "--json"]);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["sealed"], 7, "{v}");
     let j = assert_sealed_exactly_once(&st.results, "t-run", 7);
     assert_eq!(j[0]["event"], "preregistered");
     assert!(events(&j, "cell_discarded").is_empty());

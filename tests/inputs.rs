@@ -177,6 +177,8 @@ fn campaign_check_applies_the_same_bounds() {
         let r = campaign_with(&d, |t| t.replacen(from, to, 1));
         assert_eq!(r.code, 1, "{to}: {}{}", r.stdout, r.stderr);
         assert!(r.stderr.contains(needle) && !r.stderr.contains("memory allocation"), "{to}: {}", r.stderr);
+        // The campaign's own field name, not the command line's flag.
+        assert!(!r.stderr.contains(&format!("--{needle}")), "{to}: {}", r.stderr);
     }
 }
 

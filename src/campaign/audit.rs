@@ -99,8 +99,8 @@ pub fn journal_disagreements(results: &Path, id: &str) -> Result<Vec<Disagreemen
         if doc.cell.key != *cell {
             differ.push(format!("cell {}", doc.cell.key));
         }
-        if doc.outcome.status.name() != status {
-            differ.push(format!("status {} (journal: {status})", doc.outcome.status.name()));
+        if doc.outcome.status != *status {
+            differ.push(format!("status {} (journal: {})", doc.outcome.status.name(), status.name()));
         }
         if doc.validity.valid != *valid {
             differ.push(format!("valid {} (journal: {valid})", doc.validity.valid));

@@ -12,6 +12,8 @@ use crate::engine::ExecParams;
 use crate::plan::{PlanOptions, SourceKind};
 use crate::plan::PolicySpec;
 use crate::observe::RunStatus;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use crate::refine;
 use crate::source::fault::FaultCell;
 use anyhow::{Context, Result};
@@ -97,7 +99,8 @@ fn oom_kills_now() -> Option<u64> {
 /// machine during the attempt and no limit event in its cgroup.
 pub(super) fn interruption(signal: Option<i32>, oom_before: Option<u64>, oom_after: Option<u64>, t: &Telemetry) -> Option<String> {
     let sig = signal?;
-    if ![libc::SIGKILL, libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT].contains(&sig) {
+    let outside = [Signal::SIGKILL, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT];
+    if !outside.iter().any(|s| *s as i32 == sig) {
         // SIGABRT, SIGSEGV, SIGFPE, SIGBUS, SIGILL: the run's own (an engine abort).
         return None;
     }
@@ -105,7 +108,8 @@ pub(super) fn interruption(signal: Option<i32>, oom_before: Option<u64>, oom_aft
     if b != a || t.oom_kill_events.unwrap_or(0) > 0 || t.memory_max_events.unwrap_or(0) > 0 {
         return None;
     }
-    // SAFETY: strsignal returns a static description (or NULL) for a signal number.
+    // SAFETY: strsignal returns a description for any signal number, here one of `outside`,
+    // never NULL on glibc or musl; nix has no strsignal (only the `SIGKILL` name).
     let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }.to_string_lossy().into_owned();
     Some(format!("the worker was ended by signal {sig} ({name}) from outside the run: no OOM kill, no limit event"))
 }
@@ -308,8 +312,8 @@ impl Server {
         match self {
             Server::Child(c) => c.try_wait().ok().flatten().map(|s| s.to_string()),
             Server::Capped(_) => {
-                // SAFETY: a zero signal only asks whether our own child is still there.
-                (unsafe { libc::kill(self.pid() as i32, 0) } != 0).then(|| "gone".to_string())
+                // No signal: only asks whether our own child is still there.
+                kill(Pid::from_raw(self.pid() as i32), None).is_err().then(|| "gone".to_string())
             }
         }
     }
@@ -322,8 +326,8 @@ impl Server {
             }
             Server::Capped(c) => {
                 if let Some(c) = c.take() {
-                    // SAFETY: a signal to our own child; `wait` then reaps it and removes its cgroup.
-                    unsafe { libc::kill(c.pid() as i32, libc::SIGKILL) };
+                    // Our own child; `wait` then reaps it and removes its cgroup.
+                    let _ = kill(Pid::from_raw(c.pid() as i32), Signal::SIGKILL);
                     let _ = c.wait();
                 }
             }
@@ -401,86 +405,31 @@ impl CellExecutor for ProcessExecutor {
     }
 
     fn run(&self, cell: &CellSpec, inputs: &CellInputs, staging: &Path, log: &Path) -> Result<CellOutcome> {
+        let paths = RunPaths { model: self.base.join(&cell.model.path), prompt: self.base.join(&cell.workload.prompt_file), staging, log };
         // An `rpc: local` arm's device: started for this cell, stopped when the cell ends.
         let mut server: Option<DeviceServer> = None;
-        let model = self.base.join(&cell.model.path);
-        let prompt = self.base.join(&cell.workload.prompt_file);
-        let refine_paths = cell.refine.as_ref().map(|r| (self.base.join(&r.verifier.path), self.base.join(&r.reference.path)));
         let (worker, shown) = if cell.arm.measure.is_some() {
             let t0 = Instant::now();
-            match measure_cell(cell, inputs, &model, staging) {
+            match measure_cell(cell, inputs, &paths.model, staging) {
                 Ok(w) => {
-                    // Shown without this machine's paths: the campaign's model, records by digest.
-                    let digests: Vec<(PathBuf, String)> = inputs.block.iter().map(|b| (b.dir.clone(), b.digest.clone())).collect();
-                    let shown = w.map_paths(|p| {
-                        if p == model {
-                            PathBuf::from(&cell.model.path)
-                        } else if p == staging {
-                            PathBuf::from("<record>")
-                        } else {
-                            digests.iter().find(|(d, _)| d == p).map_or_else(|| p.to_path_buf(), |(_, g)| PathBuf::from(g))
-                        }
-                    });
+                    let shown = shown_measure(cell, inputs, &paths, &w);
                     (w, shown)
                 }
-                Err(e) => {
-                    let line = format!("{e:#}").replace('\n', " ");
-                    let mut out = File::create(log).with_context(|| format!("{}: cannot create the cell log", log.display()))?;
-                    writeln!(out, "# cell {} (attempt log)\nerror: {line}", cell.key)?;
-                    return Ok(CellOutcome {
-                        status: CellStatus::Failed,
-                        exit_code: None,
-                        signal: None,
-                        error: Some(line),
-                        wall_s: t0.elapsed().as_secs_f64(),
-                        command: Vec::new(),
-                        worker: None,
-                        telemetry: Telemetry::default(),
-                        interrupted: None,
-                        warmed_bytes: None,
-                    });
-                }
+                Err(e) => return failed_to_start(cell, log, &e, t0),
             }
         } else {
             if cell.arm.rpc.is_some() {
-                server = Some(
-                    DeviceServer::start(&self.exe, cell.arm.device_memory_cap_bytes).with_context(|| format!("arm `{}`: rpc: local", cell.arm.id.value))?,
-                );
+                let started = DeviceServer::start(&self.exe, cell.arm.device_memory_cap_bytes);
+                server = Some(started.with_context(|| format!("arm `{}`: rpc: local", cell.arm.id.value))?);
             }
-            let endpoints: Vec<String> = server.iter().map(|s| s.endpoint.clone()).collect();
-            let device_cgroup = server.as_ref().and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf);
-            let worker = worker_cell(
-                cell,
-                &CellPaths {
-                    model: &model,
-                    prompt_file: &prompt,
-                    record: staging,
-                    refine: refine_paths.as_ref().map(|(v, r)| (v.as_path(), r.as_path())),
-                    rpc: &endpoints,
-                    device_cgroup: device_cgroup.as_deref(),
-                },
-            );
-            let shown_rpc: Vec<String> = endpoints.iter().map(|_| "<local device server>".to_string()).collect();
-            let shown = worker_cell(
-                cell,
-                &CellPaths {
-                    model: Path::new(&cell.model.path),
-                    prompt_file: Path::new(&cell.workload.prompt_file),
-                    record: Path::new("<record>"),
-                    refine: cell.refine.as_ref().map(|r| (Path::new(&r.verifier.path), Path::new(&r.reference.path))),
-                    rpc: &shown_rpc,
-                    device_cgroup: device_cgroup.as_ref().map(|_| Path::new("<device server cgroup>")),
-                },
-            );
-            (worker, shown)
+            self.run_workers(cell, &paths, server.as_ref())
         };
         let mut out = File::create(log).with_context(|| format!("{}: cannot create the cell log", log.display()))?;
         writeln!(out, "# cell {} (attempt log); worker: {}", cell.key, serde_json::to_string(&worker)?)?;
         out.flush()?;
-
         let warmed_bytes = match cell.arm.warm {
             true => {
-                let n = crate::util::warm_file_cache(&model)?;
+                let n = crate::util::warm_file_cache(&paths.model)?;
                 writeln!(out, "# warm: read {n} bytes of {} through the page cache", cell.model.path)?;
                 Some(n)
             }
@@ -488,73 +437,165 @@ impl CellExecutor for ProcessExecutor {
         };
         let t0 = Instant::now();
         let oom_before = oom_kills_now();
-        let (code, signal, maxrss) = match cell.arm.memory_cap_bytes {
-            // The runner is the harness: it makes the cgroup and starts the one worker in it.
-            Some(cap) => {
-                let contain = crate::observe::ContainSpec {
-                    memory_max: Some(cap),
-                    gpu_budget: cell.arm.device_budget(),
-                    device_cgroup: server.as_ref().and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf),
-                    ..Default::default()
-                };
-                let ran = cell::cache_protocol(&worker, false).and_then(|cache| cell::run_in_cgroup(&worker, &contain, cache, Some(&self.exe)));
-                match ran {
-                    Ok((rec, dir)) => {
-                        if let Ok(text) = std::fs::read_to_string(dir.join(cell::LOG_FILE)) {
-                            out.write_all(text.as_bytes())?;
-                        }
-                        let res = rec.resources().context("a contained record without its resources")?;
-                        let maxrss = res.procs.rss_hwm.unwrap_or(0);
-                        match res.status {
-                            RunStatus::Exited { code } => (Some(code), None, maxrss),
-                            RunStatus::Signaled { signal, .. } => (None, Some(signal), maxrss),
-                        }
-                    }
-                    Err(e) => {
-                        writeln!(out, "error: {}", format!("{e:#}").replace('\n', " "))?;
-                        (Some(2), None, 0)
-                    }
-                }
-            }
-            None => {
-                let spec = log.with_extension("cell.json");
-                std::fs::write(&spec, serde_json::to_vec_pretty(&worker)?).with_context(|| format!("{}", spec.display()))?;
-                let mut cmd = Command::new(&self.exe);
-                cmd.arg("cell").arg(&spec).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out.try_clone()?);
-                let ran = crate::observe::run_plain(cmd);
-                let _ = std::fs::remove_file(&spec);
-                match ran? {
-                    (RunStatus::Exited { code }, maxrss) => (Some(code), None, maxrss),
-                    (RunStatus::Signaled { signal, .. }, maxrss) => (None, Some(signal), maxrss),
-                }
-            }
+        let end = match cell.arm.memory_cap_bytes {
+            Some(cap) => self.run_capped(cell, &worker, cap, server.as_ref(), &mut out)?,
+            None => self.run_plain(&worker, log, &out)?,
         };
         let wall_s = t0.elapsed().as_secs_f64();
         let oom_after = oom_kills_now();
-
         let complete = staging.join(crate::record::RECORD_FILE).is_file();
-        let status = if code == Some(0) && complete { CellStatus::Completed } else { CellStatus::Failed };
-        let error = match status {
-            CellStatus::Completed => None,
-            CellStatus::Failed if code == Some(0) => Some("the cell exited 0 but left no record".to_string()),
-            CellStatus::Failed => {
-                let text = std::fs::read_to_string(log).unwrap_or_default();
-                let line = match complete {
-                    // The record says how the worker ended, in its own words.
-                    true => crate::record::load_typed(staging).ok().and_then(|r| r.error().map(str::to_string)),
-                    false => None,
-                };
-                let line = line.unwrap_or_else(|| crate::observe::worker_error(code, signal, &text));
-                let mut line = line.replace(&staging.display().to_string(), "<record>");
-                for (abs, rel) in [(&model, &cell.model.path), (&prompt, &cell.workload.prompt_file)] {
-                    line = line.replace(&abs.display().to_string(), rel);
-                }
-                Some(line)
-            }
+        let status = if end.code == Some(0) && complete { CellStatus::Completed } else { CellStatus::Failed };
+        let error = (status == CellStatus::Failed).then(|| failure_line(cell, &paths, &end, complete));
+        let telemetry = resource_telemetry(staging, end.maxrss);
+        let interrupted = if status == CellStatus::Failed { interruption(end.signal, oom_before, oom_after, &telemetry) } else { None };
+        let (exit_code, signal) = (end.code, end.signal);
+        Ok(CellOutcome { status, exit_code, signal, error, wall_s, command: Vec::new(), worker: Some(shown), telemetry, interrupted, warmed_bytes })
+    }
+}
+
+/// Where one attempt of a cell reads and writes, on this machine.
+struct RunPaths<'a> {
+    model: PathBuf,
+    prompt: PathBuf,
+    staging: &'a Path,
+    log: &'a Path,
+}
+
+/// How the worker ended: its exit code or signal, and its peak resident set.
+struct WorkerExit {
+    code: Option<i32>,
+    signal: Option<i32>,
+    maxrss: u64,
+}
+
+impl WorkerExit {
+    fn of(status: &RunStatus, maxrss: u64) -> WorkerExit {
+        match *status {
+            RunStatus::Exited { code } => WorkerExit { code: Some(code), signal: None, maxrss },
+            RunStatus::Signaled { signal, .. } => WorkerExit { code: None, signal: Some(signal), maxrss },
+        }
+    }
+}
+
+/// A measurement cell shown without this machine's paths: the campaign's model, records by digest.
+fn shown_measure(cell: &CellSpec, inputs: &CellInputs, paths: &RunPaths, w: &Cell) -> Cell {
+    let digests: Vec<(PathBuf, String)> = inputs.block.iter().map(|b| (b.dir.clone(), b.digest.clone())).collect();
+    w.map_paths(|p| {
+        if p == paths.model {
+            PathBuf::from(&cell.model.path)
+        } else if p == paths.staging {
+            PathBuf::from("<record>")
+        } else {
+            digests.iter().find(|(d, _)| d == p).map_or_else(|| p.to_path_buf(), |(_, g)| PathBuf::from(g))
+        }
+    })
+}
+
+/// A measurement cell that could not be built: a failed outcome, its one line in the log.
+fn failed_to_start(cell: &CellSpec, log: &Path, e: &anyhow::Error, t0: Instant) -> Result<CellOutcome> {
+    let line = format!("{e:#}").replace('\n', " ");
+    let mut out = File::create(log).with_context(|| format!("{}: cannot create the cell log", log.display()))?;
+    writeln!(out, "# cell {} (attempt log)\nerror: {line}", cell.key)?;
+    Ok(CellOutcome {
+        status: CellStatus::Failed,
+        exit_code: None,
+        signal: None,
+        error: Some(line),
+        wall_s: t0.elapsed().as_secs_f64(),
+        command: Vec::new(),
+        worker: None,
+        telemetry: Telemetry::default(),
+        interrupted: None,
+        warmed_bytes: None,
+    })
+}
+
+/// Why a failed cell failed, in one line without this machine's paths.
+fn failure_line(cell: &CellSpec, paths: &RunPaths, end: &WorkerExit, complete: bool) -> String {
+    if end.code == Some(0) {
+        return "the cell exited 0 but left no record".to_string();
+    }
+    let text = std::fs::read_to_string(paths.log).unwrap_or_default();
+    let line = match complete {
+        // The record says how the worker ended, in its own words.
+        true => crate::record::load_typed(paths.staging).ok().and_then(|r| r.error().map(str::to_string)),
+        false => None,
+    };
+    let line = line.unwrap_or_else(|| crate::observe::worker_error(end.code, end.signal, &text));
+    let mut line = line.replace(&paths.staging.display().to_string(), "<record>");
+    for (abs, rel) in [(&paths.model, &cell.model.path), (&paths.prompt, &cell.workload.prompt_file)] {
+        line = line.replace(&abs.display().to_string(), rel);
+    }
+    line
+}
+
+impl ProcessExecutor {
+    /// A run cell's worker, and the same worker as the record shows it (no machine paths).
+    fn run_workers(&self, cell: &CellSpec, paths: &RunPaths, server: Option<&DeviceServer>) -> (Cell, Cell) {
+        let refine_paths = cell.refine.as_ref().map(|r| (self.base.join(&r.verifier.path), self.base.join(&r.reference.path)));
+        let endpoints: Vec<String> = server.iter().map(|s| s.endpoint.clone()).collect();
+        let device_cgroup = server.and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf);
+        let worker = worker_cell(
+            cell,
+            &CellPaths {
+                model: &paths.model,
+                prompt_file: &paths.prompt,
+                record: paths.staging,
+                refine: refine_paths.as_ref().map(|(v, r)| (v.as_path(), r.as_path())),
+                rpc: &endpoints,
+                device_cgroup: device_cgroup.as_deref(),
+            },
+        );
+        let shown_rpc: Vec<String> = endpoints.iter().map(|_| "<local device server>".to_string()).collect();
+        let shown = worker_cell(
+            cell,
+            &CellPaths {
+                model: Path::new(&cell.model.path),
+                prompt_file: Path::new(&cell.workload.prompt_file),
+                record: Path::new("<record>"),
+                refine: cell.refine.as_ref().map(|r| (Path::new(&r.verifier.path), Path::new(&r.reference.path))),
+                rpc: &shown_rpc,
+                device_cgroup: device_cgroup.as_ref().map(|_| Path::new("<device server cgroup>")),
+            },
+        );
+        (worker, shown)
+    }
+
+    /// The runner is the harness: it makes the cgroup and starts the one worker in it. A
+    /// cgroup that cannot be made is the cell's failure (exit 2), written to its log.
+    fn run_capped(&self, cell: &CellSpec, worker: &Cell, cap: u64, server: Option<&DeviceServer>, out: &mut File) -> Result<WorkerExit> {
+        let contain = crate::observe::ContainSpec {
+            memory_max: Some(cap),
+            gpu_budget: cell.arm.device_budget(),
+            device_cgroup: server.and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf),
+            ..Default::default()
         };
-        let telemetry = resource_telemetry(staging, maxrss);
-        let interrupted = if status == CellStatus::Failed { interruption(signal, oom_before, oom_after, &telemetry) } else { None };
-        Ok(CellOutcome { status, exit_code: code, signal, error, wall_s, command: Vec::new(), worker: Some(shown), telemetry, interrupted, warmed_bytes })
+        let ran = cell::cache_protocol(worker, false).and_then(|cache| cell::run_in_cgroup(worker, &contain, cache, Some(&self.exe)));
+        match ran {
+            Ok((rec, dir)) => {
+                if let Ok(text) = std::fs::read_to_string(dir.join(cell::LOG_FILE)) {
+                    out.write_all(text.as_bytes())?;
+                }
+                let res = rec.resources().context("a contained record without its resources")?;
+                Ok(WorkerExit::of(&res.status, res.procs.rss_hwm.unwrap_or(0)))
+            }
+            Err(e) => {
+                writeln!(out, "error: {}", format!("{e:#}").replace('\n', " "))?;
+                Ok(WorkerExit { code: Some(2), signal: None, maxrss: 0 })
+            }
+        }
+    }
+
+    /// `sovereign cell SPEC` with no cgroup, its output into the cell's log.
+    fn run_plain(&self, worker: &Cell, log: &Path, out: &File) -> Result<WorkerExit> {
+        let spec = log.with_extension("cell.json");
+        std::fs::write(&spec, serde_json::to_vec_pretty(worker)?).with_context(|| format!("{}", spec.display()))?;
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("cell").arg(&spec).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out.try_clone()?);
+        let ran = crate::observe::run_plain(cmd);
+        let _ = std::fs::remove_file(&spec);
+        let (status, maxrss) = ran?;
+        Ok(WorkerExit::of(&status, maxrss))
     }
 }
 

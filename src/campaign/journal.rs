@@ -21,6 +21,8 @@
 //!
 //! A cell is settled by exactly one of `cell_sealed`, `cell_skipped`, `cell_abandoned`.
 
+use super::executor::CellStatus;
+use super::runner::RunMode;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -40,7 +42,7 @@ pub struct Entry {
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
     Preregistered { campaign_sha256: String },
-    RunnerStarted { pid: u32, mode: String, binary_sha256: String, cells: usize },
+    RunnerStarted { pid: u32, mode: RunMode, binary_sha256: String, cells: usize },
     CellStarted { cell: String, index: usize, attempt: u32, staging: String },
     CellDiscarded { cell: String, attempt: u32, reason: String },
     CellSealing { cell: String, attempt: u32, digest: String },
@@ -48,8 +50,7 @@ pub enum Event {
         cell: String,
         attempt: u32,
         digest: String,
-        /// `completed` or `failed`.
-        status: String,
+        status: CellStatus,
         valid: bool,
         exact: Option<bool>,
         admission: Option<bool>,
@@ -179,7 +180,7 @@ pub enum CellState {
     Pending,
     Started { attempt: u32, staging: String },
     Sealing { attempt: u32, digest: String },
-    Sealed { digest: String, status: String, admission: Option<bool> },
+    Sealed { digest: String, status: CellStatus, admission: Option<bool> },
     Skipped { reason: String },
     Abandoned,
 }
@@ -208,7 +209,7 @@ pub fn histories(entries: &[Entry]) -> BTreeMap<String, CellHistory> {
             }
             Event::CellSealing { attempt, digest, .. } => c.state = CellState::Sealing { attempt: *attempt, digest: digest.clone() },
             Event::CellSealed { digest, status, admission, .. } => {
-                c.state = CellState::Sealed { digest: digest.clone(), status: status.clone(), admission: *admission }
+                c.state = CellState::Sealed { digest: digest.clone(), status: *status, admission: *admission }
             }
             Event::CellSkipped { reason, .. } => c.state = CellState::Skipped { reason: reason.clone() },
             Event::CellAbandoned { .. } => c.state = CellState::Abandoned,
@@ -221,6 +222,19 @@ pub fn histories(entries: &[Entry]) -> BTreeMap<String, CellHistory> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn typed_status_and_mode_keep_their_journal_strings() {
+        let sealed = r#"{"seq":3,"unix_ms":9,"event":"cell_sealed","cell":"c","attempt":1,"digest":"d","status":"failed","valid":true,"exact":null,"admission":null,"wall_s":0.5,"recovered":false}"#;
+        let e: Entry = serde_json::from_str(sealed).unwrap();
+        assert!(matches!(e.event, Event::CellSealed { status: CellStatus::Failed, .. }));
+        assert_eq!(serde_json::to_string(&e).unwrap(), sealed);
+        let started = r#"{"seq":0,"unix_ms":1,"event":"runner_started","pid":7,"mode":"resume","binary_sha256":"b","cells":2}"#;
+        let e: Entry = serde_json::from_str(started).unwrap();
+        assert!(matches!(e.event, Event::RunnerStarted { mode: RunMode::Resume, .. }));
+        assert_eq!(serde_json::to_string(&e).unwrap(), started);
+        assert!(serde_json::from_str::<Entry>(&sealed.replace("failed", "done")).is_err(), "an unknown status is refused");
+    }
 
     #[test]
     fn append_read_and_repair_a_torn_tail() {

@@ -17,13 +17,15 @@ use super::spec::Campaign;
 use super::{preregister, CampaignDir, Loaded};
 use crate::record::{self, prepare_seal, verify_record};
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::io::AsRawFd;
+use nix::fcntl::{Flock, FlockArg};
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Journaled as `run` or `resume`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RunMode {
     /// Preregister if needed, then continue.
     Run,
@@ -80,31 +82,30 @@ pub struct RunSummary {
 }
 
 /// An exclusive lock on the campaign directory, released by the kernel when the runner dies.
-struct Lock(#[allow(dead_code)] fs::File);
+struct Lock(#[allow(dead_code)] Flock<fs::File>);
 
 fn lock(dir: &CampaignDir) -> Result<Vec<Lock>> {
-    let take = |path: PathBuf, op: i32| -> Result<Lock> {
+    let take = |path: PathBuf, arg: FlockArg| -> Result<Lock> {
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent)?;
         }
         let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(f.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
-            bail!("campaign `{}` is being run by another process", dir.root.file_name().unwrap_or_default().to_string_lossy());
+        match Flock::lock(f, arg) {
+            Ok(l) => Ok(Lock(l)),
+            Err(_) => bail!("campaign `{}` is being run by another process", dir.root.file_name().unwrap_or_default().to_string_lossy()),
         }
-        Ok(Lock(f))
     };
     match dir.block {
-        None => Ok(vec![take(dir.lock(), libc::LOCK_EX)?]),
+        None => Ok(vec![take(dir.lock(), FlockArg::LockExclusiveNonblock)?]),
         // Block tasks run side by side, never beside a local runner.
-        Some(_) => Ok(vec![take(dir.campaign_lock(), libc::LOCK_SH)?, take(dir.lock(), libc::LOCK_EX)?]),
+        Some(_) => Ok(vec![take(dir.campaign_lock(), FlockArg::LockSharedNonblock)?, take(dir.lock(), FlockArg::LockExclusiveNonblock)?]),
     }
 }
 
 fn is_locked(dir: &CampaignDir) -> bool {
     match fs::OpenOptions::new().write(true).open(dir.lock()) {
-        // SAFETY: flock on a descriptor we own; released when `f` drops.
-        Ok(f) => unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 },
+        // Released when the lock drops.
+        Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_err(),
         Err(_) => false,
     }
 }
@@ -225,7 +226,7 @@ impl Ctx<'_> {
     /// The oracle's sealed record, if it completed.
     fn oracle_record(&self) -> Option<String> {
         self.cells.iter().filter(|c| c.is_oracle).find_map(|c| match self.state(&c.key) {
-            CellState::Sealed { digest, status, .. } if status == "completed" => Some(digest),
+            CellState::Sealed { digest, status, .. } if status == CellStatus::Completed => Some(digest),
             _ => None,
         })
     }
@@ -268,7 +269,7 @@ fn sealed_event(cell: &str, attempt: u32, digest: &str, doc: &CellDocument, reco
         cell: cell.to_string(),
         attempt,
         digest: digest.to_string(),
-        status: doc.outcome.status.name().to_string(),
+        status: doc.outcome.status,
         valid: doc.validity.valid,
         exact: doc.oracle.exact,
         admission: doc.admission.passed,
@@ -351,7 +352,7 @@ fn stop_reason(ctx: &Ctx, cell: &CellSpec) -> Option<String> {
     let spec = &ctx.c.spec;
     for earlier in &ctx.cells[..cell.index] {
         if let CellState::Sealed { status, admission, .. } = ctx.state(&earlier.key) {
-            if spec.stop.campaign_after_oracle_failure && earlier.is_oracle && status != "completed" {
+            if spec.stop.campaign_after_oracle_failure && earlier.is_oracle && status != CellStatus::Completed {
                 return Some(format!("stop rule: the oracle cell {} failed", earlier.key));
             }
             if spec.stop.arm_after_admission_failure && earlier.arm.id.value == cell.arm.id.value && admission == Some(false) {
@@ -372,7 +373,7 @@ fn block_inputs(ctx: &Ctx, cell: &CellSpec) -> CellInputs {
         .iter()
         .filter(|c| c.block == cell.block && c.position < cell.position)
         .filter_map(|c| match ctx.state(&c.key) {
-            CellState::Sealed { digest, status, .. } if status == "completed" => {
+            CellState::Sealed { digest, status, .. } if status == CellStatus::Completed => {
                 Some(BlockRecord { arm: c.arm.clone(), dir: ctx.results.join(&digest), digest })
             }
             _ => None,
@@ -515,7 +516,7 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
     recover(&mut ctx, &mut summary)?;
     ctx.append(Event::RunnerStarted {
         pid: std::process::id(),
-        mode: if opts.mode == RunMode::Run { "run" } else { "resume" }.into(),
+        mode: opts.mode,
         binary_sha256: crate::identity::build_identity()?.binary_sha256,
         cells: ctx.cells.len(),
     })?;
@@ -597,7 +598,7 @@ pub struct CellRow {
     /// pending, running, interrupted, sealing, sealed, skipped, abandoned
     pub state: String,
     pub record: Option<String>,
-    pub status: Option<String>,
+    pub status: Option<CellStatus>,
     pub admission: Option<bool>,
     pub attempts: u32,
     pub discards: u32,
@@ -684,7 +685,7 @@ impl StatusReport {
                 r.cell,
                 r.state,
                 r.record.as_deref().map_or("-".to_string(), |d| d[..12.min(d.len())].to_string()),
-                r.status.as_deref().unwrap_or("-"),
+                r.status.map_or("-", CellStatus::name),
                 match r.admission {
                     Some(true) => "admitted",
                     Some(false) => "refused",

@@ -17,11 +17,11 @@ use super::journal::{histories, CellHistory, CellState};
 use super::runner::{self, RunMode, RunOptions, RunSummary};
 use super::{preregister, CampaignDir, Loaded, ProcessExecutor};
 use anyhow::{bail, Context, Result};
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Write;
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 
@@ -221,13 +221,10 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-fn flock(path: &Path, op: i32, what: &str) -> Result<fs::File> {
+/// Takes a lock without waiting; it is released when the returned lock drops.
+fn flock(path: &Path, arg: FlockArg, what: &str) -> Result<Flock<fs::File>> {
     let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).with_context(|| format!("{}", path.display()))?;
-    // SAFETY: flock on a descriptor we own; released when the file drops.
-    if unsafe { libc::flock(f.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
-        bail!("{what}");
-    }
-    Ok(f)
+    Flock::lock(f, arg).map_err(|_| anyhow::anyhow!("{what}"))
 }
 
 /// `campaign run|resume --executor slurm`: freeze, then submit every block with unsettled
@@ -239,8 +236,8 @@ pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Re
     }
     runner::check_identities(c)?;
     let preregistered_now = preregister(c, results)?;
-    let _submitting = flock(&dir.root.join("slurm.lock"), libc::LOCK_EX, "another submission of this campaign is under way")?;
-    let _no_local = flock(&dir.campaign_lock(), libc::LOCK_SH, "the campaign is being run by a local runner")?;
+    let _submitting = flock(&dir.root.join("slurm.lock"), FlockArg::LockExclusiveNonblock, "another submission of this campaign is under way")?;
+    let _no_local = flock(&dir.campaign_lock(), FlockArg::LockSharedNonblock, "the campaign is being run by a local runner")?;
 
     let cells = expand(&c.spec);
     let hist = histories(&Journal::read_all(&dir.journal_files()?)?);

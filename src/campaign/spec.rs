@@ -574,6 +574,42 @@ fn valid_name(s: &str, extra: &[char]) -> bool {
 
 /// Semantic checks that the types cannot express.
 pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
+    let mut out = validate_header(c);
+    let mut ids = BTreeSet::new();
+    for a in &c.arms {
+        if !valid_name(&a.id, &[]) {
+            out.push(Diagnostic::at(&a.id, format!("arm id {:?} must be letters, digits, `_`, `-`", a.id.value)));
+        }
+        if !ids.insert(a.id.value.clone()) {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}` is defined twice", a.id.value)));
+        }
+        out.extend(validate_arm(a));
+    }
+    let known = Known(&ids);
+    validate_schedule(c, &known, &mut out);
+    validate_oracle(c, &known, &mut out);
+    out.extend(validate_refine(c));
+    if let Some(p) = c.analysis.as_ref().and_then(|a| a.pairs.as_ref()) {
+        validate_pairs(p, &known, &mut out);
+    }
+    if let Some(f) = c.analysis.as_ref().and_then(|a| a.floor.as_ref()) {
+        validate_floor(c, f, &known, &mut out);
+    }
+    if let Some(w) = c.analysis.as_ref().and_then(|a| a.wall.as_ref()) {
+        known.all(std::iter::once(&w.baseline), "analysis.wall.baseline", &mut out);
+        known.all(&w.arms, "analysis.wall.arms", &mut out);
+        if w.arms.is_empty() {
+            out.push(Diagnostic::at(&w.baseline, "analysis.wall.arms names no arm".to_string()));
+        }
+    }
+    if c.repetition.max_interrupted_attempts.value == 0 {
+        out.push(Diagnostic::at(&c.repetition.max_interrupted_attempts, "repetition.max_interrupted_attempts 0: expected at least 1"));
+    }
+    out
+}
+
+/// The campaign's id, workload and models.
+fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     if let Err(e) = crate::bounds::campaign_id(&c.id.value) {
         out.push(Diagnostic::at(&c.id, e));
@@ -598,133 +634,169 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             }
         }
     }
-    let mut ids = BTreeSet::new();
-    for a in &c.arms {
-        if !valid_name(&a.id, &[]) {
-            out.push(Diagnostic::at(&a.id, format!("arm id {:?} must be letters, digits, `_`, `-`", a.id.value)));
+    out
+}
+
+/// What an arm is, as its fields say: a measurement, or a run holding its experts one way.
+enum ArmKind {
+    Measure,
+    Run(ExpertsMode),
+}
+
+impl Arm {
+    fn kind(&self) -> Option<ArmKind> {
+        match (&self.measure, self.experts) {
+            (Some(_), _) => Some(ArmKind::Measure),
+            (None, Some(e)) => Some(ArmKind::Run(e)),
+            (None, None) => None,
         }
-        if !ids.insert(a.id.value.clone()) {
-            out.push(Diagnostic::at(&a.id, format!("arm `{}` is defined twice", a.id.value)));
+    }
+}
+
+/// One arm's fields against what the arm is.
+fn validate_arm(a: &Arm) -> Vec<Diagnostic> {
+    let experts = match a.kind() {
+        Some(ArmKind::Measure) => return validate_measure_arm(a),
+        Some(ArmKind::Run(e)) => e,
+        None => {
+            let msg = format!("arm `{}` needs `experts` (resident, plan, host), or `measure` (envelope, read_replay)", a.id.value);
+            return vec![Diagnostic::at(&a.id, msg)];
         }
-        if a.measure.is_some() {
-            out.extend(validate_measure_arm(a));
-            continue;
-        }
-        let Some(experts) = a.experts else {
-            out.push(Diagnostic::at(&a.id, format!("arm `{}` needs `experts` (resident, plan, host), or `measure` (envelope, read_replay)", a.id.value)));
-            continue;
-        };
-        match a.threads {
-            None => out.push(Diagnostic::at(&a.id, format!("arm `{}` needs `threads`", a.id.value))),
-            Some(t) => {
-                if let Err(e) = crate::bounds::range("threads", t as u64, 1, crate::bounds::MAX_THREADS as u64, "the run refuses more than 4 x its cores") {
-                    out.push(Diagnostic::at(&a.id, format!("arm `{}`: {e}", a.id.value)));
-                }
-            }
-        }
-        if experts == ExpertsMode::Plan {
-            let p = crate::bounds::PlanParams {
-                slots: a.slots.unwrap_or(1),
-                windows: a.windows.unwrap_or(1),
-                depth: a.depth.unwrap_or(1),
-                layer_buffers: a.layer_buffers.unwrap_or(0),
-            };
-            if let Err(e) = p.check() {
-                out.push(Diagnostic::at(&a.id, format!("arm `{}`: {}", a.id.value, e.to_string().replacen("--", "", 1).replace("layer-buffers", "layer_buffers"))));
-            }
-        }
-        if a.rpc.is_some() && a.gpu_layers.is_none() {
-            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `rpc` needs `gpu_layers` (which layers go to the device)", a.id.value)));
-        }
-        if a.gpu_budget.is_some() && a.gpu_layers.is_none() {
-            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `gpu_budget` needs `gpu_layers` (a budget bounds the device's memory)", a.id.value)));
-        }
-        if a.device_memory_cap_bytes.is_some() && a.rpc.is_none() {
-            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `device_memory_cap_bytes` caps the `rpc: local` device server; this arm has no `rpc`", a.id.value)));
-        }
-        if let Some(c) = a.device_memory_cap_bytes.filter(|&c| !(crate::bounds::MIN_MEMORY_MAX..=crate::bounds::MAX_MEMORY_MAX).contains(&c)) {
-            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `device_memory_cap_bytes` {c} is out of range (1 MiB up to 1 PiB)", a.id.value)));
-        }
-        if a.warm && (experts != ExpertsMode::Resident || a.memory_cap_bytes.is_some() || a.refine.is_some()) {
-            // A capped or streaming run must be charged for its own reads.
-            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `warm` applies to resident generate arms without `memory_cap_bytes`", a.id.value)));
-        }
-        if a.refine.is_some() {
-            // A refine cell runs on the CPU: device fields would be silently ignored.
-            for (field, set) in [("rpc", a.rpc.is_some()), ("gpu_layers", a.gpu_layers.is_some()), ("gpu_budget", a.gpu_budget.is_some())] {
-                if set {
-                    out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{field}` applies to generate arms, not `refine`", a.id.value)));
-                }
-            }
-        }
-        if let Some(crate::engine::GpuLayers::Count(n)) = a.gpu_layers {
-            if !(0..=i32::from(u16::MAX)).contains(&n) {
-                out.push(Diagnostic::at(&a.id, format!("arm `{}`: gpu_layers {n}: expected 0..={} or `all`", a.id.value, u16::MAX)));
-            }
-        }
-        if let Some(m) = a.memory_cap_bytes {
-            if let Err(e) = crate::bounds::range("memory_cap_bytes", m, crate::bounds::MIN_MEMORY_MAX, crate::bounds::MAX_MEMORY_MAX, "1 MiB up to 1 PiB") {
-                out.push(Diagnostic::at(&a.id, format!("arm `{}`: {e}", a.id.value)));
-            }
-        }
-        let plan_fields = [
-            ("slots", a.slots.is_some()),
-            ("policy", a.policy.is_some()),
-            ("source", a.source.is_some()),
-        ];
-        // Windows and depth may be left to the manifest; resident arms may not name them.
-        let sized = [("windows", a.windows.is_some()), ("depth", a.depth.is_some())];
-        match experts {
-            ExpertsMode::Resident | ExpertsMode::Host => {
-                for (name, set) in plan_fields.iter().chain(&sized).chain(&[
-                    ("fault", a.fault.is_some()),
-                    ("layer_buffers", a.layer_buffers.is_some()),
-                    ("timeline_token", a.timeline_token.is_some()),
-                    ("token_pass", a.token_pass.is_some()),
-        ("verify", a.verify.is_some()),
-                    ("verify", a.verify.is_some()),
-                ]) {
-                    if *set {
-                        out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` applies only to `experts: plan`", a.id.value)));
-                    }
-                }
-            }
-            ExpertsMode::Plan => {
-                for (name, set) in plan_fields {
-                    if !set {
-                        out.push(Diagnostic::at(&a.id, format!("arm `{}`: `experts: plan` needs `{name}`", a.id.value)));
-                    }
-                }
-                for (name, v) in [("slots", a.slots), ("windows", a.windows), ("depth", a.depth), ("token_pass", a.token_pass)] {
-                    if v == Some(0) {
-                        out.push(Diagnostic::at(&a.id, format!("arm `{}`: `{name}` must be at least 1", a.id.value)));
-                    }
-                }
+    };
+    let mut msgs = Vec::new();
+    match a.threads {
+        None => msgs.push(format!("arm `{}` needs `threads`", a.id.value)),
+        Some(t) => {
+            if let Err(e) = crate::bounds::range("threads", t as u64, 1, crate::bounds::MAX_THREADS as u64, "the run refuses more than 4 x its cores") {
+                msgs.push(format!("arm `{}`: {e}", a.id.value));
             }
         }
     }
-    let known = |r: &At<String>, what: &str, out: &mut Vec<Diagnostic>| {
-        if !ids.contains(&r.value) {
-            out.push(Diagnostic::at(r, format!("{what} names arm `{}`, which is not defined (arms: {})", r.value, ids.iter().cloned().collect::<Vec<_>>().join(", "))));
+    if experts == ExpertsMode::Plan {
+        if let Err(e) = plan_bounds(a) {
+            msgs.push(format!("arm `{}`: {e}", a.id.value));
         }
-    };
-    let check_block = |block: &[At<String>], what: &str, out: &mut Vec<Diagnostic>| {
+    }
+    msgs.extend(device_fields(a, experts).into_iter().map(|m| format!("arm `{}`: {m}", a.id.value)));
+    if let Some(m) = a.memory_cap_bytes {
+        if let Err(e) = crate::bounds::range("memory_cap_bytes", m, crate::bounds::MIN_MEMORY_MAX, crate::bounds::MAX_MEMORY_MAX, "1 MiB up to 1 PiB") {
+            msgs.push(format!("arm `{}`: {e}", a.id.value));
+        }
+    }
+    msgs.extend(plan_fields(a, experts).into_iter().map(|m| format!("arm `{}`: {m}", a.id.value)));
+    msgs.into_iter().map(|m| Diagnostic::at(&a.id, m)).collect()
+}
+
+/// A Plan arm's slots, windows, depth and layer buffers against the Plan's bounds
+/// (`bounds::PlanParams`), named as the campaign names them; the first out of range.
+fn plan_bounds(a: &Arm) -> Result<()> {
+    use crate::bounds::{range, MAX_DEPTH, MAX_LAYER_BUFFERS, MAX_SLOTS, MAX_WINDOWS};
+    range("slots", a.slots.unwrap_or(1).into(), 1, MAX_SLOTS as u64, "expert slots per layer")?;
+    range("windows", a.windows.unwrap_or(1).into(), 1, MAX_WINDOWS as u64, "registered staging windows")?;
+    range("depth", a.depth.unwrap_or(1).into(), 1, MAX_DEPTH as u64, "io_uring's maximum of submission entries")?;
+    range("layer_buffers", a.layer_buffers.unwrap_or(0).into(), 0, MAX_LAYER_BUFFERS as u64, "staging buffers per layer")?;
+    Ok(())
+}
+
+/// The device fields (`rpc`, `gpu_layers`, `gpu_budget`, `device_memory_cap_bytes`) and
+/// `warm`, each against the fields it needs or excludes.
+fn device_fields(a: &Arm, experts: ExpertsMode) -> Vec<String> {
+    let mut msgs = Vec::new();
+    if a.rpc.is_some() && a.gpu_layers.is_none() {
+        msgs.push("`rpc` needs `gpu_layers` (which layers go to the device)".to_string());
+    }
+    if a.gpu_budget.is_some() && a.gpu_layers.is_none() {
+        msgs.push("`gpu_budget` needs `gpu_layers` (a budget bounds the device's memory)".to_string());
+    }
+    if a.device_memory_cap_bytes.is_some() && a.rpc.is_none() {
+        msgs.push("`device_memory_cap_bytes` caps the `rpc: local` device server; this arm has no `rpc`".to_string());
+    }
+    if let Some(c) = a.device_memory_cap_bytes.filter(|&c| !(crate::bounds::MIN_MEMORY_MAX..=crate::bounds::MAX_MEMORY_MAX).contains(&c)) {
+        msgs.push(format!("`device_memory_cap_bytes` {c} is out of range (1 MiB up to 1 PiB)"));
+    }
+    if a.warm && (experts != ExpertsMode::Resident || a.memory_cap_bytes.is_some() || a.refine.is_some()) {
+        // A capped or streaming run must be charged for its own reads.
+        msgs.push("`warm` applies to resident generate arms without `memory_cap_bytes`".to_string());
+    }
+    if a.refine.is_some() {
+        // A refine cell runs on the CPU: device fields would be silently ignored.
+        for (field, set) in [("rpc", a.rpc.is_some()), ("gpu_layers", a.gpu_layers.is_some()), ("gpu_budget", a.gpu_budget.is_some())] {
+            if set {
+                msgs.push(format!("`{field}` applies to generate arms, not `refine`"));
+            }
+        }
+    }
+    if let Some(crate::engine::GpuLayers::Count(n)) = a.gpu_layers {
+        if !(0..=i32::from(u16::MAX)).contains(&n) {
+            msgs.push(format!("gpu_layers {n}: expected 0..={} or `all`", u16::MAX));
+        }
+    }
+    msgs
+}
+
+/// The Plan's fields: required by `experts: plan`, forbidden otherwise.
+fn plan_fields(a: &Arm, experts: ExpertsMode) -> Vec<String> {
+    let required = [("slots", a.slots.is_some()), ("policy", a.policy.is_some()), ("source", a.source.is_some())];
+    // Windows and depth may be left to the manifest; resident arms may not name them.
+    let optional = [
+        ("windows", a.windows.is_some()),
+        ("depth", a.depth.is_some()),
+        ("fault", a.fault.is_some()),
+        ("layer_buffers", a.layer_buffers.is_some()),
+        ("timeline_token", a.timeline_token.is_some()),
+        ("token_pass", a.token_pass.is_some()),
+        ("verify", a.verify.is_some()),
+    ];
+    match experts {
+        ExpertsMode::Resident | ExpertsMode::Host => {
+            required.iter().chain(&optional).filter(|(_, set)| *set).map(|(name, _)| format!("`{name}` applies only to `experts: plan`")).collect()
+        }
+        ExpertsMode::Plan => {
+            let missing = required.iter().filter(|(_, set)| !set).map(|(name, _)| format!("`experts: plan` needs `{name}`"));
+            let counts = [("slots", a.slots), ("windows", a.windows), ("depth", a.depth), ("token_pass", a.token_pass)];
+            missing.chain(counts.iter().filter(|(_, v)| *v == Some(0)).map(|(name, _)| format!("`{name}` must be at least 1"))).collect()
+        }
+    }
+}
+
+/// The arm ids a campaign defines, to check each reference against.
+struct Known<'a>(&'a BTreeSet<String>);
+
+impl Known<'_> {
+    fn check(&self, r: &At<String>, what: &str, out: &mut Vec<Diagnostic>) {
+        if !self.0.contains(&r.value) {
+            let ids = self.0.iter().cloned().collect::<Vec<_>>().join(", ");
+            out.push(Diagnostic::at(r, format!("{what} names arm `{}`, which is not defined (arms: {ids})", r.value)));
+        }
+    }
+
+    fn all<'r>(&self, refs: impl IntoIterator<Item = &'r At<String>>, what: &str, out: &mut Vec<Diagnostic>) {
+        for r in refs {
+            self.check(r, what, out);
+        }
+    }
+
+    /// A block of the schedule: every arm defined, none twice (the lead may repeat one).
+    fn block(&self, block: &[At<String>], what: &str, out: &mut Vec<Diagnostic>) {
         let mut seen = BTreeSet::new();
         for r in block {
-            known(r, what, out);
+            self.check(r, what, out);
             if !seen.insert(r.value.clone()) && what != "schedule.lead" {
                 out.push(Diagnostic::at(r, format!("arm `{}` appears twice in one block", r.value)));
             }
         }
-    };
-    check_block(&c.schedule.lead, "schedule.lead", &mut out);
+    }
+}
+
+fn validate_schedule(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
+    known.block(&c.schedule.lead, "schedule.lead", out);
     match &c.schedule.blocks {
         Blocks::Preordered(blocks) => {
             for b in blocks {
                 if b.is_empty() {
                     out.push(Diagnostic::at(b, "schedule.blocks: a block is empty"));
                 }
-                check_block(b, "schedule.blocks", &mut out);
+                known.block(b, "schedule.blocks", out);
             }
         }
         Blocks::SeededRandom { arms, count, .. } => {
@@ -735,10 +807,15 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             if cells > crate::bounds::MAX_CELLS {
                 out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} x {} arms is {cells} cells, more than {}", count.value, arms.len(), crate::bounds::MAX_CELLS)));
             }
-            check_block(arms, "schedule.blocks.seeded_random.arms", &mut out);
+            known.block(arms, "schedule.blocks.seeded_random.arms", out);
         }
     }
-    known(&c.oracle.arm, "oracle.arm", &mut out);
+}
+
+/// The oracle: a defined run arm, scheduled first, over the workload's horizon. The
+/// measurement schedule and the oracle's place are checked only once all else holds.
+fn validate_oracle(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
+    known.check(&c.oracle.arm, "oracle.arm", out);
     if c.arms.iter().any(|a| a.id.value == c.oracle.arm.value && a.measure.is_some()) {
         out.push(Diagnostic::at(&c.oracle.arm, format!("oracle.arm `{}` is a measurement arm; the oracle must be a run", c.oracle.arm.value)));
     }
@@ -758,62 +835,51 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     if c.oracle.horizon != *c.workload.outputs {
         out.push(Diagnostic::at(&c.oracle.arm, format!("oracle.horizon {} must equal workload.outputs {}", c.oracle.horizon, c.workload.outputs)));
     }
-    out.extend(validate_refine(c));
-    if let Some(p) = c.analysis.as_ref().and_then(|a| a.pairs.as_ref()) {
-        known(&p.a, "analysis.pairs.a", &mut out);
-        known(&p.b, "analysis.pairs.b", &mut out);
-        if p.a.value == p.b.value {
-            out.push(Diagnostic::at(&p.b, "analysis.pairs: a and b must be different arms"));
-        }
-        if !(p.level > 0.0 && p.level < 1.0) {
-            out.push(Diagnostic::at(&p.a, format!("analysis.pairs.level must lie strictly between 0 and 1 (got {})", p.level)));
-        }
-        if !p.metric.pointer.is_empty() && !p.metric.pointer.starts_with('/') {
-            out.push(Diagnostic::at(&p.a, format!("analysis.pairs.metric.pointer {:?} must start with `/`", p.metric.pointer)));
-        }
-        if p.metric.file != "record.json" && p.metric.file != "cell.json" {
-            out.push(Diagnostic::at(&p.a, format!("analysis.pairs.metric.file must be record.json or cell.json, not {:?}", p.metric.file)));
+}
+
+fn validate_pairs(p: &PairAnalysis, known: &Known, out: &mut Vec<Diagnostic>) {
+    known.check(&p.a, "analysis.pairs.a", out);
+    known.check(&p.b, "analysis.pairs.b", out);
+    if p.a.value == p.b.value {
+        out.push(Diagnostic::at(&p.b, "analysis.pairs: a and b must be different arms"));
+    }
+    if !(p.level > 0.0 && p.level < 1.0) {
+        out.push(Diagnostic::at(&p.a, format!("analysis.pairs.level must lie strictly between 0 and 1 (got {})", p.level)));
+    }
+    if !p.metric.pointer.is_empty() && !p.metric.pointer.starts_with('/') {
+        out.push(Diagnostic::at(&p.a, format!("analysis.pairs.metric.pointer {:?} must start with `/`", p.metric.pointer)));
+    }
+    if p.metric.file != "record.json" && p.metric.file != "cell.json" {
+        out.push(Diagnostic::at(&p.a, format!("analysis.pairs.metric.file must be record.json or cell.json, not {:?}", p.metric.file)));
+    }
+}
+
+/// The floor's arms: a Plan arm, a read replay of it, a resident arm, an envelope arm.
+fn validate_floor(c: &Campaign, f: &FloorAnalysis, known: &Known, out: &mut Vec<Diagnostic>) {
+    for (r, what) in [(&f.arm, "analysis.floor.arm"), (&f.replay, "analysis.floor.replay"), (&f.compute, "analysis.floor.compute")] {
+        known.check(r, what, out);
+    }
+    let arm = |r: &At<String>| c.arms.iter().find(|a| a.id.value == r.value);
+    if arm(&f.arm).is_some_and(|a| a.experts != Some(ExpertsMode::Plan)) {
+        out.push(Diagnostic::at(&f.arm, format!("analysis.floor.arm `{}` must be a Plan arm", f.arm.value)));
+    }
+    match arm(&f.replay).and_then(|a| a.measure.as_ref()) {
+        Some(Measure::ReadReplay(m)) if m.of.value == f.arm.value => {}
+        _ if arm(&f.replay).is_none() => {}
+        _ => out.push(Diagnostic::at(&f.replay, format!("analysis.floor.replay `{}` must be a read_replay arm of `{}`", f.replay.value, f.arm.value))),
+    }
+    if arm(&f.compute).is_some_and(|a| a.experts != Some(ExpertsMode::Resident)) {
+        out.push(Diagnostic::at(&f.compute, format!("analysis.floor.compute `{}` must be a resident arm", f.compute.value)));
+    }
+    if let Some(e) = &f.envelope {
+        known.check(e, "analysis.floor.envelope", out);
+        if arm(e).is_some_and(|a| !matches!(a.measure, Some(Measure::Envelope(_)))) {
+            out.push(Diagnostic::at(e, format!("analysis.floor.envelope `{}` must be an envelope arm", e.value)));
         }
     }
-    if let Some(f) = c.analysis.as_ref().and_then(|a| a.floor.as_ref()) {
-        for (r, what) in [(&f.arm, "analysis.floor.arm"), (&f.replay, "analysis.floor.replay"), (&f.compute, "analysis.floor.compute")] {
-            known(r, what, &mut out);
-        }
-        let arm = |r: &At<String>| c.arms.iter().find(|a| a.id.value == r.value);
-        if arm(&f.arm).is_some_and(|a| a.experts != Some(ExpertsMode::Plan)) {
-            out.push(Diagnostic::at(&f.arm, format!("analysis.floor.arm `{}` must be a Plan arm", f.arm.value)));
-        }
-        match arm(&f.replay).and_then(|a| a.measure.as_ref()) {
-            Some(Measure::ReadReplay(m)) if m.of.value == f.arm.value => {}
-            _ if arm(&f.replay).is_none() => {}
-            _ => out.push(Diagnostic::at(&f.replay, format!("analysis.floor.replay `{}` must be a read_replay arm of `{}`", f.replay.value, f.arm.value))),
-        }
-        if arm(&f.compute).is_some_and(|a| a.experts != Some(ExpertsMode::Resident)) {
-            out.push(Diagnostic::at(&f.compute, format!("analysis.floor.compute `{}` must be a resident arm", f.compute.value)));
-        }
-        if let Some(e) = &f.envelope {
-            known(e, "analysis.floor.envelope", &mut out);
-            if arm(e).is_some_and(|a| !matches!(a.measure, Some(Measure::Envelope(_)))) {
-                out.push(Diagnostic::at(e, format!("analysis.floor.envelope `{}` must be an envelope arm", e.value)));
-            }
-        }
-        if !(f.level > 0.0 && f.level < 1.0) {
-            out.push(Diagnostic::at(&f.arm, format!("analysis.floor.level must lie strictly between 0 and 1 (got {})", f.level)));
-        }
+    if !(f.level > 0.0 && f.level < 1.0) {
+        out.push(Diagnostic::at(&f.arm, format!("analysis.floor.level must lie strictly between 0 and 1 (got {})", f.level)));
     }
-    if let Some(w) = c.analysis.as_ref().and_then(|a| a.wall.as_ref()) {
-        known(&w.baseline, "analysis.wall.baseline", &mut out);
-        for a in &w.arms {
-            known(a, "analysis.wall.arms", &mut out);
-        }
-        if w.arms.is_empty() {
-            out.push(Diagnostic::at(&w.baseline, "analysis.wall.arms names no arm".to_string()));
-        }
-    }
-    if c.repetition.max_interrupted_attempts.value == 0 {
-        out.push(Diagnostic::at(&c.repetition.max_interrupted_attempts, "repetition.max_interrupted_attempts 0: expected at least 1"));
-    }
-    out
 }
 
 /// A measurement arm names its measurement and nothing of a run.

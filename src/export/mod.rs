@@ -20,13 +20,15 @@
 
 mod figure;
 mod refine;
+mod tables;
 pub mod timeline;
 
 pub use figure::envelope as envelope_figure;
 pub use figure::{curves as curves_figure, Curve};
 
 use crate::campaign::{histories, read_cell, CellDocument, CellState};
-use crate::campaign::spec::Campaign;
+use crate::campaign::spec::{Campaign, FloorAnalysis, PairAnalysis};
+use tables::{write_table, ArmLine, CellRow, FloorLine, PairRow, PairSide, WallLine};
 use crate::campaign::expand::block_control;
 use crate::campaign::{expand, frozen, journal::Journal, CampaignDir, CellSpec, CellStatus};
 use crate::oracle::fault::Verdict;
@@ -185,13 +187,21 @@ fn wall_rows(w: &crate::campaign::spec::WallAnalysis, cells: &[CellSpec], sealed
         .collect()
 }
 
+/// One term of a floor: a completed cell, its record and its decode seconds per token.
+#[derive(Clone, Copy)]
+struct Term<'a> {
+    cell: &'a CellSpec,
+    sealed: &'a Sealed,
+    s_per_token: f64,
+}
+
 /// One block of `analysis.floor`.
 struct FloorRow<'a> {
     block: usize,
     order: String,
-    arm: (&'a CellSpec, &'a Sealed, f64),
-    replay: (&'a CellSpec, &'a Sealed, f64),
-    compute: (&'a CellSpec, &'a Sealed, f64),
+    arm: Term<'a>,
+    replay: Term<'a>,
+    compute: Term<'a>,
     /// Decode bytes per token of the arm (its replay's), and the replay's bytes per second.
     bytes_per_token: f64,
     replay_bytes_per_s: f64,
@@ -203,17 +213,17 @@ const MIB: f64 = 1048576.0;
 
 impl FloorRow<'_> {
     fn floor(&self) -> f64 {
-        self.replay.2.max(self.compute.2)
+        self.replay.s_per_token.max(self.compute.s_per_token)
     }
 
     /// The arm's decode bytes per second.
     fn arm_bytes_per_s(&self) -> f64 {
-        self.bytes_per_token / self.arm.2
+        self.bytes_per_token / self.arm.s_per_token
     }
 
     /// Which term of the floor or the envelope this block breaks, if any.
     fn broken_term(&self) -> Option<&'static str> {
-        broken_floor(self.arm.2, self.replay.2, self.compute.2)
+        broken_floor(self.arm.s_per_token, self.replay.s_per_token, self.compute.s_per_token)
             .or_else(|| self.envelope.and_then(|(_, e)| beyond_envelope(self.arm_bytes_per_s(), self.replay_bytes_per_s, e)))
     }
 
@@ -223,22 +233,23 @@ impl FloorRow<'_> {
         let (env_cell, env) = self.envelope.map_or((String::new(), f64::NAN), |(c, e)| (c.key.clone(), e / MIB));
         Some(match term {
             "read" | "compute" => {
-                let (cell, s) = if term == "read" { (&self.replay.0.key, self.replay.2) } else { (&self.compute.0.key, self.compute.2) };
+                let t = if term == "read" { self.replay } else { self.compute };
+                let (cell, s) = (&t.cell.key, t.s_per_token);
                 format!(
                     "block {}: arm cell {} decoded at {:.6} s/token, faster than the floor's {term} term ({cell}, {s:.6} s/token)",
-                    self.block, self.arm.0.key, self.arm.2
+                    self.block, self.arm.cell.key, self.arm.s_per_token
                 )
             }
             "replay" => format!(
                 "block {}: replay cell {} read at {:.1} MiB/s, faster than the envelope's best cell ({env_cell}, {env:.1} MiB/s)",
                 self.block,
-                self.replay.0.key,
+                self.replay.cell.key,
                 self.replay_bytes_per_s / MIB
             ),
             _ => format!(
                 "block {}: arm cell {} moved {:.1} MiB/s, more than the envelope's best cell ({env_cell}, {env:.1} MiB/s)",
                 self.block,
-                self.arm.0.key,
+                self.arm.cell.key,
                 self.arm_bytes_per_s() / MIB
             ),
         })
@@ -276,7 +287,7 @@ fn broken_floor(arm_s: f64, read_s: f64, compute_s: f64) -> Option<&'static str>
 }
 
 /// Per block holding the arm's and the replay's completed cells: the floor and the ratio.
-fn floor_rows<'a>(f: &crate::campaign::spec::FloorAnalysis, cells: &'a [CellSpec], sealed: &'a BTreeMap<String, Sealed>) -> Vec<FloorRow<'a>> {
+fn floor_rows<'a>(f: &FloorAnalysis, cells: &'a [CellSpec], sealed: &'a BTreeMap<String, Sealed>) -> Vec<FloorRow<'a>> {
     let find = |block: usize, arm: &str| {
         cells.iter().find(|c| c.block == block && c.arm.id.value == arm).and_then(|c| sealed.get(&c.key).filter(|x| x.completed()).map(|x| (c, x)))
     };
@@ -309,9 +320,9 @@ fn floor_rows<'a>(f: &crate::campaign::spec::FloorAnalysis, cells: &'a [CellSpec
         rows.push(FloorRow {
             block: b,
             order: ca.order.clone(),
-            arm: (ca, xa, a),
-            replay: (cr, xr, r),
-            compute: (cc, xc, c),
+            arm: Term { cell: ca, sealed: xa, s_per_token: a },
+            replay: Term { cell: cr, sealed: xr, s_per_token: r },
+            compute: Term { cell: cc, sealed: xc, s_per_token: c },
             bytes_per_token: d.physical_bytes as f64 / d.steps as f64,
             replay_bytes_per_s: d.physical_bytes as f64 / d.seconds,
             envelope,
@@ -409,135 +420,6 @@ fn opt<T: ToString>(v: Option<T>) -> String {
     v.map(|x| x.to_string()).unwrap_or_default()
 }
 
-const CELL_COLUMNS: &[&str] = &[
-    "campaign",
-    "campaign_sha256",
-    "index",
-    "cell",
-    "arm",
-    "block",
-    "position",
-    "order",
-    "experts",
-    "source",
-    "policy",
-    "slots",
-    "windows",
-    "depth",
-    "fault",
-    "threads",
-    "memory_cap_bytes",
-    "state",
-    "record",
-    "attempt",
-    "status",
-    "valid",
-    "exact",
-    "admission",
-    "wall_s",
-    "load_s",
-    "prefill_s",
-    "decode_s",
-    "prefill_tokens_per_s",
-    "decode_tokens_per_s",
-    "prompt_tokens",
-    "generated_tokens",
-    "model_sha256",
-    "binary_sha256",
-    "engine_tree_sha256",
-    "node",
-    "record_bytes",
-    "logits_bytes",
-    "source_logical_bytes",
-    "source_physical_bytes",
-    "memory_peak_bytes",
-    "memory_max_events",
-    "oom_kill_events",
-    "swap_peak_bytes",
-    "child_max_rss_bytes",
-    "error",
-    "fault_validated",
-    "fault_failed_checks",
-    "measure",
-    "decode_s_per_token",
-    "read_s_per_decode_token",
-    "read_s_prefill",
-    "replay_depth",
-    "envelope_best_depth",
-    "envelope_best_mib_per_s",
-];
-
-fn cell_row(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Option<&Sealed>, record_bytes: Option<u64>) -> Vec<String> {
-    let a = &cell.arm;
-    let rec = sealed.and_then(|x| x.record.as_ref());
-    let doc = sealed.map(|x| &x.doc);
-    let generate = sealed.and_then(Sealed::generate);
-    let refine = sealed.and_then(Sealed::refine);
-    let timing = generate.and_then(|r| r.timing.as_ref());
-    let q_run = generate.and_then(|r| r.plan()).map(|p| &p.telemetry.q_run);
-    let replay = sealed.and_then(Sealed::read_replay);
-    let envelope = sealed.and_then(Sealed::envelope);
-    let t = doc.map(|d| &d.outcome.telemetry);
-    vec![
-        c.id.value.clone(),
-        digest.to_string(),
-        cell.index.to_string(),
-        cell.key.clone(),
-        a.id.value.clone(),
-        cell.block.to_string(),
-        cell.position.to_string(),
-        cell.order.clone(),
-        opt(a.experts.map(|e| format!("{e:?}").to_lowercase())),
-        opt(a.source.map(|v| format!("{v:?}").to_lowercase())),
-        opt(a.policy.as_ref()),
-        opt(a.slots),
-        opt(a.windows),
-        opt(a.depth),
-        opt(a.fault.map(|f| f.name())),
-        opt(a.threads),
-        opt(a.memory_cap_bytes),
-        state.to_string(),
-        opt(sealed.map(|x| &x.digest)),
-        opt(doc.map(|d| d.attempt)),
-        opt(doc.map(|d| d.outcome.status.name())),
-        opt(doc.map(|d| d.validity.valid)),
-        opt(doc.and_then(|d| d.oracle.exact)),
-        opt(doc.and_then(|d| d.admission.passed)),
-        opt(doc.map(|d| d.outcome.wall_s)),
-        s(generate.and_then(|r| r.timing.as_ref()).map(|t| t.load_s).or(refine.and_then(|r| r.timing.as_ref()).map(|t| t.load_s))),
-        s(timing.map(|t| t.prefill_s)),
-        s(timing.map(|t| t.decode_s)),
-        s(timing.map(|t| t.prefill_tokens_per_s)),
-        s(timing.map(|t| t.decode_tokens_per_s)),
-        s(rec.and_then(TypedRecord::prompt_tokens)),
-        s(rec.and_then(TypedRecord::generated_tokens)),
-        s(rec.and_then(|r| r.model()).map(|m| &m.sha256)),
-        s(rec.map(|r| &r.build().binary_sha256)),
-        s(rec.map(|r| &r.build().engine.tree_sha256)),
-        s(rec.and_then(|r| r.build().node.as_ref()).map(|n| &n.id)),
-        opt(record_bytes),
-        s(rec.and_then(|r| r.surfaces().get("logits")).map(|l| l.bytes)),
-        // Plan arms report their source traffic (Q_run) in the Plan's telemetry.
-        s(q_run.map(|q| q.logical_bytes)),
-        s(q_run.map(|q| q.physical_bytes)),
-        opt(t.and_then(|t| t.memory_peak_bytes)),
-        opt(t.and_then(|t| t.memory_max_events)),
-        opt(t.and_then(|t| t.oom_kill_events)),
-        opt(t.and_then(|t| t.swap_peak_bytes)),
-        opt(t.and_then(|t| t.child_max_rss_bytes)),
-        opt(doc.and_then(|d| d.outcome.error.clone())),
-        opt(doc.and_then(|d| d.fault.as_ref()).map(|f| f.validation.passed)),
-        opt(doc.and_then(|d| d.fault.as_ref()).map(|f| f.validation.failed.join(";"))),
-        opt(a.measure.as_ref().map(measure_name)),
-        opt(sealed.and_then(Sealed::decode_s_per_token)),
-        opt(replay.and_then(|r| r.decode_s_per_token())),
-        opt(replay.and_then(|r| r.prefill.as_ref()).map(|p| p.seconds)),
-        opt(replay.and_then(|r| r.params.as_ref()).map(|p| p.depth)),
-        opt(envelope.and_then(|e| e.best.as_ref()).map(|b| b.depth)),
-        opt(envelope.and_then(|e| e.best.as_ref()).map(|b| b.mib_per_s)),
-    ]
-}
-
 fn measure_name(m: &crate::campaign::spec::Measure) -> &'static str {
     match m {
         crate::campaign::spec::Measure::Envelope(_) => "envelope",
@@ -554,10 +436,26 @@ fn number(x: &Sealed, file: &str, pointer: &str) -> Option<f64> {
     }
 }
 
-/// `sovereign export --campaign ID --out DIR`.
-pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
-    let (spec, digest) = frozen(results, id)?;
-    let dir = CampaignDir::new(results, id);
+/// The campaign's cells as the journal and the records say: each cell's state name, and the
+/// sealed ones loaded, verified and sized.
+struct Loaded {
+    states: BTreeMap<String, &'static str>,
+    sealed: BTreeMap<String, Sealed>,
+    sizes: BTreeMap<String, u64>,
+}
+
+fn state_name(state: &CellState) -> &'static str {
+    match state {
+        CellState::Pending => "pending",
+        CellState::Started { .. } => "interrupted",
+        CellState::Sealing { .. } => "sealing",
+        CellState::Sealed { .. } => "sealed",
+        CellState::Skipped { .. } => "skipped",
+        CellState::Abandoned => "abandoned",
+    }
+}
+
+fn load_cells(results: &Path, id: &str, cells: &[CellSpec]) -> Result<Loaded> {
     let disagree = crate::campaign::audit::journal_disagreements(results, id)?;
     if let Some(first) = disagree.first() {
         anyhow::bail!(
@@ -565,231 +463,108 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
             disagree.len()
         );
     }
-    let hist = histories(&Journal::read_all(&dir.journal_files()?)?);
-    let cells = expand(&spec);
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-
-    let mut sealed: BTreeMap<String, Sealed> = BTreeMap::new();
-    let mut sizes: BTreeMap<String, u64> = BTreeMap::new();
-    let mut states: BTreeMap<String, String> = BTreeMap::new();
-    for cell in &cells {
+    let hist = histories(&Journal::read_all(&CampaignDir::new(results, id).journal_files()?)?);
+    let mut loaded = Loaded { states: BTreeMap::new(), sealed: BTreeMap::new(), sizes: BTreeMap::new() };
+    for cell in cells {
         let state = hist.get(&cell.key).map(|h| h.state.clone()).unwrap_or(CellState::Pending);
-        let name = match &state {
-            CellState::Pending => "pending",
-            CellState::Started { .. } => "interrupted",
-            CellState::Sealing { .. } => "sealing",
-            CellState::Sealed { .. } => "sealed",
-            CellState::Skipped { .. } => "skipped",
-            CellState::Abandoned => "abandoned",
-        };
-        states.insert(cell.key.clone(), name.to_string());
+        loaded.states.insert(cell.key.clone(), state_name(&state));
         if let CellState::Sealed { digest, .. } = state {
             let rdir = results.join(&digest);
             let v = verify_record(&rdir).with_context(|| format!("cell {}", cell.key))?;
-            sizes.insert(cell.key.clone(), v.manifest.total_bytes());
+            loaded.sizes.insert(cell.key.clone(), v.manifest.total_bytes());
             let doc = read_cell(&rdir)?;
             let record = if rdir.join(RECORD_FILE).is_file() { Some(crate::record::load_typed(&rdir)?) } else { None };
-            sealed.insert(cell.key.clone(), Sealed { digest, doc, record });
+            loaded.sealed.insert(cell.key.clone(), Sealed { digest, doc, record });
         }
     }
+    Ok(loaded)
+}
 
-    let mut files = Vec::new();
-    let cells_csv = out.join("cells.csv");
-    let mut w = csv::Writer::from_path(&cells_csv).with_context(|| format!("{}: cannot create", cells_csv.display()))?;
-    w.write_record(CELL_COLUMNS)?;
-    for cell in &cells {
-        w.write_record(cell_row(&spec, &digest, cell, &states[&cell.key], sealed.get(&cell.key), sizes.get(&cell.key).copied()))?;
+/// Blocks holding both prespecified arms, both completed, with the metric in both records.
+fn pair_rows(p: &PairAnalysis, cells: &[CellSpec], sealed: &BTreeMap<String, Sealed>) -> Vec<PairRow> {
+    let mut by_block: BTreeMap<usize, Vec<&CellSpec>> = BTreeMap::new();
+    for c in cells {
+        by_block.entry(c.block).or_default().push(c);
     }
-    w.flush()?;
-    files.push(cells_csv);
+    by_block
+        .iter()
+        .filter_map(|(block, bc)| Some(PairRow::new(p, *block, pair_side(p, bc, sealed, &p.a)?, pair_side(p, bc, sealed, &p.b)?)))
+        .collect()
+}
 
-    // Pairs: blocks holding both prespecified arms, both completed.
-    let mut pair_rows = Vec::new();
-    let mut summary = None;
-    let mut ledger_pairs = Vec::new();
-    if let Some(p) = spec.analysis.as_ref().and_then(|a| a.pairs.as_ref()) {
-        let mut by_block: BTreeMap<usize, Vec<&CellSpec>> = BTreeMap::new();
-        for c in &cells {
-            by_block.entry(c.block).or_default().push(c);
-        }
-        for (block, bc) in &by_block {
-            let find = |arm: &str| bc.iter().find(|c| c.arm.id.value == arm).and_then(|c| sealed.get(&c.key).map(|x| (*c, x)));
-            let (Some((ca, xa)), Some((cb, xb))) = (find(&p.a), find(&p.b)) else { continue };
-            if xa.doc.outcome.status != CellStatus::Completed || xb.doc.outcome.status != CellStatus::Completed {
-                continue;
-            }
-            let (Some(va), Some(vb)) = (number(xa, &p.metric.file, &p.metric.pointer), number(xb, &p.metric.file, &p.metric.pointer)) else {
-                continue;
-            };
-            ledger_pairs.push((ca.key.clone(), cb.key.clone()));
-            pair_rows.push((*block, ca.order.clone(), ca, cb, xa, xb, va, vb));
-        }
-        let pairs_csv = out.join("pairs.csv");
-        let mut w = csv::Writer::from_path(&pairs_csv)?;
-        w.write_record([
-            "block", "order", "a_arm", "b_arm", "a_cell", "b_cell", "a_record", "b_record", "metric_file", "metric_pointer", "a", "b",
-            "ratio_b_over_a", "log_ratio", "a_admission", "b_admission", "a_node", "b_node",
-        ])?;
-        for (block, order, ca, cb, xa, xb, va, vb) in &pair_rows {
-            w.write_record([
-                block.to_string(),
-                order.clone(),
-                p.a.value.clone(),
-                p.b.value.clone(),
-                ca.key.clone(),
-                cb.key.clone(),
-                xa.digest.clone(),
-                xb.digest.clone(),
-                p.metric.file.clone(),
-                p.metric.pointer.clone(),
-                va.to_string(),
-                vb.to_string(),
-                (vb / va).to_string(),
-                (vb / va).ln().to_string(),
-                opt(xa.doc.admission.passed),
-                opt(xb.doc.admission.passed),
-                s(xa.node()),
-                s(xb.node()),
-            ])?;
-        }
-        w.flush()?;
-        files.push(pairs_csv);
-        if !pair_rows.is_empty() {
-            let labels: Vec<String> = pair_rows.iter().map(|r| format!("block {} ({})", r.0, r.1)).collect();
-            let a: Vec<f64> = pair_rows.iter().map(|r| r.6).collect();
-            let b: Vec<f64> = pair_rows.iter().map(|r| r.7).collect();
-            let pr = paired_ratio(&labels, &a, &b, p.level)?;
-            let sum_csv = out.join("pairs_summary.csv");
-            let names = [("a_arm", &p.a.value), ("b_arm", &p.b.value), ("metric_file", &p.metric.file), ("metric_pointer", &p.metric.pointer)];
-            write_summary(&sum_csv, &names, "ratio_b_over_a", &pr)?;
-            files.push(sum_csv);
-            let title = format!("{}: {} / {} ({}{})", spec.id.value, p.b.value, p.a.value, p.metric.file, p.metric.pointer);
-            let blocks: Vec<String> = pair_rows.iter().map(|r| format!("{}\n{}", r.0, r.1)).collect();
-            files.extend(figure::pair_ratios(out, &title, &blocks, &pr)?);
-            summary = Some(pr);
-        }
-    }
+/// The block's cell of `arm`, if it completed and its record holds the metric.
+fn pair_side<'a>(p: &PairAnalysis, block: &[&'a CellSpec], sealed: &'a BTreeMap<String, Sealed>, arm: &str) -> Option<PairSide<'a>> {
+    let cell = *block.iter().find(|c| c.arm.id.value == arm)?;
+    let sealed = sealed.get(&cell.key).filter(|x| x.completed())?;
+    let value = number(sealed, &p.metric.file, &p.metric.pointer)?;
+    Some(PairSide { cell, sealed, value })
+}
 
-    let mut floor = None;
-    let mut envelope = None;
-    let mut floor_invalid = Vec::new();
-    if let Some(f) = spec.analysis.as_ref().and_then(|a| a.floor.as_ref()) {
-        let rows = floor_rows(f, &cells, &sealed);
-        floor_invalid = rows.iter().filter_map(FloorRow::broken).collect();
-        let path = out.join("floor.csv");
-        let mut w = csv::Writer::from_path(&path)?;
-        w.write_record([
-            "block", "order", "arm_cell", "replay_cell", "compute_cell", "arm_record", "replay_record", "compute_record", "arm_s_per_token",
-            "read_s_per_token", "compute_s_per_token", "floor_s_per_token", "bound", "ratio_to_floor", "replay_depth", "valid",
-            "decode_bytes_per_token", "arm_mib_per_s", "replay_mib_per_s", "envelope_cell", "envelope_mib_per_s", "arm_over_envelope",
-        ])?;
-        for r in &rows {
-            let broken = r.broken_term();
-            w.write_record([
-                r.block.to_string(),
-                r.order.clone(),
-                r.arm.0.key.clone(),
-                r.replay.0.key.clone(),
-                r.compute.0.key.clone(),
-                r.arm.1.digest.clone(),
-                r.replay.1.digest.clone(),
-                r.compute.1.digest.clone(),
-                r.arm.2.to_string(),
-                r.replay.2.to_string(),
-                r.compute.2.to_string(),
-                r.floor().to_string(),
-                if r.replay.2 >= r.compute.2 { "read" } else { "compute" }.to_string(),
-                if broken.is_some() { String::new() } else { (r.arm.2 / r.floor()).to_string() },
-                opt(r.replay.1.read_replay().and_then(|x| x.params.as_ref()).map(|p| p.depth)),
-                match broken {
-                    None => "true".to_string(),
-                    Some(t @ ("read" | "compute")) => format!("false: faster than its {t} term"),
-                    Some(t) => format!("false: {t} faster than the envelope"),
-                },
-                r.bytes_per_token.to_string(),
-                (r.arm_bytes_per_s() / MIB).to_string(),
-                (r.replay_bytes_per_s / MIB).to_string(),
-                r.envelope.map(|(c, _)| c.key.clone()).unwrap_or_default(),
-                opt(r.envelope.map(|(_, e)| e / MIB)),
-                match (broken, r.envelope) {
-                    (None, Some((_, e))) => (r.arm_bytes_per_s() / e).to_string(),
-                    _ => String::new(),
-                },
-            ])?;
-        }
-        w.flush()?;
-        files.push(path);
-        // A floor an arm beat was mismeasured: no summary, no ratio (the caller fails closed).
-        if !rows.is_empty() && floor_invalid.is_empty() {
-            let labels: Vec<String> = rows.iter().map(|r| format!("block {} ({})", r.block, r.order)).collect();
-            let a: Vec<f64> = rows.iter().map(FloorRow::floor).collect();
-            let b: Vec<f64> = rows.iter().map(|r| r.arm.2).collect();
-            let pr = paired_ratio(&labels, &a, &b, f.level)?;
-            let path = out.join("floor_summary.csv");
-            let names = [("arm", &f.arm.value), ("replay", &f.replay.value), ("compute", &f.compute.value)];
-            write_summary(&path, &names, "ratio_to_floor", &pr)?;
-            files.push(path);
-            floor = Some(pr);
-            if let Some(e) = f.envelope.as_ref().filter(|_| rows.iter().all(|r| r.envelope.is_some())) {
-                let a: Vec<f64> = rows.iter().filter_map(|r| r.envelope.map(|(_, e)| e)).collect();
-                let b: Vec<f64> = rows.iter().map(FloorRow::arm_bytes_per_s).collect();
-                let pr = paired_ratio(&labels, &a, &b, f.level)?;
-                let path = out.join("envelope_summary.csv");
-                write_summary(&path, &[("arm", &f.arm.value), ("envelope", &e.value)], "arm_over_envelope", &pr)?;
-                files.push(path);
-                envelope = Some(pr);
-            }
-        }
+/// `pairs.csv`, and where a block has both arms, `pairs_summary.csv` and the figure.
+fn write_pairs(out: &Path, spec: &Campaign, p: &PairAnalysis, rows: &[PairRow], files: &mut Vec<PathBuf>) -> Result<Option<PairedRatio>> {
+    let pairs_csv = out.join("pairs.csv");
+    write_table(&pairs_csv, rows)?;
+    files.push(pairs_csv);
+    if rows.is_empty() {
+        return Ok(None);
     }
+    let labels: Vec<String> = rows.iter().map(|r| format!("block {} ({})", r.block, r.order)).collect();
+    let a: Vec<f64> = rows.iter().map(|r| r.a).collect();
+    let b: Vec<f64> = rows.iter().map(|r| r.b).collect();
+    let pr = paired_ratio(&labels, &a, &b, p.level)?;
+    let sum_csv = out.join("pairs_summary.csv");
+    let names = [("a_arm", &p.a.value), ("b_arm", &p.b.value), ("metric_file", &p.metric.file), ("metric_pointer", &p.metric.pointer)];
+    write_summary(&sum_csv, &names, "ratio_b_over_a", &pr)?;
+    files.push(sum_csv);
+    let title = format!("{}: {} / {} ({}{})", spec.id.value, p.b.value, p.a.value, p.metric.file, p.metric.pointer);
+    let blocks: Vec<String> = rows.iter().map(|r| format!("{}\n{}", r.block, r.order)).collect();
+    files.extend(figure::pair_ratios(out, &title, &blocks, &pr)?);
+    Ok(Some(pr))
+}
 
-    let mut walls = Vec::new();
-    if let Some(wa) = spec.analysis.as_ref().and_then(|a| a.wall.as_ref()) {
-        walls = wall_rows(wa, &cells, &sealed);
-        let path = out.join("wall.csv");
-        let mut w = csv::Writer::from_path(&path)?;
-        w.write_record(["arm", "baseline", "arm_wall_s", "arm_cells", "baseline_wall_s", "baseline_cells", "speedup"])?;
-        for r in &walls {
-            w.write_record([
-                r.arm.clone(),
-                r.baseline.clone(),
-                opt(r.arm_wall_s),
-                r.arm_cells.to_string(),
-                opt(r.baseline_wall_s),
-                r.baseline_cells.to_string(),
-                opt(r.speedup),
-            ])?;
-        }
-        w.flush()?;
-        files.push(path);
-    }
+/// What `analysis.floor` gave: its ratios (None when the floor is broken) and why it is broken.
+#[derive(Default)]
+struct FloorResult {
+    floor: Option<PairedRatio>,
+    envelope: Option<PairedRatio>,
+    invalid: Vec<String>,
+}
 
-    let arms = arm_rows(&spec, &cells, &sealed);
-    let path = out.join("arms.csv");
-    let mut w = csv::Writer::from_path(&path)?;
-    w.write_record(["arm", "kind", "cells", "completed", "decode_tokens_per_s", "admitted", "admission_evaluated", "exact", "compared", "read_mib_per_s"])?;
-    for r in &arms {
-        w.write_record([
-            r.arm.clone(),
-            r.kind.clone(),
-            r.cells.to_string(),
-            r.completed.to_string(),
-            opt(r.decode_tokens_per_s),
-            r.admitted.to_string(),
-            r.admission_evaluated.to_string(),
-            r.exact.to_string(),
-            r.compared.to_string(),
-            opt(r.read_mib_per_s),
-        ])?;
-    }
-    w.flush()?;
+/// `floor.csv`, and over a floor no arm beat, `floor_summary.csv` and `envelope_summary.csv`.
+fn write_floor(out: &Path, f: &FloorAnalysis, cells: &[CellSpec], sealed: &BTreeMap<String, Sealed>, files: &mut Vec<PathBuf>) -> Result<FloorResult> {
+    let rows = floor_rows(f, cells, sealed);
+    let invalid: Vec<String> = rows.iter().filter_map(FloorRow::broken).collect();
+    let path = out.join("floor.csv");
+    write_table(&path, &rows.iter().map(FloorLine::new).collect::<Vec<_>>())?;
     files.push(path);
-
-    if spec.refine.is_some() {
-        let title = format!("{}: quality versus verification bytes", spec.id.value);
-        files.extend(refine::write(out, &title, &cells, &sealed)?);
+    // A floor an arm beat was mismeasured: no summary, no ratio (the caller fails closed).
+    if rows.is_empty() || !invalid.is_empty() {
+        return Ok(FloorResult { invalid, ..FloorResult::default() });
     }
+    let labels: Vec<String> = rows.iter().map(|r| format!("block {} ({})", r.block, r.order)).collect();
+    let a: Vec<f64> = rows.iter().map(FloorRow::floor).collect();
+    let b: Vec<f64> = rows.iter().map(|r| r.arm.s_per_token).collect();
+    let pr = paired_ratio(&labels, &a, &b, f.level)?;
+    let path = out.join("floor_summary.csv");
+    let names = [("arm", &f.arm.value), ("replay", &f.replay.value), ("compute", &f.compute.value)];
+    write_summary(&path, &names, "ratio_to_floor", &pr)?;
+    files.push(path);
+    let mut envelope = None;
+    if let Some(e) = f.envelope.as_ref().filter(|_| rows.iter().all(|r| r.envelope.is_some())) {
+        let a: Vec<f64> = rows.iter().filter_map(|r| r.envelope.map(|(_, e)| e)).collect();
+        let b: Vec<f64> = rows.iter().map(FloorRow::arm_bytes_per_s).collect();
+        let pr = paired_ratio(&labels, &a, &b, f.level)?;
+        let path = out.join("envelope_summary.csv");
+        write_summary(&path, &[("arm", &f.arm.value), ("envelope", &e.value)], "arm_over_envelope", &pr)?;
+        files.push(path);
+        envelope = Some(pr);
+    }
+    Ok(FloorResult { floor: Some(pr), envelope, invalid })
+}
 
-    for cell in &cells {
+/// `timeline-<cell>.svg` for each sealed generate record that kept a timeline.
+fn write_timelines(out: &Path, results: &Path, cells: &[CellSpec], sealed: &BTreeMap<String, Sealed>, files: &mut Vec<PathBuf>) -> Result<()> {
+    for cell in cells {
         if let Some(x) = sealed.get(&cell.key).filter(|x| x.generate().is_some_and(|r| r.surfaces.contains_key(timeline::SURFACE))) {
             let path = out.join(format!("timeline-{}.svg", cell.key));
             let f = timeline::read(&results.join(&x.digest)).with_context(|| format!("cell {}", cell.key))?;
@@ -797,8 +572,54 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
             files.push(path);
         }
     }
+    Ok(())
+}
+
+/// `sovereign export --campaign ID --out DIR`.
+pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
+    let (spec, digest) = frozen(results, id)?;
+    let cells = expand(&spec);
+    let Loaded { states, sealed, sizes } = load_cells(results, id, &cells)?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut files = Vec::new();
+
+    let rows: Vec<CellRow> =
+        cells.iter().map(|c| CellRow::new(&spec, &digest, c, states[&c.key], sealed.get(&c.key), sizes.get(&c.key).copied())).collect();
+    let cells_csv = out.join("cells.csv");
+    write_table(&cells_csv, &rows)?;
+    files.push(cells_csv);
+
+    let analysis = spec.analysis.as_ref();
+    let (pairs, summary) = match analysis.and_then(|a| a.pairs.as_ref()) {
+        Some(p) => {
+            let rows = pair_rows(p, &cells, &sealed);
+            let summary = write_pairs(out, &spec, p, &rows, &mut files)?;
+            (rows, summary)
+        }
+        None => (Vec::new(), None),
+    };
+    let floor = match analysis.and_then(|a| a.floor.as_ref()) {
+        Some(f) => write_floor(out, f, &cells, &sealed, &mut files)?,
+        None => FloorResult::default(),
+    };
+    let walls = analysis.and_then(|a| a.wall.as_ref()).map(|w| wall_rows(w, &cells, &sealed)).unwrap_or_default();
+    if analysis.is_some_and(|a| a.wall.is_some()) {
+        let path = out.join("wall.csv");
+        write_table(&path, &walls.iter().map(WallLine::from).collect::<Vec<_>>())?;
+        files.push(path);
+    }
+    let arms = arm_rows(&spec, &cells, &sealed);
+    let path = out.join("arms.csv");
+    write_table(&path, &arms.iter().map(ArmLine::from).collect::<Vec<_>>())?;
+    files.push(path);
+    if spec.refine.is_some() {
+        let title = format!("{}: quality versus verification bytes", spec.id.value);
+        files.extend(refine::write(out, &title, &cells, &sealed)?);
+    }
+    write_timelines(out, results, &cells, &sealed, &mut files)?;
 
     // A draft claim ledger: what the records say now, for `verify` and `replay` later.
+    let ledger_pairs: Vec<(String, String)> = pairs.iter().map(|r| (r.a_cell.clone(), r.b_cell.clone())).collect();
     let ledger = draft_ledger(results, &spec, &cells, &sealed, &ledger_pairs, summary.as_ref());
     let lpath = out.join("claims.json");
     std::fs::write(&lpath, serde_json::to_string_pretty(&ledger)? + "\n")?;
@@ -810,11 +631,11 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
         campaign: id.to_string(),
         cells: cells.len(),
         sealed: sealed.len(),
-        pairs: pair_rows.len(),
+        pairs: pairs.len(),
         summary,
-        floor,
-        floor_invalid,
-        envelope,
+        floor: floor.floor,
+        floor_invalid: floor.invalid,
+        envelope: floor.envelope,
         walls,
         arms,
         files,
