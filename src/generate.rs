@@ -176,14 +176,14 @@ pub fn run_with(
     let routes = ctx.take_routes();
     let route_k = ctx.route_k().unwrap_or(0);
     drop(ctx);
-    let source_report = model.with_source(|s| s.finish());
+    let source_report = model.with_source(ExpertsReport::of_source);
     let source_surfaces = model.with_source(|s| s.surfaces()).unwrap_or_default();
     let mut ran = Ran { model_id, params, prompt, n_vocab, route_k, load_s };
     if let Err(e) = closing_checks(decoded, &source_report, &mut ran.params) {
         let dir = commit_failed(staging, ran, &e, source_report)?;
         return Err(e.context(format!("run failed closed; record {}", dir.display())));
     }
-    let source_report = source_report.transpose()?.map(ExpertsReport::of_source).transpose()?;
+    let source_report = source_report.transpose()?;
     let mut staging = staging;
     write_surfaces(&mut staging, spec, &ran, &run, &routes, &source_surfaces)?;
     commit_completed(staging, ran, run, routes, source_report)
@@ -200,11 +200,11 @@ struct Loaded {
 
 /// Loads the model (its experts from `source`, if any) and tokenizes the prompt, refusing a
 /// prompt that tokenizes to nothing or does not fit the context with its predictions.
-fn load_for_run(spec: &GenerateSpec, inv: &Inventory, source: Option<Box<dyn ExpertSource>>) -> Result<Loaded> {
+fn load_for_run(spec: &GenerateSpec, inv: &Inventory, mut source: Option<Box<dyn ExpertSource>>) -> Result<Loaded> {
     let loads = if source.is_some() { crate::digests::Loads::NonExpert } else { crate::digests::Loads::All };
     let model_id = ModelIdentity::of(&spec.model, inv, Some(loads))?;
-    let experts = match &source {
-        Some(s) => ExpertsParams::of_source(s.describe())?,
+    let experts = match &mut source {
+        Some(s) => ExpertsParams::of_source(s.as_mut())?,
         None => ExpertsParams::Resident,
     };
     let t0 = Instant::now();
@@ -301,7 +301,7 @@ impl Decoding {
 
 /// After decoding: a source that cannot close clean (or show its service complete) fails the
 /// run, and so does a device server's audit over the budget.
-fn closing_checks(decoded: Result<()>, source_report: &Option<Result<serde_json::Value>>, params: &mut GenerateParams) -> Result<()> {
+fn closing_checks(decoded: Result<()>, source_report: &Option<Result<ExpertsReport>>, params: &mut GenerateParams) -> Result<()> {
     let decoded = match (decoded, source_report) {
         (Ok(()), Some(Err(f))) => Err(anyhow::anyhow!("the expert source did not close: {f:#}")),
         (d, _) => d,
@@ -318,9 +318,9 @@ fn closing_checks(decoded: Result<()>, source_report: &Option<Result<serde_json:
 
 /// Fail closed, and keep the evidence: nothing of the failed step is accepted, and the record
 /// says what failed and how the source closed.
-fn commit_failed(staging: Staging, ran: Ran, e: &anyhow::Error, source_report: Option<Result<serde_json::Value>>) -> Result<PathBuf> {
+fn commit_failed(staging: Staging, ran: Ran, e: &anyhow::Error, source_report: Option<Result<ExpertsReport>>) -> Result<PathBuf> {
     let experts = match source_report {
-        Some(Ok(r)) => Some(ExpertsReport::of_source(r)?),
+        Some(Ok(r)) => Some(r),
         Some(Err(f)) => Some(ExpertsReport::FinishError(format!("{f:#}"))),
         None => None,
     };

@@ -340,12 +340,8 @@ impl ExpertSource for PlanSource {
         self.decode_closed(ok)
     }
 
-    fn describe(&self) -> serde_json::Value {
-        serde_json::to_value(self.description()).unwrap_or_default()
-    }
-
-    fn finish(&mut self) -> Result<serde_json::Value> {
-        Ok(serde_json::to_value(self.report()?)?)
+    fn typed(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
     }
 
     fn surfaces(&mut self) -> Vec<(String, String, Vec<u8>)> {

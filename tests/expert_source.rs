@@ -95,8 +95,8 @@ impl ExpertSource for RereadSource {
         Ok(())
     }
 
-    fn describe(&self) -> serde_json::Value {
-        serde_json::json!({ "source": "reread", "slots": self.n_slots })
+    fn describe(&self) -> Result<serde_json::Value> {
+        Ok(serde_json::json!({ "source": "reread", "slots": self.n_slots }))
     }
 
     fn finish(&mut self) -> Result<serde_json::Value> {

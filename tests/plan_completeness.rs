@@ -86,11 +86,8 @@ impl ExpertSource for SlotCountPasses {
     fn decoded(&mut self, ok: bool) -> Result<()> {
         self.0.decoded(ok)
     }
-    fn describe(&self) -> serde_json::Value {
-        self.0.describe()
-    }
-    fn finish(&mut self) -> Result<serde_json::Value> {
-        self.0.finish()
+    fn typed(&mut self) -> Option<&mut dyn std::any::Any> {
+        self.0.typed()
     }
 }
 

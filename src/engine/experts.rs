@@ -131,10 +131,19 @@ pub trait ExpertSource: Send {
         let _ = ok;
         Ok(())
     }
-    /// What this source is, for records (`plan zero, 4 slots, source P`).
-    fn describe(&self) -> serde_json::Value;
-    /// Closes the source after the run and reports its telemetry and closure.
-    fn finish(&mut self) -> Result<serde_json::Value>;
+    /// The source as its own type, for a caller that knows it and reads its description and
+    /// report typed (the Plan's, by `record::format`); a wrapper forwards what it wraps.
+    fn typed(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
+    /// What a source the caller cannot read typed is, for records.
+    fn describe(&self) -> Result<serde_json::Value> {
+        Ok(serde_json::Value::Null)
+    }
+    /// Closes such a source after the run and reports what it saw.
+    fn finish(&mut self) -> Result<serde_json::Value> {
+        Ok(serde_json::Value::Null)
+    }
     /// Surfaces the source recorded, as (name, file, bytes), for the record (after `finish`).
     fn surfaces(&mut self) -> Vec<(String, String, Vec<u8>)> {
         Vec::new()

@@ -6,12 +6,13 @@
 //! a JSON value, so keys stay sorted (`Staging::commit`).
 
 use super::{Surface, RECORD_FILE};
-use crate::engine::{ExecParams, PlacementReport};
+use crate::engine::{ExecParams, ExpertSource, PlacementReport};
 use crate::identity::BuildIdentity;
 use crate::inventory::Inventory;
 use crate::observe::ContainedRun;
 use crate::plan::PlanOptions;
 use crate::plan::report::{PlanDescription, PlanReport};
+use crate::service::PlanSource;
 use anyhow::{bail, Context, Result};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -119,9 +120,22 @@ pub enum ExpertsParams {
     Other(Value),
 }
 
+/// The Plan behind `s`, if that is what it is.
+fn plan_source(s: &mut dyn ExpertSource) -> Option<&mut PlanSource> {
+    s.typed().and_then(|a| a.downcast_mut::<PlanSource>())
+}
+
 impl ExpertsParams {
-    /// A source's description as the engine hands it over.
-    pub fn of_source(v: Value) -> Result<ExpertsParams, serde_json::Error> {
+    /// What `s` is: the Plan's typed description, or another source's own.
+    pub fn of_source(s: &mut dyn ExpertSource) -> Result<ExpertsParams> {
+        Ok(match plan_source(s) {
+            Some(p) => ExpertsParams::Plan(p.description()),
+            None => ExpertsParams::Other(s.describe()?),
+        })
+    }
+
+    /// `params.experts` as a record stores it.
+    fn of_value(v: Value) -> Result<ExpertsParams, serde_json::Error> {
         Ok(if v == "resident" {
             ExpertsParams::Resident
         } else if v.get("mode").and_then(Value::as_str) == Some("plan") {
@@ -151,7 +165,7 @@ impl Serialize for ExpertsParams {
 
 impl<'de> Deserialize<'de> for ExpertsParams {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        ExpertsParams::of_source(Value::deserialize(d)?).map_err(|e| D::Error::custom(format!("params.experts: {e}")))
+        ExpertsParams::of_value(Value::deserialize(d)?).map_err(|e| D::Error::custom(format!("params.experts: {e}")))
     }
 }
 
@@ -165,8 +179,17 @@ pub enum ExpertsReport {
 }
 
 impl ExpertsReport {
-    /// A source's report as the engine hands it over.
-    pub fn of_source(v: Value) -> Result<ExpertsReport, serde_json::Error> {
+    /// Closes `s` and takes its report: the Plan's typed report, or another source's own; an
+    /// error is the source's failure to close.
+    pub fn of_source(s: &mut dyn ExpertSource) -> Result<ExpertsReport> {
+        Ok(match plan_source(s) {
+            Some(p) => ExpertsReport::Plan(Box::new(p.report()?)),
+            None => ExpertsReport::Other(s.finish()?),
+        })
+    }
+
+    /// `experts` as a record stores it.
+    fn of_value(v: Value) -> Result<ExpertsReport, serde_json::Error> {
         let finish_error = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.get("finish_error")).and_then(Value::as_str);
         Ok(if let Some(e) = finish_error {
             ExpertsReport::FinishError(e.to_string())
@@ -207,7 +230,7 @@ impl Serialize for ExpertsReport {
 
 impl<'de> Deserialize<'de> for ExpertsReport {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        ExpertsReport::of_source(Value::deserialize(d)?).map_err(|e| D::Error::custom(format!("experts: {e}")))
+        ExpertsReport::of_value(Value::deserialize(d)?).map_err(|e| D::Error::custom(format!("experts: {e}")))
     }
 }
 

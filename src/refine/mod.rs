@@ -455,8 +455,8 @@ impl Runtime<'_> {
 /// The verifier's source closed and reported. A source that cannot close clean is evidence
 /// too: it goes into the record, not lost, and fails a run that had not failed already.
 fn close_verifier_source(ver_model: Option<&Model>, failure: &mut Option<anyhow::Error>) -> Result<Option<ExpertsReport>> {
-    Ok(match ver_model.and_then(|m| m.with_source(|s| s.finish())) {
-        Some(Ok(r)) => Some(ExpertsReport::of_source(r)?),
+    Ok(match ver_model.and_then(|m| m.with_source(ExpertsReport::of_source)) {
+        Some(Ok(r)) => Some(r),
         Some(Err(e)) => {
             if failure.is_none() {
                 *failure = Some(anyhow::anyhow!("the verifier's expert source did not close clean: {e:#}"));

@@ -41,7 +41,7 @@ pub fn score(path: &Path, inv: &Inventory, seqs: &[(&[i32], &[i32])], exec: Exec
         per_prompt.push(s / out.len() as f64);
     }
     drop(ctx);
-    if let Some(r) = model.with_source(|s| s.finish()) {
+    if let Some(r) = model.with_source(crate::record::format::ExpertsReport::of_source) {
         r?;
     }
     Ok(Quality {
