@@ -10,8 +10,8 @@ fn main() -> ExitCode {
     // SAFETY: setting a signal disposition (no handler) before any threads start.
     let _ = unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) };
     cli::notices::install();
-    let m = cli::Cli::command().get_matches();
-    let mut cli = cli::Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
+    let m = cli::Cli::command().try_get_matches().unwrap_or_else(|e| cli::refuse(e));
+    let mut cli = cli::Cli::from_arg_matches(&m).unwrap_or_else(|e| cli::refuse(e));
     cli.note_given(&m);
     if let Some(d) = &cli.backend_dir {
         // Before any thread starts; workers inherit it.

@@ -111,6 +111,17 @@ impl Cli {
     }
 }
 
+/// Exits on a command line clap refused. A value its parser refused (a policy, a size) is one
+/// line, as every other refusal of a value is; help, version and usage errors stay clap's own.
+pub fn refuse(e: clap::Error) -> ! {
+    if e.kind() == clap::error::ErrorKind::ValueValidation {
+        let text = e.render().to_string();
+        eprintln!("{}", text.lines().next().unwrap_or("error: invalid value"));
+        std::process::exit(2);
+    }
+    e.exit()
+}
+
 pub fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::BuildInfo(a) => model::build_info(a),
