@@ -67,6 +67,12 @@ fn run() -> Result<(), String> {
         .unwrap_or_else(|| target_dir(&out_dir).join("llama"))
         .join(&key[..16]);
     let install = cache.join("install");
+    // Builds of other profiles (or trees sharing SOVEREIGN_ENGINE_CACHE) may run this at the
+    // same time: one builds the engine, the others wait for it instead of removing its tree.
+    fs::create_dir_all(cache.parent().expect("a parent")).map_err(|e| format!("{}: {e}", cache.display()))?;
+    let lock_path = cache.with_extension("lock");
+    let lock = fs::File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    lock.lock().map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
     let tree_digest;
     if cache.join(".complete").exists() {
         tree_digest = fs::read_to_string(cache.join(".tree_sha256")).map_err(|e| e.to_string())?;
