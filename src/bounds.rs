@@ -28,6 +28,9 @@ pub const MAX_BATCH: u32 = MAX_CTX;
 pub const MAX_N_PREDICT: u32 = MAX_CTX;
 /// LRU entries per layer.
 pub const MAX_LRU: u32 = MAX_SLOTS;
+/// Drafts one target traversal checks: llama.cpp keeps one recurrent state per position it
+/// may take back, so a hybrid target's memory grows with it.
+pub const MAX_DRAFT: u32 = 64;
 /// Cells of a campaign: each is a full model run and about 1.5 KiB in memory once expanded;
 /// 10 000 is far beyond any schedule worth running and keeps expansion near 15 MiB.
 pub const MAX_CELLS: u64 = 10_000;

@@ -96,6 +96,9 @@ pub struct GenerateCell {
     /// audited hard by the kernel's own peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_cgroup: Option<PathBuf>,
+    /// A proposer whose drafts the target checks several per traversal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<generate::Draft>,
     /// Record directory (must not exist).
     pub record: PathBuf,
 }
@@ -149,7 +152,7 @@ impl Cell {
     /// The model files the cell reads.
     pub fn models(&self) -> Vec<&Path> {
         match self {
-            Cell::Generate(g) => vec![g.model.as_path()],
+            Cell::Generate(g) => std::iter::once(g.model.as_path()).chain(g.draft.as_ref().map(|d| d.model.as_path())).collect(),
             Cell::Refine(r) => [Some(&r.base), Some(&r.verifier), r.reference.as_ref()].into_iter().flatten().map(PathBuf::as_path).collect(),
             Cell::Envelope(e) => vec![e.model.as_path()],
             Cell::ReadReplay(r) => vec![r.model.as_path()],
@@ -172,6 +175,9 @@ impl Cell {
         match &mut c {
             Cell::Generate(g) => {
                 g.model = f(&g.model);
+                if let Some(d) = &mut g.draft {
+                    d.model = f(&d.model);
+                }
                 if let Prompt::File(p) = &mut g.prompt {
                     *p = f(p);
                 }
@@ -213,6 +219,10 @@ impl Cell {
                     bail!("--rpc names {} servers; ggml takes at most {}", g.rpc.len(), bounds::MAX_RPC_SERVERS);
                 }
                 bounds::regular_file("--model", &g.model)?;
+                if let Some(d) = &g.draft {
+                    bounds::regular_file("--draft", &d.model)?;
+                    bounds::range("--draft-max", d.max as u64, 1, bounds::MAX_DRAFT.min(g.exec.n_ubatch.saturating_sub(1)).max(1) as u64, "drafts one traversal checks, below the ubatch")?;
+                }
                 if let Prompt::File(f) = &g.prompt {
                     bounds::regular_file("--prompt-file", f)?;
                 }
@@ -320,6 +330,7 @@ pub fn run(cell: &Cell) -> Result<Done> {
                 n_predict: g.n_predict,
                 exec: g.exec,
                 ignore_eos: g.ignore_eos,
+                draft: g.draft.clone(),
                 record: g.record.clone(),
             };
             if let Some(dir) = &g.device_cgroup {

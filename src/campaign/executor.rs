@@ -267,6 +267,7 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
             gpu_budget: arm.device_budget(),
             rpc: p.rpc.to_vec(),
             device_cgroup: p.device_cgroup.map(Path::to_path_buf),
+            draft: None,
             record: p.record.to_path_buf(),
         }),
     }

@@ -798,6 +798,7 @@ mod tests {
                     surfaces,
                     resources: None,
                     cache_protocol: None,
+                    speculative: None,
                 };
                 fs::write(part.join("record.json"), serde_json::to_vec(&rec)?)?;
                 fs::rename(&part, staging)?;

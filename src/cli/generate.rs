@@ -173,6 +173,13 @@ pub struct GenerateArgs {
     /// prints it): after the run its kernel peak is put on record against `--gpu-budget`.
     #[arg(long, requires = "rpc", help_heading = "Devices")]
     device_cgroup: Option<PathBuf>,
+    /// A proposer (a model with the target's vocabulary, resident) whose greedy drafts the
+    /// target checks several per traversal; committed tokens stay the target's own greedy ones.
+    #[arg(long, help_heading = "Temporal amortization")]
+    draft: Option<PathBuf>,
+    /// Drafts one target traversal checks at most.
+    #[arg(long, requires = "draft", default_value_t = 4, help_heading = "Temporal amortization")]
+    draft_max: u32,
     #[command(flatten)]
     contained: ContainArgs,
     /// Record directory (must not exist).
@@ -219,6 +226,7 @@ impl GenerateArgs {
             gpu_budget: self.contained.gpu_budget,
             rpc: self.rpc.clone(),
             device_cgroup: self.device_cgroup.clone(),
+            draft: self.draft.as_ref().map(|m| generate::Draft { model: m.clone(), max: self.draft_max }),
             record: self.record.clone(),
         }))
     }

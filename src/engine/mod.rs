@@ -432,13 +432,39 @@ impl Model {
         bail!("tokenization failed")
     }
 
+    /// The first token id at which two vocabularies differ (a token's text, control tokens
+    /// included, or whether it ends generation), or their sizes when those differ; `None` when
+    /// every token id means the same in both. A proposer must speak its target's vocabulary:
+    /// its drafts are token ids the target checks.
+    pub fn vocabulary_difference(&self, other: &Model) -> Option<String> {
+        let (a, b) = (self.n_vocab(), other.n_vocab());
+        if a != b {
+            return Some(format!("{a} tokens against {b}"));
+        }
+        (0..a as i32).find_map(|t| {
+            let (x, y) = (self.piece(t, true), other.piece(t, true));
+            if x != y {
+                Some(format!("token {t} is {:?} against {:?}", String::from_utf8_lossy(&x), String::from_utf8_lossy(&y)))
+            } else if self.is_eog(t) != other.is_eog(t) {
+                Some(format!("token {t} ends generation in one and not in the other"))
+            } else {
+                None
+            }
+        })
+    }
+
     /// The bytes a token stands for (byte tokens give raw bytes; control tokens give none).
     pub fn token_bytes(&self, token: i32) -> Vec<u8> {
+        self.piece(token, false)
+    }
+
+    /// A token's text; control tokens give their text only with `special`.
+    fn piece(&self, token: i32, special: bool) -> Vec<u8> {
         let mut buf = vec![0u8; 64];
         loop {
             // SAFETY: buffer valid for its length.
             let n = unsafe {
-                sys::llama_token_to_piece(self.vocab(), token, buf.as_mut_ptr() as *mut c_char, buf.len() as i32, 0, false)
+                sys::llama_token_to_piece(self.vocab(), token, buf.as_mut_ptr() as *mut c_char, buf.len() as i32, 0, special)
             };
             if n >= 0 {
                 buf.truncate(n as usize);
@@ -483,6 +509,13 @@ pub struct Context<'m> {
 
 impl<'m> Context<'m> {
     pub fn new(model: &'m Model, params: ExecParams, capture_routes: bool) -> Result<Context<'m>> {
+        Self::with_rollback(model, params, capture_routes, 0)
+    }
+
+    /// A context whose recurrent memory keeps the states of the last `rollback` positions, so
+    /// that [`Context::trim`] can take back up to that many positions of a recurrent or hybrid
+    /// model (llama.cpp's `n_rs_seq`; it is 0, no rollback, for architectures without it).
+    pub fn with_rollback(model: &'m Model, params: ExecParams, capture_routes: bool, rollback: u32) -> Result<Context<'m>> {
         let mut routes = capture_routes.then(|| Box::new(RouteRecorder::default()));
         // SAFETY: params are plain data; the recorder outlives the context (dropped after it).
         let ptr = unsafe {
@@ -499,6 +532,7 @@ impl<'m> Context<'m> {
                 sys::llama_flash_attn_type_LLAMA_FLASH_ATTN_TYPE_DISABLED
             };
             p.no_perf = true;
+            p.n_rs_seq = rollback;
             if let Some(r) = routes.as_mut() {
                 p.cb_eval = Some(routes::eval_callback);
                 p.cb_eval_user_data = (&mut **r) as *mut RouteRecorder as *mut c_void;
@@ -602,8 +636,13 @@ impl<'m> Context<'m> {
         self.n_past
     }
 
-    /// Sequence 0's recurrent state as llama.cpp serializes it (its conv and SSM states, no KV
-    /// cache: `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`); `None` for a model without one.
+    /// Positions [`Context::trim`] can take back on a recurrent or hybrid model (llama.cpp's
+    /// `n_rs_seq` as the context was created; 0 where the architecture has no rollback).
+    pub fn rollback(&self) -> u32 {
+        // SAFETY: a live context.
+        unsafe { sys::llama_n_rs_seq(self.ptr.as_ptr()) }
+    }
+
     /// The device memory this context holds, per device, from its buffers' sizes: weights,
     /// context memory (KV cache, recurrent state), compute buffers and the slot pools.
     pub fn device_memory(&self) -> Vec<DeviceBuffers> {
@@ -634,6 +673,8 @@ impl<'m> Context<'m> {
         out
     }
 
+    /// Sequence 0's recurrent state as llama.cpp serializes it (its conv and SSM states, no KV
+    /// cache: `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`); `None` for a model without one.
     pub fn recurrent_state(&self) -> Result<Option<Vec<u8>>> {
         if !self.model.has_recurrent_state() {
             return Ok(None);
@@ -647,6 +688,31 @@ impl<'m> Context<'m> {
             bail!("llama.cpp wrote {n} of the {size} bytes of the recurrent state: {}", last_log());
         }
         Ok(Some(buf))
+    }
+
+    /// Sequence 0's whole state (KV cells and recurrent states) as llama.cpp serializes it, to
+    /// come back to with [`Context::restore`] where a trim cannot take positions back.
+    pub fn snapshot(&self) -> Result<Vec<u8>> {
+        // SAFETY: the context is alive; the buffer is valid for the size passed.
+        let size = unsafe { sys::llama_state_seq_get_size_ext(self.ptr.as_ptr(), 0, 0) };
+        let mut buf = vec![0u8; size];
+        let n = unsafe { sys::llama_state_seq_get_data_ext(self.ptr.as_ptr(), buf.as_mut_ptr(), buf.len(), 0, 0) };
+        if n != size || size == 0 {
+            bail!("llama.cpp wrote {n} of the {size} bytes of the sequence's state: {}", last_log());
+        }
+        Ok(buf)
+    }
+
+    /// Puts back a [`Context::snapshot`] taken when `n_past` positions were held.
+    pub fn restore(&mut self, state: &[u8], n_past: i32) -> Result<()> {
+        // SAFETY: the context is alive; the buffer is valid for its length. llama.cpp clears the
+        // sequence before reading the state into it.
+        let n = unsafe { sys::llama_state_seq_set_data_ext(self.ptr.as_ptr(), state.as_ptr(), state.len(), 0, 0) };
+        if n != state.len() {
+            bail!("llama.cpp read {n} of the {} bytes of a sequence state: {}", state.len(), last_log());
+        }
+        self.n_past = n_past;
+        Ok(())
     }
 
     pub fn take_routes(&mut self) -> Vec<RouteEvent> {

@@ -54,6 +54,56 @@ pub struct Timing {
     pub decode_tokens_per_s: f64,
 }
 
+/// A drafted run's proposer: the model whose greedy drafts the target checks, and how many
+/// drafts one traversal checks at most.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DraftParams {
+    pub model: ModelIdentity,
+    pub draft_max: u32,
+}
+
+/// Temporal amortization as a run saw it (seed 000 §3.5): target traversals against the
+/// outputs they committed, what the proposer offered and the target accepted at each draft
+/// position, what was taken back, and the target's expert bytes per committed output.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpeculativeReport {
+    pub draft_max: u32,
+    /// Target decodes after the prompt's: each fed the last committed token and its drafts.
+    pub traversals: u64,
+    /// Outputs committed by traversals (the first output comes from the prompt's decode).
+    pub outputs: u64,
+    pub outputs_per_traversal: f64,
+    pub drafted: u64,
+    pub accepted: u64,
+    /// Per draft position (1..=draft_max): traversals that offered a draft there, and those
+    /// that accepted it.
+    pub offered_by_position: Vec<u64>,
+    pub accepted_by_position: Vec<u64>,
+    pub proposer_decodes: u64,
+    pub proposer_s: f64,
+    /// Traversals that took rejected positions back, and the positions taken back.
+    pub rollbacks: u64,
+    pub rolled_back_positions: u64,
+    /// Of those rollbacks, the ones that took back recurrent states too (hybrid or recurrent
+    /// memory, through the per-position states the context keeps).
+    pub state_rollbacks: u64,
+    /// Rollbacks of a recurrent target whose architecture keeps no per-position states: the
+    /// state before the traversal restored, and the committed positions fed again (one more
+    /// target decode each).
+    pub state_restores: u64,
+    pub refed_positions: u64,
+    /// Distinct experts a layer selected in one traversal, averaged over layers and traversals
+    /// (the union a streamed target reads).
+    pub mean_union_experts: f64,
+    /// Expert bytes the target's source read during the traversals (absent: resident target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_bytes_per_output: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_bytes_per_traversal: Option<f64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelIdentity {
     pub file: String,
@@ -244,6 +294,9 @@ pub struct GenerateParams {
     pub exec: ExecParams,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<PlacementReport>,
+    /// The proposer of a drafted run (absent: one token per target decode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<DraftParams>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -288,6 +341,9 @@ pub struct GenerateRecord {
     pub resources: Option<Resources>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_protocol: Option<String>,
+    /// A drafted run's traversals, acceptance and bytes per output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeReport>,
 }
 
 /// What a run decodes with.
@@ -669,6 +725,7 @@ impl TypedRecord {
                 surfaces: BTreeMap::new(),
                 resources: None,
                 cache_protocol: None,
+                speculative: None,
             })),
             REFINE_FORMAT => TypedRecord::Refine(Box::new(RefineRecord {
                 format: REFINE_FORMAT.into(),

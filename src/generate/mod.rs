@@ -1,9 +1,12 @@
-//! One generate run: greedy decoding through the engine with every oracle surface recorded.
+//! One generate run: greedy decoding through the engine with every oracle surface recorded,
+//! one token per target decode or, with a proposer, several (`draft`).
+
+mod draft;
 
 use crate::engine::{Context, DeviceCheck, ExecParams, ExpertSource, Model, PlacementReport, RouteEvent};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
-use crate::record::format::{ExpertsParams, ExpertsReport, GenerateCounts, GenerateParams, Outcome, ProcessReport};
+use crate::record::format::{DraftParams, ExpertsParams, ExpertsReport, GenerateCounts, GenerateParams, Outcome, ProcessReport, SpeculativeReport};
 use crate::record::{GenerateRecord, Staging, GENERATE_FORMAT};
 use anyhow::{bail, Result};
 use serde::Serialize;
@@ -17,7 +20,18 @@ pub struct GenerateSpec {
     pub n_predict: u32,
     pub exec: ExecParams,
     pub ignore_eos: bool,
+    /// A proposer whose greedy drafts the target checks, several per traversal.
+    pub draft: Option<Draft>,
     pub record: PathBuf,
+}
+
+/// Temporal amortization's proposer: a model with the target's vocabulary, resident, and the
+/// most drafts one target traversal checks.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Draft {
+    pub model: PathBuf,
+    pub max: u32,
 }
 
 
@@ -169,11 +183,20 @@ pub fn run_with(
     let staging = Staging::new(&spec.record)?;
     let Loaded { model_id, experts, model, load_s, prompt } = load_for_run(spec, &inv, make_source(&inv)?)?;
     let n_vocab = model.n_vocab();
-    let mut ctx = Context::new(&model, spec.exec, true)?;
-    let params = params_before_decode(spec, experts, &ctx)?;
+    // A drafted target takes back up to `max` positions per traversal, recurrent states too.
+    let rollback = spec.draft.as_ref().map_or(0, |d| d.max);
+    let mut ctx = Context::with_rollback(&model, spec.exec, true, rollback)?;
+    let mut params = params_before_decode(spec, experts, &ctx)?;
     let mut run = Decoding::new(prompt.len() + spec.n_predict as usize, n_vocab, spec.n_predict);
-    let decoded = run.decode(spec, &model, &mut ctx, &prompt);
-    let routes = ctx.take_routes();
+    let (decoded, speculative) = match &spec.draft {
+        Some(d) => match run.drafted(spec, d, &model, &mut ctx, &prompt, &mut params) {
+            Ok(r) => (Ok(()), Some(r)),
+            Err(e) => (Err(e), None),
+        },
+        None => (run.decode(spec, &model, &mut ctx, &prompt), None),
+    };
+    let mut routes = std::mem::take(&mut run.routes);
+    routes.extend(ctx.take_routes());
     let route_k = ctx.route_k().unwrap_or(0);
     drop(ctx);
     let source_report = model.with_source(ExpertsReport::of_source);
@@ -186,8 +209,28 @@ pub fn run_with(
     let source_report = source_report.transpose()?;
     let mut staging = staging;
     write_surfaces(&mut staging, spec, &ran, &run, &routes, &source_surfaces)?;
-    commit_completed(staging, ran, run, routes, source_report)
+    commit_completed(staging, ran, run, routes, source_report, speculative)
 }
+
+impl Decoding {
+    /// Loads the proposer, resident, refusing one whose vocabulary is not the target's (its
+    /// drafts are token ids the target checks), names it in the run's parameters and decodes
+    /// with it. Any failure fails the run closed, on record.
+    fn drafted(&mut self, spec: &GenerateSpec, d: &Draft, target: &Model, ctx: &mut Context, prompt: &[i32], params: &mut GenerateParams) -> Result<SpeculativeReport> {
+        if d.max == 0 || d.max > crate::bounds::MAX_DRAFT {
+            bail!("the draft length must be 1 to {} (got {})", crate::bounds::MAX_DRAFT, d.max);
+        }
+        let inv = Inventory::of(&d.model).map_err(|e| anyhow::anyhow!("the proposer {}: {e:#}", d.model.display()))?;
+        params.draft = Some(DraftParams { model: ModelIdentity::of(&d.model, &inv, Some(crate::digests::Loads::All))?, draft_max: d.max });
+        let m = Model::load(&d.model)?;
+        if let Some(diff) = target.vocabulary_difference(&m) {
+            bail!("the proposer {} does not share the target's vocabulary ({diff}): refused", d.model.display());
+        }
+        let mut proposer = draft::Proposer::new(&m, Context::new(&m, spec.exec, false)?);
+        self.decode_drafted(spec, target, ctx, &mut proposer, prompt, d.max)
+    }
+}
+
 
 /// The model loaded for a run, with what its record says of it.
 struct Loaded {
@@ -230,6 +273,7 @@ fn params_before_decode(spec: &GenerateSpec, experts: ExpertsParams, ctx: &Conte
         sampling: SAMPLING.into(),
         exec: spec.exec,
         placement: Some(PlacementReport { device_before_decode: Some(device), ..crate::engine::placement_report() }),
+        draft: None,
     })
 }
 
@@ -252,6 +296,8 @@ struct Decoding {
     prefill_s: f64,
     decode_s: f64,
     recurrent: RecurrentStates,
+    /// Routes of committed positions (a drafted run's; a plain run's stay in its context).
+    routes: Vec<RouteEvent>,
 }
 
 impl Decoding {
@@ -264,6 +310,7 @@ impl Decoding {
             prefill_s: 0.0,
             decode_s: 0.0,
             recurrent: RecurrentStates::default(),
+            routes: Vec::new(),
         }
     }
 
@@ -346,6 +393,7 @@ fn commit_failed(staging: Staging, ran: Ran, e: &anyhow::Error, source_report: O
         surfaces: Default::default(),
         resources: None,
         cache_protocol: None,
+        speculative: None,
     };
     staging.commit(&record)
 }
@@ -378,7 +426,14 @@ fn write_surfaces(
 }
 
 /// Seals the completed run's record and sums it up.
-fn commit_completed(staging: Staging, ran: Ran, run: Decoding, routes: Vec<RouteEvent>, experts: Option<ExpertsReport>) -> Result<Summary> {
+fn commit_completed(
+    staging: Staging,
+    ran: Ran,
+    run: Decoding,
+    routes: Vec<RouteEvent>,
+    experts: Option<ExpertsReport>,
+    speculative: Option<SpeculativeReport>,
+) -> Result<Summary> {
     let decode_steps = run.generated.len().saturating_sub(1);
     let timing = Timing {
         load_s: ran.load_s,
@@ -411,6 +466,7 @@ fn commit_completed(staging: Staging, ran: Ran, run: Decoding, routes: Vec<Route
         surfaces: staging.surfaces().clone(),
         resources: None,
         cache_protocol: None,
+        speculative,
     };
     let dir = staging.commit(&record)?;
     Ok(Summary {

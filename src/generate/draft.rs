@@ -1,0 +1,241 @@
+//! Temporal amortization (seed 000 §3.5): a proposer drafts up to K tokens greedily, the target
+//! checks them all in one traversal (one decode of the last committed token and the drafts),
+//! and commits the drafts it agrees with plus its own next token. Rejected positions are taken
+//! back from the target's memory (KV cells; for recurrent and hybrid memory the states llama.cpp
+//! keeps per position, `n_rs_seq`, where the architecture has them, else by restoring the state
+//! snapshotted before the traversal and feeding the committed positions again), so the
+//! target's trajectory is its own greedy one.
+//!
+//! What the run keeps is what one-token decoding would have produced: for every committed
+//! position the target's logits row from the traversal that fed it, and its routes renumbered
+//! as one ubatch per position. Whether those rows equal the one-token run's bit for bit is the
+//! oracle's question (`compare`), not an assumption made here.
+
+use super::{argmax, check_finite, Decoding, GenerateSpec};
+use crate::engine::{Context, Model, RouteEvent};
+use crate::record::format::SpeculativeReport;
+use crate::service::PlanSource;
+use anyhow::{bail, Context as _, Result};
+use std::time::Instant;
+
+/// The proposer: its own context over the committed tokens, fed lazily.
+pub struct Proposer<'m> {
+    ctx: Context<'m>,
+    /// Committed tokens not yet fed to the proposer.
+    unfed: Vec<i32>,
+    /// Where its memory cannot take drafts back by trimming (recurrent): the state after the
+    /// committed tokens, snapshotted before each draft, with its position.
+    snapshot: Option<(Vec<u8>, i32)>,
+    snapshots: bool,
+}
+
+/// Whether `ctx` can take back `n` positions of its last ubatch by trimming (KV cells, or the
+/// recurrent states llama.cpp keeps for each position of a ubatch); otherwise a snapshot of
+/// the state is restored.
+fn trims(model: &Model, ctx: &Context, n: u32) -> bool {
+    !model.has_recurrent_state() || ctx.rollback() >= n
+}
+
+impl<'m> Proposer<'m> {
+    /// llama.cpp keeps per-position recurrent states only for the positions of one ubatch; the
+    /// proposer decodes one token at a time, so a recurrent proposer always snapshots.
+    pub fn new(model: &Model, ctx: Context<'m>) -> Proposer<'m> {
+        let snapshots = model.has_recurrent_state();
+        Proposer { ctx, unfed: Vec::new(), snapshot: None, snapshots }
+    }
+
+    /// Drafts `k` tokens after the committed ones: feeds what it has not seen, then decodes
+    /// its own greedy tokens one at a time (the last draft is not fed).
+    fn draft(&mut self, k: usize, rows: &mut Vec<f32>, report: &mut SpeculativeReport) -> Result<Vec<i32>> {
+        let mut drafts = Vec::with_capacity(k);
+        let feed = std::mem::take(&mut self.unfed);
+        rows.clear();
+        self.ctx.decode(&feed, false, rows).context("the proposer")?;
+        report.proposer_decodes += 1;
+        if self.snapshots {
+            self.snapshot = Some((self.ctx.snapshot().context("the proposer")?, self.ctx.n_past()));
+        }
+        while drafts.len() < k {
+            let d = argmax(rows) as i32;
+            drafts.push(d);
+            if drafts.len() < k {
+                rows.clear();
+                self.ctx.decode(&[d], false, rows).context("the proposer")?;
+                report.proposer_decodes += 1;
+            }
+        }
+        Ok(drafts)
+    }
+
+    /// After a traversal that committed `accepted` of the drafts (the proposer fed all but the
+    /// last): forgets the rejected ones it fed, and keeps an accepted last one to feed.
+    fn settle(&mut self, drafts: &[i32], accepted: usize) -> Result<()> {
+        let fed = drafts.len() - 1;
+        if accepted < fed {
+            match &self.snapshot {
+                Some((state, at)) => {
+                    self.ctx.restore(state, *at).context("the proposer")?;
+                    self.unfed.extend_from_slice(&drafts[..accepted]);
+                }
+                None => {
+                    let keep = self.ctx.n_past() - (fed - accepted) as i32;
+                    self.ctx.trim(keep).context("the proposer could not take back its rejected drafts")?;
+                }
+            }
+        } else if accepted > fed {
+            self.unfed.push(drafts[fed]);
+        }
+        Ok(())
+    }
+}
+
+/// Expert bytes the target's source has read so far (None: resident, or not the Plan).
+fn source_bytes(model: &Model) -> Option<u64> {
+    model
+        .with_source(|s| s.typed().and_then(|a| a.downcast_mut::<PlanSource>()).map(|p| p.plan().telemetry().q_run.physical_bytes))
+        .flatten()
+}
+
+/// Mean distinct experts a layer selects in one traversal (all its rows, rejected ones too).
+fn union_per_layer(events: &[RouteEvent]) -> (u64, u64) {
+    let mut by_layer: std::collections::BTreeMap<u32, std::collections::BTreeSet<i32>> = Default::default();
+    for e in events {
+        by_layer.entry(e.layer).or_default().extend(&e.experts);
+    }
+    (by_layer.values().map(|s| s.len() as u64).sum(), by_layer.len() as u64)
+}
+
+impl Decoding {
+    /// Greedy decoding with a proposer: prefill as in one-token decoding, then traversals of
+    /// the last committed token and up to `k` drafts until `n_predict` tokens.
+    pub(super) fn decode_drafted(
+        &mut self,
+        spec: &GenerateSpec,
+        model: &Model,
+        ctx: &mut Context,
+        proposer: &mut Proposer,
+        prompt: &[i32],
+        k_max: u32,
+    ) -> Result<SpeculativeReport> {
+        let n_vocab = model.n_vocab();
+        let n = spec.n_predict as usize;
+        let mut report = SpeculativeReport { draft_max: k_max, accepted_by_position: vec![0; k_max as usize], offered_by_position: vec![0; k_max as usize], ..Default::default() };
+        let t1 = Instant::now();
+        ctx.decode(prompt, true, &mut self.logits)?;
+        check_finite(&self.logits, n_vocab, 0)?;
+        self.prefill_s = t1.elapsed().as_secs_f64();
+        let prefill_routes = ctx.take_routes();
+        let ubatches = prefill_routes.last().map_or(0, |e| e.ubatch + 1);
+        self.routes.extend(prefill_routes);
+        self.recurrent.capture(ctx)?;
+        proposer.unfed.extend_from_slice(prompt);
+        let t2 = Instant::now();
+        let bytes_before = source_bytes(model);
+        let (mut union_sum, mut union_n) = (0u64, 0u64);
+        let mut prow = Vec::new();
+        let mut rows = Vec::new();
+        let mut next = argmax(&self.logits[self.logits.len() - n_vocab..]) as i32;
+        loop {
+            if !spec.ignore_eos && model.is_eog(next) {
+                self.stop = "end_of_generation";
+                break;
+            }
+            self.generated.push(next);
+            self.response.extend(model.token_bytes(next));
+            if self.generated.len() == n {
+                break;
+            }
+            // Each traversal commits at most k + 1 tokens: never past n_predict.
+            let k = (k_max as usize).min(n - self.generated.len() - 1);
+            let pt = Instant::now();
+            proposer.unfed.push(next);
+            let drafts = if k > 0 { proposer.draft(k, &mut prow, &mut report)? } else { Vec::new() };
+            report.proposer_s += pt.elapsed().as_secs_f64();
+            let base = ctx.n_past();
+            let fed: Vec<i32> = std::iter::once(next).chain(drafts.iter().copied()).collect();
+            let snapshot = if k > 0 && !trims(model, ctx, k as u32) { Some(ctx.snapshot()?) } else { None };
+            rows.clear();
+            ctx.decode(&fed, true, &mut rows)?;
+            report.traversals += 1;
+            let events = ctx.take_routes();
+            let (u, l) = union_per_layer(&events);
+            union_sum += u;
+            union_n += l;
+            // Row i follows fed[i]; draft i is accepted while the target's row agrees.
+            let row = |i: usize| &rows[i * n_vocab..(i + 1) * n_vocab];
+            let mut accepted = 0;
+            while accepted < drafts.len() && argmax(row(accepted)) as i32 == drafts[accepted] {
+                accepted += 1;
+            }
+            for i in 0..drafts.len() {
+                report.offered_by_position[i] += 1;
+                report.accepted_by_position[i] += u64::from(i < accepted);
+            }
+            report.drafted += drafts.len() as u64;
+            report.accepted += accepted as u64;
+            // An accepted end of generation ends the run where one-token decoding would.
+            let eog = drafts[..accepted].iter().position(|&d| !spec.ignore_eos && model.is_eog(d));
+            let committed = eog.unwrap_or(accepted);
+            // Rows 0..=committed followed committed tokens: the rows one-token decoding would
+            // have produced. The others followed rejected drafts and are dropped.
+            let kept = &rows[..(committed + 1) * n_vocab];
+            check_finite(kept, n_vocab, 0).with_context(|| format!("target logits from position {base}"))?;
+            self.logits.extend_from_slice(kept);
+            // As one-token decoding records them: a ubatch per position, its layers in order.
+            let first = self.routes.len();
+            for e in events.into_iter().filter(|e| (e.row as usize) <= committed) {
+                let ubatch = ubatches + (base as u32 - prompt.len() as u32) + e.row;
+                self.routes.push(RouteEvent { ubatch, row: 0, pos: base as u32 + e.row, layer: e.layer, experts: e.experts });
+            }
+            self.routes[first..].sort_by_key(|e| (e.ubatch, e.layer));
+            for &d in &drafts[..committed] {
+                self.generated.push(d);
+                self.response.extend(model.token_bytes(d));
+            }
+            if eog.is_some() {
+                self.stop = "end_of_generation";
+                break;
+            }
+            if accepted < drafts.len() {
+                report.rollbacks += 1;
+                report.rolled_back_positions += (drafts.len() - accepted) as u64;
+                match &snapshot {
+                    None => {
+                        report.state_rollbacks += u64::from(model.has_recurrent_state());
+                        ctx.trim(base + 1 + accepted as i32)
+                            .with_context(|| format!("the target could not take back {} rejected positions", drafts.len() - accepted))?;
+                    }
+                    Some(state) => {
+                        // Back to the state before the traversal, then the committed positions
+                        // again: one more target decode, its rows and routes not the run's.
+                        ctx.restore(state, base)?;
+                        let mut again = Vec::new();
+                        ctx.decode(&fed[..=accepted], false, &mut again)?;
+                        ctx.take_routes();
+                        report.state_restores += 1;
+                        report.refed_positions += accepted as u64 + 1;
+                    }
+                }
+            }
+            if k > 0 {
+                proposer.settle(&drafts, accepted)?;
+            }
+            self.recurrent.capture(ctx)?;
+            // The target's own token after the accepted drafts: committed at the loop's top.
+            next = argmax(row(accepted)) as i32;
+        }
+        self.decode_s = t2.elapsed().as_secs_f64() - self.recurrent.capture_s;
+        report.outputs = self.generated.len().saturating_sub(1) as u64;
+        report.outputs_per_traversal = report.outputs as f64 / report.traversals.max(1) as f64;
+        report.mean_union_experts = union_sum as f64 / union_n.max(1) as f64;
+        if let (Some(a), Some(b)) = (bytes_before, source_bytes(model)) {
+            report.expert_bytes = Some(b - a);
+            report.expert_bytes_per_output = Some((b - a) as f64 / report.outputs.max(1) as f64);
+            report.expert_bytes_per_traversal = Some((b - a) as f64 / report.traversals.max(1) as f64);
+        }
+        if report.traversals == 0 && self.generated.len() > 1 {
+            bail!("{} outputs without a traversal", self.generated.len());
+        }
+        Ok(report)
+    }
+}

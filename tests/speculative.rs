@@ -1,0 +1,181 @@
+//! Temporal amortization (`generate --draft`): a proposer's drafts checked several per target
+//! traversal. The committed tokens, response and routes equal the target's one-token greedy
+//! run byte for byte. Logits rows come from traversals of several positions, which take other
+//! kernels than one-token decodes (llamafile's sgemm serves matrix products of two or more
+//! rows, ggml's vec_dot one row), so the rows are held bitwise to the relation that does hold:
+//! the same drafted run with its target resident. Recurrent and hybrid targets take rejected
+//! positions back through llama.cpp's per-position states (qwen35moe) or a restored snapshot
+//! (qwen3next), and their states follow the same relation.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const PROMPT: &str = "A proposer drafts, the target checks every draft in one traversal.";
+const OUTPUTS: u32 = 24;
+
+fn forge_arch(dir: &Path, arch: &str, seed: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(format!("{arch}-{seed}{}.gguf", extra.concat()));
+    let mut args = vec!["model", "forge", "--arch", arch, "--preset", "tiny", "--seed", seed, "--out", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ok(&args);
+    out
+}
+
+fn record(rec: &Path) -> Value {
+    serde_json::from_str(&fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
+}
+
+fn gen(model: &Path, rec: &Path, extra: &[&str]) -> Value {
+    let mut args = vec!["--ignore-eos"];
+    args.extend_from_slice(extra);
+    let r = generate(model, PROMPT, OUTPUTS, rec, &args);
+    assert_eq!(r.code, 0, "{} {extra:?}: {}{}", model.display(), r.stdout, r.stderr);
+    record(rec)
+}
+
+/// Surface name -> exact, from `compare --json`.
+fn compare(a: &Path, b: &Path) -> Vec<(String, bool)> {
+    let r = run(&["compare", "--unsealed", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", r.stdout, r.stderr));
+    v["surfaces"].as_array().unwrap().iter().map(|s| (s["surface"].as_str().unwrap().to_string(), s["status"] == "exact")).collect()
+}
+
+fn assert_all_exact(a: &Path, b: &Path) {
+    let c = compare(a, b);
+    assert!(c.len() >= 4 && c.iter().all(|(_, e)| *e), "{} vs {}: {c:?}", a.display(), b.display());
+}
+
+fn assert_exact_surfaces(a: &Path, b: &Path, which: &[&str]) {
+    let c = compare(a, b);
+    for w in which {
+        assert!(c.iter().any(|(s, e)| s == w && *e), "{w} of {} vs {}: {c:?}", a.display(), b.display());
+    }
+}
+
+/// The report's own arithmetic: every output is a traversal's, acceptance adds up by position.
+fn check_report(s: &Value, draft_max: u64) -> (u64, u64) {
+    let get = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k} in {s}"));
+    let (traversals, outputs, drafted, accepted) = (get("traversals"), get("outputs"), get("drafted"), get("accepted"));
+    assert_eq!(outputs, OUTPUTS as u64 - 1, "{s}");
+    assert!(traversals >= 1 && traversals <= outputs, "{s}");
+    // Each traversal commits its accepted drafts and one token of its own.
+    assert_eq!(outputs, accepted + traversals, "{s}");
+    assert!(accepted <= drafted && drafted <= traversals * draft_max, "{s}");
+    let by: Vec<u64> = s["accepted_by_position"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let offered: Vec<u64> = s["offered_by_position"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(by.len() as u64, draft_max);
+    assert_eq!(by.iter().sum::<u64>(), accepted, "{s}");
+    assert_eq!(offered.iter().sum::<u64>(), drafted, "{s}");
+    // A draft is accepted only after every draft before it was.
+    assert!(by.windows(2).all(|w| w[0] >= w[1]), "{s}");
+    assert!((s["outputs_per_traversal"].as_f64().unwrap() - outputs as f64 / traversals as f64).abs() < 1e-12);
+    (accepted, drafted)
+}
+
+#[test]
+fn drafted_tokens_are_the_targets_greedy_ones_and_rows_hold_against_the_resident_drafted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let target = forge_arch(d, "qwen3moe", "1", &[]);
+    let base = quantized(d, &target, "q4_k_m");
+    let plain = d.join("plain");
+    gen(&target, &plain, &[]);
+
+    let drafted = d.join("drafted");
+    let r = gen(&target, &drafted, &["--draft", base.to_str().unwrap(), "--draft-max", "4"]);
+    assert_exact_surfaces(&plain, &drafted, &["tokens", "response", "routes"]);
+    let (accepted, drafted_n) = check_report(&r["speculative"], 4);
+    // The quantized base agrees with its target on most tokens: more than one output per
+    // traversal, and rejections too (the rollback path runs).
+    assert!(accepted > 0 && accepted < drafted_n, "{}", r["speculative"]);
+    assert!(r["speculative"]["rollbacks"].as_u64().unwrap() > 0);
+    assert_eq!(r["params"]["draft"]["draft_max"], 4);
+    assert!(r["params"]["draft"]["model"]["sha256"].as_str().unwrap().len() == 64);
+    assert!(r["speculative"]["expert_bytes"].is_null(), "a resident target reads no expert bytes");
+
+    // The target's experts served by the Plan through fewer slots than a traversal selects:
+    // every surface equals the resident drafted run's, and the bytes are counted.
+    let served = d.join("served");
+    let s = gen(&target, &served, &["--draft", base.to_str().unwrap(), "--draft-max", "4", "--experts", "plan", "--slots", "5"]);
+    assert_all_exact(&drafted, &served);
+    assert_eq!(s["speculative"]["traversals"], r["speculative"]["traversals"]);
+    let bytes = s["speculative"]["expert_bytes"].as_u64().unwrap();
+    let per = s["speculative"]["expert_bytes_per_output"].as_f64().unwrap();
+    assert!(bytes > 0 && (per - bytes as f64 / (OUTPUTS - 1) as f64).abs() < 1e-6, "{}", s["speculative"]);
+
+    // The target proposing for itself: every draft accepted but where batch kernels move a
+    // near tie, the most outputs per traversal.
+    let own = d.join("own");
+    let o = gen(&target, &own, &["--draft", target.to_str().unwrap(), "--draft-max", "4"]);
+    assert_exact_surfaces(&plain, &own, &["tokens", "response", "routes"]);
+    let (a, n) = check_report(&o["speculative"], 4);
+    assert!(a * 10 >= n * 9, "self-drafting accepted {a} of {n}");
+}
+
+#[test]
+fn an_unrelated_proposer_costs_speed_never_exactness() {
+    // Another seed: the same vocabulary, other weights. Nearly every draft is rejected and
+    // rolled back; the committed tokens stay the target's.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let target = forge_arch(d, "qwen3moe", "1", &[]);
+    let other = forge_arch(d, "qwen3moe", "2", &[]);
+    let plain = d.join("plain");
+    gen(&target, &plain, &[]);
+    let drafted = d.join("drafted");
+    let r = gen(&target, &drafted, &["--draft", other.to_str().unwrap(), "--draft-max", "3"]);
+    assert_exact_surfaces(&plain, &drafted, &["tokens", "response", "routes"]);
+    check_report(&r["speculative"], 3);
+    assert!(r["speculative"]["rolled_back_positions"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn hybrid_targets_roll_back_their_recurrent_state_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // qwen35moe keeps a recurrent state per position of a ubatch (llama.cpp's n_rs_seq);
+    // qwen3next does not, and restores the state snapshotted before the traversal.
+    for (arch, counter) in [("qwen35moe", "state_rollbacks"), ("qwen3next", "state_restores")] {
+        let target = forge_arch(d, arch, "1", &[]);
+        fs::create_dir_all(d.join(arch)).unwrap();
+        let base = quantized(&d.join(arch), &target, "q4_k_m");
+        let plain = d.join(format!("{arch}-plain"));
+        gen(&target, &plain, &[]);
+        let drafted = d.join(format!("{arch}-drafted"));
+        let r = gen(&target, &drafted, &["--draft", base.to_str().unwrap(), "--draft-max", "4"]);
+        assert_exact_surfaces(&plain, &drafted, &["tokens", "response", "routes"]);
+        check_report(&r["speculative"], 4);
+        assert!(r["speculative"][counter].as_u64().unwrap() > 0, "{arch}: {}", r["speculative"]);
+        let served = d.join(format!("{arch}-served"));
+        gen(&target, &served, &["--draft", base.to_str().unwrap(), "--draft-max", "4", "--experts", "plan", "--slots", "5"]);
+        // The recurrent state after every commit and the last one included.
+        assert_exact_surfaces(&drafted, &served, &["recurrent", "recurrent_state"]);
+        assert_all_exact(&drafted, &served);
+    }
+}
+
+#[test]
+fn a_proposer_of_another_vocabulary_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let target = forge_arch(d, "qwen3moe", "1", &[]);
+    let other = forge_arch(d, "qwen3moe", "1", &["--vocab", "300"]);
+    let rec = d.join("r");
+    let r = generate(&target, PROMPT, 8, &rec, &["--draft", other.to_str().unwrap()]);
+    assert_one_line_error(&r, &["vocabulary", "257 tokens against 300"]);
+    // Failed closed, with the reason on record and no output surface.
+    let v = record(&rec);
+    assert_eq!(v["outcome"], "failed");
+    assert!(v["error"].as_str().unwrap().contains("vocabulary"));
+    assert!(v["surfaces"].get("tokens").is_none());
+
+    // Out of bounds: refused before anything loads.
+    for bad in ["0", "100000"] {
+        let r = generate(&target, PROMPT, 8, &d.join(format!("b{bad}")), &["--draft", target.to_str().unwrap(), "--draft-max", bad]);
+        assert_one_line_error(&r, &["--draft-max"]);
+    }
+}
