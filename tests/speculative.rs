@@ -179,3 +179,38 @@ fn a_proposer_of_another_vocabulary_is_refused_in_one_line() {
         assert_one_line_error(&r, &["--draft-max"]);
     }
 }
+
+#[test]
+fn plan_simulate_estimates_a_drafted_targets_bytes_from_one_token_routes() {
+    // `plan simulate --draft-max` regroups a one-token run's decode positions into traversals
+    // of K + 1, every draft accepted. A target drafting for itself accepts (nearly) every
+    // draft: then its Plan read exactly the estimate; any rejection only adds bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let target = forge_arch(d, "qwen3moe", "1", &[]);
+    let plain = d.join("plain");
+    gen(&target, &plain, &["--experts", "plan", "--slots", "8"]);
+    let drafted = d.join("drafted");
+    let r = gen(&target, &drafted, &["--draft", target.to_str().unwrap(), "--draft-max", "4", "--experts", "plan", "--slots", "8"]);
+    let s = &r["speculative"];
+    let r = ok(&["plan", "simulate", "--routes", plain.to_str().unwrap(), "--model", target.to_str().unwrap(), "--slots", "8", "--policy", "zero", "--draft-max", "4", "--json"]);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    let rows = v["drafted"].as_array().unwrap();
+    assert_eq!(rows.len(), 5, "K = 0..=4");
+    assert_eq!(rows[0]["ratio"], 1.0);
+    for (k, row) in rows.iter().enumerate() {
+        assert_eq!(row["draft"], k as u64);
+        assert_eq!(row["outputs"], OUTPUTS as u64 - 1);
+        assert_eq!(row["traversals"], (OUTPUTS as u64 - 1).div_ceil(k as u64 + 1));
+    }
+    // More positions per traversal share experts: never more bytes per output than K - 1.
+    assert!(rows.windows(2).all(|w| w[1]["bytes_per_output"].as_f64() <= w[0]["bytes_per_output"].as_f64()), "{rows:?}");
+    let estimate = rows[4]["bytes_read"].as_u64().unwrap();
+    let read = s["expert_bytes"].as_u64().unwrap();
+    if s["accepted"] == s["drafted"] {
+        assert_eq!(read, estimate, "{s}");
+        assert_eq!(s["traversals"], rows[4]["traversals"]);
+    } else {
+        assert!(read > estimate, "{read} bytes read, below the every-draft-accepted bound {estimate}: {s}");
+    }
+}

@@ -45,6 +45,50 @@ pub struct SimulateArgs {
     /// Plan run streamed in token passes; else one pass).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     token_pass: Option<u32>,
+    /// Also estimate temporal amortization (`generate --draft`) for K = 1..=N drafts per
+    /// traversal: the decode's positions replayed K + 1 to a traversal, every draft accepted,
+    /// at the first slot count; expert bytes read per output against one-token decoding
+    /// (a lower bound: rejected drafts only add).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=sovereign::bounds::MAX_DRAFT as i64))]
+    draft_max: Option<u32>,
+}
+
+/// One K of the temporal-amortization estimate.
+#[derive(serde::Serialize)]
+struct DraftRow {
+    policy: String,
+    slots: u32,
+    draft: u32,
+    traversals: u64,
+    outputs: u64,
+    bytes_read: u64,
+    bytes_per_output: f64,
+    /// Bytes per output over one-token decoding's (K = 0).
+    ratio: f64,
+}
+
+/// Decode bytes read per output for K = 0..=max: each replay of the whole record minus the
+/// replay of its prompt alone (the same for every K).
+fn draft_rows(rec: &sovereign::oracle::routes::Recorded, slots: u32, policies: &[String], max: u32, token_pass: Option<(usize, u32)>) -> Result<Vec<DraftRow>> {
+    let from = rec.decode_from.context("the record decoded no output after its prompt: nothing to draft")?;
+    let prompt: Vec<_> = rec.events.iter().filter(|e| e.ubatch < from).cloned().collect();
+    let outputs = rec.events.iter().filter(|e| e.ubatch >= from).map(|e| e.ubatch).collect::<std::collections::BTreeSet<_>>().len() as u64;
+    let manifest = || Manifest::new(&rec.inventory, slots, &[]);
+    let mut rows = Vec::new();
+    for template in policies {
+        let p = simulate::policy_at(template, slots)?;
+        let base = simulate::replay(manifest()?, &p, &prompt, token_pass)?.q_run.physical_bytes;
+        let mut one = None;
+        for k in 0..=max {
+            let events = simulate::drafted(&rec.events, from, k);
+            let t = simulate::replay(manifest()?, &p, &events, token_pass)?;
+            let bytes_read = t.q_run.physical_bytes - base;
+            let per = bytes_read as f64 / outputs.max(1) as f64;
+            let one = *one.get_or_insert(per);
+            rows.push(DraftRow { policy: template.clone(), slots, draft: k, traversals: outputs.div_ceil(u64::from(k) + 1), outputs, bytes_read, bytes_per_output: per, ratio: per / one });
+        }
+    }
+    Ok(rows)
 }
 
 pub fn plan(c: PlanCommand) -> Result<ExitCode> {
@@ -66,6 +110,7 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
         None => rec.token_pass,
     };
     let rows = simulate::simulate(|s, pins| Manifest::new(inv, s, pins), &a.slots, &a.policies, &rec.events, token_pass)?;
+    let drafts = a.draft_max.map(|n| draft_rows(&rec, a.slots[0], &a.policies, n, token_pass)).transpose()?;
     if let Some(path) = &a.csv {
         write_csv(path, &rows).with_context(|| format!("--csv {}", path.display()))?;
     }
@@ -89,6 +134,7 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
             "model": rec.model,
             "layer_events": rec.events.len(),
             "rows": rows,
+            "drafted": drafts,
         }))?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -102,6 +148,13 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
         let min = rows.iter().find(|m| m.policy == "MIN" && m.slots == r.slots).map_or(0, |m| m.bytes_moved);
         let ratio = if min == 0 { "-".to_string() } else { format!("{:.3}", r.bytes_moved as f64 / min as f64) };
         println!("{:<24} {:>6} {:>10} {:>10} {:>10} {:>14} {:>8}", r.policy, r.slots, r.requests, r.hits, r.loads, r.bytes_moved, ratio);
+    }
+    if let Some(d) = &drafts {
+        println!("\ndrafted decoding, every draft accepted (a lower bound on bytes per output):");
+        println!("{:<24} {:>6} {:>6} {:>10} {:>16} {:>8}", "policy", "slots", "K", "traversals", "bytes per output", "vs K=0");
+        for r in d {
+            println!("{:<24} {:>6} {:>6} {:>10} {:>16.0} {:>8.3}", r.policy, r.slots, r.draft, r.traversals, r.bytes_per_output, r.ratio);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

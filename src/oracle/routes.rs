@@ -15,6 +15,8 @@ pub struct Recorded {
     /// (experts a token selects, experts per pass) where the run served one-token ubatches in
     /// passes: a replay of its Plan runs the same passes.
     pub token_pass: Option<(usize, u32)>,
+    /// The first ubatch that decodes an output (after the prompt's), if the run decoded any.
+    pub decode_from: Option<u32>,
 }
 
 /// Reads the routes of the completed generate record `dir` (digest checked) and inventories
@@ -34,6 +36,7 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
     }
     let bytes = super::read_checked(dir, surface)?;
     let events = crate::routes::decode(&bytes, k).map_err(|e| anyhow!("{name}/{}: {e}", surface.file))?;
+    let decode_from = events.iter().filter(|e| e.pos as usize >= counts.prompt_tokens).map(|e| e.ubatch).min();
     let events = layer_events(events);
     let model = model.map_or_else(|| PathBuf::from(&m.file), Path::to_path_buf);
     let inventory = Inventory::of(&model).map_err(|e| anyhow!("{e:#} (the model of record {name}; name another with --model)"))?;
@@ -57,7 +60,7 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
         }
     }
     let token_pass = rec.params.as_ref().and_then(|p| p.experts.plan()).and_then(|d| d.token_pass).map(|g| (k as usize, g));
-    Ok(Recorded { events, inventory, model, token_pass })
+    Ok(Recorded { events, inventory, model, token_pass, decode_from })
 }
 
 #[cfg(test)]

@@ -45,6 +45,21 @@ pub fn layer_events(routes: Vec<RouteEvent>) -> Vec<LayerEvent> {
     out
 }
 
+/// The decode's layer events as drafted traversals (`generate --draft`) would make them, every
+/// draft accepted: ubatches from `decode_from` on, `k + 1` consecutive ones to a traversal, each
+/// layer's rows in position order. What a target reads per traversal at best: rejected drafts
+/// route rows of their own and only add to the union.
+pub fn drafted(events: &[LayerEvent], decode_from: u32, k: u32) -> Vec<LayerEvent> {
+    let mut out: Vec<LayerEvent> = events.iter().filter(|e| e.ubatch < decode_from).cloned().collect();
+    let mut decode: BTreeMap<(u32, u32), Vec<i32>> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.ubatch >= decode_from) {
+        let traversal = decode_from + (e.ubatch - decode_from) / (k + 1);
+        decode.entry((traversal, e.layer)).or_default().extend(&e.ids);
+    }
+    out.extend(decode.into_iter().map(|((ubatch, layer), ids)| LayerEvent { ubatch, layer, ids }));
+    out
+}
+
 /// Passes the engine runs for `n_ids` selections (llama_expert_binding::n_passes).
 pub fn n_passes(n_ids: usize, n_experts: u32, n_per_pass: u32) -> u32 {
     let distinct = (n_ids as u64).min(u64::from(n_experts));
@@ -581,6 +596,22 @@ mod tests {
                 [*u, *r, *p, *l].into_iter().flat_map(u32::to_le_bytes).chain(ids.iter().flat_map(|x| x.to_le_bytes())).collect::<Vec<u8>>()
             })
             .collect()
+    }
+
+    #[test]
+    fn drafted_traversals_merge_consecutive_decode_positions_layer_by_layer() {
+        let ev = |ubatch, layer, ids: &[i32]| LayerEvent { ubatch, layer, ids: ids.to_vec() };
+        let events = vec![ev(0, 1, &[1, 2, 3, 4]), ev(0, 2, &[5, 6, 7, 8]), ev(1, 1, &[9, 2]), ev(1, 2, &[3, 3]), ev(2, 1, &[4, 5]), ev(2, 2, &[6, 7]), ev(3, 1, &[8, 9]), ev(3, 2, &[1, 1])];
+        // K = 0 leaves the events as they are.
+        assert_eq!(drafted(&events, 1, 0), events);
+        // K = 1: positions (1, 2) and (3) make two traversals; the prompt's ubatch stays.
+        assert_eq!(
+            drafted(&events, 1, 1),
+            vec![ev(0, 1, &[1, 2, 3, 4]), ev(0, 2, &[5, 6, 7, 8]), ev(1, 1, &[9, 2, 4, 5]), ev(1, 2, &[3, 3, 6, 7]), ev(2, 1, &[8, 9]), ev(2, 2, &[1, 1])]
+        );
+        // Every selection is kept, only regrouped.
+        let all: usize = events.iter().map(|e| e.ids.len()).sum();
+        assert_eq!(drafted(&events, 1, 5).iter().map(|e| e.ids.len()).sum::<usize>(), all);
     }
 
     #[test]
