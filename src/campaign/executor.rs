@@ -22,7 +22,6 @@ use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 /// Whether the cell's process produced its record.
@@ -593,9 +592,7 @@ impl ProcessExecutor {
     /// `sovereign cell SPEC` with no cgroup, its output into the cell's log.
     fn run_plain(&self, worker: &Cell, log: &Path, out: &File) -> Result<WorkerExit> {
         let spec = log.with_extension("cell.json");
-        std::fs::write(&spec, serde_json::to_vec_pretty(worker)?).with_context(|| format!("{}", spec.display()))?;
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg("cell").arg(&spec).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out.try_clone()?);
+        let cmd = cell::worker_command(Some(&self.exe), worker, cell::SpecFrom::File(&spec), cell::WorkerOutput::Log(out.try_clone()?), &[])?;
         let ran = crate::observe::run_plain(cmd);
         let _ = std::fs::remove_file(&spec);
         let (status, maxrss) = ran?;
