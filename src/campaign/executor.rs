@@ -90,8 +90,7 @@ pub struct CellOutcome {
 
 /// The kernel's count of OOM kills since boot (`/proc/vmstat` `oom_kill`), if it keeps one.
 fn oom_kills_now() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
-    text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok())
+    procfs::vmstat().ok()?.get("oom_kill").and_then(|&n| u64::try_from(n).ok())
 }
 
 /// Why a worker that died by `signal` was interrupted rather than failed: only signals that

@@ -5,7 +5,7 @@
 //! Where NVML or a GPU is absent the result is [`GpuAudit::NotObserved`] with NVML's reason —
 //! never a zero that was not measured.
 
-use super::cgroup::{membership_path, Version};
+use super::cgroup::{membership_of, Version};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
 use serde::Serialize;
@@ -86,8 +86,7 @@ pub enum Unclassified {
 impl Membership {
     /// `Ok(true)` inside, `Ok(false)` outside with its cgroup, `Err` when unreadable.
     pub fn classify(&self, pid: u32) -> Result<(bool, String), Unclassified> {
-        let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| Unclassified::Unreadable { pid, reason: e.to_string() })?;
-        let p = membership_path(&text, self.version).ok_or(Unclassified::NoMemoryLine { pid })?;
+        let p = membership_of(pid, self.version).map_err(|e| Unclassified::Unreadable { pid, reason: e.to_string() })?.ok_or(Unclassified::NoMemoryLine { pid })?;
         let inside = p == self.rel || p.starts_with(&format!("{}/", self.rel.trim_end_matches('/')));
         Ok((inside, p))
     }
@@ -354,9 +353,8 @@ mod tests {
     #[test]
     fn classify_by_memory_cgroup() {
         let me = std::process::id();
-        let text = fs::read_to_string("/proc/self/cgroup").unwrap();
         for v in [Version::V1, Version::V2] {
-            let Some(own) = membership_path(&text, v) else { continue };
+            let Some(own) = membership_of(me, v).unwrap() else { continue };
             let inside = Membership { version: v, rel: own.clone() };
             assert_eq!(inside.classify(me).unwrap(), (true, own.clone()));
             let run = Membership { version: v, rel: format!("{}/sovereign-1-0", own.trim_end_matches('/')) };
