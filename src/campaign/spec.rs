@@ -597,7 +597,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
 fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     if let Err(e) = crate::bounds::campaign_id(&c.id.value) {
-        out.push(Diagnostic::at(&c.id, e));
+        out.push(Diagnostic::at(&c.id, e.to_string()));
     }
     let outputs = &c.workload.outputs;
     if outputs.value == 0 || outputs.value > crate::bounds::MAX_N_PREDICT {
