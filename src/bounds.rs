@@ -204,16 +204,27 @@ pub fn read_text(what: &str, path: &Path, cap: u64) -> Result<String> {
     })
 }
 
+/// Why a campaign id was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CampaignIdError {
+    #[error("the campaign id must have 1 to {MAX_CAMPAIGN_ID_BYTES} bytes (it has {0})")]
+    Length(usize),
+    #[error("the campaign id may use letters, digits, `.`, `_` and `-` only (found {0:?})")]
+    Character(char),
+    #[error("the campaign id may not start with `.`")]
+    LeadingDot,
+}
+
 /// A campaign id: bounded, and only characters that are safe in a directory name.
-pub fn campaign_id(id: &str) -> std::result::Result<(), String> {
+pub fn campaign_id(id: &str) -> std::result::Result<(), CampaignIdError> {
     if id.is_empty() || id.len() > MAX_CAMPAIGN_ID_BYTES {
-        return Err(format!("the campaign id must have 1 to {MAX_CAMPAIGN_ID_BYTES} bytes (it has {})", id.len()));
+        return Err(CampaignIdError::Length(id.len()));
     }
     if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        return Err(format!("the campaign id may use letters, digits, `.`, `_` and `-` only (found {c:?})"));
+        return Err(CampaignIdError::Character(c));
     }
     if id.starts_with('.') {
-        return Err("the campaign id may not start with `.`".into());
+        return Err(CampaignIdError::LeadingDot);
     }
     Ok(())
 }
@@ -229,6 +240,15 @@ pub fn prompt_text(what: &str, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_campaign_id_is_refused_by_what_is_wrong_with_it() {
+        assert_eq!(campaign_id("bench-1.v2"), Ok(()));
+        assert_eq!(campaign_id(""), Err(CampaignIdError::Length(0)));
+        assert_eq!(campaign_id(&"x".repeat(MAX_CAMPAIGN_ID_BYTES + 1)), Err(CampaignIdError::Length(MAX_CAMPAIGN_ID_BYTES + 1)));
+        assert_eq!(campaign_id("a/b"), Err(CampaignIdError::Character('/')));
+        assert_eq!(campaign_id(".hidden"), Err(CampaignIdError::LeadingDot));
+    }
 
     #[test]
     fn bounds_refuse_extremes_and_take_defaults() {

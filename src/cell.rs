@@ -401,14 +401,8 @@ pub fn run_in_cgroup(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
     let log_path = staging.dir().join(LOG_FILE);
     let mut worker = cell.clone();
     *worker.record_mut() = inner.clone();
-    std::fs::write(&spec_path, serde_json::to_vec_pretty(&worker)?).with_context(|| format!("{}", spec_path.display()))?;
     let log = std::fs::File::create(&log_path)?;
-    let exe = match exe {
-        Some(e) => e.to_path_buf(),
-        None => std::env::current_exe().context("locating this executable")?,
-    };
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("cell").arg(&spec_path).stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    let cmd = worker_command(exe, &worker, SpecFrom::File(&spec_path), WorkerOutput::Log(log), &[])?;
     let run = observe::run_contained(cmd, contain);
     std::fs::remove_file(&spec_path)?;
     let mut run = run?;
@@ -441,6 +435,49 @@ pub fn run_in_cgroup(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
     Ok((rec, dir))
 }
 
+/// How a worker gets its spec.
+pub enum SpecFrom<'a> {
+    /// A file, written by [`worker_command`]; the worker's stdin is closed.
+    File(&'a Path),
+    /// Its standard input, piped: the caller writes the spec and closes it.
+    Stdin,
+}
+
+/// Where a worker's output goes.
+pub enum WorkerOutput {
+    /// stdout and stderr both into one log.
+    Log(std::fs::File),
+    /// stdout shared with this process (the summary), stderr piped back to the caller.
+    Shared,
+}
+
+/// `EXE cell SPEC ARGS...` (EXE: this executable unless given): the one place a worker's command
+/// is built, for every way a cell runs in a process of its own.
+pub fn worker_command(exe: Option<&Path>, cell: &Cell, spec: SpecFrom, output: WorkerOutput, args: &[&str]) -> Result<std::process::Command> {
+    use std::process::Stdio;
+    let exe = match exe {
+        Some(e) => e.to_path_buf(),
+        None => std::env::current_exe().context("locating this executable")?,
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("cell");
+    match spec {
+        SpecFrom::File(path) => {
+            std::fs::write(path, serde_json::to_vec_pretty(cell)?).with_context(|| format!("{}", path.display()))?;
+            cmd.arg(path).stdin(Stdio::null());
+        }
+        SpecFrom::Stdin => {
+            cmd.arg("-").stdin(Stdio::piped());
+        }
+    }
+    cmd.args(args);
+    match output {
+        WorkerOutput::Log(log) => cmd.stdout(log.try_clone()?).stderr(log),
+        WorkerOutput::Shared => cmd.stdout(Stdio::inherit()).stderr(Stdio::piped()),
+    };
+    Ok(cmd)
+}
+
 /// How a worker started by [`run_isolated`] ended.
 #[derive(Debug)]
 pub enum WorkerEnd {
@@ -461,7 +498,6 @@ pub enum WorkerEnd {
 pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     use std::io::Write;
     use std::os::unix::process::ExitStatusExt;
-    use std::process::{Command, Stdio};
     for m in cell.models() {
         Inventory::of(m)?;
     }
@@ -469,8 +505,7 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     // Refused here, before the worker exists, so that whatever `DIR.partial` a dead worker
     // leaves is its own.
     drop(Staging::new(&record)?);
-    let mut cmd = Command::new(std::env::current_exe().context("locating this executable")?);
-    cmd.arg("cell").arg("-").args(args).stdin(Stdio::piped()).stdout(Stdio::inherit()).stderr(Stdio::piped());
+    let mut cmd = worker_command(None, cell, SpecFrom::Stdin, WorkerOutput::Shared, args)?;
     observe::die_with_parent(&mut cmd);
     let mut child = cmd.spawn().context("starting the worker")?;
     let spec = serde_json::to_vec(cell)?;

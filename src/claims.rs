@@ -521,6 +521,7 @@ pub fn rehash_models(r: &mut Report, ledger_path: &Path, id: &str, results: &Pat
     let l = load_ledger(ledger_path)?;
     let c = claim(&l, id, ledger_path)?;
     let recs = Records::new(c, results, true);
+    // Err is the report's line itself, shared by every record naming the path (anyhow::Error is not Clone).
     let mut fresh: BTreeMap<PathBuf, std::result::Result<(String, String, f64), String>> = BTreeMap::new();
     for alias in c.records.keys() {
         let rec = match recs.dir(alias).and_then(|d| crate::record::load_typed(&d)) {

@@ -45,13 +45,9 @@ pub struct NodeIdentity {
 
 fn node_identity(gpu: &crate::observe::gpu::DeviceInfo) -> NodeIdentity {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let cpuinfo = read("/proc/cpuinfo");
-    let field = |name: &str| {
-        cpuinfo
-            .lines()
-            .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == name).map(|(_, v)| v.trim().to_string()))
-            .unwrap_or_default()
-    };
+    let cpuinfo = <procfs::CpuInfo as procfs::Current>::current().ok();
+    // cpu 0's, the first the file lists.
+    let field = |name: &str| cpuinfo.as_ref().and_then(|c| c.get_field(0, name)).unwrap_or_default().to_string();
     let mut cpu_flags: Vec<String> = field("flags").split_whitespace().map(str::to_string).collect();
     cpu_flags.sort();
     let memory_bytes = crate::observe::procs::mem_total().unwrap_or(0);
@@ -68,7 +64,7 @@ fn node_identity(gpu: &crate::observe::gpu::DeviceInfo) -> NodeIdentity {
         cpu_model: field("model name"),
         cpu_flags,
         // The machine's, not this process's allowance (affinity and quotas vary by job).
-        logical_cpus: cpuinfo.lines().filter(|l| l.split(':').next().is_some_and(|k| k.trim() == "processor")).count(),
+        logical_cpus: cpuinfo.as_ref().map_or(0, procfs::CpuInfo::num_cores),
         memory_bytes,
         kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
         gpus,

@@ -1,6 +1,7 @@
 //! The shape of the code, checked: rooms (top-level modules of `src/`) import each other in one
-//! direction only, `main.rs` only parses and dispatches, and records are read through their
-//! types, not by string paths, outside `record`.
+//! direction only, `main.rs` only parses and dispatches, records are read through their types,
+//! not by string paths, outside `record`, the library never prints, and no function in `src/`
+//! runs past 120 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -14,6 +15,14 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(p);
         }
     }
+}
+
+/// Every source file of the crate, with its path below `src/`.
+fn src_files() -> Vec<(String, PathBuf)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    files.into_iter().map(|f| (f.strip_prefix(&src).unwrap().to_string_lossy().into_owned(), f)).collect()
 }
 
 /// The code a build of the library compiles: comments and `#[cfg(test)]` tails dropped.
@@ -177,12 +186,8 @@ fn the_code_map_lists_rooms_in_the_order_they_import_each_other() {
 /// are clap's business in `cli/` alone.
 #[test]
 fn library_rooms_never_print() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&src, &mut files);
     let mut printing = Vec::new();
-    for f in files {
-        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+    for (rel, f) in src_files() {
         if rel == "main.rs" || rel.starts_with("cli/") {
             continue;
         }
@@ -194,4 +199,102 @@ fn library_rooms_never_print() {
         }
     }
     assert!(printing.is_empty(), "library rooms that print:\n{}", printing.join("\n"));
+}
+
+/// Each `fn` item's first and last line (1-based) in Rust source: braces counted outside
+/// strings, characters and comments; a declaration without a body (`;` first) is none.
+fn function_spans(text: &str) -> Vec<(String, usize, usize)> {
+    let c: Vec<char> = text.chars().collect();
+    let (mut i, mut line, mut depth) = (0, 1, 0usize);
+    let mut pending: Option<(String, usize)> = None;
+    let mut open: Vec<(String, usize, usize)> = Vec::new();
+    let mut spans = Vec::new();
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    while i < c.len() {
+        let ch = c[i];
+        let next = c.get(i + 1).copied().unwrap_or(' ');
+        match ch {
+            '\n' => line += 1,
+            '/' if next == '/' => {
+                while i < c.len() && c[i] != '\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            '/' if next == '*' => {
+                while i + 1 < c.len() && !(c[i] == '*' && c[i + 1] == '/') {
+                    line += usize::from(c[i] == '\n');
+                    i += 1;
+                }
+                i += 2;
+                continue;
+            }
+            'r' if (next == '"' || next == '#') && !(i > 0 && ident(c[i - 1])) => {
+                let hashes = c[i + 1..].iter().take_while(|&&x| x == '#').count();
+                if c.get(i + 1 + hashes) == Some(&'"') {
+                    let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
+                    let rest: String = c[i + 2 + hashes..].iter().collect();
+                    let end = rest.find(&close).expect("a raw string ends");
+                    line += rest[..end].matches('\n').count();
+                    i += 2 + hashes + rest[..end].chars().count() + close.len();
+                    continue;
+                }
+            }
+            '"' => {
+                i += 1;
+                while i < c.len() && c[i] != '"' {
+                    line += usize::from(c[i] == '\n');
+                    i += if c[i] == '\\' { 2 } else { 1 };
+                }
+            }
+            '\'' if next == '\\' || c.get(i + 2) == Some(&'\'') => {
+                i += 1;
+                while i < c.len() && c[i] != '\'' {
+                    i += if c[i] == '\\' { 2 } else { 1 };
+                }
+            }
+            'f' if next == 'n' && c.get(i + 2).is_some_and(|x| x.is_whitespace()) && !(i > 0 && ident(c[i - 1])) => {
+                let name: String = c[i + 3..].iter().skip_while(|x| x.is_whitespace()).take_while(|&&x| ident(x)).collect();
+                pending = Some((name, line));
+            }
+            ';' if pending.is_some() && open.last().is_none_or(|o| o.2 < depth) => pending = None,
+            '{' => {
+                if let Some((name, start)) = pending.take() {
+                    open.push((name, start, depth));
+                }
+                depth += 1;
+            }
+            '}' => {
+                depth = depth.saturating_sub(1);
+                if open.last().is_some_and(|o| o.2 == depth) {
+                    let (name, start, _) = open.pop().expect("open");
+                    spans.push((name, start, line));
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    spans
+}
+
+#[test]
+fn function_spans_skip_strings_and_declarations() {
+    let text = "trait T { fn d(&self); }\nfn a() {\n    let s = \"}{\";\n    let c = '}';\n    let r = r#\"{\"#;\n}\n// fn x() {\nfn b<'a>(x: &'a str) { }\n";
+    let spans = function_spans(text);
+    assert_eq!(spans, [("a".to_string(), 2, 6), ("b".to_string(), 8, 8)]);
+}
+
+/// A function a reader can hold in view: none in `src/` runs past 120 lines.
+#[test]
+fn no_function_is_longer_than_120_lines() {
+    let mut long = Vec::new();
+    for (rel, f) in src_files() {
+        for (name, start, end) in function_spans(&std::fs::read_to_string(&f).unwrap()) {
+            if end - start + 1 > 120 {
+                long.push(format!("{rel}:{start}: fn {name} has {} lines", end - start + 1));
+            }
+        }
+    }
+    assert!(long.is_empty(), "functions longer than 120 lines:\n{}", long.join("\n"));
 }

@@ -241,7 +241,7 @@ fn v2_without_memory_delegation_says_what_to_do() {
         eprintln!("SKIP v2_without_memory_delegation_says_what_to_do: no cgroup2 mount");
         return;
     };
-    let own = cgroup::membership_path(&fs::read_to_string("/proc/self/cgroup").unwrap(), cgroup::Version::V2).unwrap();
+    let own = cgroup::membership_of(std::process::id(), cgroup::Version::V2).unwrap().unwrap();
     let located = cgroup::Located {
         version: cgroup::Version::V2,
         mountpoint: point.into(),

@@ -8,9 +8,11 @@ use super::executor::{CellStatus, Telemetry};
 use super::spec::Admission;
 use serde::{Deserialize, Serialize};
 
+/// A campaign cell's admission: the campaign's rule ([`Admission`]) applied to the cell's
+/// outcome, as `cell.json` records it (a run's own predicate is `observe::authority::RunAdmission`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AdmissionResult {
+pub struct CellAdmission {
     /// `Some(true)` admitted, `Some(false)` refused, `None` not evaluable (operand not observed).
     pub passed: Option<bool>,
     /// cap − peak, when both are known.
@@ -30,7 +32,7 @@ pub struct Operands<'a> {
     pub telemetry: &'a Telemetry,
 }
 
-pub fn evaluate(rule: &Admission, o: &Operands) -> AdmissionResult {
+pub fn evaluate(rule: &Admission, o: &Operands) -> CellAdmission {
     let mut failed = Vec::new();
     let mut unknown = Vec::new();
     if o.status != CellStatus::Completed {
@@ -73,7 +75,7 @@ pub fn evaluate(rule: &Admission, o: &Operands) -> AdmissionResult {
         Some(true)
     };
     failed.extend(unknown);
-    AdmissionResult { passed, headroom_bytes, reasons: failed }
+    CellAdmission { passed, headroom_bytes, reasons: failed }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! `record.json` (the campaign, the cell spec, its outcome, validity, exactness, admission).
 //! Claims, export and reproduction read records of a campaign through this.
 
-use super::admission::AdmissionResult;
+use super::admission::CellAdmission;
 use super::executor::CellOutcome;
 use super::expand::CellSpec;
 use super::spec::{Admission, FaultCell, Relation};
@@ -26,7 +26,7 @@ pub struct CellDocument {
     pub validity: Validity,
     pub oracle: OracleRef,
     pub admission_rule: Admission,
-    pub admission: AdmissionResult,
+    pub admission: CellAdmission,
     /// A fault cell's validation (absent for arms without `fault`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<FaultRef>,

@@ -5,11 +5,12 @@
 //! arm has a cap. [`CellExecutor::preflight`] says what this build can run; [`Telemetry`] is what
 //! an observer fills in (`None` means "not observed", never zero).
 
+use super::arm::{ArmExperts, ArmKind, DeviceArm, PlanArm, Program, RunArm};
 use super::expand::CellSpec;
-use super::spec::ExpertsMode;
+use super::spec::Measure;
 use crate::cell::{self, Cell, Experts, GenerateCell, Prompt, RefineCell};
 use crate::engine::ExecParams;
-use crate::plan::{PlanOptions, SourceKind};
+use crate::plan::PlanOptions;
 use crate::plan::PolicySpec;
 use crate::observe::RunStatus;
 use nix::sys::signal::{kill, Signal};
@@ -21,7 +22,6 @@ use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 /// Whether the cell's process produced its record.
@@ -90,8 +90,7 @@ pub struct CellOutcome {
 
 /// The kernel's count of OOM kills since boot (`/proc/vmstat` `oom_kill`), if it keeps one.
 fn oom_kills_now() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
-    text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok())
+    procfs::vmstat().ok()?.get("oom_kill").and_then(|&n| u64::try_from(n).ok())
 }
 
 /// Why a worker that died by `signal` was interrupted rather than failed: only signals that
@@ -143,13 +142,13 @@ pub struct BlockRecord {
 /// The typed cell of a measurement arm, its inputs resolved from the block; an input that
 /// is missing (its cell failed or was skipped) is an error that becomes the cell's outcome.
 pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: &Path) -> Result<Cell> {
-    use super::spec::Measure;
     let id = &cell.arm.id.value;
-    match cell.arm.measure.as_ref().context("not a measurement arm")? {
+    let ArmKind::Measure(measure) = cell.arm.kind()? else { anyhow::bail!("arm `{id}` is not a measurement arm") };
+    match measure {
         Measure::Envelope(e) => Ok(Cell::Envelope(cell::EnvelopeCell {
             model: model.to_path_buf(),
             block_bytes: e.block_bytes,
-            depths: e.depths.clone(),
+            depths: e.depths,
             bytes_per_depth: e.bytes_per_depth,
             record: record.to_path_buf(),
         })),
@@ -161,6 +160,9 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                 .rev()
                 .find(|b| b.arm.id.value == *of)
                 .with_context(|| format!("arm `{id}`: no completed record of arm `{of}` earlier in block {}", cell.block))?;
+            let Some(plan) = source.arm.kind()?.run().and_then(|r| r.plan().cloned()) else {
+                anyhow::bail!("arm `{id}`: measure.read_replay.of `{of}` is not a Plan arm")
+            };
             let (depth, depth_from) = match r.depth {
                 Some(d) => (d, "fixed".to_string()),
                 None => {
@@ -168,7 +170,7 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                         .block
                         .iter()
                         .rev()
-                        .find(|b| matches!(b.arm.measure, Some(Measure::Envelope(_))))
+                        .find(|b| matches!(b.arm.kind(), Ok(ArmKind::Measure(Measure::Envelope(_)))))
                         .with_context(|| format!("arm `{id}`: no completed envelope record earlier in block {} to take the depth from", cell.block))?;
                     let best = crate::record::load_envelope(&env.dir)?.best.with_context(|| format!("envelope record {} names no best depth", env.digest))?;
                     (best.depth, format!("envelope {}", env.digest))
@@ -179,7 +181,7 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                 of: source.dir.clone(),
                 of_arm: of.clone(),
                 of_record: source.digest.clone(),
-                plan: plan_options(&source.arm, FaultCell::None),
+                plan: plan_options(&plan, FaultCell::None),
                 depth,
                 depth_from,
                 record: record.to_path_buf(),
@@ -197,14 +199,14 @@ fn policy_spec(p: &super::spec::Policy) -> PolicySpec {
 }
 
 /// A Plan arm's settings as the run takes them.
-fn plan_options(arm: &super::spec::Arm, fault: FaultCell) -> PlanOptions {
+fn plan_options(arm: &PlanArm, fault: FaultCell) -> PlanOptions {
     PlanOptions {
-        slots: arm.slots.unwrap_or(0),
-        policy: arm.policy.as_ref().map(policy_spec).unwrap_or_default(),
-        source: arm.source.unwrap_or(SourceKind::F),
+        slots: arm.slots,
+        policy: policy_spec(&arm.policy),
+        source: arm.source,
         windows: arm.windows,
         depth: arm.depth,
-        layer_buffers: arm.layer_buffers.unwrap_or(0),
+        layer_buffers: arm.layer_buffers,
         fault,
         timeline_token: arm.timeline_token,
         token_pass: arm.token_pass,
@@ -225,14 +227,12 @@ pub struct CellPaths<'a> {
     pub device_cgroup: Option<&'a Path>,
 }
 
-/// The single mapping from a campaign cell's arm and workload to the typed [`Cell`] a worker
-/// runs. The cgroup/memory cap is the executor's business, not part of the cell.
-pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
-    let arm = &cell.arm;
-    let plan = |fault: FaultCell| plan_options(arm, fault);
-    let exec = |n_ctx| ExecParams { n_ctx, n_batch: cell::BATCH, n_ubatch: cell::BATCH, threads: arm.threads.unwrap_or(1) as i32, flash_attn: false };
-    match (&arm.refine, &cell.refine, p.refine) {
-        (Some(ra), Some(models), Some((verifier, reference))) => Cell::Refine(RefineCell {
+/// The single mapping from a campaign cell's run arm and workload to the typed [`Cell`] a
+/// worker runs. The cgroup/memory cap is the executor's business, not part of the cell.
+pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
+    let exec = |n_ctx| ExecParams { n_ctx, n_batch: cell::BATCH, n_ubatch: cell::BATCH, threads: arm.threads as i32, flash_attn: false };
+    match (&arm.program, &cell.refine, p.refine) {
+        (Program::Refine(ra), Some(models), Some((verifier, reference))) => Cell::Refine(RefineCell {
             // The campaign's model is the base; plan fields stream the verifier.
             base: p.model.to_path_buf(),
             verifier: verifier.to_path_buf(),
@@ -244,7 +244,7 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
             window: *models.window,
             verify_all: ra.verify_all,
             exec: exec(cell::REFINE_CTX),
-            stream: (arm.experts_mode() == ExpertsMode::Plan).then(|| plan(FaultCell::None)),
+            stream: arm.plan().map(|plan| plan_options(plan, FaultCell::None)),
             reference_slots: cell::REFERENCE_SLOTS,
             record: p.record.to_path_buf(),
         }),
@@ -254,17 +254,13 @@ pub fn worker_cell(cell: &CellSpec, p: &CellPaths) -> Cell {
             n_predict: *cell.workload.outputs,
             exec: exec(cell::GENERATE_CTX),
             ignore_eos: cell.workload.ignore_eos,
-            experts: match arm.experts_mode() {
-                ExpertsMode::Resident => Experts::Resident,
-                ExpertsMode::Host => Experts::Host,
-                ExpertsMode::Plan => Experts::Plan(plan(arm.fault.unwrap_or(FaultCell::None))),
+            experts: match &arm.experts {
+                ArmExperts::Resident { .. } => Experts::Resident,
+                ArmExperts::Host => Experts::Host,
+                ArmExperts::Plan(plan) => Experts::Plan(plan_options(plan, plan.fault)),
             },
-            gpu_layers: match arm.gpu_layers {
-                None => 0,
-                Some(crate::engine::GpuLayers::All(_)) => -1,
-                Some(crate::engine::GpuLayers::Count(n)) => n,
-            },
-            gpu_budget: arm.device_budget(),
+            gpu_layers: arm.device().map_or(0, DeviceArm::n_gpu_layers),
+            gpu_budget: arm.device().and_then(DeviceArm::budget),
             rpc: p.rpc.to_vec(),
             device_cgroup: p.device_cgroup.map(Path::to_path_buf),
             draft: None,
@@ -398,7 +394,7 @@ impl ProcessExecutor {
 
 impl CellExecutor for ProcessExecutor {
     fn preflight(&self, cell: &CellSpec) -> Result<()> {
-        if cell.arm.memory_cap_bytes.is_some() {
+        if cell.arm.kind()?.run().is_some_and(|r| r.memory_cap_bytes.is_some()) {
             // Refuse before anything is frozen when no memory cgroup can be made here.
             crate::observe::cleanup_stale().with_context(|| format!("arm `{}`: memory_cap_bytes", cell.arm.id.value))?;
         }
@@ -409,26 +405,30 @@ impl CellExecutor for ProcessExecutor {
         let paths = RunPaths { model: self.base.join(&cell.model.path), prompt: self.base.join(&cell.workload.prompt_file), staging, log };
         // An `rpc: local` arm's device: started for this cell, stopped when the cell ends.
         let mut server: Option<DeviceServer> = None;
-        let (worker, shown) = if cell.arm.measure.is_some() {
-            let t0 = Instant::now();
-            match measure_cell(cell, inputs, &paths.model, staging) {
-                Ok(w) => {
-                    let shown = shown_measure(cell, inputs, &paths, &w);
-                    (w, shown)
+        let kind = cell.arm.kind()?;
+        let (worker, shown) = match kind.run() {
+            None => {
+                let t0 = Instant::now();
+                match measure_cell(cell, inputs, &paths.model, staging) {
+                    Ok(w) => {
+                        let shown = shown_measure(cell, inputs, &paths, &w);
+                        (w, shown)
+                    }
+                    Err(e) => return failed_to_start(cell, log, &e, t0),
                 }
-                Err(e) => return failed_to_start(cell, log, &e, t0),
             }
-        } else {
-            if cell.arm.rpc.is_some() {
-                let started = DeviceServer::start(&self.exe, cell.arm.device_memory_cap_bytes);
-                server = Some(started.with_context(|| format!("arm `{}`: rpc: local", cell.arm.id.value))?);
+            Some(run) => {
+                if let Some(rpc) = run.device().and_then(|d| d.rpc) {
+                    let started = DeviceServer::start(&self.exe, rpc.memory_cap_bytes);
+                    server = Some(started.with_context(|| format!("arm `{}`: rpc: local", cell.arm.id.value))?);
+                }
+                self.run_workers(cell, run, &paths, server.as_ref())
             }
-            self.run_workers(cell, &paths, server.as_ref())
         };
         let mut out = File::create(log).with_context(|| format!("{}: cannot create the cell log", log.display()))?;
         writeln!(out, "# cell {} (attempt log); worker: {}", cell.key, serde_json::to_string(&worker)?)?;
         out.flush()?;
-        let warmed_bytes = match cell.arm.warm {
+        let warmed_bytes = match kind.run().is_some_and(RunArm::warm) {
             true => {
                 let n = crate::util::warm_file_cache(&paths.model)?;
                 writeln!(out, "# warm: read {n} bytes of {} through the page cache", cell.model.path)?;
@@ -438,8 +438,8 @@ impl CellExecutor for ProcessExecutor {
         };
         let t0 = Instant::now();
         let oom_before = oom_kills_now();
-        let end = match cell.arm.memory_cap_bytes {
-            Some(cap) => self.run_capped(cell, &worker, cap, server.as_ref(), &mut out)?,
+        let end = match kind.run().and_then(|r| r.memory_cap_bytes.map(|cap| (r, cap))) {
+            Some((run, cap)) => self.run_capped(run, &worker, cap, server.as_ref(), &mut out)?,
             None => self.run_plain(&worker, log, &out)?,
         };
         let wall_s = t0.elapsed().as_secs_f64();
@@ -532,12 +532,13 @@ fn failure_line(cell: &CellSpec, paths: &RunPaths, end: &WorkerExit, complete: b
 
 impl ProcessExecutor {
     /// A run cell's worker, and the same worker as the record shows it (no machine paths).
-    fn run_workers(&self, cell: &CellSpec, paths: &RunPaths, server: Option<&DeviceServer>) -> (Cell, Cell) {
+    fn run_workers(&self, cell: &CellSpec, arm: &RunArm, paths: &RunPaths, server: Option<&DeviceServer>) -> (Cell, Cell) {
         let refine_paths = cell.refine.as_ref().map(|r| (self.base.join(&r.verifier.path), self.base.join(&r.reference.path)));
         let endpoints: Vec<String> = server.iter().map(|s| s.endpoint.clone()).collect();
         let device_cgroup = server.and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf);
         let worker = worker_cell(
             cell,
+            arm,
             &CellPaths {
                 model: &paths.model,
                 prompt_file: &paths.prompt,
@@ -550,6 +551,7 @@ impl ProcessExecutor {
         let shown_rpc: Vec<String> = endpoints.iter().map(|_| "<local device server>".to_string()).collect();
         let shown = worker_cell(
             cell,
+            arm,
             &CellPaths {
                 model: Path::new(&cell.model.path),
                 prompt_file: Path::new(&cell.workload.prompt_file),
@@ -564,10 +566,10 @@ impl ProcessExecutor {
 
     /// The runner is the harness: it makes the cgroup and starts the one worker in it. A
     /// cgroup that cannot be made is the cell's failure (exit 2), written to its log.
-    fn run_capped(&self, cell: &CellSpec, worker: &Cell, cap: u64, server: Option<&DeviceServer>, out: &mut File) -> Result<WorkerExit> {
+    fn run_capped(&self, arm: &RunArm, worker: &Cell, cap: u64, server: Option<&DeviceServer>, out: &mut File) -> Result<WorkerExit> {
         let contain = crate::observe::ContainSpec {
             memory_max: Some(cap),
-            gpu_budget: cell.arm.device_budget(),
+            gpu_budget: arm.device().and_then(DeviceArm::budget),
             device_cgroup: server.and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf),
             ..Default::default()
         };
@@ -590,9 +592,7 @@ impl ProcessExecutor {
     /// `sovereign cell SPEC` with no cgroup, its output into the cell's log.
     fn run_plain(&self, worker: &Cell, log: &Path, out: &File) -> Result<WorkerExit> {
         let spec = log.with_extension("cell.json");
-        std::fs::write(&spec, serde_json::to_vec_pretty(worker)?).with_context(|| format!("{}", spec.display()))?;
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg("cell").arg(&spec).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out.try_clone()?);
+        let cmd = cell::worker_command(Some(&self.exe), worker, cell::SpecFrom::File(&spec), cell::WorkerOutput::Log(out.try_clone()?), &[])?;
         let ran = crate::observe::run_plain(cmd);
         let _ = std::fs::remove_file(&spec);
         let (status, maxrss) = ran?;

@@ -19,6 +19,7 @@
 //! ```
 
 pub mod admission;
+pub mod arm;
 pub mod audit;
 pub mod document;
 pub mod executor;
@@ -29,6 +30,7 @@ pub mod runner;
 pub mod slurm;
 pub mod spec;
 
+pub use arm::{ArmError, ArmExperts, ArmKind, DeviceArm, PlanArm, Program, RunArm};
 pub use document::{read_cell, CellDocument, CELL_FILE};
 pub use executor::{measure_cell, worker_cell, BlockRecord, CellExecutor, CellInputs, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry};
 pub use expand::{expand, CellSpec};

@@ -339,21 +339,6 @@ pub enum RpcArm {
     Local,
 }
 
-impl Arm {
-    /// How a run arm holds its experts (a measurement arm holds none: resident, unused).
-    pub fn experts_mode(&self) -> ExpertsMode {
-        self.experts.unwrap_or(ExpertsMode::Resident)
-    }
-
-    /// The cell's device budget: the device cap, unless `gpu_budget` says less.
-    pub fn device_budget(&self) -> Option<u64> {
-        match (self.gpu_budget, self.device_memory_cap_bytes) {
-            (Some(b), Some(c)) => Some(b.min(c)),
-            (b, c) => b.or(c),
-        }
-    }
-}
-
 /// A measurement cell a campaign interleaves with its arms; each seals a record of its own
 /// format (`sovereign.envelope/1`, `sovereign.read_replay/1`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -612,7 +597,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
 fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     if let Err(e) = crate::bounds::campaign_id(&c.id.value) {
-        out.push(Diagnostic::at(&c.id, e));
+        out.push(Diagnostic::at(&c.id, e.to_string()));
     }
     let outputs = &c.workload.outputs;
     if outputs.value == 0 || outputs.value > crate::bounds::MAX_N_PREDICT {
@@ -637,125 +622,11 @@ fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
     out
 }
 
-/// What an arm is, as its fields say: a measurement, or a run holding its experts one way.
-enum ArmKind {
-    Measure,
-    Run(ExpertsMode),
-}
-
-impl Arm {
-    fn kind(&self) -> Option<ArmKind> {
-        match (&self.measure, self.experts) {
-            (Some(_), _) => Some(ArmKind::Measure),
-            (None, Some(e)) => Some(ArmKind::Run(e)),
-            (None, None) => None,
-        }
-    }
-}
-
-/// One arm's fields against what the arm is.
+/// One arm's fields against what the arm is ([`Arm::kind`]), each problem at the arm's id.
 fn validate_arm(a: &Arm) -> Vec<Diagnostic> {
-    let experts = match a.kind() {
-        Some(ArmKind::Measure) => return validate_measure_arm(a),
-        Some(ArmKind::Run(e)) => e,
-        None => {
-            let msg = format!("arm `{}` needs `experts` (resident, plan, host), or `measure` (envelope, read_replay)", a.id.value);
-            return vec![Diagnostic::at(&a.id, msg)];
-        }
-    };
-    let mut msgs = Vec::new();
-    match a.threads {
-        None => msgs.push(format!("arm `{}` needs `threads`", a.id.value)),
-        Some(t) => {
-            if let Err(e) = crate::bounds::range("threads", t as u64, 1, crate::bounds::MAX_THREADS as u64, "the run refuses more than 4 x its cores") {
-                msgs.push(format!("arm `{}`: {e}", a.id.value));
-            }
-        }
-    }
-    if experts == ExpertsMode::Plan {
-        if let Err(e) = plan_bounds(a) {
-            msgs.push(format!("arm `{}`: {e}", a.id.value));
-        }
-    }
-    msgs.extend(device_fields(a, experts).into_iter().map(|m| format!("arm `{}`: {m}", a.id.value)));
-    if let Some(m) = a.memory_cap_bytes {
-        if let Err(e) = crate::bounds::range("memory_cap_bytes", m, crate::bounds::MIN_MEMORY_MAX, crate::bounds::MAX_MEMORY_MAX, "1 MiB up to 1 PiB") {
-            msgs.push(format!("arm `{}`: {e}", a.id.value));
-        }
-    }
-    msgs.extend(plan_fields(a, experts).into_iter().map(|m| format!("arm `{}`: {m}", a.id.value)));
-    msgs.into_iter().map(|m| Diagnostic::at(&a.id, m)).collect()
-}
-
-/// A Plan arm's slots, windows, depth and layer buffers against the Plan's bounds
-/// (`bounds::PlanParams`), named as the campaign names them; the first out of range.
-fn plan_bounds(a: &Arm) -> Result<()> {
-    use crate::bounds::{range, MAX_DEPTH, MAX_LAYER_BUFFERS, MAX_SLOTS, MAX_WINDOWS};
-    range("slots", a.slots.unwrap_or(1).into(), 1, MAX_SLOTS as u64, "expert slots per layer")?;
-    range("windows", a.windows.unwrap_or(1).into(), 1, MAX_WINDOWS as u64, "registered staging windows")?;
-    range("depth", a.depth.unwrap_or(1).into(), 1, MAX_DEPTH as u64, "io_uring's maximum of submission entries")?;
-    range("layer_buffers", a.layer_buffers.unwrap_or(0).into(), 0, MAX_LAYER_BUFFERS as u64, "staging buffers per layer")?;
-    Ok(())
-}
-
-/// The device fields (`rpc`, `gpu_layers`, `gpu_budget`, `device_memory_cap_bytes`) and
-/// `warm`, each against the fields it needs or excludes.
-fn device_fields(a: &Arm, experts: ExpertsMode) -> Vec<String> {
-    let mut msgs = Vec::new();
-    if a.rpc.is_some() && a.gpu_layers.is_none() {
-        msgs.push("`rpc` needs `gpu_layers` (which layers go to the device)".to_string());
-    }
-    if a.gpu_budget.is_some() && a.gpu_layers.is_none() {
-        msgs.push("`gpu_budget` needs `gpu_layers` (a budget bounds the device's memory)".to_string());
-    }
-    if a.device_memory_cap_bytes.is_some() && a.rpc.is_none() {
-        msgs.push("`device_memory_cap_bytes` caps the `rpc: local` device server; this arm has no `rpc`".to_string());
-    }
-    if let Some(c) = a.device_memory_cap_bytes.filter(|&c| !(crate::bounds::MIN_MEMORY_MAX..=crate::bounds::MAX_MEMORY_MAX).contains(&c)) {
-        msgs.push(format!("`device_memory_cap_bytes` {c} is out of range (1 MiB up to 1 PiB)"));
-    }
-    if a.warm && (experts != ExpertsMode::Resident || a.memory_cap_bytes.is_some() || a.refine.is_some()) {
-        // A capped or streaming run must be charged for its own reads.
-        msgs.push("`warm` applies to resident generate arms without `memory_cap_bytes`".to_string());
-    }
-    if a.refine.is_some() {
-        // A refine cell runs on the CPU: device fields would be silently ignored.
-        for (field, set) in [("rpc", a.rpc.is_some()), ("gpu_layers", a.gpu_layers.is_some()), ("gpu_budget", a.gpu_budget.is_some())] {
-            if set {
-                msgs.push(format!("`{field}` applies to generate arms, not `refine`"));
-            }
-        }
-    }
-    if let Some(crate::engine::GpuLayers::Count(n)) = a.gpu_layers {
-        if !(0..=i32::from(u16::MAX)).contains(&n) {
-            msgs.push(format!("gpu_layers {n}: expected 0..={} or `all`", u16::MAX));
-        }
-    }
-    msgs
-}
-
-/// The Plan's fields: required by `experts: plan`, forbidden otherwise.
-fn plan_fields(a: &Arm, experts: ExpertsMode) -> Vec<String> {
-    let required = [("slots", a.slots.is_some()), ("policy", a.policy.is_some()), ("source", a.source.is_some())];
-    // Windows and depth may be left to the manifest; resident arms may not name them.
-    let optional = [
-        ("windows", a.windows.is_some()),
-        ("depth", a.depth.is_some()),
-        ("fault", a.fault.is_some()),
-        ("layer_buffers", a.layer_buffers.is_some()),
-        ("timeline_token", a.timeline_token.is_some()),
-        ("token_pass", a.token_pass.is_some()),
-        ("verify", a.verify.is_some()),
-    ];
-    match experts {
-        ExpertsMode::Resident | ExpertsMode::Host => {
-            required.iter().chain(&optional).filter(|(_, set)| *set).map(|(name, _)| format!("`{name}` applies only to `experts: plan`")).collect()
-        }
-        ExpertsMode::Plan => {
-            let missing = required.iter().filter(|(_, set)| !set).map(|(name, _)| format!("`experts: plan` needs `{name}`"));
-            let counts = [("slots", a.slots), ("windows", a.windows), ("depth", a.depth), ("token_pass", a.token_pass)];
-            missing.chain(counts.iter().filter(|(_, v)| *v == Some(0)).map(|(name, _)| format!("`{name}` must be at least 1"))).collect()
-        }
+    match a.kind() {
+        Ok(_) => Vec::new(),
+        Err(e) => e.0.into_iter().map(|m| Diagnostic::at(&a.id, m)).collect(),
     }
 }
 
@@ -880,52 +751,6 @@ fn validate_floor(c: &Campaign, f: &FloorAnalysis, known: &Known, out: &mut Vec<
     if !(f.level > 0.0 && f.level < 1.0) {
         out.push(Diagnostic::at(&f.arm, format!("analysis.floor.level must lie strictly between 0 and 1 (got {})", f.level)));
     }
-}
-
-/// A measurement arm names its measurement and nothing of a run.
-fn validate_measure_arm(a: &Arm) -> Vec<Diagnostic> {
-    let mut out = Vec::new();
-    let id = &a.id.value;
-    let run_fields = [
-        ("experts", a.experts.is_some()),
-        ("slots", a.slots.is_some()),
-        ("policy", a.policy.is_some()),
-        ("source", a.source.is_some()),
-        ("windows", a.windows.is_some()),
-        ("depth", a.depth.is_some()),
-        ("layer_buffers", a.layer_buffers.is_some()),
-        ("fault", a.fault.is_some()),
-        ("token_pass", a.token_pass.is_some()),
-        ("refine", a.refine.is_some()),
-        ("memory_cap_bytes", a.memory_cap_bytes.is_some()),
-        ("threads", a.threads.is_some()),
-        ("gpu_layers", a.gpu_layers.is_some()),
-        ("rpc", a.rpc.is_some()),
-        ("gpu_budget", a.gpu_budget.is_some()),
-        ("device_memory_cap_bytes", a.device_memory_cap_bytes.is_some()),
-        ("warm", a.warm),
-    ];
-    for (name, set) in run_fields {
-        if set {
-            out.push(Diagnostic::at(&a.id, format!("arm `{id}`: `{name}` does not apply to a `measure` arm")));
-        }
-    }
-    match &a.measure {
-        Some(Measure::Envelope(e)) => {
-            if let Err(err) = crate::measure::check_envelope(e.block_bytes, &e.depths, e.bytes_per_depth) {
-                out.push(Diagnostic::at(&a.id, format!("arm `{id}`: measure.{err}")));
-            }
-        }
-        Some(Measure::ReadReplay(r)) => {
-            if let Some(d) = r.depth {
-                if d == 0 || d > crate::measure::MAX_DEPTH {
-                    out.push(Diagnostic::at(&a.id, format!("arm `{id}`: measure.read_replay.depth {d}: expected 1..={}", crate::measure::MAX_DEPTH)));
-                }
-            }
-        }
-        None => {}
-    }
-    out
 }
 
 /// A read replay names a Plan arm (without a fault) that runs earlier in each of its blocks,

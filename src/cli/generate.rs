@@ -232,12 +232,17 @@ impl GenerateArgs {
     }
 }
 
+/// A `--gpu-layers` value that is neither.
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is neither a layer count nor `all`")]
+struct NotGpuLayers(String);
+
 /// `--gpu-layers`: a layer count or `all` (llama's negative n_gpu_layers).
-fn parse_gpu_layers(s: &str) -> Result<i32, String> {
+fn parse_gpu_layers(s: &str) -> Result<i32, NotGpuLayers> {
     if s == "all" {
         return Ok(-1);
     }
-    s.parse::<u16>().map(i32::from).map_err(|_| format!("`{s}` is neither a layer count nor `all`"))
+    s.parse::<u16>().map(i32::from).map_err(|_| NotGpuLayers(s.to_string()))
 }
 
 #[derive(Args)]

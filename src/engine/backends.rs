@@ -280,6 +280,7 @@ impl Drop for PinnedHost {
 
 /// The host buffer type of the first offload device (GPU type: CUDA, RPC), with its name, or
 /// why there is none.
+// Err is the reason the Plan's report stores beside its aligned-mapping fallback, as text.
 pub fn offload_host_buffer_type() -> Result<(usize, String), String> {
     ensure_loaded().map_err(|e| e.to_string())?;
     // SAFETY: registry queries on loaded modules; names are strings the modules own.

@@ -20,7 +20,7 @@ pub struct Pin {
 
 impl Pin {
     /// Parses `key = "value"` lines; `#` starts a comment. Unknown or missing keys are errors.
-    pub fn parse(text: &str) -> Result<Pin, String> {
+    pub fn parse(text: &str) -> Result<Pin, PinError> {
         let mut kv = BTreeMap::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -29,19 +29,19 @@ impl Pin {
             }
             let (k, v) = line
                 .split_once('=')
-                .ok_or_else(|| format!("line {}: expected key = \"value\"", n + 1))?;
+                .ok_or(PinError::NotKeyValue { line: n + 1 })?;
             let v = v.trim();
             let v = v
                 .strip_prefix('"')
                 .and_then(|v| v.strip_suffix('"'))
-                .ok_or_else(|| format!("line {}: value must be quoted", n + 1))?;
+                .ok_or(PinError::Unquoted { line: n + 1 })?;
             let k = k.trim();
             if !matches!(k, "package" | "version" | "checksum" | "tree_sha256") {
-                return Err(format!("line {}: unknown key `{k}`", n + 1));
+                return Err(PinError::UnknownKey { line: n + 1, key: k.to_string() });
             }
             kv.insert(k.to_string(), v.to_string());
         }
-        let mut take = |k: &str| kv.remove(k).ok_or_else(|| format!("missing key `{k}`"));
+        let mut take = |k: &'static str| kv.remove(k).ok_or(PinError::Missing(k));
         Ok(Pin {
             package: take("package")?,
             version: take("version")?,
@@ -50,6 +50,29 @@ impl Pin {
         })
     }
 }
+
+/// Why `vendor/llama.cpp.pin` was refused. Written out by hand: `build.rs` includes this file
+/// and has no `thiserror`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PinError {
+    NotKeyValue { line: usize },
+    Unquoted { line: usize },
+    UnknownKey { line: usize, key: String },
+    Missing(&'static str),
+}
+
+impl std::fmt::Display for PinError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PinError::NotKeyValue { line } => write!(f, "line {line}: expected key = \"value\""),
+            PinError::Unquoted { line } => write!(f, "line {line}: value must be quoted"),
+            PinError::UnknownKey { line, key } => write!(f, "line {line}: unknown key `{key}`"),
+            PinError::Missing(key) => write!(f, "missing key `{key}`"),
+        }
+    }
+}
+
+impl std::error::Error for PinError {}
 
 /// SHA-256 over a directory tree: every regular file, in byte order of its `/`-separated
 /// relative path, contributes `path NUL sha256(content) LF`. Symbolic links and other special
@@ -104,4 +127,19 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<String>) -> io::Result<()> {
 /// SHA-256 of one file, hex.
 pub fn file_digest(path: &Path) -> io::Result<String> {
     Ok(hex::encode(Sha256::digest(fs::read(path)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pin, PinError};
+
+    #[test]
+    fn each_refusal_says_its_line_or_key() {
+        let good = "# pin\npackage = \"p\"\nversion = \"1\"\nchecksum = \"c\"\ntree_sha256 = \"t\"\n";
+        assert_eq!(Pin::parse(good).map(|p| p.tree_sha256), Ok("t".to_string()));
+        assert_eq!(Pin::parse("package \"p\""), Err(PinError::NotKeyValue { line: 1 }));
+        assert_eq!(Pin::parse("\npackage = p"), Err(PinError::Unquoted { line: 2 }));
+        assert_eq!(Pin::parse("colour = \"red\""), Err(PinError::UnknownKey { line: 1, key: "colour".into() }));
+        assert_eq!(Pin::parse("package = \"p\""), Err(PinError::Missing("version")));
+    }
 }

@@ -138,7 +138,7 @@ pub fn device_check(ctx: &Context) -> Result<DeviceCheck> {
             }
             (check.observed, check.own_bytes) = (true, Some(used));
         }
-        Err(why) => check.reason = Some(why),
+        Err(why) => check.reason = Some(why.to_string()),
     }
     Ok(check)
 }

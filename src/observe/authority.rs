@@ -147,16 +147,18 @@ pub struct Conjunct {
     pub value: String,
 }
 
-/// The admission predicate's outcome. A record carries `failed` beside the conjuncts for its
-/// readers; it is written from the conjuncts and ignored when read back.
+/// One run's admission: the predicate over what bounded its memory tiers, conjunct by
+/// conjunct (a campaign's verdict on a cell is `campaign::admission::CellAdmission`). A record
+/// carries `failed` beside the conjuncts for its readers; it is written from the conjuncts and
+/// ignored when read back.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(into = "AdmissionRecord")]
-pub struct Admission {
+pub struct RunAdmission {
     pub admitted: bool,
     pub conjuncts: Vec<Conjunct>,
 }
 
-impl Admission {
+impl RunAdmission {
     /// Adds a conjunct about the run itself: a failed run is never admitted.
     pub fn require_run(&mut self, name: &str, passed: bool, value: String) {
         if !passed {
@@ -176,7 +178,7 @@ impl Admission {
     }
 }
 
-/// [`Admission`] as a record serializes it.
+/// [`RunAdmission`] as a record serializes it.
 #[derive(Serialize)]
 struct AdmissionRecord {
     admitted: bool,
@@ -184,8 +186,8 @@ struct AdmissionRecord {
     failed: Vec<String>,
 }
 
-impl From<Admission> for AdmissionRecord {
-    fn from(a: Admission) -> AdmissionRecord {
+impl From<RunAdmission> for AdmissionRecord {
+    fn from(a: RunAdmission) -> AdmissionRecord {
         let failed = a.failed();
         AdmissionRecord { admitted: a.admitted, conjuncts: a.conjuncts, failed }
     }
@@ -195,7 +197,7 @@ impl From<Admission> for AdmissionRecord {
 /// one and is not admitted. Without a GPU and without a declared GPU allowance the GPU
 /// conjuncts hold vacuously (said so in their value); with a declared allowance they need an
 /// observation.
-pub fn admission(host: &HostReport, gpu: &GpuAudit, auth: &AuthorityVector, gpu_declared: Option<u64>) -> Admission {
+pub fn admission(host: &HostReport, gpu: &GpuAudit, auth: &AuthorityVector, gpu_declared: Option<u64>) -> RunAdmission {
     admission_with_budget(host, gpu, auth, gpu_declared, None, None)
 }
 
@@ -209,7 +211,7 @@ pub fn admission_with_budget(
     gpu_declared: Option<u64>,
     gpu_budget: Option<u64>,
     device: Option<&super::DeviceAudit>,
-) -> Admission {
+) -> RunAdmission {
     let mut c = Vec::new();
     let mut push = |name: &str, passed: bool, value: String| c.push(Conjunct { name: name.to_string(), passed, value });
 
@@ -276,7 +278,7 @@ pub fn admission_with_budget(
             GpuAudit::NotObserved { reason } => push("device margin", false, format!("not observed ({reason})")),
         }
     }
-    Admission { admitted: c.iter().all(|x| x.passed), conjuncts: c }
+    RunAdmission { admitted: c.iter().all(|x| x.passed), conjuncts: c }
 }
 
 #[cfg(test)]
@@ -322,12 +324,12 @@ mod tests {
     }
 
     /// The names of the conjuncts that failed, in order.
-    fn failing(adm: &Admission) -> Vec<&str> {
+    fn failing(adm: &RunAdmission) -> Vec<&str> {
         adm.failing().map(|c| c.name.as_str()).collect()
     }
 
     /// Whether the conjunct `name` passed, and its value.
-    fn value<'a>(adm: &'a Admission, name: &str) -> (bool, &'a str) {
+    fn value<'a>(adm: &'a RunAdmission, name: &str) -> (bool, &'a str) {
         let c = adm.conjuncts.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no conjunct {name}: {adm:?}"));
         (c.passed, c.value.as_str())
     }
@@ -347,7 +349,7 @@ mod tests {
         assert_eq!(adm.failed()[2], "limit events: 7");
         let mut stale = json.clone();
         stale["failed"] = serde_json::json!(["nothing: at all"]);
-        let back: Admission = serde_json::from_value(stale).unwrap();
+        let back: RunAdmission = serde_json::from_value(stale).unwrap();
         assert_eq!(back, adm);
         assert_eq!(serde_json::to_value(&back).unwrap(), json);
     }

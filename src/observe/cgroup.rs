@@ -9,6 +9,8 @@
 //! cgroup as `sovereign-<pid>-<n>`; cgroups left by a harness that was killed are removed at the
 //! next start ([`cleanup_stale`]).
 
+use procfs::process::{MountInfo, MountInfos};
+use procfs::ProcessCGroups;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -75,17 +77,10 @@ fn refused(what: &str, path: &Path, e: &io::Error) -> SetupError {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Locating the hierarchy: /proc/self/mountinfo and /proc/self/cgroup.
+// Locating the hierarchy: /proc/self/mountinfo and /proc/self/cgroup, parsed by procfs.
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Mount {
-    root: String,
-    point: String,
-    fstype: String,
-    superopts: String,
-}
-
-/// Undoes the octal escapes (`\040` for a space) of mountinfo paths.
+/// Undoes the octal escapes (`\040` for a space) of mountinfo paths, which procfs leaves as
+/// the kernel wrote them.
 fn unescape(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -102,36 +97,22 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn parse_mountinfo(text: &str) -> Vec<Mount> {
-    text.lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let l: Vec<&str> = left.split(' ').collect();
-            let r: Vec<&str> = right.split(' ').collect();
-            if l.len() < 5 || r.len() < 3 {
-                return None;
-            }
-            Some(Mount {
-                root: unescape(l[3]),
-                point: unescape(l[4]),
-                fstype: r[0].to_string(),
-                superopts: r[2].to_string(),
-            })
-        })
-        .collect()
+/// The path of the memory cgroup in one process's cgroups (`/proc/<pid>/cgroup`), for the
+/// given hierarchy.
+pub fn membership_path(groups: &ProcessCGroups, version: Version) -> Option<String> {
+    groups.0.iter().find_map(|g| {
+        let hit = match version {
+            Version::V1 => g.controllers.iter().any(|c| c == "memory"),
+            Version::V2 => g.hierarchy == 0 && g.controllers.is_empty(),
+        };
+        hit.then(|| g.pathname.clone())
+    })
 }
 
-/// The path of the memory cgroup in one `/proc/<pid>/cgroup` text, for the given hierarchy.
-pub fn membership_path(proc_cgroup: &str, version: Version) -> Option<String> {
-    proc_cgroup.lines().find_map(|line| {
-        let mut it = line.splitn(3, ':');
-        let (id, ctrls, path) = (it.next()?, it.next()?, it.next()?);
-        let hit = match version {
-            Version::V1 => ctrls.split(',').any(|c| c == "memory"),
-            Version::V2 => id == "0" && ctrls.is_empty(),
-        };
-        hit.then(|| path.to_string())
-    })
+/// The memory cgroup of process `pid`, for the given hierarchy: `Ok(None)` when it names none.
+pub fn membership_of(pid: u32, version: Version) -> procfs::ProcResult<Option<String>> {
+    let groups = procfs::process::Process::new(pid as i32)?.cgroups()?;
+    Ok(membership_path(&groups, version))
 }
 
 /// Where the memory controller is mounted and where this process sits in it.
@@ -162,45 +143,33 @@ impl Located {
     }
 }
 
-/// Finds the memory controller from the text of mountinfo and of `/proc/self/cgroup`. A v1
-/// `memory` hierarchy wins where both exist (hybrid hosts: the controller can be bound to only
-/// one hierarchy, and cgroup2 then lacks it).
-pub fn locate_from(mountinfo: &str, self_cgroup: &str) -> Result<Located, SetupError> {
-    let mounts = parse_mountinfo(mountinfo);
-    if let Some(own) = membership_path(self_cgroup, Version::V1) {
-        if let Some(m) = mounts.iter().find(|m| m.fstype == "cgroup" && m.superopts.split(',').any(|o| o == "memory")) {
-            return Ok(Located {
-                version: Version::V1,
-                mountpoint: m.point.clone().into(),
-                mount_root: m.root.clone(),
-                own,
-            });
-        }
-    }
-    if let Some(own) = membership_path(self_cgroup, Version::V2) {
-        if let Some(m) = mounts.iter().find(|m| m.fstype == "cgroup2") {
-            return Ok(Located {
-                version: Version::V2,
-                mountpoint: m.point.clone().into(),
-                mount_root: m.root.clone(),
-                own,
-            });
-        }
-    }
-    Err(setup(
-        SetupErrorKind::NoMemoryController,
-        "no memory cgroup controller for this process (neither a cgroup v1 `memory` hierarchy nor cgroup2 is mounted); \
-         mount cgroup2 at /sys/fs/cgroup with the memory controller enabled, or run on a host that has one"
-            .to_string(),
-    ))
+/// Finds the memory controller from mountinfo and `/proc/self/cgroup`. A v1 `memory`
+/// hierarchy wins where both exist (hybrid hosts: the controller can be bound to only one
+/// hierarchy, and cgroup2 then lacks it).
+pub fn locate_from(mounts: &MountInfos, self_cgroup: &ProcessCGroups) -> Result<Located, SetupError> {
+    let found = |version: Version, mount: &dyn Fn(&MountInfo) -> bool| {
+        let own = membership_path(self_cgroup, version)?;
+        let m = mounts.iter().find(|m| mount(m))?;
+        Some(Located { version, mountpoint: unescape(&m.mount_point.to_string_lossy()).into(), mount_root: unescape(&m.root), own })
+    };
+    let v1 = |m: &MountInfo| m.fs_type == "cgroup" && m.super_options.contains_key("memory");
+    let v2 = |m: &MountInfo| m.fs_type == "cgroup2";
+    found(Version::V1, &v1).or_else(|| found(Version::V2, &v2)).ok_or_else(|| {
+        setup(
+            SetupErrorKind::NoMemoryController,
+            "no memory cgroup controller for this process (neither a cgroup v1 `memory` hierarchy nor cgroup2 is mounted); \
+             mount cgroup2 at /sys/fs/cgroup with the memory controller enabled, or run on a host that has one"
+                .to_string(),
+        )
+    })
 }
 
 /// [`locate_from`] on this process.
 pub fn locate() -> Result<Located, SetupError> {
-    let read = |p: &str| {
-        fs::read_to_string(p).map_err(|e| setup(SetupErrorKind::NoMemoryController, format!("cannot read {p}: {e}")))
-    };
-    locate_from(&read("/proc/self/mountinfo")?, &read("/proc/self/cgroup")?)
+    let unreadable = |p: &str, e: procfs::ProcError| setup(SetupErrorKind::NoMemoryController, format!("cannot read {p}: {e}"));
+    let me = procfs::process::Process::myself().map_err(|e| unreadable("/proc/self", e))?;
+    let mounts = me.mountinfo().map_err(|e| unreadable("/proc/self/mountinfo", e))?;
+    locate_from(&mounts, &me.cgroups().map_err(|e| unreadable("/proc/self/cgroup", e))?)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -727,10 +696,9 @@ pub struct Stale {
 /// Whether `pid` is a live harness of this hierarchy: it exists and sits in the base or its
 /// leaf (a reused pid elsewhere is not the creator).
 fn creator_alive(h: &Hierarchy, pid: u32) -> bool {
-    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else { return false };
-    match membership_path(&text, h.version()) {
-        Some(p) => p == h.base_rel || Some(&p) == h.leaf_rel.as_ref(),
-        None => false,
+    match membership_of(pid, h.version()) {
+        Ok(Some(p)) => p == h.base_rel || Some(&p) == h.leaf_rel.as_ref(),
+        Ok(None) | Err(_) => false,
     }
 }
 
@@ -923,32 +891,40 @@ hierarchical_memsw_limit 67108864\ntotal_cache 66519040\ntotal_rss 1081344\ntota
         assert!(e.message.contains("+memory") && !e.message.contains('\n'), "{}", e.message);
     }
 
+    fn mounts(text: &str) -> MountInfos {
+        procfs::FromRead::from_read(text.as_bytes()).unwrap()
+    }
+
+    fn groups(text: &str) -> ProcessCGroups {
+        procfs::FromRead::from_read(text.as_bytes()).unwrap()
+    }
+
     #[test]
     fn locate_v1_v2_hybrid_none() {
         let hybrid = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n\
                       41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
         let cg = "4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
-        let l = locate_from(hybrid, cg).unwrap();
+        let l = locate_from(&mounts(hybrid), &groups(cg)).unwrap();
         assert_eq!(l.version, Version::V1);
         assert_eq!(l.fs_path(&l.own), PathBuf::from("/sys/fs/cgroup/memory/process_api/abc"));
 
         let v2 =
             "30 24 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n";
-        let l = locate_from(v2, "0::/user.slice/user-1000.slice/session-2.scope\n").unwrap();
+        let l = locate_from(&mounts(v2), &groups("0::/user.slice/user-1000.slice/session-2.scope\n")).unwrap();
         assert_eq!(l.version, Version::V2);
         assert_eq!(l.fs_path(&l.own), PathBuf::from("/sys/fs/cgroup/user.slice/user-1000.slice/session-2.scope"));
 
         // A bind-mounted subtree (containers): the mount root is stripped.
         let sub = "30 24 0:26 /kubepods/pod1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
-        let l = locate_from(sub, "0::/kubepods/pod1/c1\n").unwrap();
+        let l = locate_from(&mounts(sub), &groups("0::/kubepods/pod1/c1\n")).unwrap();
         assert_eq!(l.fs_path(&l.own), PathBuf::from("/sys/fs/cgroup/c1"));
 
         // Escaped mount point.
         let esc = "30 24 0:26 / /mnt/cg\\040v2 rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(locate_from(esc, "0::/\n").unwrap().mountpoint, PathBuf::from("/mnt/cg v2"));
+        assert_eq!(locate_from(&mounts(esc), &groups("0::/\n")).unwrap().mountpoint, PathBuf::from("/mnt/cg v2"));
 
         let none = "22 1 8:1 / / rw - ext4 /dev/vda rw\n";
-        let e = locate_from(none, "0::/\n").unwrap_err();
+        let e = locate_from(&mounts(none), &groups("0::/\n")).unwrap_err();
         assert_eq!(e.kind, SetupErrorKind::NoMemoryController);
         assert!(!e.message.contains('\n'));
     }
@@ -962,7 +938,7 @@ hierarchical_memsw_limit 67108864\ntotal_cache 66519040\ntotal_rss 1081344\ntota
         assert_eq!(parent_rel("/a"), "/");
         assert_eq!(child_rel("/", "x"), "/x");
         assert_eq!(child_rel("/a", "x"), "/a/x");
-        assert_eq!(membership_path("12:memory,foo:/m\n0::/u\n", Version::V1).as_deref(), Some("/m"));
-        assert_eq!(membership_path("12:memory,foo:/m\n0::/u\n", Version::V2).as_deref(), Some("/u"));
+        assert_eq!(membership_path(&groups("12:memory,foo:/m\n0::/u\n"), Version::V1).as_deref(), Some("/m"));
+        assert_eq!(membership_path(&groups("12:memory,foo:/m\n0::/u\n"), Version::V2).as_deref(), Some("/u"));
     }
 }

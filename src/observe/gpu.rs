@@ -5,8 +5,9 @@
 //! Where NVML or a GPU is absent the result is [`GpuAudit::NotObserved`] with NVML's reason —
 //! never a zero that was not measured.
 
-use super::cgroup::{membership_path, Version};
+use super::cgroup::{membership_of, Version};
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -86,32 +87,43 @@ pub enum Unclassified {
 impl Membership {
     /// `Ok(true)` inside, `Ok(false)` outside with its cgroup, `Err` when unreadable.
     pub fn classify(&self, pid: u32) -> Result<(bool, String), Unclassified> {
-        let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| Unclassified::Unreadable { pid, reason: e.to_string() })?;
-        let p = membership_path(&text, self.version).ok_or(Unclassified::NoMemoryLine { pid })?;
+        let p = membership_of(pid, self.version).map_err(|e| Unclassified::Unreadable { pid, reason: e.to_string() })?.ok_or(Unclassified::NoMemoryLine { pid })?;
         let inside = p == self.rel || p.starts_with(&format!("{}/", self.rel.trim_end_matches('/')));
         Ok((inside, p))
     }
 }
 
+/// Why NVML observes nothing (or not a number) here; records keep it as their reason.
+#[derive(Debug, thiserror::Error)]
+pub enum Unobserved {
+    #[error("NVML unavailable: {0}")]
+    Unavailable(NvmlError),
+    #[error("NVML reports zero devices")]
+    NoDevices,
+    #[error("NVML device count: {0}")]
+    DeviceCount(NvmlError),
+    #[error("device {index}: {error}")]
+    Device { index: u32, error: NvmlError },
+    #[error("device {index} running_compute_processes: {error}")]
+    Processes { index: u32, error: NvmlError },
+    #[error("device {0}: NVML keeps no per-process memory")]
+    NoPerProcessMemory(u32),
+    #[error("pid {0} is not among NVML's compute processes")]
+    NotListed(u32),
+}
+
 /// Why the GPU cannot be observed here, or None when NVML sees at least one board.
 pub fn probe() -> Option<String> {
-    match Nvml::init() {
-        Err(e) => Some(format!("NVML unavailable: {e}")),
-        Ok(n) => match n.device_count() {
-            Ok(0) => Some("NVML reports zero devices".to_string()),
-            Ok(_) => None,
-            Err(e) => Some(format!("NVML device count: {e}")),
-        },
-    }
+    open().err().map(|e| e.to_string())
 }
 
 /// NVML with at least one board, or why not.
-fn open() -> Result<(Nvml, u32), String> {
-    let nvml = Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
+fn open() -> Result<(Nvml, u32), Unobserved> {
+    let nvml = Nvml::init().map_err(Unobserved::Unavailable)?;
     match nvml.device_count() {
-        Ok(0) => Err("NVML reports zero devices".to_string()),
+        Ok(0) => Err(Unobserved::NoDevices),
         Ok(n) => Ok((nvml, n)),
-        Err(e) => Err(format!("NVML device count: {e}")),
+        Err(e) => Err(Unobserved::DeviceCount(e)),
     }
 }
 
@@ -134,7 +146,7 @@ pub struct BoardInfo {
 pub fn device_info() -> DeviceInfo {
     let (nvml, count) = match open() {
         Ok(x) => x,
-        Err(reason) => return DeviceInfo::NotObserved { reason },
+        Err(reason) => return DeviceInfo::NotObserved { reason: reason.to_string() },
     };
     let boards = (0..count)
         .map(|i| {
@@ -159,25 +171,25 @@ pub fn device_info() -> DeviceInfo {
 
 /// Device memory NVML charges to this process now, summed over boards; Err says why it is not
 /// observed (no NVML, no board, or NVML keeps no per-process number).
-pub fn own_usage() -> Result<u64, String> {
+pub fn own_usage() -> Result<u64, Unobserved> {
     let (nvml, count) = open()?;
     let me = std::process::id();
     let (mut sum, mut seen) = (0u64, false);
     for i in 0..count {
-        let dev = nvml.device_by_index(i).map_err(|e| format!("device {i}: {e}"))?;
-        let procs = dev.running_compute_processes().map_err(|e| format!("device {i} running_compute_processes: {e}"))?;
+        let dev = nvml.device_by_index(i).map_err(|error| Unobserved::Device { index: i, error })?;
+        let procs = dev.running_compute_processes().map_err(|error| Unobserved::Processes { index: i, error })?;
         for p in procs.into_iter().filter(|p| p.pid == me) {
             seen = true;
             match p.used_gpu_memory {
                 UsedGpuMemory::Used(b) => sum += b,
-                UsedGpuMemory::Unavailable => return Err(format!("device {i}: NVML keeps no per-process memory")),
+                UsedGpuMemory::Unavailable => return Err(Unobserved::NoPerProcessMemory(i)),
             }
         }
     }
     if !seen {
         // Zero would be a claim; a process NVML does not list (no context, or another pid
         // namespace) is not observed.
-        return Err(format!("pid {me} is not among NVML's compute processes"));
+        return Err(Unobserved::NotListed(me));
     }
     Ok(sum)
 }
@@ -195,7 +207,7 @@ impl GpuSampler {
             .spawn(move || {
                 let (nvml, count) = match open() {
                     Ok(x) => x,
-                    Err(reason) => return GpuAudit::NotObserved { reason },
+                    Err(reason) => return GpuAudit::NotObserved { reason: reason.to_string() },
                 };
                 let mut st = State::new(interval, membership);
                 loop {
@@ -354,9 +366,8 @@ mod tests {
     #[test]
     fn classify_by_memory_cgroup() {
         let me = std::process::id();
-        let text = fs::read_to_string("/proc/self/cgroup").unwrap();
         for v in [Version::V1, Version::V2] {
-            let Some(own) = membership_path(&text, v) else { continue };
+            let Some(own) = membership_of(me, v).unwrap() else { continue };
             let inside = Membership { version: v, rel: own.clone() };
             assert_eq!(inside.classify(me).unwrap(), (true, own.clone()));
             let run = Membership { version: v, rel: format!("{}/sovereign-1-0", own.trim_end_matches('/')) };

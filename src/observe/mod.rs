@@ -22,7 +22,7 @@ use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::Pid;
-use authority::{Admission, AuthorityVector};
+use authority::{AuthorityVector, RunAdmission};
 use cgroup::{Counters, Stale, StatSplit, Version};
 use gpu::{GpuAudit, GpuSampler, Membership};
 use procs::{Io, ProcCounters, TreeSampler};
@@ -189,7 +189,7 @@ pub struct ContainedRun {
     pub gpu: GpuAudit,
     pub procs: ProcCounters,
     pub authority: AuthorityVector,
-    pub admission: Admission,
+    pub admission: RunAdmission,
 }
 
 /// What the host sampler thread saw.

@@ -1,0 +1,365 @@
+//! An arm parsed into what it is. [`Arm`] stays the file's form, all of its fields optional,
+//! because it is what a campaign freezes and what `cell.json` carries: its serialisation fixes
+//! every campaign digest. [`Arm::kind`] is the one place its fields are checked against each
+//! other; what consumes an arm takes the [`ArmKind`] and finds only the fields that belong.
+
+use super::spec::{Arm, ExpertsMode, FaultCell, Measure, Policy, RefineArm, RpcArm, SourceKind};
+use crate::bounds::range;
+use crate::engine::GpuLayers;
+
+/// A run, or a measurement cell.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArmKind {
+    Run(RunArm),
+    Measure(Measure),
+}
+
+/// A run arm: what it runs, how it holds its experts, its threads and host cap.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunArm {
+    pub threads: u32,
+    /// Hard host memory limit over the cell's whole process tree (`memory_cap_bytes`).
+    pub memory_cap_bytes: Option<u64>,
+    pub experts: ArmExperts,
+    pub program: Program,
+}
+
+/// How a run arm holds its experts, with the fields only that way has.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArmExperts {
+    /// `warm`: the runner reads the model through the page cache before the cell.
+    Resident { warm: bool },
+    Host,
+    Plan(PlanArm),
+}
+
+/// An `experts: plan` arm's fields: slots, policy and source named, the rest sized from the
+/// manifest or defaulted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanArm {
+    pub slots: u32,
+    pub policy: Policy,
+    pub source: SourceKind,
+    pub windows: Option<u32>,
+    pub depth: Option<u32>,
+    /// 0: one pool per layer.
+    pub layer_buffers: u32,
+    /// Absent in the file: `none`, the no-fault control.
+    pub fault: FaultCell,
+    pub timeline_token: Option<u32>,
+    pub token_pass: Option<u32>,
+    pub verify: Option<crate::digests::Verify>,
+}
+
+/// What a run arm runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Program {
+    /// `sovereign generate`, with layers on a device when the arm names `gpu_layers`.
+    Generate { device: Option<DeviceArm> },
+    /// `sovereign refine` (on the CPU: no device fields).
+    Refine(RefineArm),
+}
+
+/// Layers placed on a device, and what only such an arm may name.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceArm {
+    pub gpu_layers: GpuLayers,
+    pub gpu_budget: Option<u64>,
+    /// `rpc: local`: a device server the runner starts for each cell.
+    pub rpc: Option<LocalDevice>,
+}
+
+/// An `rpc: local` device server, in a cgroup of its own under `device_memory_cap_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LocalDevice {
+    pub memory_cap_bytes: Option<u64>,
+}
+
+impl ArmKind {
+    pub fn run(&self) -> Option<&RunArm> {
+        match self {
+            ArmKind::Run(r) => Some(r),
+            ArmKind::Measure(_) => None,
+        }
+    }
+}
+
+impl DeviceArm {
+    /// The cell's device budget: the device cap, unless `gpu_budget` says less.
+    pub fn budget(&self) -> Option<u64> {
+        match (self.gpu_budget, self.rpc.and_then(|r| r.memory_cap_bytes)) {
+            (Some(b), Some(c)) => Some(b.min(c)),
+            (b, c) => b.or(c),
+        }
+    }
+
+    /// llama's `n_gpu_layers`: -1 for `all`.
+    pub fn n_gpu_layers(&self) -> i32 {
+        match self.gpu_layers {
+            GpuLayers::All(_) => -1,
+            GpuLayers::Count(n) => n,
+        }
+    }
+}
+
+impl RunArm {
+    pub fn plan(&self) -> Option<&PlanArm> {
+        match &self.experts {
+            ArmExperts::Plan(p) => Some(p),
+            ArmExperts::Resident { .. } | ArmExperts::Host => None,
+        }
+    }
+
+    pub fn device(&self) -> Option<&DeviceArm> {
+        match &self.program {
+            Program::Generate { device } => device.as_ref(),
+            Program::Refine(_) => None,
+        }
+    }
+
+    pub fn warm(&self) -> bool {
+        matches!(self.experts, ArmExperts::Resident { warm: true })
+    }
+}
+
+/// Why an arm's fields do not make an arm: one line each, naming the arm and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.join("; "))]
+pub struct ArmError(pub Vec<String>);
+
+impl Arm {
+    /// Parses the arm into what it is, or every field that is missing, out of range or does not
+    /// belong to it.
+    pub fn kind(&self) -> Result<ArmKind, ArmError> {
+        let id = &self.id.value;
+        if let Some(m) = &self.measure {
+            let problems = self.measure_problems(m);
+            return if problems.is_empty() { Ok(ArmKind::Measure(m.clone())) } else { Err(ArmError(problems)) };
+        }
+        let Some(mode) = self.experts else {
+            return Err(ArmError(vec![format!("arm `{id}` needs `experts` (resident, plan, host), or `measure` (envelope, read_replay)")]));
+        };
+        let threads = self.threads.ok_or_else(|| format!("arm `{id}` needs `threads`"));
+        let parts = (self.bounded_threads(), self.held_experts(mode), self.program(), self.memory_cap());
+        match (threads, parts) {
+            (Ok(threads), (Ok(()), Ok(experts), Ok(program), Ok(memory_cap_bytes))) => Ok(ArmKind::Run(RunArm { threads, memory_cap_bytes, experts, program })),
+            (threads, (t, e, p, m)) => {
+                let lines = threads.err().into_iter();
+                let fields = [t.err(), e.err(), p.err(), m.err()].into_iter().flatten().flatten();
+                Err(ArmError(lines.chain(fields.map(|m| format!("arm `{id}`: {m}"))).collect()))
+            }
+        }
+    }
+
+    fn bounded_threads(&self) -> Result<(), Vec<String>> {
+        match self.threads {
+            Some(t) => range("threads", t.into(), 1, crate::bounds::MAX_THREADS as u64, "the run refuses more than 4 x its cores").map_err(|e| vec![e.to_string()]),
+            None => Ok(()),
+        }
+    }
+
+    fn memory_cap(&self) -> Result<Option<u64>, Vec<String>> {
+        use crate::bounds::{MAX_MEMORY_MAX, MIN_MEMORY_MAX};
+        match self.memory_cap_bytes {
+            Some(m) => range("memory_cap_bytes", m, MIN_MEMORY_MAX, MAX_MEMORY_MAX, "1 MiB up to 1 PiB").map(|()| Some(m)).map_err(|e| vec![e.to_string()]),
+            None => Ok(None),
+        }
+    }
+
+    /// The experts as `experts` says, with the Plan's fields only under `experts: plan` and
+    /// `warm` only on an uncapped resident generate arm.
+    fn held_experts(&self, mode: ExpertsMode) -> Result<ArmExperts, Vec<String>> {
+        let held = match mode {
+            ExpertsMode::Resident => self.no_plan_fields().map(|()| ArmExperts::Resident { warm: self.warm }),
+            ExpertsMode::Host => self.no_plan_fields().map(|()| ArmExperts::Host),
+            ExpertsMode::Plan => self.plan_arm().map(ArmExperts::Plan),
+        };
+        if self.warm && (mode != ExpertsMode::Resident || self.memory_cap_bytes.is_some() || self.refine.is_some()) {
+            // A capped or streaming run must be charged for its own reads.
+            let warm = "`warm` applies to resident generate arms without `memory_cap_bytes`".to_string();
+            return Err(held.err().unwrap_or_default().into_iter().chain([warm]).collect());
+        }
+        held
+    }
+
+    /// Whether a field is set, by its name in the campaign, for each field of the Plan.
+    fn plan_fields(&self) -> [(&'static str, bool); 10] {
+        [
+            ("slots", self.slots.is_some()),
+            ("policy", self.policy.is_some()),
+            ("source", self.source.is_some()),
+            ("windows", self.windows.is_some()),
+            ("depth", self.depth.is_some()),
+            ("fault", self.fault.is_some()),
+            ("layer_buffers", self.layer_buffers.is_some()),
+            ("timeline_token", self.timeline_token.is_some()),
+            ("token_pass", self.token_pass.is_some()),
+            ("verify", self.verify.is_some()),
+        ]
+    }
+
+    fn no_plan_fields(&self) -> Result<(), Vec<String>> {
+        let set: Vec<String> = self.plan_fields().iter().filter(|(_, set)| *set).map(|(name, _)| format!("`{name}` applies only to `experts: plan`")).collect();
+        if set.is_empty() {
+            Ok(())
+        } else {
+            Err(set)
+        }
+    }
+
+    /// Slots, policy and source named; windows, depth and layer buffers within the Plan's
+    /// bounds (`bounds::PlanParams`); counts at least 1.
+    fn plan_arm(&self) -> Result<PlanArm, Vec<String>> {
+        use crate::bounds::{MAX_DEPTH, MAX_LAYER_BUFFERS, MAX_SLOTS, MAX_WINDOWS};
+        let bounds = range("slots", self.slots.unwrap_or(1).into(), 1, MAX_SLOTS as u64, "expert slots per layer")
+            .and_then(|()| range("windows", self.windows.unwrap_or(1).into(), 1, MAX_WINDOWS as u64, "registered staging windows"))
+            .and_then(|()| range("depth", self.depth.unwrap_or(1).into(), 1, MAX_DEPTH as u64, "io_uring's maximum of submission entries"))
+            .and_then(|()| range("layer_buffers", self.layer_buffers.unwrap_or(0).into(), 0, MAX_LAYER_BUFFERS as u64, "staging buffers per layer"));
+        let mut msgs: Vec<String> = bounds.err().map(|e| e.to_string()).into_iter().collect();
+        let required = &self.plan_fields()[..3];
+        msgs.extend(required.iter().filter(|(_, set)| !set).map(|(name, _)| format!("`experts: plan` needs `{name}`")));
+        let counts = [("slots", self.slots), ("windows", self.windows), ("depth", self.depth), ("token_pass", self.token_pass)];
+        msgs.extend(counts.iter().filter(|(_, v)| *v == Some(0)).map(|(name, _)| format!("`{name}` must be at least 1")));
+        match (self.slots, &self.policy, self.source) {
+            (Some(slots), Some(policy), Some(source)) if msgs.is_empty() => Ok(PlanArm {
+                slots,
+                policy: policy.clone(),
+                source,
+                windows: self.windows,
+                depth: self.depth,
+                layer_buffers: self.layer_buffers.unwrap_or(0),
+                fault: self.fault.unwrap_or(FaultCell::None),
+                timeline_token: self.timeline_token,
+                token_pass: self.token_pass,
+                verify: self.verify,
+            }),
+            _ => Err(msgs),
+        }
+    }
+
+    /// Generate or refine, with the device fields (`gpu_layers`, `rpc`, `gpu_budget`,
+    /// `device_memory_cap_bytes`) each against the fields it needs or excludes.
+    fn program(&self) -> Result<Program, Vec<String>> {
+        let mut msgs = Vec::new();
+        if self.rpc.is_some() && self.gpu_layers.is_none() {
+            msgs.push("`rpc` needs `gpu_layers` (which layers go to the device)".to_string());
+        }
+        if self.gpu_budget.is_some() && self.gpu_layers.is_none() {
+            msgs.push("`gpu_budget` needs `gpu_layers` (a budget bounds the device's memory)".to_string());
+        }
+        if self.device_memory_cap_bytes.is_some() && self.rpc.is_none() {
+            msgs.push("`device_memory_cap_bytes` caps the `rpc: local` device server; this arm has no `rpc`".to_string());
+        }
+        if let Some(c) = self.device_memory_cap_bytes.filter(|&c| !(crate::bounds::MIN_MEMORY_MAX..=crate::bounds::MAX_MEMORY_MAX).contains(&c)) {
+            msgs.push(format!("`device_memory_cap_bytes` {c} is out of range (1 MiB up to 1 PiB)"));
+        }
+        if self.refine.is_some() {
+            // A refine cell runs on the CPU: device fields would be silently ignored.
+            for (field, set) in [("rpc", self.rpc.is_some()), ("gpu_layers", self.gpu_layers.is_some()), ("gpu_budget", self.gpu_budget.is_some())] {
+                if set {
+                    msgs.push(format!("`{field}` applies to generate arms, not `refine`"));
+                }
+            }
+        }
+        if let Some(GpuLayers::Count(n)) = self.gpu_layers {
+            if !(0..=i32::from(u16::MAX)).contains(&n) {
+                msgs.push(format!("gpu_layers {n}: expected 0..={} or `all`", u16::MAX));
+            }
+        }
+        if !msgs.is_empty() {
+            return Err(msgs);
+        }
+        Ok(match &self.refine {
+            Some(r) => Program::Refine(r.clone()),
+            None => Program::Generate {
+                device: self.gpu_layers.map(|gpu_layers| DeviceArm {
+                    gpu_layers,
+                    gpu_budget: self.gpu_budget,
+                    rpc: self.rpc.map(|RpcArm::Local| LocalDevice { memory_cap_bytes: self.device_memory_cap_bytes }),
+                }),
+            },
+        })
+    }
+
+    /// A measurement arm names its measurement and nothing of a run.
+    fn measure_problems(&self, m: &Measure) -> Vec<String> {
+        let id = &self.id.value;
+        let run_fields = [
+            ("experts", self.experts.is_some()),
+            ("refine", self.refine.is_some()),
+            ("memory_cap_bytes", self.memory_cap_bytes.is_some()),
+            ("threads", self.threads.is_some()),
+            ("gpu_layers", self.gpu_layers.is_some()),
+            ("rpc", self.rpc.is_some()),
+            ("gpu_budget", self.gpu_budget.is_some()),
+            ("device_memory_cap_bytes", self.device_memory_cap_bytes.is_some()),
+            ("warm", self.warm),
+        ];
+        let set = self.plan_fields().into_iter().chain(run_fields).filter(|(_, set)| *set);
+        let mut out: Vec<String> = set.map(|(name, _)| format!("arm `{id}`: `{name}` does not apply to a `measure` arm")).collect();
+        match m {
+            Measure::Envelope(e) => {
+                if let Err(err) = crate::measure::check_envelope(e.block_bytes, &e.depths, e.bytes_per_depth) {
+                    out.push(format!("arm `{id}`: measure.{err}"));
+                }
+            }
+            Measure::ReadReplay(r) => {
+                if let Some(d) = r.depth.filter(|&d| d == 0 || d > crate::measure::MAX_DEPTH) {
+                    out.push(format!("arm `{id}`: measure.read_replay.depth {d}: expected 1..={}", crate::measure::MAX_DEPTH));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::campaign::parse;
+
+    fn arm(c: &crate::campaign::Campaign, id: &str) -> ArmKind {
+        c.arms.iter().find(|a| a.id.value == id).expect("defined").kind().expect("parses")
+    }
+
+    #[test]
+    fn arms_parse_into_what_they_are() {
+        let c = parse(crate::campaign::tests::GOOD).unwrap();
+        let ArmKind::Run(o) = arm(&c, "O") else { panic!("O is a run") };
+        assert_eq!((o.threads, &o.experts, o.memory_cap_bytes), (1, &ArmExperts::Resident { warm: false }, None));
+        assert_eq!(o.program, Program::Generate { device: None });
+        let ArmKind::Run(d) = arm(&c, "D") else { panic!("D is a run") };
+        assert_eq!(d.memory_cap_bytes, Some(16_777_216));
+        let plan = d.plan().expect("D streams");
+        assert_eq!((plan.slots, &plan.policy, plan.source, plan.windows, plan.fault), (4, &Policy::Lru { k: 2, prefetch: false }, SourceKind::D, Some(1), FaultCell::None));
+        let ArmKind::Run(f) = arm(&c, "F") else { panic!("F is a run") };
+        assert_eq!(f.plan().map(|p| p.fault), Some(FaultCell::ShortRead));
+    }
+
+    #[test]
+    fn a_device_arm_carries_its_budget_and_server() {
+        let text = crate::campaign::tests::GOOD.replace(
+            "  - id: O\n    experts: resident\n",
+            "  - id: O\n    experts: resident\n    gpu_layers: all\n    rpc: local\n    gpu_budget: 4194304\n    device_memory_cap_bytes: 2097152\n",
+        );
+        let c = parse(&text).unwrap();
+        let ArmKind::Run(o) = arm(&c, "O") else { panic!("O is a run") };
+        let device = o.device().expect("O places layers on a device");
+        assert_eq!((device.n_gpu_layers(), device.rpc, device.budget()), (-1, Some(LocalDevice { memory_cap_bytes: Some(2_097_152) }), Some(2_097_152)));
+    }
+
+    #[test]
+    fn a_field_that_does_not_belong_is_refused_by_name() {
+        let c = parse(crate::campaign::tests::GOOD).unwrap();
+        let mut o = c.arms.iter().find(|a| a.id.value == "O").unwrap().clone();
+        o.slots = Some(3);
+        o.threads = None;
+        let e = o.kind().unwrap_err();
+        assert_eq!(e.0, ["arm `O` needs `threads`", "arm `O`: `slots` applies only to `experts: plan`"]);
+        // A measurement arm names nothing of a run, the Plan's fields included.
+        let mut m = o.clone();
+        (m.experts, m.slots, m.threads, m.timeline_token) = (None, None, None, Some(1));
+        m.measure = Some(Measure::Envelope(crate::campaign::spec::EnvelopeMeasure { block_bytes: 1 << 20, depths: vec![1], bytes_per_depth: 1 << 20 }));
+        assert_eq!(m.kind().unwrap_err().0, ["arm `O`: `timeline_token` does not apply to a `measure` arm"]);
+    }
+}
