@@ -15,7 +15,7 @@ use super::{argmax, check_finite, Decoding, GenerateSpec};
 use crate::engine::{Context, Model, RouteEvent};
 use crate::record::format::SpeculativeReport;
 use crate::service::PlanSource;
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use std::time::Instant;
 
 /// The proposer: its own context over the committed tokens, fed lazily.
@@ -167,27 +167,13 @@ impl Decoding {
             while accepted < drafts.len() && argmax(row(accepted)) as i32 == drafts[accepted] {
                 accepted += 1;
             }
-            for i in 0..drafts.len() {
-                report.offered_by_position[i] += 1;
-                report.accepted_by_position[i] += u64::from(i < accepted);
-            }
-            report.drafted += drafts.len() as u64;
-            report.accepted += accepted as u64;
+            report.count(drafts.len(), accepted);
             // An accepted end of generation ends the run where one-token decoding would.
             let eog = drafts[..accepted].iter().position(|&d| !spec.ignore_eos && model.is_eog(d));
             let committed = eog.unwrap_or(accepted);
-            // Rows 0..=committed followed committed tokens: the rows one-token decoding would
-            // have produced. The others followed rejected drafts and are dropped.
-            let kept = &rows[..(committed + 1) * n_vocab];
-            check_finite(kept, n_vocab, 0).with_context(|| format!("target logits from position {base}"))?;
-            self.logits.extend_from_slice(kept);
-            // As one-token decoding records them: a ubatch per position, its layers in order.
-            let first = self.routes.len();
-            for e in events.into_iter().filter(|e| (e.row as usize) <= committed) {
-                let ubatch = ubatches + (base as u32 - prompt.len() as u32) + e.row;
-                self.routes.push(RouteEvent { ubatch, row: 0, pos: base as u32 + e.row, layer: e.layer, experts: e.experts });
-            }
-            self.routes[first..].sort_by_key(|e| (e.ubatch, e.layer));
+            // As one-token decoding numbers them, its ubatches after the prompt's.
+            let ubatch = ubatches + (base as u32 - prompt.len() as u32);
+            self.keep_committed(&rows, events, committed, n_vocab, base as u32, ubatch)?;
             for &d in &drafts[..committed] {
                 self.generated.push(d);
                 self.response.extend(model.token_bytes(d));
@@ -197,25 +183,7 @@ impl Decoding {
                 break;
             }
             if accepted < drafts.len() {
-                report.rollbacks += 1;
-                report.rolled_back_positions += (drafts.len() - accepted) as u64;
-                match &snapshot {
-                    None => {
-                        report.state_rollbacks += u64::from(model.has_recurrent_state());
-                        ctx.trim(base + 1 + accepted as i32)
-                            .with_context(|| format!("the target could not take back {} rejected positions", drafts.len() - accepted))?;
-                    }
-                    Some(state) => {
-                        // Back to the state before the traversal, then the committed positions
-                        // again: one more target decode, its rows and routes not the run's.
-                        ctx.restore(state, base)?;
-                        let mut again = Vec::new();
-                        ctx.decode(&fed[..=accepted], false, &mut again)?;
-                        ctx.take_routes();
-                        report.state_restores += 1;
-                        report.refed_positions += accepted as u64 + 1;
-                    }
-                }
+                take_back(ctx, model, snapshot.as_deref(), &fed, base, accepted, &mut report)?;
             }
             if k > 0 {
                 proposer.settle(&drafts, accepted)?;
@@ -233,9 +201,57 @@ impl Decoding {
             report.expert_bytes_per_output = Some((b - a) as f64 / report.outputs.max(1) as f64);
             report.expert_bytes_per_traversal = Some((b - a) as f64 / report.traversals.max(1) as f64);
         }
-        if report.traversals == 0 && self.generated.len() > 1 {
-            bail!("{} outputs without a traversal", self.generated.len());
-        }
         Ok(report)
+    }
+
+    /// Rows 0..=committed of a traversal followed committed tokens: the rows one-token decoding
+    /// would have produced, kept with their routes renumbered as its ubatches (one a position,
+    /// from `ubatch`, layers in order). The others followed rejected drafts and are dropped.
+    fn keep_committed(&mut self, rows: &[f32], events: Vec<RouteEvent>, committed: usize, n_vocab: usize, base: u32, ubatch: u32) -> Result<()> {
+        let kept = &rows[..(committed + 1) * n_vocab];
+        check_finite(kept, n_vocab, 0).with_context(|| format!("target logits from position {base}"))?;
+        self.logits.extend_from_slice(kept);
+        let first = self.routes.len();
+        for e in events.into_iter().filter(|e| (e.row as usize) <= committed) {
+            self.routes.push(RouteEvent { ubatch: ubatch + e.row, row: 0, pos: base + e.row, layer: e.layer, experts: e.experts });
+        }
+        self.routes[first..].sort_by_key(|e| (e.ubatch, e.layer));
+        Ok(())
+    }
+}
+
+impl SpeculativeReport {
+    /// A traversal offered `drafted` drafts and accepted the first `accepted`.
+    fn count(&mut self, drafted: usize, accepted: usize) {
+        for i in 0..drafted {
+            self.offered_by_position[i] += 1;
+            self.accepted_by_position[i] += u64::from(i < accepted);
+        }
+        self.drafted += drafted as u64;
+        self.accepted += accepted as u64;
+    }
+}
+
+/// Takes the rejected positions after `fed[..=accepted]` back from the target: a trim where its
+/// memory can, else the state before the traversal restored and the committed positions fed
+/// again (one more target decode, whose rows and routes are not the run's).
+fn take_back(ctx: &mut Context, model: &Model, snapshot: Option<&[u8]>, fed: &[i32], base: i32, accepted: usize, report: &mut SpeculativeReport) -> Result<()> {
+    let rejected = fed.len() - 1 - accepted;
+    report.rollbacks += 1;
+    report.rolled_back_positions += rejected as u64;
+    match snapshot {
+        None => {
+            report.state_rollbacks += u64::from(model.has_recurrent_state());
+            ctx.trim(base + 1 + accepted as i32).with_context(|| format!("the target could not take back {rejected} rejected positions"))
+        }
+        Some(state) => {
+            ctx.restore(state, base)?;
+            let mut again = Vec::new();
+            ctx.decode(&fed[..=accepted], false, &mut again)?;
+            ctx.take_routes();
+            report.state_restores += 1;
+            report.refed_positions += accepted as u64 + 1;
+            Ok(())
+        }
     }
 }
