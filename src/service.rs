@@ -188,7 +188,7 @@ fn window_memory() -> (Box<dyn FnMut(u64) -> Result<AlignedBuf>>, String) {
         return aligned("every layer on the CPU".into());
     }
     match crate::engine::backends::offload_host_buffer_type() {
-        Err(why) => aligned(why),
+        Err(why) => aligned(why.to_string()),
         Ok((buft, name)) => (
             Box::new(move |len| {
                 let (ptr, owner) = crate::engine::backends::pinned_host(buft, len as usize).map_err(|e| anyhow!(e))?;

@@ -56,6 +56,10 @@ pub enum BackendError {
     PinnedAlloc(usize),
     #[error("the pinned buffer has no base")]
     PinnedNoBase,
+    #[error("no offload device is registered")]
+    NoOffloadDevice,
+    #[error("{0} offers no host buffer type")]
+    NoHostBufferType(String),
 }
 
 static LOADED: OnceLock<Result<Vec<String>, BackendError>> = OnceLock::new();
@@ -280,19 +284,18 @@ impl Drop for PinnedHost {
 
 /// The host buffer type of the first offload device (GPU type: CUDA, RPC), with its name, or
 /// why there is none.
-// Err is the reason the Plan's report stores beside its aligned-mapping fallback, as text.
-pub fn offload_host_buffer_type() -> Result<(usize, String), String> {
-    ensure_loaded().map_err(|e| e.to_string())?;
+pub fn offload_host_buffer_type() -> Result<(usize, String), BackendError> {
+    ensure_loaded()?;
     // SAFETY: registry queries on loaded modules; names are strings the modules own.
     unsafe {
         let dev = (0..sys::ggml_backend_dev_count())
             .map(|i| sys::ggml_backend_dev_get(i))
             .find(|&d| sys::ggml_backend_dev_type(d) == sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_GPU)
-            .ok_or("no offload device is registered")?;
+            .ok_or(BackendError::NoOffloadDevice)?;
         let name = CStr::from_ptr(sys::ggml_backend_dev_name(dev)).to_string_lossy().into_owned();
         let buft = sys::ggml_backend_dev_host_buffer_type(dev);
         if buft.is_null() {
-            return Err(format!("{name} offers no host buffer type"));
+            return Err(BackendError::NoHostBufferType(name));
         }
         Ok((buft as usize, CStr::from_ptr(sys::ggml_backend_buft_name(buft)).to_string_lossy().into_owned()))
     }
