@@ -220,6 +220,10 @@ impl Decoding {
         if d.max == 0 || d.max > crate::bounds::MAX_DRAFT {
             bail!("the draft length must be 1 to {} (got {})", crate::bounds::MAX_DRAFT, d.max);
         }
+        // A traversal must be one ubatch: recurrent states are kept per position of one ubatch.
+        if d.max >= spec.exec.n_ubatch {
+            bail!("{} drafts and the committed token do not fit one ubatch of {}", d.max, spec.exec.n_ubatch);
+        }
         let inv = Inventory::of(&d.model).map_err(|e| anyhow::anyhow!("the proposer {}: {e:#}", d.model.display()))?;
         params.draft = Some(DraftParams { model: ModelIdentity::of(&d.model, &inv, Some(crate::digests::Loads::All))?, draft_max: d.max });
         let m = Model::load(&d.model)?;
