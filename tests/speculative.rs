@@ -163,10 +163,11 @@ fn a_proposer_of_another_vocabulary_is_refused_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let target = forge_arch(d, "qwen3moe", "1", &[]);
-    let other = forge_arch(d, "qwen3moe", "1", &["--vocab", "300"]);
+    // Sizes further apart than padding explains (llama.cpp's own bound, 128 ids).
+    let other = forge_arch(d, "qwen3moe", "1", &["--vocab", "600"]);
     let rec = d.join("r");
     let r = generate(&target, PROMPT, 8, &rec, &["--draft", other.to_str().unwrap()]);
-    assert_one_line_error(&r, &["vocabulary", "257 tokens against 300"]);
+    assert_one_line_error(&r, &["vocabulary", "257 tokens against 600"]);
     // Failed closed, with the reason on record and no output surface.
     let v = record(&rec);
     assert_eq!(v["outcome"], "failed");
@@ -177,6 +178,24 @@ fn a_proposer_of_another_vocabulary_is_refused_in_one_line() {
     for bad in ["0", "100000"] {
         let r = generate(&target, PROMPT, 8, &d.join(format!("b{bad}")), &["--draft", target.to_str().unwrap(), "--draft-max", bad]);
         assert_one_line_error(&r, &["--draft-max"]);
+    }
+}
+
+#[test]
+fn vocabularies_padded_to_other_sizes_are_the_same_vocabulary() {
+    // Converters pad vocabularies to other sizes; the common ids mean the same, so such a
+    // proposer is valid either way round. Drafts past the target's ids end a draft; a target
+    // token past the proposer's ends drafting; the tokens stay the target's.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let small = forge_arch(d, "qwen3moe", "1", &[]);
+    let padded = forge_arch(d, "qwen3moe", "1", &["--vocab", "300"]);
+    for (target, proposer) in [(&small, &padded), (&padded, &small)] {
+        let name = |s: &str| d.join(format!("{s}-{}", target.file_stem().unwrap().to_str().unwrap()));
+        gen(target, &name("plain"), &[]);
+        let r = gen(target, &name("drafted"), &["--draft", proposer.to_str().unwrap(), "--draft-max", "4"]);
+        assert_exact_surfaces(&name("plain"), &name("drafted"), &["tokens", "response", "routes"]);
+        check_report(&r["speculative"], 4);
     }
 }
 

@@ -432,16 +432,20 @@ impl Model {
         bail!("tokenization failed")
     }
 
+    /// Vocabularies whose sizes differ by at most this many ids (padding rows converters add)
+    /// still match on their common ids, as llama.cpp's own speculative decoding allows.
+    pub const VOCABULARY_PADDING: usize = 128;
+
     /// The first token id at which two vocabularies differ (a token's text, control tokens
-    /// included, or whether it ends generation), or their sizes when those differ; `None` when
-    /// every token id means the same in both. A proposer must speak its target's vocabulary:
-    /// its drafts are token ids the target checks.
+    /// included, or whether it ends generation), or their sizes when those differ by more than
+    /// [`Model::VOCABULARY_PADDING`]; `None` when every common id means the same in both. A
+    /// proposer must speak its target's vocabulary: its drafts are token ids the target checks.
     pub fn vocabulary_difference(&self, other: &Model) -> Option<String> {
         let (a, b) = (self.n_vocab(), other.n_vocab());
-        if a != b {
+        if a.abs_diff(b) > Self::VOCABULARY_PADDING {
             return Some(format!("{a} tokens against {b}"));
         }
-        (0..a as i32).find_map(|t| {
+        (0..a.min(b) as i32).find_map(|t| {
             let (x, y) = (self.piece(t, true), other.piece(t, true));
             if x != y {
                 Some(format!("token {t} is {:?} against {:?}", String::from_utf8_lossy(&x), String::from_utf8_lossy(&y)))

@@ -27,6 +27,11 @@ pub struct Proposer<'m> {
     /// committed tokens, snapshotted before each draft, with its position.
     snapshot: Option<(Vec<u8>, i32)>,
     snapshots: bool,
+    /// Drafts of the last draft call that were fed to it.
+    fed: usize,
+    /// The target committed a token outside the proposer's vocabulary: no more drafts.
+    lost: bool,
+    n_vocab: usize,
 }
 
 /// Whether `ctx` can take back `n` positions of its last ubatch by trimming (KV cells, or the
@@ -41,14 +46,24 @@ impl<'m> Proposer<'m> {
     /// proposer decodes one token at a time, so a recurrent proposer always snapshots.
     pub fn new(model: &Model, ctx: Context<'m>) -> Proposer<'m> {
         let snapshots = model.has_recurrent_state();
-        Proposer { ctx, unfed: Vec::new(), snapshot: None, snapshots }
+        Proposer { ctx, unfed: Vec::new(), snapshot: None, snapshots, fed: 0, lost: false, n_vocab: model.n_vocab() }
     }
 
     /// Drafts `k` tokens after the committed ones: feeds what it has not seen, then decodes
     /// its own greedy tokens one at a time (the last draft is not fed).
-    fn draft(&mut self, k: usize, rows: &mut Vec<f32>, report: &mut SpeculativeReport) -> Result<Vec<i32>> {
+    /// A draft outside the target's vocabulary (a larger, padded proposer vocabulary) ends the
+    /// drafts there: the target could not be fed it, and would never have chosen it.
+    fn draft(&mut self, k: usize, n_target: usize, rows: &mut Vec<f32>, report: &mut SpeculativeReport) -> Result<Vec<i32>> {
         let mut drafts = Vec::with_capacity(k);
         let feed = std::mem::take(&mut self.unfed);
+        // A committed token the proposer's (smaller) vocabulary lacks: it cannot follow the
+        // target any further, and the run goes on one token per traversal.
+        if self.lost || feed.iter().any(|&t| t < 0 || t as usize >= self.n_vocab) {
+            report.out_of_vocabulary += u64::from(!self.lost);
+            self.lost = true;
+            self.fed = 0;
+            return Ok(drafts);
+        }
         rows.clear();
         self.ctx.decode(&feed, false, rows).context("the proposer")?;
         report.proposer_decodes += 1;
@@ -57,6 +72,10 @@ impl<'m> Proposer<'m> {
         }
         while drafts.len() < k {
             let d = argmax(rows) as i32;
+            if d as usize >= n_target {
+                report.out_of_vocabulary += 1;
+                break;
+            }
             drafts.push(d);
             if drafts.len() < k {
                 rows.clear();
@@ -64,13 +83,15 @@ impl<'m> Proposer<'m> {
                 report.proposer_decodes += 1;
             }
         }
+        // Every draft but a last one of k was fed.
+        self.fed = if drafts.len() == k { k - 1 } else { drafts.len() };
         Ok(drafts)
     }
 
-    /// After a traversal that committed `accepted` of the drafts (the proposer fed all but the
-    /// last): forgets the rejected ones it fed, and keeps an accepted last one to feed.
+    /// After a traversal that committed `accepted` of the drafts: forgets the rejected ones it
+    /// fed, and keeps an accepted one it never fed to feed.
     fn settle(&mut self, drafts: &[i32], accepted: usize) -> Result<()> {
-        let fed = drafts.len() - 1;
+        let fed = self.fed;
         if accepted < fed {
             match &self.snapshot {
                 Some((state, at)) => {
@@ -149,7 +170,7 @@ impl Decoding {
             let k = (k_max as usize).min(n - self.generated.len() - 1);
             let pt = Instant::now();
             proposer.unfed.push(next);
-            let drafts = if k > 0 { proposer.draft(k, &mut prow, &mut report)? } else { Vec::new() };
+            let drafts = if k > 0 { proposer.draft(k, n_vocab, &mut prow, &mut report)? } else { Vec::new() };
             report.proposer_s += pt.elapsed().as_secs_f64();
             let base = ctx.n_past();
             let fed: Vec<i32> = std::iter::once(next).chain(drafts.iter().copied()).collect();

@@ -81,6 +81,11 @@ pub struct SpeculativeReport {
     pub accepted_by_position: Vec<u64>,
     pub proposer_decodes: u64,
     pub proposer_s: f64,
+    /// Where the two vocabularies differ in size (padding): drafts that stopped at a token the
+    /// target's vocabulary lacks, and (once) the target committing one the proposer's lacks,
+    /// after which the run went on one token per traversal.
+    #[serde(default)]
+    pub out_of_vocabulary: u64,
     /// Traversals that took rejected positions back, and the positions taken back.
     pub rollbacks: u64,
     pub rolled_back_positions: u64,
