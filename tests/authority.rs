@@ -6,7 +6,15 @@ mod common;
 
 use common::*;
 use std::path::Path;
+use std::sync::Mutex;
 
+/// The tests of this file take turns: one kills a harness outright, whose run cgroup stays until
+/// the next harness (or the test) removes it, and the others check that none is left.
+static TURNS: Mutex<()> = Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURNS.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn contained(model: &Path, rec: &Path, cap: &str, extra: &[&str]) -> (i32, serde_json::Value) {
     let mut args = vec!["--memory-max", cap, "--sample-ms", "20"];
@@ -42,6 +50,7 @@ fn p_hits_the_ceiling_while_d_and_f_stay_under_it() {
     if !cgroups_usable() {
         return;
     }
+    let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
     // 4 layers x 32 experts: 96 MiB of experts; 4 slots hold 12 MiB. Cap: 64 MiB, which leaves
     // P's page cache room to be reclaimed from rather than an OOM kill on a busy machine.
@@ -88,6 +97,7 @@ fn a_cap_below_the_need_is_an_oom_on_record() {
     if !cgroups_usable() {
         return;
     }
+    let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
     let m = forge(dir.path(), "m.gguf", 42, &[]);
     let rec = dir.path().join("oom");
@@ -120,6 +130,7 @@ fn a_killed_harness_takes_its_worker_with_it() {
     if !cgroups_usable() {
         return;
     }
+    let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
     let m = forge(dir.path(), "m.gguf", 43, &[]);
     let rec = dir.path().join("r");
