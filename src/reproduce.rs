@@ -225,6 +225,7 @@ fn needed(c: &Loaded) -> Vec<(&'static str, String, String)> {
         v.push(("model", r.verifier.path.value.clone(), r.verifier.sha256.0.clone()));
         v.push(("model", r.reference.path.value.clone(), r.reference.sha256.0.clone()));
     }
+    v.extend(s.proposers.values().map(|m| ("model", m.path.value.clone(), m.sha256.0.clone())));
     v
 }
 

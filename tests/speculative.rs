@@ -233,3 +233,88 @@ fn plan_simulate_estimates_a_drafted_targets_bytes_from_one_token_routes() {
         assert!(read > estimate, "{read} bytes read, below the every-draft-accepted bound {estimate}: {s}");
     }
 }
+
+/// A campaign's `draft` arms: the proposer pinned under `proposers` (made by its quantize
+/// recipe when missing), a resident drafted oracle and a Plan-served drafted arm, exact on
+/// every surface and admitted, with the speculative report in the exported cells table. An
+/// arm that decodes otherwise than its `all_surfaces` oracle is refused before anything runs;
+/// under `relation: tokens` the same arms are a valid campaign.
+#[test]
+fn a_campaign_arm_drafts_through_the_plan_against_a_drafted_oracle() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("campaigns");
+    fs::create_dir_all(&dir).unwrap();
+    let target = forge(t.path(), "tiny.gguf", 1, &[]);
+    fs::create_dir_all(t.path().join("q")).unwrap();
+    let pinned = quantized(&t.path().join("q"), &target, "q4_k_m");
+    let prompt = dir.join("prompt.txt");
+    fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("campaigns/prompts/demo.txt"), &prompt).unwrap();
+    let sha = |p: &Path| sovereign::util::sha256_file(p).unwrap();
+    let (tree, patches) = build_identity();
+    let text = format!(
+        "id: draft-1\n\
+model:\n  path: ../tiny.gguf\n  sha256: {model}\n\
+proposers:\n  base:\n    path: ../base.gguf\n    sha256: {base}\n    quantize: {{ from: ../tiny.gguf, type: q4_k_m }}\n\
+workload:\n  prompt_file: prompt.txt\n  prompt_sha256: {prompt}\n  prompt_tokens: 181\n  outputs: 12\n  ignore_eos: true\n\
+build:\n  engine_tree_sha256: {tree}\n{patches}\
+arms:\n  - {{ id: R-draft, experts: resident, threads: 2, draft: base, draft_max: 3 }}\n  - {{ id: F-draft, experts: plan, slots: 8, policy: zero, source: f, threads: 2, draft: base, draft_max: 3 }}\n\
+schedule:\n  lead: [R-draft]\n  blocks:\n    preordered:\n      - [F-draft]\n\
+oracle:\n  arm: R-draft\n  relation: all_surfaces\n  horizon: 12\n\
+admission:\n  require_exact: true\n  min_headroom_bytes: 0\n  max_limit_events: 0\n\
+stop:\n  arm_after_admission_failure: true\n  campaign_after_oracle_failure: true\n\
+repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n",
+        model = sha(&target),
+        base = sha(&pinned),
+        prompt = sha(&prompt),
+    );
+    let file = dir.join("draft.yaml");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    // An arm decoding one token per traversal beside a drafted all_surfaces oracle, a proposer
+    // that is not defined, and draft_max without draft: each refused at check, in one line.
+    let plain = "  - { id: F, experts: plan, slots: 8, policy: zero, source: f, threads: 2 }\n";
+    let tokens = text.replacen("relation: all_surfaces", "relation: tokens", 1);
+    for (edit, needle) in [
+        (text.replacen("schedule:", &format!("{plain}schedule:"), 1), "`relation: all_surfaces` cannot hold"),
+        (tokens.replacen("draft: base, draft_max: 3 }\n  - { id: F-draft", "draft: other, draft_max: 3 }\n  - { id: F-draft", 1), "proposer `other`"),
+        (tokens.replacen("draft: base, draft_max: 3 }\n  - { id: F-draft", "draft_max: 3 }\n  - { id: F-draft", 1), "`draft_max` needs `draft`"),
+    ] {
+        assert_ne!(edit, text);
+        fs::write(&file, &edit).unwrap();
+        let r = run(&["campaign", "check", &s(&file)]);
+        assert_eq!(r.code, 1, "{needle}: {}{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains(needle) && r.stderr.lines().count() == 1, "{needle}: {}\n{edit}", r.stderr);
+    }
+    // Under `relation: tokens`, a plain arm and drafted ones are one valid campaign.
+    fs::write(&file, tokens.replacen("schedule:", &format!("{plain}schedule:"), 1)).unwrap();
+    let r = ok(&["campaign", "check", &s(&file)]);
+    assert!(r.stdout.contains("made ") && t.path().join("base.gguf").is_file(), "the proposer is made from its recipe: {}", r.stdout);
+
+    fs::write(&file, &text).unwrap();
+    let results = t.path().join("results");
+    let r = ok(&["campaign", "run", &s(&file), "--results", &s(&results), "--json"]);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["sealed"], 2, "{v}");
+    let out = t.path().join("export");
+    ok(&["export", "--campaign", "draft-1", "--results", &s(&results), "--out", &s(&out)]);
+    let mut rd = csv::Reader::from_path(out.join("cells.csv")).unwrap();
+    let h = rd.headers().unwrap().clone();
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap_or_else(|| panic!("{name} in {h:?}"));
+    let rows: Vec<csv::StringRecord> = rd.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        assert_eq!(&row[col("status")], "completed");
+        assert_eq!(&row[col("valid")], "true", "{row:?}");
+        assert_eq!(&row[col("draft")], "base");
+        assert_eq!(&row[col("draft_max")], "3");
+        let per: f64 = row[col("outputs_per_traversal")].parse().unwrap();
+        assert!(per > 1.0 && per <= 4.0, "a Q4_K_M base of the target agrees often: {per}");
+        let (drafted, accepted): (u64, u64) = (row[col("drafted")].parse().unwrap(), row[col("accepted")].parse().unwrap());
+        assert!(accepted > 0 && accepted <= drafted);
+    }
+    let f = rows.iter().find(|r| &r[col("arm")] == "F-draft").unwrap();
+    assert_eq!(&f[col("exact")], "true", "the Plan-served drafted arm against the resident drafted oracle, every surface");
+    assert_eq!(&f[col("admission")], "true");
+    assert!(f[col("expert_bytes_per_output")].parse::<f64>().unwrap() > 0.0);
+    let r = rows.iter().find(|r| &r[col("arm")] == "R-draft").unwrap();
+    assert_eq!(&r[col("expert_bytes_per_output")], "", "a resident target reads no expert bytes");
+}

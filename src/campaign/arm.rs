@@ -54,10 +54,18 @@ pub struct PlanArm {
 /// What a run arm runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Program {
-    /// `sovereign generate`, with layers on a device when the arm names `gpu_layers`.
-    Generate { device: Option<DeviceArm> },
+    /// `sovereign generate`, with layers on a device when the arm names `gpu_layers`, and
+    /// with a proposer when it names `draft`.
+    Generate { device: Option<DeviceArm>, draft: Option<ArmDraft> },
     /// `sovereign refine` (on the CPU: no device fields).
     Refine(RefineArm),
+}
+
+/// A generate arm's proposer (`draft`, `draft_max`): one of the campaign's `proposers`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArmDraft {
+    pub proposer: String,
+    pub max: u32,
 }
 
 /// Layers placed on a device, and what only such an arm may name.
@@ -112,13 +120,20 @@ impl RunArm {
 
     pub fn device(&self) -> Option<&DeviceArm> {
         match &self.program {
-            Program::Generate { device } => device.as_ref(),
+            Program::Generate { device, .. } => device.as_ref(),
             Program::Refine(_) => None,
         }
     }
 
     pub fn warm(&self) -> bool {
         matches!(self.experts, ArmExperts::Resident { warm: true })
+    }
+
+    pub fn draft(&self) -> Option<&ArmDraft> {
+        match &self.program {
+            Program::Generate { draft, .. } => draft.as_ref(),
+            Program::Refine(_) => None,
+        }
     }
 }
 
@@ -253,9 +268,11 @@ impl Arm {
         if let Some(c) = self.device_memory_cap_bytes.filter(|&c| !(crate::bounds::MIN_MEMORY_MAX..=crate::bounds::MAX_MEMORY_MAX).contains(&c)) {
             msgs.push(format!("`device_memory_cap_bytes` {c} is out of range (1 MiB up to 1 PiB)"));
         }
+        msgs.extend(self.draft_problems());
         if self.refine.is_some() {
             // A refine cell runs on the CPU: device fields would be silently ignored.
-            for (field, set) in [("rpc", self.rpc.is_some()), ("gpu_layers", self.gpu_layers.is_some()), ("gpu_budget", self.gpu_budget.is_some())] {
+            let fields = [("rpc", self.rpc.is_some()), ("gpu_layers", self.gpu_layers.is_some()), ("gpu_budget", self.gpu_budget.is_some()), ("draft", self.draft.is_some())];
+            for (field, set) in fields {
                 if set {
                     msgs.push(format!("`{field}` applies to generate arms, not `refine`"));
                 }
@@ -277,8 +294,22 @@ impl Arm {
                     gpu_budget: self.gpu_budget,
                     rpc: self.rpc.map(|RpcArm::Local| LocalDevice { memory_cap_bytes: self.device_memory_cap_bytes }),
                 }),
+                draft: self.draft.clone().zip(self.draft_max).map(|(proposer, max)| ArmDraft { proposer, max }),
             },
         })
+    }
+
+    /// `draft` and `draft_max` come together, K within what one traversal (a ubatch) holds.
+    fn draft_problems(&self) -> Vec<String> {
+        match (&self.draft, self.draft_max) {
+            (None, None) => Vec::new(),
+            (Some(_), None) => vec!["`draft` needs `draft_max` (drafts one traversal checks)".to_string()],
+            (None, Some(_)) => vec!["`draft_max` needs `draft` (the proposer)".to_string()],
+            (Some(_), Some(k)) => {
+                let max = crate::bounds::MAX_DRAFT.min(crate::cell::BATCH - 1);
+                range("draft_max", k.into(), 1, max.into(), "drafts one traversal checks, below the ubatch").err().map(|e| e.to_string()).into_iter().collect()
+            }
+        }
     }
 
     /// A measurement arm names its measurement and nothing of a run.
@@ -294,6 +325,8 @@ impl Arm {
             ("gpu_budget", self.gpu_budget.is_some()),
             ("device_memory_cap_bytes", self.device_memory_cap_bytes.is_some()),
             ("warm", self.warm),
+            ("draft", self.draft.is_some()),
+            ("draft_max", self.draft_max.is_some()),
         ];
         let set = self.plan_fields().into_iter().chain(run_fields).filter(|(_, set)| *set);
         let mut out: Vec<String> = set.map(|(name, _)| format!("arm `{id}`: `{name}` does not apply to a `measure` arm")).collect();
@@ -327,7 +360,7 @@ mod tests {
         let c = parse(crate::campaign::tests::GOOD).unwrap();
         let ArmKind::Run(o) = arm(&c, "O") else { panic!("O is a run") };
         assert_eq!((o.threads, &o.experts, o.memory_cap_bytes), (1, &ArmExperts::Resident { warm: false }, None));
-        assert_eq!(o.program, Program::Generate { device: None });
+        assert_eq!(o.program, Program::Generate { device: None, draft: None });
         let ArmKind::Run(d) = arm(&c, "D") else { panic!("D is a run") };
         assert_eq!(d.memory_cap_bytes, Some(16_777_216));
         let plan = d.plan().expect("D streams");
@@ -346,6 +379,25 @@ mod tests {
         let ArmKind::Run(o) = arm(&c, "O") else { panic!("O is a run") };
         let device = o.device().expect("O places layers on a device");
         assert_eq!((device.n_gpu_layers(), device.rpc, device.budget()), (-1, Some(LocalDevice { memory_cap_bytes: Some(2_097_152) }), Some(2_097_152)));
+    }
+
+    #[test]
+    fn a_drafted_arm_names_its_proposer_and_k_together() {
+        let c = parse(crate::campaign::tests::GOOD).unwrap();
+        let mut o = c.arms.iter().find(|a| a.id.value == "O").unwrap().clone();
+        (o.draft, o.draft_max) = (Some("q4".into()), Some(4));
+        let ArmKind::Run(r) = o.kind().unwrap() else { panic!("O is a run") };
+        assert_eq!(r.draft(), Some(&ArmDraft { proposer: "q4".into(), max: 4 }));
+        for (draft, max, want) in [
+            (Some("q4"), None, "arm `O`: `draft` needs `draft_max` (drafts one traversal checks)"),
+            (None, Some(4), "arm `O`: `draft_max` needs `draft` (the proposer)"),
+            (Some("q4"), Some(0), "arm `O`: draft_max 0 is out of range"),
+            (Some("q4"), Some(65), "arm `O`: draft_max 65 is out of range"),
+        ] {
+            (o.draft, o.draft_max) = (draft.map(str::to_string), max);
+            let e = o.kind().unwrap_err();
+            assert!(e.0.len() == 1 && e.0[0].starts_with(want), "{e:?}");
+        }
     }
 
     #[test]

@@ -225,6 +225,8 @@ pub struct CellPaths<'a> {
     pub rpc: &'a [String],
     /// The memory cgroup of that server, when the arm caps the device.
     pub device_cgroup: Option<&'a Path>,
+    /// The proposer an arm with `draft` decodes with.
+    pub proposer: Option<&'a Path>,
 }
 
 /// The single mapping from a campaign cell's run arm and workload to the typed [`Cell`] a
@@ -263,7 +265,7 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
             gpu_budget: arm.device().and_then(DeviceArm::budget),
             rpc: p.rpc.to_vec(),
             device_cgroup: p.device_cgroup.map(Path::to_path_buf),
-            draft: None,
+            draft: arm.draft().zip(p.proposer).map(|(d, model)| crate::generate::Draft { model: model.to_path_buf(), max: d.max }),
             record: p.record.to_path_buf(),
         }),
     }
@@ -534,6 +536,7 @@ impl ProcessExecutor {
     /// A run cell's worker, and the same worker as the record shows it (no machine paths).
     fn run_workers(&self, cell: &CellSpec, arm: &RunArm, paths: &RunPaths, server: Option<&DeviceServer>) -> (Cell, Cell) {
         let refine_paths = cell.refine.as_ref().map(|r| (self.base.join(&r.verifier.path), self.base.join(&r.reference.path)));
+        let proposer = cell.proposer.as_ref().map(|m| self.base.join(&m.path));
         let endpoints: Vec<String> = server.iter().map(|s| s.endpoint.clone()).collect();
         let device_cgroup = server.and_then(DeviceServer::cgroup_dir).map(Path::to_path_buf);
         let worker = worker_cell(
@@ -546,6 +549,7 @@ impl ProcessExecutor {
                 refine: refine_paths.as_ref().map(|(v, r)| (v.as_path(), r.as_path())),
                 rpc: &endpoints,
                 device_cgroup: device_cgroup.as_deref(),
+                proposer: proposer.as_deref(),
             },
         );
         let shown_rpc: Vec<String> = endpoints.iter().map(|_| "<local device server>".to_string()).collect();
@@ -559,6 +563,7 @@ impl ProcessExecutor {
                 refine: cell.refine.as_ref().map(|r| (Path::new(&r.verifier.path), Path::new(&r.reference.path))),
                 rpc: &shown_rpc,
                 device_cgroup: device_cgroup.as_ref().map(|_| Path::new("<device server cgroup>")),
+                proposer: cell.proposer.as_ref().map(|m| Path::new(m.path.as_str())),
             },
         );
         (worker, shown)

@@ -26,6 +26,9 @@ pub struct CellSpec {
     /// The verifier and reference of a refinement campaign.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refine: Option<RefineModels>,
+    /// The proposer the arm's `draft` names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposer: Option<ModelSpec>,
     pub workload: Workload,
 }
 
@@ -92,9 +95,10 @@ pub fn expand(c: &Campaign) -> Vec<CellSpec> {
                 position,
                 order: order.clone(),
                 is_oracle: *arm_id == c.oracle.arm.value,
-                arm,
                 model: c.model.clone(),
                 refine: c.refine.clone(),
+                proposer: arm.draft.as_ref().and_then(|d| c.proposers.get(d)).cloned(),
+                arm,
                 workload: c.workload.clone(),
             });
         }

@@ -13,8 +13,8 @@ use std::time::Instant;
 /// A model made from its recipe.
 #[derive(Debug, Clone, Serialize)]
 pub struct Made {
-    /// The campaign's field (`model`, `refine.verifier`, `refine.reference`).
-    pub field: &'static str,
+    /// The campaign's field (`model`, `refine.verifier`, `refine.reference`, `proposers.NAME`).
+    pub field: String,
     pub path: PathBuf,
     /// The command the recipe stands for.
     pub recipe: String,
@@ -28,7 +28,8 @@ pub fn make_missing(c: &Campaign, base: &Path) -> Result<Vec<Made>> {
     let specs = c.models();
     let mut made = Vec::new();
     for quantized in [false, true] {
-        for &(field, m) in specs.iter().filter(|(_, m)| m.quantize.is_some() == quantized) {
+        for (field, m) in specs.iter().filter(|(_, m)| m.quantize.is_some() == quantized) {
+            let (field, m) = (field.as_str(), *m);
             // Errors carry the model's position in the campaign file (`line:column: ...`).
             let at = |e: anyhow::Error| anyhow!("{}:{}: {e:#}", m.path.line, m.path.column);
             let path = base.join(&*m.path);
@@ -48,7 +49,7 @@ pub fn make_missing(c: &Campaign, base: &Path) -> Result<Vec<Made>> {
                     )))
                 }
             };
-            made.push(Made { field, path, recipe, seconds: t.elapsed().as_secs_f64() });
+            made.push(Made { field: field.to_string(), path, recipe, seconds: t.elapsed().as_secs_f64() });
         }
     }
     Ok(made)

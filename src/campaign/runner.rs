@@ -141,7 +141,7 @@ pub(crate) fn check_identities(c: &Loaded) -> Result<()> {
 }
 
 /// Checks a completed record against the preregistered identities.
-fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome, measure: bool) -> Validity {
+fn validity(spec: &Campaign, cell: &CellSpec, staging: &Path, outcome: &CellOutcome, measure: bool) -> Validity {
     let mut problems = Vec::new();
     if outcome.status == CellStatus::Completed {
         match record::load_typed(staging) {
@@ -171,6 +171,16 @@ fn validity(spec: &Campaign, staging: &Path, outcome: &CellOutcome, measure: boo
                             problems.push(format!("{what} sha256 {had} is not the preregistered {}", m.sha256));
                         }
                     }
+                }
+                // A drafted arm's proposer, and the K it ran with, are the preregistered ones.
+                let draft = match &rec {
+                    record::TypedRecord::Generate(g) => g.params.as_ref().and_then(|p| p.draft.as_ref()),
+                    _ => None,
+                };
+                let want = cell.proposer.as_ref().map(|m| (m.sha256.0.as_str(), cell.arm.draft_max.unwrap_or(0)));
+                let had = draft.map(|d| (d.model.sha256.as_str(), d.draft_max));
+                if want != had {
+                    problems.push(format!("proposer (sha256, draft_max) {had:?} is not the preregistered {want:?}"));
                 }
                 let prompt_tokens = rec.prompt_tokens().map(|n| n as u64);
                 if prompt_tokens != Some(u64::from(*spec.workload.prompt_tokens)) {
@@ -416,7 +426,7 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<O
 
     let spec = &ctx.c.spec;
     let measure = cell.arm.measure.is_some();
-    let validity = validity(spec, &staging, &outcome, measure);
+    let validity = validity(spec, cell, &staging, &outcome, measure);
     let oracle_record = if cell.is_oracle { None } else { ctx.oracle_record() };
     let (exact, differing) = match (&oracle_record, outcome.status) {
         // A measurement computes nothing to compare.

@@ -8,7 +8,7 @@ use anyhow::Result;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 pub use crate::spec::{from_yaml, At, Diagnostic, Sha256Hex};
@@ -91,6 +91,10 @@ pub struct Campaign {
     /// scores quality. Every arm then runs `sovereign refine`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refine: Option<RefineModels>,
+    /// Proposers by name, for arms that decode with `draft` (temporal amortization): models
+    /// with the target's vocabulary, held resident beside it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub proposers: BTreeMap<String, ModelSpec>,
     pub workload: Workload,
     /// The engine build every cell must come from.
     pub build: BuildSpec,
@@ -107,13 +111,14 @@ pub struct Campaign {
 }
 
 impl Campaign {
-    /// Every model the campaign names, with its field: the model, and a refinement's verifier
-    /// and reference.
-    pub fn models(&self) -> Vec<(&'static str, &ModelSpec)> {
-        let mut v = vec![("model", &self.model)];
+    /// Every model the campaign names, with its field: the model, a refinement's verifier
+    /// and reference, and the proposers.
+    pub fn models(&self) -> Vec<(String, &ModelSpec)> {
+        let mut v = vec![("model".to_string(), &self.model)];
         if let Some(r) = &self.refine {
-            v.extend([("refine.verifier", &r.verifier), ("refine.reference", &r.reference)]);
+            v.extend([("refine.verifier".to_string(), &r.verifier), ("refine.reference".to_string(), &r.reference)]);
         }
+        v.extend(self.proposers.iter().map(|(name, m)| (format!("proposers.{name}"), m)));
         v
     }
 }
@@ -329,6 +334,13 @@ pub struct Arm {
     /// measures compute alone: the compute floor.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warm: bool,
+    /// Decode with a proposer, as `generate --draft`: the name of one of the campaign's
+    /// `proposers`, whose greedy drafts the target checks `draft_max` at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<String>,
+    /// Drafts one traversal checks (with `draft`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_max: Option<u32>,
 }
 
 /// Where an arm's RPC device comes from.
@@ -574,6 +586,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     validate_schedule(c, &known, &mut out);
     validate_oracle(c, &known, &mut out);
     out.extend(validate_refine(c));
+    out.extend(validate_proposers(c));
     if let Some(p) = c.analysis.as_ref().and_then(|a| a.pairs.as_ref()) {
         validate_pairs(p, &known, &mut out);
     }
@@ -789,6 +802,42 @@ fn validate_measure_schedule(c: &Campaign) -> Vec<Diagnostic> {
 }
 
 /// A refinement campaign: every arm refines, with the token relation and outputs fixed.
+/// Proposers are named as arms are, and each arm's `draft` names one of them.
+fn validate_proposers(c: &Campaign) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for (name, m) in &c.proposers {
+        if !valid_name(name, &[]) {
+            out.push(Diagnostic::at(&m.path, format!("proposer name {name:?} must be letters, digits, `_`, `-`")));
+        }
+    }
+    for a in &c.arms {
+        if let Some(d) = a.draft.as_ref().filter(|d| !c.proposers.contains_key(*d)) {
+            let names = c.proposers.keys().cloned().collect::<Vec<_>>().join(", ");
+            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `draft` names proposer `{d}`, which `proposers` does not define (proposers: {names})", a.id.value)));
+        }
+    }
+    // A traversal of K + 1 rows takes other matrix kernels than one row (llamafile's sgemm
+    // declines a single row): logits rows equal bitwise only between runs with the same
+    // proposer and K, so `all_surfaces` holds only against an oracle that drafts alike.
+    let oracle = c.arms.iter().find(|a| a.id.value == c.oracle.arm.value);
+    if let (Relation::AllSurfaces, Some(o)) = (c.oracle.relation, oracle) {
+        for a in c.arms.iter().filter(|a| a.measure.is_none() && (&a.draft, a.draft_max) != (&o.draft, o.draft_max)) {
+            let how = |d: &Option<String>, k: Option<u32>| d.as_ref().map_or("one token per traversal".to_string(), |d| format!("proposer `{d}`, draft_max {}", k.unwrap_or(0)));
+            out.push(Diagnostic::at(
+                &a.id,
+                format!(
+                    "arm `{}` decodes with {}, the oracle arm `{}` with {}: their logits rows come from other kernels, so `relation: all_surfaces` cannot hold; draft alike or use `relation: tokens`",
+                    a.id.value,
+                    how(&a.draft, a.draft_max),
+                    o.id.value,
+                    how(&o.draft, o.draft_max)
+                ),
+            ));
+        }
+    }
+    out
+}
+
 fn validate_refine(c: &Campaign) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     match &c.refine {

@@ -106,6 +106,16 @@ pub(super) struct CellRow {
     envelope_best_depth: Option<u32>,
     #[serde(serialize_with = "shown::opt")]
     envelope_best_mib_per_s: Option<f64>,
+    // Temporal amortization (`draft` arms): the proposer, and the record's speculative report.
+    draft: Option<String>,
+    draft_max: Option<u32>,
+    traversals: Option<u64>,
+    #[serde(serialize_with = "shown::opt")]
+    outputs_per_traversal: Option<f64>,
+    drafted: Option<u64>,
+    accepted: Option<u64>,
+    #[serde(serialize_with = "shown::opt")]
+    expert_bytes_per_output: Option<f64>,
 }
 
 impl CellRow {
@@ -116,6 +126,7 @@ impl CellRow {
         let generate = sealed.and_then(Sealed::generate);
         let refine = sealed.and_then(Sealed::refine);
         let timing = generate.and_then(|r| r.timing.as_ref());
+        let speculative = generate.and_then(|r| r.speculative.as_ref());
         let q_run = generate.and_then(|r| r.plan()).map(|p| &p.telemetry.q_run);
         let replay = sealed.and_then(Sealed::read_replay);
         let best = sealed.and_then(Sealed::envelope).and_then(|e| e.best.as_ref());
@@ -178,6 +189,13 @@ impl CellRow {
             replay_depth: replay.and_then(|r| r.params.as_ref()).map(|p| p.depth),
             envelope_best_depth: best.map(|b| b.depth),
             envelope_best_mib_per_s: best.map(|b| b.mib_per_s),
+            draft: a.draft.clone(),
+            draft_max: a.draft_max,
+            traversals: speculative.map(|r| r.traversals),
+            outputs_per_traversal: speculative.map(|r| r.outputs_per_traversal),
+            drafted: speculative.map(|r| r.drafted),
+            accepted: speculative.map(|r| r.accepted),
+            expert_bytes_per_output: speculative.and_then(|r| r.expert_bytes_per_output),
         }
     }
 }
