@@ -117,8 +117,19 @@ fn refinement_checks_deferred_decisions_and_rolls_back_flips() {
     assert_eq!(margins.len(), 6 * 24);
     assert!(decisions.iter().zip(&margins).all(|(&d, &mg)| d != 0 || mg >= 1.0));
     assert!(tau["refine"]["counters"]["rollbacks"].as_u64().unwrap() > 0, "Q4 flips somewhere: {}", tau["refine"]);
+    // Verify-all is drafted decoding with the base as proposer: every output is an accepted
+    // draft (1), the verifier's token for a rejected one (2) or its own where none was offered
+    // (3), and the tokens are the verifier's own greedy ones, byte for byte, in fewer passes.
     let all_decisions = fs::read(all_dir.join("decisions.bin")).unwrap();
-    assert!(all_decisions.iter().all(|&d| d == 1 || d == 2), "{all_decisions:?}");
+    assert!(all_decisions.iter().all(|&d| (1..=3).contains(&d)), "{all_decisions:?}");
+    assert!(all_decisions.iter().filter(|&&d| d == 1).count() > all_decisions.len() / 2, "a Q4_K_M base agrees mostly: {all_decisions:?}");
+    let (ver, ver_dir) = refine(&m, "verifier", &["--mode", "verifier"]);
+    assert_eq!(fs::read(all_dir.join("tokens.bin")).unwrap(), fs::read(ver_dir.join("tokens.bin")).unwrap());
+    let c = &all["refine"]["counters"];
+    let n = |k: &str| c[k].as_u64().unwrap();
+    assert!(n("sweeps") < ver["refine"]["counters"]["sweeps"].as_u64().unwrap(), "{c}");
+    assert_eq!(n("checked"), n("deferred"), "{c}");
+    assert!(n("rollbacks") <= n("sweeps"), "{c}");
 
     // Bytes: one verifier checkpoint per sweep, ordered base < τ < verify-all.
     let bytes = |v: &Value| v["refine"]["verification_bytes_per_token"].as_f64().unwrap();

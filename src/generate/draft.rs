@@ -11,12 +11,53 @@
 //! as one ubatch per position. Whether those rows equal the one-token run's bit for bit is the
 //! oracle's question (`compare`), not an assumption made here.
 
-use super::{argmax, check_finite, Decoding, GenerateSpec};
+use super::{argmax, check_finite, Decoding};
 use crate::engine::{Context, Model, RouteEvent};
 use crate::record::format::SpeculativeReport;
 use crate::service::PlanSource;
 use anyhow::{Context as _, Result};
 use std::time::Instant;
+
+/// What a drafted decode needs of its run, and what its errors call the two models.
+pub struct Drafting {
+    pub n_predict: u32,
+    pub ignore_eos: bool,
+    /// Drafts one traversal checks at most (K).
+    pub k_max: u32,
+    pub target: &'static str,
+    pub proposer: &'static str,
+}
+
+/// Where a committed output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The target's own token where no draft was offered (after the prompt, or after every
+    /// draft of a traversal was accepted).
+    Target,
+    /// A draft the target's row agreed with.
+    Accepted,
+    /// The target's own token in place of a draft it rejected.
+    Corrected,
+}
+
+/// One prompt decoded with a proposer from empty memories: each output with its origin, and
+/// the target's row that chose or confirmed it (n_vocab floats per output).
+pub struct Drafted {
+    pub tokens: Vec<i32>,
+    pub origins: Vec<Origin>,
+    pub rows: Vec<f32>,
+    pub report: SpeculativeReport,
+}
+
+/// Decodes `prompt` greedily with `proposer`'s drafts checked by the target (`ctx`, empty).
+pub fn decode_prompt(d: &Drafting, target: &Model, ctx: &mut Context, proposer: &mut Proposer, prompt: &[i32]) -> Result<Drafted> {
+    let n_vocab = target.n_vocab();
+    let mut run = Decoding::new(prompt.len() + d.n_predict as usize, n_vocab, d.n_predict);
+    let report = run.decode_drafted(d, target, ctx, proposer, prompt)?;
+    // The prompt's rows before its last predict nothing of the outputs.
+    let rows = run.logits.split_off((prompt.len() - 1) * n_vocab);
+    Ok(Drafted { tokens: run.generated, origins: run.origins, rows, report })
+}
 
 /// The proposer: its own context over the committed tokens, fed lazily.
 pub struct Proposer<'m> {
@@ -49,11 +90,25 @@ impl<'m> Proposer<'m> {
         Proposer { ctx, unfed: Vec::new(), snapshot: None, snapshots, fed: 0, lost: false, n_vocab: model.n_vocab() }
     }
 
+    /// The proposer's context back (its memory holds what it was fed).
+    pub fn into_context(self) -> Context<'m> {
+        self.ctx
+    }
+
+    /// Decodes `tokens` for one row; a row that is not finite has no draft and fails the run.
+    fn step(&mut self, tokens: &[i32], rows: &mut Vec<f32>, name: &str, report: &mut SpeculativeReport) -> Result<()> {
+        let at = self.ctx.n_past() as usize + tokens.len() - 1;
+        rows.clear();
+        self.ctx.decode(tokens, false, rows).with_context(|| format!("the {name}"))?;
+        report.proposer_decodes += 1;
+        check_finite(rows, self.n_vocab, 0).with_context(|| format!("{name} logits from position {at}"))
+    }
+
     /// Drafts `k` tokens after the committed ones: feeds what it has not seen, then decodes
     /// its own greedy tokens one at a time (the last draft is not fed).
     /// A draft outside the target's vocabulary (a larger, padded proposer vocabulary) ends the
     /// drafts there: the target could not be fed it, and would never have chosen it.
-    fn draft(&mut self, k: usize, n_target: usize, rows: &mut Vec<f32>, report: &mut SpeculativeReport) -> Result<Vec<i32>> {
+    fn draft(&mut self, k: usize, n_target: usize, name: &str, rows: &mut Vec<f32>, report: &mut SpeculativeReport) -> Result<Vec<i32>> {
         let mut drafts = Vec::with_capacity(k);
         let feed = std::mem::take(&mut self.unfed);
         // A committed token the proposer's (smaller) vocabulary lacks: it cannot follow the
@@ -64,11 +119,9 @@ impl<'m> Proposer<'m> {
             self.fed = 0;
             return Ok(drafts);
         }
-        rows.clear();
-        self.ctx.decode(&feed, false, rows).context("the proposer")?;
-        report.proposer_decodes += 1;
+        self.step(&feed, rows, name, report)?;
         if self.snapshots {
-            self.snapshot = Some((self.ctx.snapshot().context("the proposer")?, self.ctx.n_past()));
+            self.snapshot = Some((self.ctx.snapshot().with_context(|| format!("the {name}"))?, self.ctx.n_past()));
         }
         while drafts.len() < k {
             let d = argmax(rows) as i32;
@@ -78,9 +131,7 @@ impl<'m> Proposer<'m> {
             }
             drafts.push(d);
             if drafts.len() < k {
-                rows.clear();
-                self.ctx.decode(&[d], false, rows).context("the proposer")?;
-                report.proposer_decodes += 1;
+                self.step(&[d], rows, name, report)?;
             }
         }
         // Every draft but a last one of k was fed.
@@ -129,21 +180,13 @@ fn union_per_layer(events: &[RouteEvent]) -> (u64, u64) {
 impl Decoding {
     /// Greedy decoding with a proposer: prefill as in one-token decoding, then traversals of
     /// the last committed token and up to `k` drafts until `n_predict` tokens.
-    pub(super) fn decode_drafted(
-        &mut self,
-        spec: &GenerateSpec,
-        model: &Model,
-        ctx: &mut Context,
-        proposer: &mut Proposer,
-        prompt: &[i32],
-        k_max: u32,
-    ) -> Result<SpeculativeReport> {
-        let n_vocab = model.n_vocab();
+    pub(super) fn decode_drafted(&mut self, spec: &Drafting, model: &Model, ctx: &mut Context, proposer: &mut Proposer, prompt: &[i32]) -> Result<SpeculativeReport> {
+        let (n_vocab, k_max) = (model.n_vocab(), spec.k_max);
         let n = spec.n_predict as usize;
         let mut report = SpeculativeReport { draft_max: k_max, accepted_by_position: vec![0; k_max as usize], offered_by_position: vec![0; k_max as usize], ..Default::default() };
         let t1 = Instant::now();
         ctx.decode(prompt, true, &mut self.logits)?;
-        check_finite(&self.logits, n_vocab, 0)?;
+        check_finite(&self.logits, n_vocab, 0).with_context(|| format!("{} logits from position 0", spec.target))?;
         self.prefill_s = t1.elapsed().as_secs_f64();
         let prefill_routes = ctx.take_routes();
         let ubatches = prefill_routes.last().map_or(0, |e| e.ubatch + 1);
@@ -156,12 +199,14 @@ impl Decoding {
         let mut prow = Vec::new();
         let mut rows = Vec::new();
         let mut next = argmax(&self.logits[self.logits.len() - n_vocab..]) as i32;
+        let mut origin = Origin::Target;
         loop {
             if !spec.ignore_eos && model.is_eog(next) {
                 self.stop = "end_of_generation";
                 break;
             }
             self.generated.push(next);
+            self.origins.push(origin);
             self.response.extend(model.token_bytes(next));
             if self.generated.len() == n {
                 break;
@@ -170,7 +215,7 @@ impl Decoding {
             let k = (k_max as usize).min(n - self.generated.len() - 1);
             let pt = Instant::now();
             proposer.unfed.push(next);
-            let drafts = if k > 0 { proposer.draft(k, n_vocab, &mut prow, &mut report)? } else { Vec::new() };
+            let drafts = if k > 0 { proposer.draft(k, n_vocab, spec.proposer, &mut prow, &mut report)? } else { Vec::new() };
             report.proposer_s += pt.elapsed().as_secs_f64();
             let base = ctx.n_past();
             let fed: Vec<i32> = std::iter::once(next).chain(drafts.iter().copied()).collect();
@@ -194,9 +239,10 @@ impl Decoding {
             let committed = eog.unwrap_or(accepted);
             // As one-token decoding numbers them, its ubatches after the prompt's.
             let ubatch = ubatches + (base as u32 - prompt.len() as u32);
-            self.keep_committed(&rows, events, committed, n_vocab, base as u32, ubatch)?;
+            self.keep_committed(&rows, events, committed, n_vocab, (base as u32, spec.target), ubatch)?;
             for &d in &drafts[..committed] {
                 self.generated.push(d);
+                self.origins.push(Origin::Accepted);
                 self.response.extend(model.token_bytes(d));
             }
             if eog.is_some() {
@@ -212,6 +258,7 @@ impl Decoding {
             self.recurrent.capture(ctx)?;
             // The target's own token after the accepted drafts: committed at the loop's top.
             next = argmax(row(accepted)) as i32;
+            origin = if accepted < drafts.len() { Origin::Corrected } else { Origin::Target };
         }
         self.decode_s = t2.elapsed().as_secs_f64() - self.recurrent.capture_s;
         report.outputs = self.generated.len().saturating_sub(1) as u64;
@@ -228,9 +275,9 @@ impl Decoding {
     /// Rows 0..=committed of a traversal followed committed tokens: the rows one-token decoding
     /// would have produced, kept with their routes renumbered as its ubatches (one a position,
     /// from `ubatch`, layers in order). The others followed rejected drafts and are dropped.
-    fn keep_committed(&mut self, rows: &[f32], events: Vec<RouteEvent>, committed: usize, n_vocab: usize, base: u32, ubatch: u32) -> Result<()> {
+    fn keep_committed(&mut self, rows: &[f32], events: Vec<RouteEvent>, committed: usize, n_vocab: usize, (base, who): (u32, &str), ubatch: u32) -> Result<()> {
         let kept = &rows[..(committed + 1) * n_vocab];
-        check_finite(kept, n_vocab, 0).with_context(|| format!("target logits from position {base}"))?;
+        check_finite(kept, n_vocab, 0).with_context(|| format!("{who} logits from position {base}"))?;
         self.logits.extend_from_slice(kept);
         let first = self.routes.len();
         for e in events.into_iter().filter(|e| (e.row as usize) <= committed) {

@@ -1,7 +1,7 @@
 //! One generate run: greedy decoding through the engine with every oracle surface recorded,
 //! one token per target decode or, with a proposer, several (`draft`).
 
-mod draft;
+pub mod draft;
 
 use crate::engine::{Context, DeviceCheck, ExecParams, ExpertSource, Model, PlacementReport, RouteEvent};
 use crate::identity::build_identity;
@@ -231,7 +231,8 @@ impl Decoding {
             bail!("the proposer {} does not share the target's vocabulary ({diff}): refused", d.model.display());
         }
         let mut proposer = draft::Proposer::new(&m, Context::new(&m, spec.exec, false)?);
-        self.decode_drafted(spec, target, ctx, &mut proposer, prompt, d.max)
+        let drafting = draft::Drafting { n_predict: spec.n_predict, ignore_eos: spec.ignore_eos, k_max: d.max, target: "target", proposer: "proposer" };
+        self.decode_drafted(&drafting, target, ctx, &mut proposer, prompt)
     }
 }
 
@@ -302,6 +303,8 @@ struct Decoding {
     recurrent: RecurrentStates,
     /// Routes of committed positions (a drafted run's; a plain run's stay in its context).
     routes: Vec<RouteEvent>,
+    /// Where each generated token came from (a drafted run's).
+    origins: Vec<draft::Origin>,
 }
 
 impl Decoding {
@@ -315,6 +318,7 @@ impl Decoding {
             decode_s: 0.0,
             recurrent: RecurrentStates::default(),
             routes: Vec::new(),
+            origins: Vec::new(),
         }
     }
 

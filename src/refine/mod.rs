@@ -2,7 +2,9 @@
 //! and records each decision's top-1 margin; decisions under τ are deferred; every W tokens a
 //! higher-bit verifier of the same checkpoint teacher-forces the unseen suffix into its own
 //! persistent KV cache, and at the first checked flip both caches are trimmed, the verifier's
-//! token is accepted and decoding resumes. The verifier is resident, or has its experts
+//! token is accepted and decoding resumes. With verify-all every decision is checked, which is
+//! temporal amortization with the base as the proposer: that path is `generate --draft`'s
+//! ([`crate::generate::draft`]), with K = W. The verifier is resident, or has its experts
 //! streamed from storage through the Plan when it cannot co-reside.
 
 pub mod margins;
@@ -10,6 +12,7 @@ pub mod score;
 
 use crate::engine::{Context, ExecParams, ExpertSource, Model};
 use crate::digests::Loads;
+use crate::generate::draft::{self, Drafting, Origin, Proposer};
 use crate::generate::{argmax, check_finite, load_model, ModelIdentity};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
@@ -68,11 +71,13 @@ pub fn margin(row: &[f32]) -> f32 {
 pub enum Decision {
     /// The base's token, never checked (margin at least τ, or never swept).
     Base = 0,
-    /// The base's token, checked by the verifier and kept.
+    /// The base's token, checked by the verifier and kept (with verify-all: an accepted draft).
     Confirmed = 1,
-    /// The verifier's token after a flip (rollback).
+    /// The verifier's token after a flip (rollback; with verify-all: in place of a rejected draft).
     Replaced = 2,
-    /// Decoded by the verifier alone (`--mode verifier`).
+    /// The verifier's own token: decoded by it alone (`--mode verifier`), or, with verify-all,
+    /// where the base offered no draft (after the prompt, or after a traversal accepted every
+    /// draft).
     Verifier = 3,
 }
 
@@ -87,12 +92,55 @@ struct PromptRun {
 struct Runtime<'m> {
     base: Option<Context<'m>>,
     verifier: Option<Context<'m>>,
+    /// The models, for verify-all's drafted decoding.
+    models: (Option<&'m Model>, Option<&'m Model>),
     n_vocab: usize,
     counters: Counters,
 }
 
+impl From<Origin> for Decision {
+    fn from(o: Origin) -> Decision {
+        match o {
+            Origin::Target => Decision::Verifier,
+            Origin::Accepted => Decision::Confirmed,
+            Origin::Corrected => Decision::Replaced,
+        }
+    }
+}
+
 impl Runtime<'_> {
+    /// Verify-all is temporal amortization with the base as the proposer (`generate --draft`'s
+    /// path): the base drafts `window` tokens, the verifier checks them in one traversal and
+    /// commits the agreeing prefix and its own next token, so the output is the verifier's own
+    /// greedy one. Margins are the verifier's, from the row that chose or confirmed each output.
+    fn run_prompt_drafted(&mut self, spec: &RefineSpec, prompt: Vec<i32>) -> Result<PromptRun> {
+        let (Some(base_model), Some(ver_model)) = self.models else { bail!("verify-all needs the base and the verifier") };
+        let mut base = self.base.take().expect("the base is loaded");
+        base.trim(0)?;
+        let v = self.verifier.as_mut().expect("refine mode loads the verifier");
+        v.trim(0)?;
+        let d = Drafting { n_predict: spec.n_predict, ignore_eos: true, k_max: spec.window, target: "verifier", proposer: "base" };
+        let mut proposer = Proposer::new(base_model, base);
+        let decoded = draft::decode_prompt(&d, ver_model, v, &mut proposer, &prompt);
+        self.base = Some(proposer.into_context());
+        let out = decoded?;
+        let rep = &out.report;
+        let c = &mut self.counters;
+        c.sweeps += 1 + rep.traversals + rep.state_restores;
+        c.rollbacks += rep.rollbacks;
+        c.deferred += rep.drafted;
+        c.checked += rep.drafted;
+        c.verifier_tokens += (prompt.len() as u64) + rep.traversals + rep.drafted + rep.refed_positions;
+        c.base_passes += rep.proposer_decodes;
+        let margins = out.rows.chunks(self.n_vocab).map(margin).collect();
+        let decisions = out.origins.iter().map(|&o| o.into()).collect();
+        Ok(PromptRun { prompt, out: out.tokens, margins, decisions })
+    }
+
     fn run_prompt(&mut self, spec: &RefineSpec, prompt: Vec<i32>) -> Result<PromptRun> {
+        if spec.mode == Mode::Refine && spec.verify_all {
+            return self.run_prompt_drafted(spec, prompt);
+        }
         let n = spec.n_predict as usize;
         let mut r = PromptRun { prompt, out: Vec::new(), margins: Vec::new(), decisions: Vec::new() };
         let p = r.prompt.len() as i32;
@@ -132,7 +180,7 @@ impl Runtime<'_> {
             if r.out.len() < n {
                 let t = argmax(&row) as i32;
                 let m = margin(&row);
-                let d = spec.mode == Mode::Refine && (spec.verify_all || m < spec.tau);
+                let d = spec.mode == Mode::Refine && m < spec.tau;
                 self.counters.deferred += u64::from(d);
                 r.out.push(t);
                 r.margins.push(m);
@@ -286,6 +334,11 @@ fn check(spec: &RefineSpec) -> Result<()> {
     if !spec.tau.is_finite() || spec.tau < 0.0 {
         bail!("--tau must be a finite number at least 0");
     }
+    // Verify-all drafts `window` tokens per traversal, which must be one ubatch.
+    let most = crate::bounds::MAX_DRAFT.min(spec.exec.n_ubatch.saturating_sub(1));
+    if spec.verify_all && spec.window > most {
+        bail!("--window {} with --verify-all: at most {most} drafts per verifier traversal", spec.window);
+    }
     Ok(())
 }
 
@@ -344,9 +397,12 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     let tok_model = base_model.as_ref().or(ver_model.as_ref()).expect("one model at least");
     let n_vocab = tok_model.n_vocab();
     let tokenized = tokenize(tok_model, spec)?;
+    // Verify-all's verifier takes back up to `window` rejected positions per traversal.
+    let rollback = if spec.verify_all { spec.window } else { 0 };
     let mut rt = Runtime {
         base: base_model.as_ref().map(|m| Context::new(m, spec.exec, false)).transpose()?,
-        verifier: ver_model.as_ref().map(|m| Context::new(m, spec.exec, false)).transpose()?,
+        verifier: ver_model.as_ref().map(|m| Context::with_rollback(m, spec.exec, false, rollback)).transpose()?,
+        models: (base_model.as_ref(), ver_model.as_ref()),
         n_vocab,
         counters: Counters::default(),
     };
