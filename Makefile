@@ -36,7 +36,7 @@ tau-sweep: build
 	$(BIN) campaign check campaigns/tau-sweep.yaml
 	$(BIN) margins --reference $(MODELS)/tau-f32.gguf --candidate $(MODELS)/tau-q4_k_m.gguf --prompts campaigns/prompts/tau.txt
 	$(BIN) campaign run campaigns/tau-sweep.yaml
-	$(BIN) export --campaign tau-sweep-small-3 --out $(RESULTS)/export-tau-sweep
+	$(BIN) export --campaign tau-sweep-small-4 --out $(RESULTS)/export-tau-sweep
 
 test: deps
 	$(CARGO) test --locked
@@ -45,7 +45,8 @@ test: deps
 # D, F and F+LRU under one hard host cap against the resident oracle, with the envelope, a
 # warm resident run and a replay of F's own reads in every block; then the bench table, F/D,
 # F's ratio to its floor and to the envelope, wall time against stock; then the same bench
-# model with skewed routing (campaigns/bench-skew.yaml): F and F+LRU against stock
+# model with skewed routing (campaigns/bench-skew.yaml): F and F+LRU against stock; then F
+# with proposers (campaigns/bench-draft.yaml, BENCH_DRAFT=0 leaves it out) against plain F
 # (BENCH_OUTPUTS, BENCH_BLOCKS scale the first down; BENCH_SKEW=0 leaves the second out).
 bench: build
 	BIN=$(BIN) scripts/bench.sh
