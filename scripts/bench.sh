@@ -3,7 +3,8 @@
 # model if it is missing, run the campaign (a rerun resumes), export its tables, then the
 # paired F/D ratio, F's ratio to its floor and its bytes per second over the envelope with
 # their intervals; then the skewed-routing bench (campaigns/bench-skew.yaml, its model made
-# from its recipe; BENCH_SKEW=0 leaves it out).
+# from its recipe; BENCH_SKEW=0 leaves it out), then temporal amortization
+# (campaigns/bench-draft.yaml; BENCH_DRAFT=0 leaves it out).
 #
 # BENCH_OUTPUTS (tokens per cell) and BENCH_BLOCKS (counterbalanced blocks, at most the
 # shipped eight) scale it down: the scaled campaign is written under results/bench-campaigns/
@@ -77,4 +78,12 @@ if [ "${BENCH_SKEW:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; 
   echo "== campaign bench-skew-2 (campaigns/bench-skew.yaml)"
   "$BIN" campaign run campaigns/bench-skew.yaml --results "$RESULTS"
   "$BIN" export --campaign bench-skew-2 --results "$RESULTS" --out "$RESULTS/export-bench-skew-2"
+fi
+
+if [ "${BENCH_DRAFT:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; then
+  echo "== campaign bench-draft-1 (campaigns/bench-draft.yaml)"
+  "$BIN" campaign run campaigns/bench-draft.yaml --results "$RESULTS"
+  "$BIN" export --campaign bench-draft-1 --results "$RESULTS" --out "$RESULTS/export-bench-draft-1"
+  echo "== F/F-base-2 decode time, paired"
+  "$BIN" stats pairs --csv "$RESULTS/export-bench-draft-1/pairs.csv" --a a --b b
 fi

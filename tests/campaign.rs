@@ -117,7 +117,7 @@ fn shipped_prompts(dir: &Path) -> PathBuf {
 }
 
 /// Every campaign the repository ships.
-const SHIPPED: [&str; 6] = ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml", "bench-skew.yaml"];
+const SHIPPED: [&str; 7] = ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml", "bench-skew.yaml", "bench-draft.yaml"];
 
 #[test]
 fn check_reports_line_and_column_and_shipped_campaigns_pass() {
@@ -128,10 +128,15 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     let models = t.path().join("models");
     // Every shipped campaign makes its missing models from their recipes (the bench's several
     // GiB stay out of the tests: without its recipe, its missing model is refused with the fix).
-    let recipes = [("bench.yaml", "  forge: { preset: bench, seed: 1 }\n"), ("bench-skew.yaml", "  forge: { preset: bench, seed: 1, router_skew: 1 }\n")];
+    let recipes = [
+        ("bench.yaml", "  forge: { preset: bench, seed: 1 }\n"),
+        ("bench-skew.yaml", "  forge: { preset: bench, seed: 1, router_skew: 1 }\n"),
+        ("bench-draft.yaml", "  forge: { preset: bench, seed: 1 }\n"),
+        ("bench-draft.yaml", "    quantize: { from: ../models/bench.gguf, type: q4_k_m }\n"),
+    ];
     for f in SHIPPED {
         let mut text = fs::read_to_string(root.join("campaigns").join(f)).unwrap();
-        if let Some((_, recipe)) = recipes.iter().find(|(g, _)| *g == f) {
+        for (_, recipe) in recipes.iter().filter(|(g, _)| *g == f) {
             assert!(text.contains(recipe), "{f}");
             text = text.replacen(recipe, "", 1);
         }
@@ -172,6 +177,7 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     // The benches' stand-ins: check reads paths; digests are checked when a cell runs.
     fs::write(models.join("bench.gguf"), b"GGUF").unwrap();
     fs::write(models.join("bench-skew.gguf"), b"GGUF").unwrap();
+    fs::write(models.join("bench-q4_k_m.gguf"), b"GGUF").unwrap();
     // Shipped campaigns pin this build: a changed patch series must be carried into them, or
     // `campaign run` refuses every one of them.
     let id: serde_json::Value = serde_json::from_str(&ok(&["build-info", "--json"]).stdout).unwrap();
