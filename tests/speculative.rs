@@ -317,4 +317,11 @@ repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n",
     assert!(f[col("expert_bytes_per_output")].parse::<f64>().unwrap() > 0.0);
     let r = rows.iter().find(|r| &r[col("arm")] == "R-draft").unwrap();
     assert_eq!(&r[col("expert_bytes_per_output")], "", "a resident target reads no expert bytes");
+    // The claim reproduces from its pinned inputs, the proposer found by its digest.
+    let repro = t.path().join("repro");
+    let ledger = out.join("claims.json");
+    let r = ok(&["reproduce", "--claim", "draft-1", "--ledger", &s(&ledger), "--results", &s(&results), "--out", &s(&repro), "--campaign", &s(&file), "--json"]);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["report"]["holds"], true, "{:#}", v["report"]);
+    assert_eq!(v["report"]["records"].as_array().unwrap().len(), 2);
 }
