@@ -188,7 +188,7 @@ pub struct RefineModels {
     pub verifier: ModelSpec,
     /// The full-precision model whose mean per-token log-probability scores every output.
     pub reference: ModelSpec,
-    /// Verify every `window` generated tokens.
+    /// Verify every `window` generated tokens (`verify_all`: `window` drafts per traversal).
     pub window: At<u32>,
 }
 
@@ -205,7 +205,8 @@ pub struct RefineArm {
     /// Deferral threshold on the base's top-1 margin (mode `refine`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tau: Option<f32>,
-    /// Check every position, not only deferred ones.
+    /// Check every position, not only deferred ones: drafted decoding with the base as the
+    /// proposer, whose output is the verifier's own greedy one.
     #[serde(default)]
     pub verify_all: bool,
 }

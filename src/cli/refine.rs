@@ -55,10 +55,11 @@ pub struct RefineArgs {
     /// Defer decisions whose top-1 margin is below τ.
     #[arg(long, default_value_t = refine::DEFAULT_TAU)]
     tau: f32,
-    /// Verify every W generated tokens.
+    /// Verify every W generated tokens (with --verify-all: W drafts per verifier traversal).
     #[arg(long, default_value_t = 16)]
     window: u32,
-    /// Check every position, not only deferred ones.
+    /// Check every position, not only deferred ones: drafted decoding with the base as the
+    /// proposer (as `generate --draft`), whose output is the verifier's own greedy one.
     #[arg(long)]
     verify_all: bool,
     /// `refine` (the runtime), `base` (the base alone) or `verifier` (the verifier alone).
