@@ -21,7 +21,7 @@ rm -rf "$OUT"/oracle "$OUT"/stock "$OUT"/F-LRU
 gen() {
   local name=$1; shift
   echo "== $name"
-  "$BIN" generate --model "$MODEL" --prompt-file campaigns/prompts/demo.txt --n-predict 64 --threads 2 \
+  "$BIN" generate --model "$MODEL" --prompt-file campaigns/prompts/demo.txt --n-predict 64 \
     --record "$OUT/$name" "$@" > /dev/null
 }
 gen oracle

@@ -251,3 +251,37 @@ fn token_passes_stream_a_layer_in_groups_and_stay_exact() {
         assert_one_line_error(&r, &["token pass"]);
     }
 }
+
+#[test]
+fn default_threads_decode_streamed_on_every_core_but_one_and_stay_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 36, &[]);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    // No --threads: what each run decodes and takes its prompt on, as its record names them.
+    let bare = |name: &str, extra: &[&str]| {
+        let rec = dir.path().join(name);
+        let mut args = vec!["generate", "--model", m.to_str().unwrap(), "--prompt", PROMPT, "--n-predict", "16", "--record", rec.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let r = run(&args);
+        assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+        let p = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()["params"].clone();
+        let decode = p["threads"].as_u64().unwrap();
+        (rec, decode, p.get("threads_batch").map(|b| b.as_u64().unwrap()))
+    };
+    let plan = ["--experts", "plan", "--slots", "5", "--source", "f", "--policy", "zero"];
+    let (resident, t, b) = bare("resident", &[]);
+    assert_eq!((t, b), (cores, None));
+    let (streamed, t, b) = bare("streamed", &plan);
+    let want = if cores > 1 { (cores - 1, Some(cores)) } else { (1, None) };
+    assert_eq!((t, b), want);
+    assert_exact(&resident, &streamed);
+    // Named counts win, and a named --threads sets the prompt's too.
+    let (named, t, b) = bare("named", &[&plan[..], &["--threads", "2"]].concat());
+    assert_eq!((t, b), (2, None));
+    assert_exact(&resident, &named);
+    let (apart, t, b) = bare("apart", &[&plan[..], &["--threads", "1", "--threads-batch", "2"]].concat());
+    assert_eq!((t, b), (1, Some(2)));
+    assert_exact(&resident, &apart);
+    let r = run(&["generate", "--model", m.to_str().unwrap(), "--prompt", PROMPT, "--threads-batch", "0", "--record", dir.path().join("bad").to_str().unwrap()]);
+    assert_one_line_error(&r, &["--threads-batch 0 is out of range"]);
+}

@@ -17,7 +17,9 @@ pub enum ArmKind {
 /// A run arm: what it runs, how it holds its experts, its threads and host cap.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunArm {
-    pub threads: u32,
+    /// Engine threads; absent, the machine that runs the cell derives them
+    /// ([`crate::bounds::default_threads`]) and the record names them.
+    pub threads: Option<u32>,
     /// Hard host memory limit over the cell's whole process tree (`memory_cap_bytes`).
     pub memory_cap_bytes: Option<u64>,
     pub experts: ArmExperts,
@@ -154,14 +156,12 @@ impl Arm {
         let Some(mode) = self.experts else {
             return Err(ArmError(vec![format!("arm `{id}` needs `experts` (resident, plan, host), or `measure` (envelope, read_replay)")]));
         };
-        let threads = self.threads.ok_or_else(|| format!("arm `{id}` needs `threads`"));
         let parts = (self.bounded_threads(), self.held_experts(mode), self.program(), self.memory_cap());
-        match (threads, parts) {
-            (Ok(threads), (Ok(()), Ok(experts), Ok(program), Ok(memory_cap_bytes))) => Ok(ArmKind::Run(RunArm { threads, memory_cap_bytes, experts, program })),
-            (threads, (t, e, p, m)) => {
-                let lines = threads.err().into_iter();
+        match parts {
+            (Ok(()), Ok(experts), Ok(program), Ok(memory_cap_bytes)) => Ok(ArmKind::Run(RunArm { threads: self.threads, memory_cap_bytes, experts, program })),
+            (t, e, p, m) => {
                 let fields = [t.err(), e.err(), p.err(), m.err()].into_iter().flatten().flatten();
-                Err(ArmError(lines.chain(fields.map(|m| format!("arm `{id}`: {m}"))).collect()))
+                Err(ArmError(fields.map(|m| format!("arm `{id}`: {m}")).collect()))
             }
         }
     }
@@ -359,7 +359,7 @@ mod tests {
     fn arms_parse_into_what_they_are() {
         let c = parse(crate::campaign::tests::GOOD).unwrap();
         let ArmKind::Run(o) = arm(&c, "O") else { panic!("O is a run") };
-        assert_eq!((o.threads, &o.experts, o.memory_cap_bytes), (1, &ArmExperts::Resident { warm: false }, None));
+        assert_eq!((o.threads, &o.experts, o.memory_cap_bytes), (Some(1), &ArmExperts::Resident { warm: false }, None));
         assert_eq!(o.program, Program::Generate { device: None, draft: None });
         let ArmKind::Run(d) = arm(&c, "D") else { panic!("D is a run") };
         assert_eq!(d.memory_cap_bytes, Some(16_777_216));
@@ -367,6 +367,17 @@ mod tests {
         assert_eq!((plan.slots, &plan.policy, plan.source, plan.windows, plan.fault), (4, &Policy::Lru { k: 2, prefetch: false }, SourceKind::D, Some(1), FaultCell::None));
         let ArmKind::Run(f) = arm(&c, "F") else { panic!("F is a run") };
         assert_eq!(f.plan().map(|p| p.fault), Some(FaultCell::ShortRead));
+    }
+
+    #[test]
+    fn an_arm_without_threads_leaves_them_to_the_machine_that_runs_it() {
+        let c = parse(crate::campaign::tests::GOOD).unwrap();
+        for id in ["O", "D"] {
+            let mut a = c.arms.iter().find(|a| a.id.value == id).unwrap().clone();
+            a.threads = None;
+            let ArmKind::Run(r) = a.kind().unwrap() else { panic!("{id} is a run") };
+            assert_eq!(r.threads, None);
+        }
     }
 
     #[test]
@@ -405,9 +416,11 @@ mod tests {
         let c = parse(crate::campaign::tests::GOOD).unwrap();
         let mut o = c.arms.iter().find(|a| a.id.value == "O").unwrap().clone();
         o.slots = Some(3);
-        o.threads = None;
+        o.threads = Some(0);
         let e = o.kind().unwrap_err();
-        assert_eq!(e.0, ["arm `O` needs `threads`", "arm `O`: `slots` applies only to `experts: plan`"]);
+        assert_eq!(e.0.len(), 2, "{e:?}");
+        assert!(e.0[0].starts_with("arm `O`: threads 0 is out of range"), "{e:?}");
+        assert_eq!(e.0[1], "arm `O`: `slots` applies only to `experts: plan`");
         // A measurement arm names nothing of a run, the Plan's fields included.
         let mut m = o.clone();
         (m.experts, m.slots, m.threads, m.timeline_token) = (None, None, None, Some(1));

@@ -232,7 +232,7 @@ pub struct CellPaths<'a> {
 /// The single mapping from a campaign cell's run arm and workload to the typed [`Cell`] a
 /// worker runs. The cgroup/memory cap is the executor's business, not part of the cell.
 pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
-    let exec = |n_ctx| ExecParams { n_ctx, n_batch: cell::BATCH, n_ubatch: cell::BATCH, threads: arm.threads as i32, flash_attn: false };
+    let exec = |n_ctx| ExecParams::new(n_ctx, cell::BATCH, crate::bounds::threads(arm.threads.map(i64::from), None, arm.plan().is_some()), false);
     match (&arm.program, &cell.refine, p.refine) {
         (Program::Refine(ra), Some(models), Some((verifier, reference))) => Cell::Refine(RefineCell {
             // The campaign's model is the base; plan fields stream the verifier.

@@ -309,7 +309,9 @@ pub struct Arm {
     /// Hard host memory limit over the cell's whole process tree, bytes (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_cap_bytes: Option<u64>,
-    /// Engine threads (every run arm names it; a measurement arm does not).
+    /// Engine threads, decoding and prompt alike. Absent, the machine that runs the cell takes
+    /// `generate`'s defaults (decoding on every core, less one when the Plan streams experts;
+    /// the prompt on every core); the record names the counts. A measurement arm names none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
     /// Layers placed on the device (`all`, or a count), as `generate --gpu-layers`.

@@ -138,8 +138,14 @@ pub struct GenerateArgs {
     prompt_file: Option<PathBuf>,
     #[arg(long, default_value_t = 64)]
     n_predict: u32,
-    #[arg(long, default_value_t = 2)]
-    threads: i32,
+    /// Engine threads decoding one token at a time (default: every core, less one when
+    /// `--experts plan` streams, so that its reads never wait for a core).
+    #[arg(long)]
+    threads: Option<i32>,
+    /// Engine threads for multi-token batches: the prompt, drafted traversals (default:
+    /// `--threads` when given, else every core).
+    #[arg(long)]
+    threads_batch: Option<i32>,
     /// Context size in tokens.
     #[arg(long, default_value_t = cell::GENERATE_CTX)]
     ctx: u32,
@@ -215,7 +221,7 @@ impl GenerateArgs {
                 (None, None) => bail!("give --prompt or --prompt-file"),
             },
             n_predict: self.n_predict,
-            exec: ExecParams { n_ctx: self.ctx, n_batch: self.batch, n_ubatch: self.batch, threads: self.threads, flash_attn: self.flash_attn },
+            exec: ExecParams::new(self.ctx, self.batch, sovereign::bounds::threads(self.threads.map(i64::from), self.threads_batch.map(i64::from), self.experts == ExpertsMode::Plan), self.flash_attn),
             ignore_eos: self.ignore_eos,
             experts: match self.experts {
                 ExpertsMode::Resident => Experts::Resident,

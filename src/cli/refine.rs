@@ -89,8 +89,14 @@ pub struct RefineArgs {
 /// Kernel-relevant execution parameters, the same for every model of a run.
 #[derive(Args)]
 pub struct ExecArgs {
-    #[arg(long, default_value_t = 2)]
-    threads: i32,
+    /// Engine threads decoding one token at a time (default: every core, less one when the
+    /// verifier streams).
+    #[arg(long)]
+    threads: Option<i32>,
+    /// Engine threads for multi-token batches (default: `--threads` when given, else every
+    /// core).
+    #[arg(long)]
+    threads_batch: Option<i32>,
     /// Context size of each model, tokens (the KV caches are charged to the run).
     #[arg(long, default_value_t = cell::REFINE_CTX)]
     ctx: u32,
@@ -100,13 +106,17 @@ pub struct ExecArgs {
 }
 
 impl ExecArgs {
+    /// Resident models only (margins).
     fn params(&self) -> Result<ExecParams> {
-        sovereign::bounds::RunParams { threads: self.threads as i64, ctx: self.ctx, batch: self.batch, n_predict: 0 }.check()?;
-        Ok(self.unchecked())
+        let exec = self.unchecked(false);
+        let threads_batch = exec.threads_batch.map(i64::from);
+        sovereign::bounds::RunParams { threads: exec.threads.into(), threads_batch, ctx: self.ctx, batch: self.batch, n_predict: 0 }.check()?;
+        Ok(exec)
     }
 
-    fn unchecked(&self) -> ExecParams {
-        ExecParams { n_ctx: self.ctx, n_batch: self.batch, n_ubatch: self.batch, threads: self.threads, flash_attn: false }
+    fn unchecked(&self, streamed: bool) -> ExecParams {
+        let threads = sovereign::bounds::threads(self.threads.map(i64::from), self.threads_batch.map(i64::from), streamed);
+        ExecParams::new(self.ctx, self.batch, threads, false)
     }
 }
 
@@ -128,7 +138,7 @@ impl RefineArgs {
             tau: self.tau,
             window: self.window,
             verify_all: self.verify_all,
-            exec: self.exec.unchecked(),
+            exec: self.exec.unchecked(stream.is_some()),
             stream,
             reference_slots: self.reference_slots,
             record: self.record.clone(),

@@ -498,8 +498,24 @@ pub struct ExecParams {
     pub n_ctx: u32,
     pub n_batch: u32,
     pub n_ubatch: u32,
+    /// Threads for one-token batches (decoding).
     pub threads: i32,
+    /// Threads for multi-token batches (the prompt, a drafted traversal), where they differ
+    /// from `threads`: the prompt is compute-bound even when experts stream, one token is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads_batch: Option<i32>,
     pub flash_attn: bool,
+}
+
+impl ExecParams {
+    /// The parameters every run takes but for its context size, its threads resolved as
+    /// [`crate::bounds::threads`] does.
+    pub fn new(n_ctx: u32, batch: u32, threads: (i64, i64), flash_attn: bool) -> ExecParams {
+        // Saturating: an out-of-range count stays out of range for `RunParams::check`.
+        let clamp = |n: i64| n.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
+        let (decode, batched) = (clamp(threads.0), clamp(threads.1));
+        ExecParams { n_ctx, n_batch: batch, n_ubatch: batch, threads: decode, threads_batch: (batched != decode).then_some(batched), flash_attn }
+    }
 }
 
 pub struct Context<'m> {
@@ -529,7 +545,7 @@ impl<'m> Context<'m> {
             p.n_ubatch = params.n_ubatch;
             p.n_seq_max = 1;
             p.n_threads = params.threads;
-            p.n_threads_batch = params.threads;
+            p.n_threads_batch = params.threads_batch.unwrap_or(params.threads);
             p.flash_attn_type = if params.flash_attn {
                 sys::llama_flash_attn_type_LLAMA_FLASH_ATTN_TYPE_ENABLED
             } else {
