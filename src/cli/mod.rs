@@ -75,7 +75,7 @@ enum Command {
     #[command(after_help = "Example:\n  sovereign envelope --file models/small.gguf --figure results/envelope.svg")]
     Envelope(envelope::EnvelopeArgs),
     /// Statistics over tables of measurements.
-    #[command(subcommand, after_help = "Example:\n  sovereign stats pairs --csv results/export-bench-4/pairs.csv --a a --b b")]
+    #[command(subcommand, after_help = "Example:\n  sovereign stats pairs --csv results/export-bench-5/pairs.csv --a a --b b")]
     Stats(tables::StatsCommand),
     /// Teacher-force a reference's greedy trajectories through a candidate: per-position top-1
     /// margins and agreement, AUROC of margin as a disagreement predictor, escalation share.

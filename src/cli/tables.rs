@@ -10,7 +10,7 @@ use std::process::ExitCode;
 #[derive(Subcommand)]
 pub enum StatsCommand {
     /// Paired geometric ratio b/a and paired-log Student-t interval (df = n - 1) of two columns.
-    #[command(after_help = "Example:\n  sovereign stats pairs --csv results/export-bench-4/pairs.csv --a a --b b")]
+    #[command(after_help = "Example:\n  sovereign stats pairs --csv results/export-bench-5/pairs.csv --a a --b b")]
     Pairs {
         #[arg(long)]
         csv: PathBuf,
