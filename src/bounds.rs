@@ -7,8 +7,12 @@ use std::path::Path;
 /// Threads: 4 x the available cores (oversubscription beyond that only slows the run), and at
 /// most 1024 (ggml's thread pool keeps per-thread state sized by this count).
 pub fn max_threads() -> u32 {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-    (4 * cores).min(MAX_THREADS)
+    (4 * cores()).min(MAX_THREADS)
+}
+
+/// The cores this process may run on (its affinity and cgroup quota).
+fn cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as u32
 }
 /// The machine-independent ceiling, for files that run elsewhere (campaigns).
 pub const MAX_THREADS: u32 = 1024;
@@ -19,8 +23,7 @@ pub const MAX_THREADS: u32 = 1024;
 /// reads (on 2 cores, F decoded about 15 % faster on one engine thread than on two). Per-row
 /// results do not depend on the thread count, so the default changes no output bit.
 pub fn default_threads(streamed: bool) -> u32 {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-    cores.saturating_sub(u32::from(streamed)).clamp(1, MAX_THREADS)
+    cores().saturating_sub(u32::from(streamed)).clamp(1, MAX_THREADS)
 }
 
 /// A run's (decode, batch) threads from what it names: decoding takes `threads` or the
@@ -295,7 +298,7 @@ mod tests {
 
     #[test]
     fn the_default_threads_leave_a_streamed_run_one_core_for_its_reads() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        let cores = cores();
         assert_eq!(default_threads(false), cores);
         assert_eq!(default_threads(true), (cores - 1).max(1));
         let within = |t: u32| RunParams { threads: t.into(), threads_batch: Some(t.into()), ctx: 4096, batch: 512, n_predict: 64 }.check();

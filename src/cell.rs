@@ -263,7 +263,8 @@ impl Cell {
     }
 }
 
-fn run_params(exec: &ExecParams, n_predict: u32) -> Result<()> {
+/// Checks a run's execution parameters against [`bounds::RunParams`].
+pub fn run_params(exec: &ExecParams, n_predict: u32) -> Result<()> {
     bounds::RunParams { threads: exec.threads as i64, threads_batch: exec.threads_batch.map(i64::from), ctx: exec.n_ctx, batch: exec.n_batch, n_predict }.check()
 }
 

@@ -18,7 +18,7 @@ pub enum ArmKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunArm {
     /// Engine threads; absent, the machine that runs the cell derives them
-    /// ([`crate::bounds::default_threads`]) and the record names them.
+    /// ([`crate::bounds::threads`]) and the record names them.
     pub threads: Option<u32>,
     /// Hard host memory limit over the cell's whole process tree (`memory_cap_bytes`).
     pub memory_cap_bytes: Option<u64>,

@@ -109,8 +109,7 @@ impl ExecArgs {
     /// Resident models only (margins).
     fn params(&self) -> Result<ExecParams> {
         let exec = self.unchecked(false);
-        let threads_batch = exec.threads_batch.map(i64::from);
-        sovereign::bounds::RunParams { threads: exec.threads.into(), threads_batch, ctx: self.ctx, batch: self.batch, n_predict: 0 }.check()?;
+        cell::run_params(&exec, 0)?;
         Ok(exec)
     }
 
