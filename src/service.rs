@@ -480,7 +480,11 @@ impl PlanSource {
                 n_windows: windows,
                 window_bytes: m.window_size,
                 windows_bytes: windows * m.window_size,
-                queue_entries: if self.options.source == SourceKind::F { self.sizing.depth } else { 1 },
+                queue_entries: if self.options.source == SourceKind::F {
+                    crate::source::uring::entries(self.sizing.windows, self.sizing.depth)
+                } else {
+                    1
+                },
                 plan_struct_bytes: meta,
                 windows_memory: Some(self.windows_memory.clone()),
             },

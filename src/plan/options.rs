@@ -56,9 +56,9 @@ pub struct PlanOptions {
 /// Windows, depth and token pass of a run's source: the flags', or derived from the manifest.
 ///
 /// F's defaults are the configuration the bench measures fastest on its disk, derived from the
-/// manifest rather than tuned by flags: one window per slot a pass can miss, one bundle's
-/// extents in flight (every extent is verified before its bundle publishes, so a deeper queue
-/// leaves the disk idle while the completions are checked), and a decode token served in
+/// manifest rather than tuned by flags: one window per slot a pass can miss, a depth of one
+/// bundle's extents (the reads the device serves at once; every bundle with a window is queued
+/// behind them in linked chains), and a decode token served in
 /// passes of a quarter of its experts, so the engine computes a layer's first experts while
 /// the rest are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]

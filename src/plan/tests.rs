@@ -964,9 +964,9 @@ fn neighbours_go_out_as_one_read_straight_into_host_slots() {
 }
 
 #[test]
-fn a_shallow_source_gets_bundles_as_room_frees_and_every_byte_still_lands() {
-    // Depth 3 (one bundle's extents): each bundle goes out when completions made room, so what
-    // arrived is validated while later reads wait, not behind a submission blocked for room.
+fn a_shallow_source_queues_every_bundle_at_once_and_serves_them_at_its_depth() {
+    // Depth 3 (one bundle's extents): all four bundles go out in one batch, as three linked
+    // chains, so the kernel keeps three reads in flight without the Plan taking completions.
     let m = aligned_model();
     let spec: PolicySpec = "zero".parse().unwrap();
     let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
@@ -978,7 +978,9 @@ fn a_shallow_source_gets_bundles_as_room_frees_and_every_byte_still_lands() {
         assert_holds_file(&p, m, s as u32, obj(1, id as u32));
     }
     let mv = p.telemetry().movement.unwrap();
-    assert_eq!((mv.batches, mv.max_batch, mv.sqes, mv.direct_extents), (4, 3, 12, 12), "{mv:?}");
+    assert_eq!((mv.batches, mv.max_batch, mv.sqes, mv.direct_extents), (1, 12, 12, 12), "{mv:?}");
+    let st = p.closure().source;
+    assert_eq!((st.linked_sqes, st.relinked), (9, 0), "three chains of four: {st:?}");
     p.release(1, 0).unwrap();
     assert!(p.shutdown().unwrap().is_clean());
 }

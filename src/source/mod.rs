@@ -145,6 +145,13 @@ pub struct SourceStats {
     pub host_target_requests: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub host_target_bytes: u64,
+    /// SQEs linked behind another read of their chain (F: the kernel started them as the one
+    /// ahead completed), and SQEs submitted again, alone, after a read ahead of them in their
+    /// chain failed or ended short.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub linked_sqes: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub relinked: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -251,7 +258,9 @@ pub trait Source: Send {
     }
 
     /// Submits `reads` in order, each with one completion as if submitted alone. Requests whose
-    /// covering reads follow each other in the file may go out as one vectored read. A request
+    /// covering reads follow each other in the file may go out as one vectored read. Tickets
+    /// rise in the order their bytes are needed: a source that queues more reads than it serves
+    /// at once starts the lowest tickets first. A request
     /// with a host target reads its covering range there instead of into its window (the
     /// window's bytes are then left as they were). `Err((n, e))`: the first `n` requests were
     /// submitted and will complete, the others were not.

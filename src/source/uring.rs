@@ -1,11 +1,18 @@
 //! F: asynchronous O_DIRECT reads through io_uring into registered windows, with bounded depth.
 //!
-//! Windows and the in-flight table are allocated once at open; the hot path (`submit`, `wait`)
-//! allocates nothing. Requests whose covering reads follow each other in the file go out as one
+//! Windows, the ring and the in-flight table are allocated once at open; the hot path (`submit`,
+//! `wait`) reuses them. Requests whose covering reads follow each other in the file go out as one
 //! READV scattering into their windows or host targets; its completion becomes one completion
 //! per request, full only for the requests it covered entirely. Completions are reaped as they
 //! come, in any order, and returned with the tags of their request. Latencies (per SQE) go into
 //! a log2 histogram.
+//!
+//! Depth bounds the reads the device serves at once, not the reads queued: a batch's SQEs go to
+//! the kernel as at most `depth` linked chains (lowest tickets at the chains' heads), so the
+//! kernel starts each chain's next read the moment the previous one completes. The queue stays
+//! at depth while the caller computes and takes no completion, without a thread of ours. A read
+//! that ends short (the file's tail) breaks its chain: the reads behind it come back cancelled,
+//! never started, and are submitted again on their own.
 
 use super::{check_request, AlignedBuf, Completion, Covering, ReadRequest, Source, SourceError, SourceStats, ALIGN};
 use super::open_direct;
@@ -20,6 +27,12 @@ use std::time::Instant;
 
 /// Requests one vectored read may carry (well under IOV_MAX).
 pub const MAX_VECTOR: usize = 64;
+
+/// Most SQEs queued at once for `n_windows` windows read at `depth`: room for every window's
+/// bundle (of up to 8 extents) to be queued together, and never less than the depth.
+pub fn entries(n_windows: u32, depth: u32) -> u32 {
+    (n_windows.saturating_mul(8)).min(4096).max(depth)
+}
 
 /// One request carried by an SQE.
 #[derive(Clone, Copy)]
@@ -43,6 +56,11 @@ struct InFlight {
     iovecs: Vec<libc::iovec>,
     started: Instant,
     busy: bool,
+    /// Linked behind another SQE of its chain: the kernel starts it when that one completes,
+    /// and cancels it, unstarted, when that one fails or ends short.
+    follows: bool,
+    /// The last SQE of its chain.
+    tail: bool,
 }
 
 pub struct UringSource {
@@ -52,10 +70,21 @@ pub struct UringSource {
     window_size: u64,
     /// Registered with the kernel (ReadFixed); false where registration was refused.
     registered: bool,
+    /// Chains (reads the device serves) at once.
     depth: usize,
+    /// Chains whose tail has not completed.
+    chains: usize,
     /// In-flight table indexed by user_data; `free` lists unused entries.
     table: Vec<InFlight>,
     free: Vec<usize>,
+    /// Entries filled by `submit_vectored`, not yet given to the kernel (capacity: the table).
+    staged: Vec<usize>,
+    /// Cancelled behind a broken chain, to be submitted again (capacity: the table).
+    retry: Vec<usize>,
+    /// The push order of a flush (capacity: the table).
+    order: Vec<usize>,
+    /// Inside `drain`: cancelled reads are discarded, not submitted again.
+    draining: bool,
     /// Requests carried by the SQEs in flight.
     requests_in_flight: usize,
     ready: VecDeque<Completion>,
@@ -97,19 +126,23 @@ impl UringSource {
         let file = open_direct(path)?;
         let window_size = super::align_up(window_size);
         let windows: Vec<AlignedBuf> = (0..n_windows).map(|_| alloc(window_size)).collect::<Result<_>>()?;
+        let n = entries(n_windows, depth) as usize;
         let depth = depth as usize;
-        let ring = IoUring::new(depth.next_power_of_two().max(2) as u32)
+        let ring = IoUring::new(n.next_power_of_two().max(2) as u32)
             .context("io_uring is not available on this host (use --source d)")?;
         let iovecs: Vec<libc::iovec> =
             windows.iter().map(|w| libc::iovec { iov_base: w.as_ptr() as *mut _, iov_len: w.len() }).collect();
         // SAFETY: the windows outlive the ring (dropped after it: field order) and never move.
         let registered = unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
-        let table = (0..depth)
+        // Entries grow to the longest run they carried and keep that capacity.
+        let table = (0..n)
             .map(|_| InFlight {
-                members: Vec::with_capacity(MAX_VECTOR),
-                iovecs: Vec::with_capacity(MAX_VECTOR),
+                members: Vec::with_capacity(4),
+                iovecs: Vec::with_capacity(4),
                 started: Instant::now(),
                 busy: false,
+                follows: false,
+                tail: true,
             })
             .collect();
         Ok(UringSource {
@@ -119,10 +152,15 @@ impl UringSource {
             window_size,
             registered,
             depth,
+            chains: 0,
             table,
-            free: (0..depth).rev().collect(),
+            free: (0..n).rev().collect(),
+            staged: Vec::with_capacity(n),
+            retry: Vec::with_capacity(n),
+            order: Vec::with_capacity(n),
+            draining: false,
             requests_in_flight: 0,
-            ready: VecDeque::with_capacity(depth),
+            ready: VecDeque::with_capacity(n),
             stats: SourceStats::default(),
             run: Vec::with_capacity(MAX_VECTOR),
             undrained: false,
@@ -131,6 +169,11 @@ impl UringSource {
 
     pub fn registered(&self) -> bool {
         self.registered
+    }
+
+    /// Entries given to the kernel whose completion was not reaped.
+    fn busy_entries(&self) -> usize {
+        self.table.len() - self.free.len() - self.staged.len()
     }
 
     /// Moves every available completion from the ring to `ready`; blocks for one if `block`.
@@ -150,6 +193,16 @@ impl UringSource {
             let idx = cqe.user_data() as usize;
             let f = &mut self.table[idx];
             assert!(f.busy, "a completion for an entry in flight");
+            if f.tail {
+                self.chains -= 1;
+            }
+            if cqe.result() == -libc::ECANCELED && f.follows && !self.draining {
+                // Never started: the read ahead of it in its chain failed or ended short.
+                f.follows = false;
+                f.tail = true;
+                self.retry.push(idx);
+                continue;
+            }
             f.busy = false;
             self.free.push(idx);
             self.requests_in_flight -= f.members.len();
@@ -193,11 +246,59 @@ impl UringSource {
             self.stats.logical_bytes += logical_sum;
             self.stats.padding_bytes += got.saturating_sub(logical_sum);
         }
+        drop(cq);
+        if !self.retry.is_empty() {
+            // Each on its own: nothing is linked behind a read that has already failed once.
+            self.stats.relinked += self.retry.len() as u64;
+            let mut retry = std::mem::take(&mut self.retry);
+            if self.push_all(&retry, false).is_err() {
+                // No room to submit them again: they fail, as reads that never happened.
+                for &idx in &retry {
+                    let f = &mut self.table[idx];
+                    f.busy = false;
+                    self.requests_in_flight -= f.members.len();
+                    self.stats.failed += 1;
+                    for m in &f.members {
+                        self.ready.push_back(Completion::of(&m.req, Err(libc::ECANCELED)));
+                    }
+                    self.free.push(idx);
+                }
+            }
+            retry.clear();
+            self.retry = retry;
+            self.ring.submit().map_err(|e| io_error(&e))?;
+        }
         Ok(())
     }
 
-    /// Queues one SQE for `table[idx]`, already filled.
-    fn push(&mut self, idx: usize) -> Result<(), SourceError> {
+    /// Queues one SQE per entry of `order` (filled, busy), all or none: chains of `link`ed
+    /// entries are linked to the next SQE, so the order is the chains', one after the other.
+    fn push_all(&mut self, order: &[usize], link: bool) -> Result<(), SourceError> {
+        let room = |r: &mut IoUring| {
+            // SAFETY: only the sizes are read.
+            let sq = unsafe { r.submission_shared() };
+            sq.capacity() - sq.len()
+        };
+        if room(&mut self.ring) < order.len() {
+            self.ring.submit().map_err(|e| io_error(&e))?;
+            if room(&mut self.ring) < order.len() {
+                return Err(SourceError::Io { errno: libc::EBUSY });
+            }
+        }
+        for &idx in order {
+            let f = &mut self.table[idx];
+            if !link {
+                f.follows = false;
+                f.tail = true;
+            }
+            self.chains += usize::from(f.tail);
+            self.push(idx).expect("room was checked");
+        }
+        Ok(())
+    }
+
+    /// Queues one SQE for `table[idx]`, already filled; `Err` only when the queue is full.
+    fn push(&mut self, idx: usize) -> Result<(), ()> {
         let f = &self.table[idx];
         let fd = types::Fd(self.file.as_raw_fd());
         let first = f.members[0];
@@ -209,24 +310,22 @@ impl UringSource {
             opcode::Readv::new(fd, f.iovecs.as_ptr(), f.iovecs.len() as u32).offset(first.cov.offset).build()
         }
         .user_data(idx as u64);
+        let sqe = if f.tail { sqe } else { sqe.flags(io_uring::squeue::Flags::IO_LINK) };
         // SAFETY: the destinations stay valid and untouched by us until the completion is
         // reaped; the iovecs live in the table entry until then.
-        unsafe {
-            let mut sq = self.ring.submission();
-            if sq.push(&sqe).is_err() {
-                drop(sq);
-                match self.ring.submit() {
-                    Ok(_) => self.ring.submission().push(&sqe).map_err(|_| SourceError::Io { errno: libc::EBUSY })?,
-                    Err(e) => return Err(io_error(&e)),
-                }
-            }
-        }
-        Ok(())
+        unsafe { self.ring.submission().push(&sqe).map_err(|_| ()) }
     }
 
-    /// One SQE for `run` (requests adjacent in the file, at most `MAX_VECTOR`).
-    fn submit_run(&mut self, run: &[Pending]) -> Result<(), SourceError> {
-        // Bounded depth: make room by reaping (completions wait in `ready`).
+    /// Fills an entry for `run` (requests adjacent in the file, at most `MAX_VECTOR`) and stages
+    /// it. Where no entry is free, what is staged goes out first and completions are reaped;
+    /// `done` counts the requests that went out.
+    fn stage_run(&mut self, run: &[Pending], done: &mut usize) -> Result<(), SourceError> {
+        if self.free.is_empty() {
+            *done += self.flush().map_err(|(n, e)| {
+                *done += n;
+                e
+            })?;
+        }
         while self.free.is_empty() {
             self.reap(true)?;
         }
@@ -242,41 +341,98 @@ impl UringSource {
             f.iovecs.push(libc::iovec { iov_base: base.cast(), iov_len: m.iov_len as usize });
             f.members.push(m);
         }
-        f.started = Instant::now();
         f.busy = true;
-        let n = run.len();
-        if let Err(e) = self.push(idx) {
-            // Never queued: give the entry back so drop does not wait for it.
-            self.table[idx].busy = false;
-            self.free.push(idx);
-            return Err(e);
-        }
-        // Queued: its completion will come (a failed submit below leaves it for the next enter).
-        self.requests_in_flight += n;
-        self.stats.submissions += n as u64;
-        self.stats.sqes += 1;
-        if n > 1 {
-            self.stats.coalesced_sqes += 1;
-            self.stats.coalesced_requests += n as u64;
-        }
-        self.stats.host_target_requests += run.iter().filter(|r| r.host).count() as u64;
-        let outstanding = self.outstanding() as u64;
-        self.stats.peak_outstanding = self.stats.peak_outstanding.max(outstanding);
-        self.ring.submit().map_err(|e| io_error(&e))?;
+        self.staged.push(idx);
         Ok(())
     }
 
-    /// Checks `reads`, gathers adjacent ones into runs and submits each run as one SQE.
+    /// Gives the staged entries to the kernel as at most `depth` chains, less those still
+    /// running (at least one): the entries in ticket order, dealt to the chains in turn, so the
+    /// reads needed first start first. Returns the requests that went out; `Err((n, e))`: `n`
+    /// of them did (all, where only the final enter failed: they wait for the next one).
+    fn flush(&mut self) -> Result<usize, (usize, SourceError)> {
+        if self.staged.is_empty() {
+            return Ok(0);
+        }
+        let mut staged = std::mem::take(&mut self.staged);
+        staged.sort_unstable_by_key(|&i| self.table[i].members.iter().map(|m| m.req.ticket).min());
+        let k = staged.len().min(self.depth.saturating_sub(self.chains).max(1));
+        // Chain c holds staged[c], staged[c + k], ...: pushed one chain after the other.
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        for c in 0..k {
+            for j in (c..staged.len()).step_by(k) {
+                let f = &mut self.table[staged[j]];
+                f.follows = j >= k;
+                f.tail = j + k >= staged.len();
+                order.push(staged[j]);
+            }
+        }
+        let pushed = self.push_all(&order, true);
+        self.order = order;
+        if let Err(e) = pushed {
+            // Never queued: give the entries back so drop does not wait for them.
+            for &i in &staged {
+                self.table[i].busy = false;
+                self.free.push(i);
+            }
+            staged.clear();
+            self.staged = staged;
+            return Err((0, e));
+        }
+        let now = Instant::now();
+        let mut n_requests = 0;
+        for &i in &staged {
+            let f = &mut self.table[i];
+            f.started = now;
+            let (n, host) = (f.members.len(), f.members.iter().filter(|m| m.host).count());
+            n_requests += n;
+            self.stats.sqes += 1;
+            self.stats.linked_sqes += u64::from(f.follows);
+            if n > 1 {
+                self.stats.coalesced_sqes += 1;
+                self.stats.coalesced_requests += n as u64;
+            }
+            self.stats.host_target_requests += host as u64;
+        }
+        staged.clear();
+        self.staged = staged;
+        // Queued: their completions will come (a failed enter leaves them for the next one).
+        self.requests_in_flight += n_requests;
+        self.stats.submissions += n_requests as u64;
+        let outstanding = self.outstanding() as u64;
+        self.stats.peak_outstanding = self.stats.peak_outstanding.max(outstanding);
+        self.ring.submit().map_err(|e| (n_requests, io_error(&e)))?;
+        Ok(n_requests)
+    }
+
+    /// Checks `reads`, gathers adjacent ones into runs, stages each run as one SQE and gives
+    /// them to the kernel together.
     ///
     /// # Safety
     /// As [`Source::submit_vectored`].
     unsafe fn submit_runs(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)], run: &mut Vec<Pending>) -> Result<(), (usize, SourceError)> {
         let mut done = 0usize;
+        let r = self.gather(reads, run, &mut done);
+        // What was staged goes out, even behind a refused request: the Plan counts it submitted.
+        let flushed = self.flush();
+        match (r, flushed) {
+            (Ok(()), Ok(_)) => Ok(()),
+            (Err(e), Ok(n)) | (Err(e), Err((n, _))) => Err((done + n, e)),
+            (Ok(()), Err((n, e))) => Err((done + n, e)),
+        }
+    }
+
+    /// Stages the runs of `reads`; `done` counts the requests that went out meanwhile.
+    ///
+    /// # Safety
+    /// As [`Source::submit_vectored`].
+    unsafe fn gather(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)], run: &mut Vec<Pending>, done: &mut usize) -> Result<(), SourceError> {
         for &(req, into) in reads {
-            let cov = check_request(&req, self.n_windows(), self.window_size).map_err(|e| (done, e))?;
+            let cov = check_request(&req, self.n_windows(), self.window_size)?;
             let (dst, host) = match into {
                 Some(p) if (p.as_ptr() as u64) % ALIGN != 0 => {
-                    return Err((done, SourceError::HostTarget { detail: "the target is not aligned to 4096 bytes" }))
+                    return Err(SourceError::HostTarget { detail: "the target is not aligned to 4096 bytes" })
                 }
                 Some(p) => (p.as_ptr(), true),
                 // SAFETY: the covering read lies inside the window (checked above).
@@ -298,14 +454,13 @@ impl UringSource {
             });
             let pending = Pending { req, cov, dst, host, shared_head: joins == Some(true) };
             if joins.is_none() && !run.is_empty() {
-                self.submit_run(run).map_err(|e| (done, e))?;
-                done += run.len();
+                self.stage_run(run, done)?;
                 run.clear();
             }
             run.push(pending);
         }
         if !run.is_empty() {
-            self.submit_run(run).map_err(|e| (done, e))?;
+            self.stage_run(run, done)?;
         }
         Ok(())
     }
@@ -350,7 +505,7 @@ impl Source for UringSource {
 
     fn wait(&mut self) -> Result<Completion, SourceError> {
         if self.ready.is_empty() {
-            if self.free.len() == self.depth {
+            if self.busy_entries() == 0 {
                 return Err(SourceError::NothingOutstanding);
             }
             self.reap(false)?;
@@ -368,7 +523,7 @@ impl Source for UringSource {
 
     fn poll_ready(&mut self) -> bool {
         // A failed reap is not swallowed: the next wait reaps again and returns it.
-        if self.ready.is_empty() && self.free.len() < self.depth {
+        if self.ready.is_empty() && self.busy_entries() > 0 {
             let _ = self.reap(false);
         }
         !self.ready.is_empty()
@@ -391,9 +546,22 @@ impl Source for UringSource {
             return Err(SourceError::Undrained);
         }
         // Reads still in flight write into the windows and host targets: wait for every one.
-        while self.free.len() < self.depth {
+        self.draining = true;
+        let r = self.drain_all();
+        self.draining = false;
+        r
+    }
+
+    fn undrained(&self) -> bool {
+        self.undrained
+    }
+}
+
+impl UringSource {
+    fn drain_all(&mut self) -> Result<(), SourceError> {
+        while self.busy_entries() > 0 {
             if let Err(e) = self.reap(true) {
-                let in_flight = self.depth - self.free.len();
+                let in_flight = self.busy_entries();
                 let host = self.table.iter().filter(|f| f.busy).flat_map(|f| &f.members).filter(|m| m.host).count();
                 let bytes: usize = self.windows.iter().map(AlignedBuf::len).sum();
                 log::warn!(
@@ -406,10 +574,6 @@ impl Source for UringSource {
         }
         self.ready.clear();
         Ok(())
-    }
-
-    fn undrained(&self) -> bool {
-        self.undrained
     }
 }
 
@@ -460,6 +624,41 @@ mod tests {
         assert!(host.as_slice() == &data[block as usize..2 * block as usize]);
         assert!(s.window(0) == &data[..block as usize]);
         assert!(s.window(1) == &data[3 * block as usize..]);
+        s.drain().unwrap();
+    }
+
+    #[test]
+    fn a_batch_deeper_than_the_depth_goes_out_as_linked_chains_and_a_short_read_breaks_only_its_own() {
+        let block = 4 * ALIGN;
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        // Ten blocks and a half: the last covering read ends past the end of the file.
+        let data: Vec<u8> = (0..(10 * block + block / 2) as u32).map(|i| (i * 13 % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        f.as_file().sync_all().unwrap();
+        let mut s = UringSource::open(f.path(), 6, block, 2).unwrap();
+        assert!(s.room() >= 6, "room for every window's reads at once, beyond the depth");
+        // Six reads of scattered blocks (none adjacent, so six SQEs); the lowest ticket is the
+        // file's short tail, at the head of a chain that carries other reads behind it.
+        let at = [10, 0, 2, 4, 6, 8];
+        let reads: Vec<_> = at.iter().enumerate().map(|(w, &b)| (req(w as u64 + 1, b * block, block, w as u32), None)).collect();
+        // SAFETY: no host target.
+        unsafe { s.submit_vectored(&reads) }.unwrap();
+        let mut got = Vec::new();
+        while s.outstanding() > 0 {
+            got.push(s.wait().unwrap());
+        }
+        got.sort_by_key(|c| c.ticket);
+        assert_eq!(got.len(), 6);
+        assert_eq!(got[0].result, Ok(block / 2), "the tail is short");
+        for (c, &b) in got.iter().zip(&at).skip(1) {
+            assert_eq!(c.result, Ok(block), "{c:?}");
+            let w = s.window(c.window);
+            assert!(w[..block as usize] == data[(b * block) as usize..((b + 1) * block) as usize], "window {} holds block {b}", c.window);
+        }
+        let st = s.stats();
+        // Two chains of three: the second and third SQE of each wait for the one ahead.
+        assert_eq!((st.sqes, st.linked_sqes, st.submissions, st.completions), (6, 4, 6, 6), "{st:?}");
+        assert_eq!(st.relinked, 2, "the reads behind the short tail were cancelled and went out again: {st:?}");
         s.drain().unwrap();
     }
 }
