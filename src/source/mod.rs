@@ -126,7 +126,8 @@ pub struct SourceStats {
     pub failed: u64,
     /// Most requests outstanding at once.
     pub peak_outstanding: u64,
-    /// Read latency: bucket i counts reads that took [2^i, 2^(i+1)) microseconds.
+    /// Read latency: bucket i counts reads that took [2^i, 2^(i+1)) microseconds (F: SQEs
+    /// that waited behind no other read of their chain).
     pub latency_us_log2: [u64; 32],
     /// Completions a deterministic fault cell perturbed (see [`fault`]).
     pub faults_fired: u64,
@@ -247,7 +248,7 @@ pub trait Source: Send {
         false
     }
 
-    /// Reads that can be submitted now without blocking for room (bounded depth).
+    /// Reads that can be submitted now without blocking for room (a bounded queue).
     fn room(&self) -> usize {
         usize::MAX
     }

@@ -206,7 +206,10 @@ impl UringSource {
             f.busy = false;
             self.free.push(idx);
             self.requests_in_flight -= f.members.len();
-            self.stats.record_latency(f.started.elapsed());
+            if !f.follows {
+                // A linked read's time includes its wait behind the reads ahead of it.
+                self.stats.record_latency(f.started.elapsed());
+            }
             let res = cqe.result();
             if res < 0 {
                 self.stats.failed += 1;
@@ -290,6 +293,7 @@ impl UringSource {
             if !link {
                 f.follows = false;
                 f.tail = true;
+                f.started = Instant::now();
             }
             self.chains += usize::from(f.tail);
             self.push(idx).expect("room was checked");
