@@ -198,8 +198,6 @@ impl UringSource {
             }
             if cqe.result() == -libc::ECANCELED && f.follows && !self.draining {
                 // Never started: the read ahead of it in its chain failed or ended short.
-                f.follows = false;
-                f.tail = true;
                 self.retry.push(idx);
                 continue;
             }
@@ -278,8 +276,7 @@ impl UringSource {
     /// entries are linked to the next SQE, so the order is the chains', one after the other.
     fn push_all(&mut self, order: &[usize], link: bool) -> Result<(), SourceError> {
         let room = |r: &mut IoUring| {
-            // SAFETY: only the sizes are read.
-            let sq = unsafe { r.submission_shared() };
+            let sq = r.submission();
             sq.capacity() - sq.len()
         };
         if room(&mut self.ring) < order.len() {
