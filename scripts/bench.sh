@@ -73,6 +73,10 @@ echo "== F decode time per token over its floor, max(replayed reads, warm reside
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a floor_s_per_token --b arm_s_per_token
 echo "== F decode bytes per second over the envelope's best cell"
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a envelope_mib_per_s --b arm_mib_per_s
+echo "== F's replay plus its device idle per token (no read in flight, its timeline) over its floor: the least F/floor that idle allows"
+"$BIN" stats pairs --csv "$OUT/floor.csv" --a floor_s_per_token --b idle_bound_s_per_token
+echo "== The replay of F's reads, bytes per second over the envelope's best cell: the most F's reads allow"
+"$BIN" stats pairs --csv "$OUT/floor.csv" --a envelope_mib_per_s --b replay_mib_per_s
 
 if [ "${BENCH_SKEW:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; then
   echo "== campaign bench-skew-2 (campaigns/bench-skew.yaml)"

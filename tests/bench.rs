@@ -152,7 +152,7 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
     // first (outside the cell's wall time).
     let model_bytes = fs::metadata(t.path().join("models/bench.gguf")).unwrap().len();
     let mut envelope_best = 0.0f64;
-    let (mut ratios, mut reads, mut rates) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ratios, mut reads, mut rates, mut idles) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (block, f_key, replay_key, env_key, compute_key) in
         [(1, "b01-p3-F", "b01-p4-replay-F", "b01-p0-envelope", "b01-p1-compute"), (2, "b02-p2-F", "b02-p3-replay-F", "b02-p0-envelope", "b02-p1-compute")]
     {
@@ -200,9 +200,28 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         let bpt = dec["physical_bytes"].as_f64().unwrap() / dec["steps"].as_f64().unwrap();
         rates.push((bpt / arm, dec["physical_bytes"].as_f64().unwrap() / dec["seconds"].as_f64().unwrap()));
         envelope_best = envelope_best.max(env["best"]["mib_per_s"].as_f64().unwrap() * 1048576.0);
+        // F's device idle per decode token, from its timeline: no read in flight.
+        let tl = &f["experts"]["timeline"];
+        let tokens = tl["tokens"].as_u64().unwrap();
+        assert_eq!(tokens + 1, f["counts"]["generated_tokens"].as_u64().unwrap());
+        let idle = tl["total"]["idle_ns"].as_u64().unwrap() as f64 / 1e9 / tokens as f64;
+        assert!(idle > 0.0 && idle < arm, "block {block}: idle {idle} s of {arm} s per token");
+        idles.push((idle, read + idle));
     }
     let rows: Vec<csv::StringRecord> = csv::Reader::from_path(out.join("floor.csv")).unwrap().records().map(Result::unwrap).collect();
     assert_eq!(rows.len(), 2);
+    let fh = csv::Reader::from_path(out.join("floor.csv")).unwrap().headers().unwrap().clone();
+    let fcol = |n: &str| fh.iter().position(|c| c == n).unwrap_or_else(|| panic!("floor.csv has no {n}"));
+    for (row, ((idle, bound), (_, floor, _))) in rows.iter().zip(idles.iter().zip(&ratios)) {
+        assert!(close(row[fcol("arm_idle_s_per_token")].parse().unwrap(), *idle), "{row:?}");
+        assert!(close(row[fcol("idle_bound_s_per_token")].parse().unwrap(), *bound), "{row:?}");
+        let over = &row[fcol("idle_bound_over_floor")];
+        if &row[fcol("valid")] == "true" {
+            assert!(close(over.parse().unwrap(), bound / floor), "{row:?}");
+        } else {
+            assert_eq!(over, "", "no bound over a broken floor: {row:?}");
+        }
+    }
     for ((row, (arm, floor, compute)), (arm_rate, replay_rate)) in rows.iter().zip(&ratios).zip(&rates) {
         assert!(close(row[8].parse().unwrap(), *arm), "{row:?}");
         assert!(close(row[11].parse().unwrap(), *floor), "{row:?}");

@@ -221,6 +221,12 @@ impl FloorRow<'_> {
         self.bytes_per_token / self.arm.s_per_token
     }
 
+    /// The least the arm could take per token with the device idle it had, were its reads as
+    /// fast as their replay: what the idle alone keeps between the arm and its floor.
+    fn idle_bound(&self) -> Option<f64> {
+        self.arm.sealed.decode_idle_s_per_token().map(|idle| self.replay.s_per_token + idle)
+    }
+
     /// Which term of the floor or the envelope this block breaks, if any.
     fn broken_term(&self) -> Option<&'static str> {
         broken_floor(self.arm.s_per_token, self.replay.s_per_token, self.compute.s_per_token)
@@ -404,6 +410,13 @@ impl Sealed {
         let g = self.generate().filter(|_| self.completed())?;
         let steps = g.counts.as_ref()?.generated_tokens.checked_sub(1).filter(|&n| n > 0)?;
         Some(g.timing.as_ref()?.decode_s / steps as f64)
+    }
+
+    /// Decode seconds per decode token with no read in flight (the Plan's timeline): the device
+    /// sat idle while the engine finished a layer and ran the next one's router.
+    fn decode_idle_s_per_token(&self) -> Option<f64> {
+        let t = self.generate().filter(|_| self.completed())?.plan()?.timeline.as_ref()?;
+        (t.tokens > 0).then(|| t.total.idle_ns as f64 / 1e9 / t.tokens as f64)
     }
 }
 

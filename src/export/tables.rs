@@ -295,6 +295,15 @@ pub(super) struct FloorLine {
     envelope_mib_per_s: Option<f64>,
     #[serde(serialize_with = "shown::opt")]
     arm_over_envelope: Option<f64>,
+    /// Decode seconds per token with no read in flight (the arm's timeline); empty without one.
+    #[serde(serialize_with = "shown::opt")]
+    arm_idle_s_per_token: Option<f64>,
+    /// The replay's time plus that idle: the least the arm could take with its idle unchanged.
+    #[serde(serialize_with = "shown::opt")]
+    idle_bound_s_per_token: Option<f64>,
+    /// That bound over the floor; empty where the floor is broken.
+    #[serde(serialize_with = "shown::opt")]
+    idle_bound_over_floor: Option<f64>,
 }
 
 impl FloorLine {
@@ -330,6 +339,9 @@ impl FloorLine {
                 (None, Some((_, e))) => Some(r.arm_bytes_per_s() / e),
                 _ => None,
             },
+            arm_idle_s_per_token: r.arm.sealed.decode_idle_s_per_token(),
+            idle_bound_s_per_token: r.idle_bound(),
+            idle_bound_over_floor: r.idle_bound().filter(|_| broken.is_none()).map(|b| b / r.floor()),
         }
     }
 }
