@@ -222,14 +222,18 @@ impl FloorRow<'_> {
     }
 
     /// The least the arm could take per token with the device idle it had, were its reads as
-    /// fast as their replay: what the idle alone keeps between the arm and its floor.
+    /// fast as their replay (and never less than the compute term): what the idle alone keeps
+    /// between the arm and its floor.
     fn idle_bound(&self) -> Option<f64> {
-        self.arm.sealed.decode_idle_s_per_token().map(|idle| self.replay.s_per_token + idle)
+        self.arm.sealed.decode_idle_s_per_token().map(|idle| idle_bound(self.replay.s_per_token, idle, self.compute.s_per_token))
     }
 
     /// Which term of the floor or the envelope this block breaks, if any.
     fn broken_term(&self) -> Option<&'static str> {
         broken_floor(self.arm.s_per_token, self.replay.s_per_token, self.compute.s_per_token)
+            // Faster than its replay plus its idle: its reads beat their replay, so the replay
+            // (the floor's read term) was mismeasured.
+            .or_else(|| self.idle_bound().filter(|&b| !(self.arm.s_per_token >= b)).map(|_| "idle"))
             .or_else(|| self.envelope.and_then(|(_, e)| beyond_envelope(self.arm_bytes_per_s(), self.replay_bytes_per_s, e)))
     }
 
@@ -246,6 +250,15 @@ impl FloorRow<'_> {
                     self.block, self.arm.cell.key, self.arm.s_per_token
                 )
             }
+            "idle" => format!(
+                "block {}: arm cell {} decoded at {:.6} s/token, faster than its replay ({}, {:.6} s/token) plus its device idle ({:.6} s/token)",
+                self.block,
+                self.arm.cell.key,
+                self.arm.s_per_token,
+                self.replay.cell.key,
+                self.replay.s_per_token,
+                self.arm.sealed.decode_idle_s_per_token().unwrap_or(f64::NAN)
+            ),
             "replay" => format!(
                 "block {}: replay cell {} read at {:.1} MiB/s, faster than the envelope's best cell ({env_cell}, {env:.1} MiB/s)",
                 self.block,
@@ -290,6 +303,12 @@ fn broken_floor(arm_s: f64, read_s: f64, compute_s: f64) -> Option<&'static str>
     } else {
         None
     }
+}
+
+/// The least an arm can take per token with `idle_s` of it spent with no read in flight: its
+/// reads, at best their replay's `read_s`, plus that idle, and never less than `compute_s`.
+fn idle_bound(read_s: f64, idle_s: f64, compute_s: f64) -> f64 {
+    (read_s + idle_s).max(compute_s)
 }
 
 /// Per block holding the arm's and the replay's completed cells: the floor and the ratio.
@@ -768,7 +787,7 @@ fn draft_ledger(
 
 #[cfg(test)]
 mod floor_tests {
-    use super::{beyond_envelope, broken_floor};
+    use super::{beyond_envelope, broken_floor, idle_bound};
 
     #[test]
     fn a_rate_above_the_envelope_is_a_mismeasurement() {
@@ -790,5 +809,11 @@ mod floor_tests {
         assert_eq!(broken_floor(0.100, 0.141, 0.013), Some("read"));
         assert_eq!(broken_floor(0.100, f64::NAN, 0.013), Some("read"));
         assert_eq!(broken_floor(f64::INFINITY, 0.141, 0.013), Some("compute"));
+    }
+
+    #[test]
+    fn the_idle_bound_adds_the_idle_to_the_reads_and_never_drops_below_compute() {
+        assert_eq!(idle_bound(0.069, 0.016, 0.016), 0.069 + 0.016);
+        assert_eq!(idle_bound(0.010, 0.002, 0.020), 0.020, "a compute-bound arm's bound is its compute");
     }
 }

@@ -309,6 +309,7 @@ pub(super) struct FloorLine {
 impl FloorLine {
     pub(super) fn new(r: &FloorRow) -> FloorLine {
         let broken = r.broken_term();
+        let bound = r.idle_bound();
         FloorLine {
             block: r.block,
             order: r.order.clone(),
@@ -328,6 +329,7 @@ impl FloorLine {
             valid: match broken {
                 None => "true".to_string(),
                 Some(t @ ("read" | "compute")) => format!("false: faster than its {t} term"),
+                Some("idle") => "false: faster than its replay plus its device idle".to_string(),
                 Some(t) => format!("false: {t} faster than the envelope"),
             },
             decode_bytes_per_token: r.bytes_per_token,
@@ -340,8 +342,8 @@ impl FloorLine {
                 _ => None,
             },
             arm_idle_s_per_token: r.arm.sealed.decode_idle_s_per_token(),
-            idle_bound_s_per_token: r.idle_bound(),
-            idle_bound_over_floor: r.idle_bound().filter(|_| broken.is_none()).map(|b| b / r.floor()),
+            idle_bound_s_per_token: bound,
+            idle_bound_over_floor: bound.filter(|_| broken.is_none()).map(|b| b / r.floor()),
         }
     }
 }
