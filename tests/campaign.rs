@@ -645,3 +645,91 @@ fn stats_pairs_reproduces_table_6() {
     let r = run(&["stats", "pairs", "--csv", s(&csv), "--a", "D", "--b", "G"]);
     assert_one_line_error(&r, &["no column \"G\""]);
 }
+
+/// Many runners of one campaign started together (`run`, `resume`, and the block task
+/// `run-block`), in some rounds each killed at a random point, in others left to finish: every
+/// round leaves one journal that `status` reads, that a runner resumes to the end with every
+/// cell sealed once, and that `export` accepts. A runner that loses the race says so in one
+/// line.
+#[test]
+fn racing_runners_leave_one_journal_that_resumes_and_exports() {
+    use std::process::{Child, Stdio};
+    let st = setup("t-race", &["[A, B]"], 4);
+    const ROUNDS: u64 = 12;
+    const RACERS: usize = 5;
+    // xorshift64*, fixed seed: the same kill schedule every run (the scheduler varies the rest).
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move |bound: u64| {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D) % bound
+    };
+    let (mut lost, mut killed, mut won) = (0, 0, 0);
+    for round in 0..ROUNDS {
+        let results = st.dir.parent().unwrap().join(format!("results-race-{round}"));
+        let kill = round % 2 == 0;
+        let spawn = |i: usize| -> Child {
+            let args: Vec<&str> = match i % RACERS {
+                3 => vec!["campaign", "resume", s(&st.file)],
+                4 => vec!["campaign", "run-block", s(&st.file), "--block", "0"],
+                _ => vec!["campaign", "run", s(&st.file), "--no-progress"],
+            };
+            bin().args(&args).args(["--results", s(&results)]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()
+        };
+        let mut children: Vec<(Child, bool)> = (0..RACERS).map(|i| (spawn(i), false)).collect();
+        if kill {
+            // Half the kills land in the first 100 ms (preregistration, the journal's first
+            // lines), the rest while cells run.
+            let mut at: Vec<(u64, usize)> = (0..RACERS).map(|i| (if next(2) == 0 { next(100) } else { 100 + next(2500) }, i)).collect();
+            at.sort();
+            let t0 = Instant::now();
+            for (ms, i) in at {
+                let wait = Duration::from_millis(ms).saturating_sub(t0.elapsed());
+                std::thread::sleep(wait);
+                let (c, k) = &mut children[i];
+                if c.try_wait().unwrap().is_none() {
+                    c.kill().unwrap();
+                    *k = true;
+                }
+            }
+        }
+        for (c, was_killed) in children {
+            let out = c.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            if was_killed {
+                killed += 1;
+            } else if out.status.success() {
+                won += 1;
+            } else {
+                lost += 1;
+                let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+                assert_eq!(lines.len(), 1, "round {round}: a runner that lost the race said:\n{err}");
+                assert!(
+                    ["being run by another process", "being run by a local runner", "is not preregistered", "are not settled yet"].iter().any(|w| lines[0].contains(w)),
+                    "round {round}: {}",
+                    lines[0]
+                );
+            }
+        }
+        // Workers die with their runners; the journal must read as it was left.
+        std::thread::sleep(Duration::from_millis(200));
+        if results.join("campaigns/t-race/campaign.json").exists() {
+            ok(&["campaign", "status", s(&st.file), "--results", s(&results), "--json"]);
+        }
+        let r = ok(&["campaign", "run", s(&st.file), "--results", s(&results), "--no-progress", "--json"]);
+        let summary: Value = serde_json::from_str(&r.stdout).unwrap();
+        assert_eq!(summary["sealed"], 3, "round {round}: {summary}");
+        let v: Value = serde_json::from_str(&ok(&["campaign", "status", s(&st.file), "--results", s(&results), "--json"]).stdout).unwrap();
+        assert_eq!((v["finished"].as_bool(), v["counts"]["sealed"].as_u64()), (Some(true), Some(3)), "round {round}: {v}");
+        assert_eq!(record_dirs(&results).len(), 3, "round {round}");
+        // The root journal opens with the preregistration, and its sequence is unbroken.
+        let j = journal(&results, "t-race");
+        assert_eq!(j[0]["event"], "preregistered", "round {round}");
+        assert!(j.iter().enumerate().all(|(i, e)| e["seq"] == i as u64), "round {round}: {j:?}");
+        let out = st.dir.parent().unwrap().join(format!("export-race-{round}"));
+        ok(&["export", "--campaign", "t-race", "--results", s(&results), "--out", s(&out)]);
+    }
+    eprintln!("racing runners: {} in all, {killed} killed, {won} finished, {lost} lost the race", ROUNDS as usize * RACERS);
+    assert!(lost > 0 && killed > 0, "the races never contended: {lost} lost, {killed} killed");
+}

@@ -39,6 +39,8 @@ pub use runner::{run, status, Progress, Quiet, RunMode, RunOptions, RunSummary, 
 pub use spec::{parse, schema_json, Campaign, Diagnostic};
 
 use anyhow::{bail, Context, Result};
+use nix::fcntl::{Flock, FlockArg};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// A parsed and validated campaign file.
@@ -157,10 +159,18 @@ impl CampaignDir {
     }
 }
 
-/// A frozen campaign read back from `campaign.json`.
+/// A frozen campaign read back from `campaign.json`, with its digest. The frozen
+/// `campaign.yaml` beside it (what `reproduce` runs again) must parse to the same campaign:
+/// a file changed after it was frozen is refused, whichever of the two was changed.
 pub fn frozen(results: &Path, id: &str) -> Result<(Campaign, String)> {
-    let dir = CampaignDir::new(results, id);
-    let path = dir.campaign_json();
+    let (spec, digest) = frozen_json(results, id)?;
+    frozen_yaml_agrees(results, id, &digest)?;
+    Ok((spec, digest))
+}
+
+/// `campaign.json` alone, with its digest (see [`frozen`], which checks the YAML too).
+pub fn frozen_json(results: &Path, id: &str) -> Result<(Campaign, String)> {
+    let path = CampaignDir::new(results, id).campaign_json();
     if !path.exists() {
         anyhow::bail!("campaign `{id}` is not preregistered under {}", results.display());
     }
@@ -169,47 +179,119 @@ pub fn frozen(results: &Path, id: &str) -> Result<(Campaign, String)> {
     Ok((spec, crate::util::sha256(text.as_bytes())))
 }
 
-/// Freezes the campaign (first time) or checks that the file still has the frozen digest.
-/// Returns true when this call froze it. A changed file under an existing id is refused.
-pub fn preregister(c: &Loaded, results: &Path) -> Result<bool> {
+/// The frozen `campaign.yaml` parses to the campaign whose digest is `digest`.
+pub fn frozen_yaml_agrees(results: &Path, id: &str, digest: &str) -> Result<()> {
+    let yaml = CampaignDir::new(results, id).campaign_yaml();
+    let source = load(&yaml).with_context(|| format!("{}: the frozen campaign file no longer parses", yaml.display()))?;
+    if source.digest != digest {
+        bail!("{}: the frozen campaign file hashes to {}, not the campaign digest {digest}: it was changed after it was frozen", yaml.display(), source.digest);
+    }
+    Ok(())
+}
+
+/// Takes a lock on `path` (created if missing) without waiting; `busy` says who holds it. The
+/// kernel releases it when the returned value drops or the process dies.
+pub(crate) fn flock(path: &Path, arg: FlockArg, busy: impl FnOnce() -> String) -> Result<Flock<File>> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("{}", path.display()))?;
+    Flock::lock(f, arg).map_err(|_| anyhow::anyhow!("{}", busy()))
+}
+
+fn run_elsewhere(id: &str) -> String {
+    format!("campaign `{id}` is being run by another process")
+}
+
+/// Freezes the campaign (first time) or checks that the file still has the frozen digest,
+/// holding the campaign's lock exclusively, so the frozen files and the journal's first event
+/// have one writer however many runners start at once; one that finds the lock taken stops
+/// with one line. Returns whether this call froze it, and the lock, still held: a local
+/// runner keeps it for its run, a cluster submission or block task turns it shared
+/// ([`preregister_shared`]).
+pub fn preregister(c: &Loaded, results: &Path) -> Result<(bool, Flock<File>)> {
     let dir = CampaignDir::new(results, c.id());
-    if dir.campaign_json().exists() {
-        let (_, digest) = frozen(results, c.id())?;
-        if digest != c.digest {
-            bail!(
-                "{}: campaign `{}` was preregistered with digest {digest}, but this file now has digest {}; \
-                 a preregistered campaign cannot change (give the changed campaign a new id)",
-                c.file.display(),
-                c.id(),
-                c.digest
-            );
+    let lock = flock(&dir.campaign_lock(), FlockArg::LockExclusiveNonblock, || run_elsewhere(c.id()))?;
+    Ok((freeze(c, results)?, lock))
+}
+
+/// [`preregister`] for those who run beside each other (cluster block tasks, a submission):
+/// the campaign lock held shared. While a sibling holds it shared the campaign is frozen
+/// already, and only its digest is checked; the exclusive lock is needed (and waited for, a
+/// few seconds at most) only while the campaign is not frozen yet.
+pub fn preregister_shared(c: &Loaded, results: &Path) -> Result<(bool, Flock<File>)> {
+    let dir = CampaignDir::new(results, c.id());
+    let local = || format!("campaign `{}` is being run by a local runner", c.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok(lock) = flock(&dir.campaign_lock(), FlockArg::LockExclusiveNonblock, String::new) {
+            let now = freeze(c, results)?;
+            lock.relock(FlockArg::LockSharedNonblock).map_err(|_| anyhow::anyhow!("{}", local()))?;
+            return Ok((now, lock));
         }
-        return Ok(false);
-    }
-    let parent = results.join("campaigns");
-    std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
-    // Build the frozen directory aside, then rename it into place: a crash leaves either no
-    // campaign or a complete frozen one.
-    let tmp = parent.join(format!(".{}.freezing-{}", c.id(), std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
-    }
-    std::fs::create_dir_all(&tmp)?;
-    crate::util::write_new_durable(&tmp.join("campaign.json"), c.canonical.as_bytes())?;
-    crate::util::write_new_durable(&tmp.join("campaign.yaml"), c.source.as_bytes())?;
-    crate::util::sync_dir(&tmp)?;
-    if let Err(e) = std::fs::rename(&tmp, &dir.root) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        // Another runner froze it first: accept only the same digest.
         if dir.campaign_json().exists() {
-            return preregister(c, results);
+            check_digest(c, results)?;
+            return Ok((false, flock(&dir.campaign_lock(), FlockArg::LockSharedNonblock, local)?));
         }
-        return Err(e).with_context(|| format!("freezing into {}", dir.root.display()));
+        if std::time::Instant::now() > deadline {
+            bail!("{}", run_elsewhere(c.id()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    crate::util::sync_dir(&parent)?;
-    let (mut j, _) = journal::Journal::open(&dir.journal())?;
-    j.append(journal::Event::Preregistered { campaign_sha256: c.digest.clone() })?;
-    Ok(true)
+}
+
+fn check_digest(c: &Loaded, results: &Path) -> Result<()> {
+    let (_, digest) = frozen(results, c.id())?;
+    if digest != c.digest {
+        bail!(
+            "{}: campaign `{}` was preregistered with digest {digest}, but this file now has digest {}; \
+             a preregistered campaign cannot change (give the changed campaign a new id)",
+            c.file.display(),
+            c.id(),
+            c.digest
+        );
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename: `path` is either absent or
+/// whole. Only the holder of the campaign's exclusive lock calls it.
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).with_context(|| format!("removing {}", tmp.display())),
+        _ => {}
+    }
+    crate::util::write_new_durable(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+/// Under the exclusive lock: freezes the campaign if `campaign.json` is missing (the YAML
+/// first, so that the JSON, whose presence means frozen, always has its YAML), else checks its
+/// digest; then makes sure the journal opens with the preregistration, which a runner that
+/// died between the two writes never journaled.
+fn freeze(c: &Loaded, results: &Path) -> Result<bool> {
+    let dir = CampaignDir::new(results, c.id());
+    let now = if dir.campaign_json().exists() {
+        check_digest(c, results)?;
+        false
+    } else {
+        write_whole(&dir.campaign_yaml(), c.source.as_bytes())?;
+        write_whole(&dir.campaign_json(), c.canonical.as_bytes())?;
+        crate::util::sync_dir(&dir.root)?;
+        true
+    };
+    let (mut j, entries) = journal::Journal::open(&dir.journal())?;
+    if entries.is_empty() {
+        j.append(journal::Event::Preregistered { campaign_sha256: c.digest.clone() })?;
+    }
+    Ok(now)
 }
 
 #[cfg(test)]

@@ -81,24 +81,21 @@ pub struct RunSummary {
     pub discarded: usize,
 }
 
-/// An exclusive lock on the campaign directory, released by the kernel when the runner dies.
-struct Lock(#[allow(dead_code)] Flock<fs::File>);
-
-fn lock(dir: &CampaignDir) -> Result<Vec<Lock>> {
-    let take = |path: PathBuf, arg: FlockArg| -> Result<Lock> {
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)?;
-        }
-        let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
-        match Flock::lock(f, arg) {
-            Ok(l) => Ok(Lock(l)),
-            Err(_) => bail!("campaign `{}` is being run by another process", dir.root.file_name().unwrap_or_default().to_string_lossy()),
-        }
-    };
+/// The locks a runner holds for its whole run, released by the kernel when it dies: a local
+/// runner the campaign's lock exclusively; a block task the campaign's lock shared (block
+/// tasks run side by side, never beside a local runner) and its block's lock exclusively.
+/// Preregistration and the runner's first journal events happen under them.
+fn lock(c: &Loaded, dir: &CampaignDir, results: &Path) -> Result<(bool, Vec<Flock<fs::File>>)> {
     match dir.block {
-        None => Ok(vec![take(dir.lock(), FlockArg::LockExclusiveNonblock)?]),
-        // Block tasks run side by side, never beside a local runner.
-        Some(_) => Ok(vec![take(dir.campaign_lock(), FlockArg::LockSharedNonblock)?, take(dir.lock(), FlockArg::LockExclusiveNonblock)?]),
+        None => {
+            let (now, l) = preregister(c, results)?;
+            Ok((now, vec![l]))
+        }
+        Some(b) => {
+            let (now, shared) = super::preregister_shared(c, results)?;
+            let block = super::flock(&dir.lock(), FlockArg::LockExclusiveNonblock, || format!("block {b} of campaign `{}` is being run by another process", c.id()))?;
+            Ok((now, vec![shared, block]))
+        }
     }
 }
 
@@ -503,8 +500,7 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
         exec.preflight(cell)?;
     }
     check_identities(c)?;
-    let preregistered_now = preregister(c, &opts.results)?;
-    let _lock = lock(&dir)?;
+    let (preregistered_now, _locks) = lock(c, &dir, &opts.results)?;
     fs::create_dir_all(dir.logs())?;
     fs::create_dir_all(dir.staging())?;
     let (journal, _) = Journal::open(&dir.journal())?;
@@ -881,6 +877,41 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
         let text: String = j[..n].iter().map(|e| serde_json::to_string(e).unwrap() + "\n").collect();
         fs::write(&path, text).unwrap();
         j[..n].to_vec()
+    }
+
+    /// Runners started together on one campaign (threads here: a flock belongs to an open
+    /// file, not to a process): each either runs or stops with one line, and the journal they
+    /// leave reads back in sequence, opening with the one preregistration, and resumes.
+    #[test]
+    fn racing_runners_preregister_once_and_leave_one_journal() {
+        for _ in 0..10 {
+            let t = tempfile::tempdir().unwrap();
+            let c = fixture(t.path());
+            let results = t.path().join("results");
+            let barrier = std::sync::Barrier::new(8);
+            let outcomes: Vec<Result<RunSummary>> = std::thread::scope(|s| {
+                let racers: Vec<_> = (0..8)
+                    .map(|i| {
+                        let (c, results, barrier) = (&c, &results, &barrier);
+                        s.spawn(move || {
+                            barrier.wait();
+                            run(c, &fake(None), &opts(results, if i % 4 == 3 { RunMode::Resume } else { RunMode::Run }))
+                        })
+                    })
+                    .collect();
+                racers.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(outcomes.iter().any(Result::is_ok));
+            for e in outcomes.iter().filter_map(|r| r.as_ref().err()) {
+                let m = format!("{e:#}");
+                assert!(!m.contains('\n') && (m.contains("is being run by another process") || m.contains("is not preregistered")), "{m}");
+            }
+            let j = journal(&results);
+            assert!(matches!(j[0].event, Event::Preregistered { .. }), "{j:?}");
+            assert_eq!(j.iter().filter(|e| matches!(e.event, Event::Preregistered { .. })).count(), 1);
+            let s = run(&c, &fake(None), &opts(&results, RunMode::Resume)).unwrap();
+            assert_eq!((s.sealed, s.ran), (7, 0));
+        }
     }
 
     #[test]

@@ -15,9 +15,9 @@ use super::expand::expand;
 use super::journal::{now_ms, Journal};
 use super::journal::{histories, CellHistory, CellState};
 use super::runner::{self, RunMode, RunOptions, RunSummary};
-use super::{preregister, CampaignDir, Loaded, ProcessExecutor};
+use super::{flock, preregister_shared, CampaignDir, Loaded, ProcessExecutor};
 use anyhow::{bail, Context, Result};
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::FlockArg;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -221,12 +221,6 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// Takes a lock without waiting; it is released when the returned lock drops.
-fn flock(path: &Path, arg: FlockArg, what: &str) -> Result<Flock<fs::File>> {
-    let f = fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).with_context(|| format!("{}", path.display()))?;
-    Flock::lock(f, arg).map_err(|_| anyhow::anyhow!("{what}"))
-}
-
 /// `campaign run|resume --executor slurm`: freeze, then submit every block with unsettled
 /// cells that has no task pending or running.
 pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Result<SubmitSummary> {
@@ -235,9 +229,9 @@ pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Re
         bail!("campaign `{}` is not preregistered under {}; start it with `campaign run`", c.id(), results.display());
     }
     runner::check_identities(c)?;
-    let preregistered_now = preregister(c, results)?;
-    let _submitting = flock(&dir.root.join("slurm.lock"), FlockArg::LockExclusiveNonblock, "another submission of this campaign is under way")?;
-    let _no_local = flock(&dir.campaign_lock(), FlockArg::LockSharedNonblock, "the campaign is being run by a local runner")?;
+    // Held shared: no local runner beside the blocks' tasks.
+    let (preregistered_now, _no_local) = preregister_shared(c, results)?;
+    let _submitting = flock(&dir.root.join("slurm.lock"), FlockArg::LockExclusiveNonblock, || "another submission of this campaign is under way".into())?;
 
     let cells = expand(&c.spec);
     let hist = histories(&Journal::read_all(&dir.journal_files()?)?);
