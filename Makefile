@@ -23,9 +23,9 @@ demo: build
 campaign: build
 	@mkdir -p $(RESULTS)
 	$(BIN) campaign run campaigns/exactness.yaml
-	$(BIN) export --campaign exactness-resident-1 --out $(RESULTS)/export-exactness
-	$(BIN) verify --claim exactness-resident-1 --ledger $(RESULTS)/export-exactness/claims.json
-	$(BIN) replay --claim exactness-resident-1 --ledger $(RESULTS)/export-exactness/claims.json
+	set -o pipefail; $(BIN) export --campaign exactness-resident-1 --out $(RESULTS)/export-exactness | tee $(RESULTS)/export-exactness.txt
+	@# export prints the claim's verify and replay commands, anchored by its digest: run them.
+	@grep -E '^  \S+ (verify|replay) --claim ' $(RESULTS)/export-exactness.txt | while read -r cmd; do echo "$$cmd"; $$cmd || exit 1; done
 
 # Margin-gated deferred refinement (seed 001): the campaign's recipes forge one checkpoint at
 # F32 and quantize it to the Q4_K_M base and the Q8_0 verifier; the margins of the base, then

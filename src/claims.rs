@@ -142,6 +142,16 @@ impl Report {
     }
 }
 
+/// How a claim is checked.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Checking {
+    /// Pair records from different nodes (by default a pair must share its node).
+    pub allow_mixed_nodes: bool,
+    /// Accept a plain claim ID from a ledger that is not sealed: nothing then binds the claim
+    /// to what was published, so this is asked for by name.
+    pub unanchored: bool,
+}
+
 /// The ledger file of a sealed ledger directory (`results/ledgers/<digest>/`).
 pub const LEDGER_FILE: &str = "ledger.json";
 
@@ -202,7 +212,7 @@ pub fn seal_ledger(results: &Path, ledger: &Ledger) -> Result<PathBuf> {
 fn ledger_item(r: &mut Report, sealed: &Option<String>) {
     let detail = match sealed {
         Some(d) => format!("sealed as {d}: its files match their seal"),
-        None => "not sealed (a ledger file as written; a claim anchored as ID@DIGEST is still bound)".to_string(),
+        None => "not sealed (a ledger file as written: bound only by an ID@DIGEST anchor, else checked --unanchored)".to_string(),
     };
     r.push("ledger".into(), true, detail);
 }
@@ -246,10 +256,7 @@ impl Claim {
 /// The claim `ID` of the ledger, or `ID@DIGEST`: then its digest must be DIGEST. A vacuous
 /// claim is refused either way.
 pub fn claim<'a>(l: &'a Ledger, id: &str, path: &Path) -> Result<&'a Claim> {
-    let (name, anchor) = match id.split_once('@') {
-        Some((n, d)) => (n, Some(d)),
-        None => (id, None),
-    };
+    let (name, anchor) = split_anchor(id);
     let c = l.claims.get(name).with_context(|| {
         format!("{}: no claim {name:?} (claims: {})", path.display(), l.claims.keys().cloned().collect::<Vec<_>>().join(", "))
     })?;
@@ -261,6 +268,32 @@ pub fn claim<'a>(l: &'a Ledger, id: &str, path: &Path) -> Result<&'a Claim> {
         bail!("{}: claim {name:?} is vacuous: {why}", path.display());
     }
     Ok(c)
+}
+
+fn split_anchor(id: &str) -> (&str, Option<&str>) {
+    match id.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (id, None),
+    }
+}
+
+/// The ledger at `path` and its claim `id`, bound to what was published: by the claim's digest
+/// (`ID@DIGEST`) or by the ledger's seal. A plain ID from a ledger file that is not sealed binds
+/// nothing (anyone can rewrite the file and its claim with it) and is refused unless
+/// `unanchored` says so. Returns the ledger and its seal's digest, if sealed.
+pub fn anchored_ledger(path: &Path, id: &str, unanchored: bool) -> Result<(Ledger, Option<String>)> {
+    let (l, sealed) = load_ledger_sealed(path)?;
+    let (name, anchor) = split_anchor(id);
+    if anchor.is_none() && sealed.is_none() && !unanchored {
+        let digest = l.claims.get(name).map(Claim::digest).transpose()?;
+        let hint = digest.map_or(String::new(), |d| format!(" (--claim {name}@{d}, as `export` prints it)"));
+        bail!(
+            "{}: claim {name:?} is not anchored: the ledger is not sealed and the claim is not given as ID@DIGEST{hint}; \
+             give the published digest, or the sealed ledger (results/ledgers/<digest>), or --unanchored to check it as it stands",
+            path.display()
+        );
+    }
+    Ok((l, sealed))
 }
 
 /// Every record of the claim that belongs to a campaign must name the campaign's frozen
@@ -280,10 +313,19 @@ fn check_preregistration(r: &mut Report, recs: &mut Records) {
                 continue;
             }
         };
-        let frozen = seen.entry(id.clone()).or_insert_with(|| crate::campaign::frozen(&recs.results, &id).map(|(_, d)| d).map_err(|e| format!("{e:#}")));
+        // The JSON's digest, and whether the YAML frozen beside it parses to the same campaign.
+        let frozen = seen.entry(id.clone()).or_insert_with(|| {
+            crate::campaign::frozen_json(&recs.results, &id)
+                .map(|(_, d)| {
+                    let yaml = crate::campaign::frozen_yaml_agrees(&recs.results, &id, &d).map_err(|e| format!("{e:#}"));
+                    (d, yaml)
+                })
+                .map_err(|e| format!("{e:#}"))
+        });
         let (ok, detail) = match frozen {
-            Ok(d) if *d == sha => (true, format!("campaign {id} {sha}: the frozen preregistration hashes to it")),
-            Ok(d) => (false, format!("campaign {id}: the record names {sha}, the frozen preregistration hashes to {d}")),
+            Ok((d, _)) if *d != sha => (false, format!("campaign {id}: the record names {sha}, the frozen preregistration hashes to {d}")),
+            Ok((_, Err(e))) => (false, format!("campaign {id}: {e}")),
+            Ok(_) => (true, format!("campaign {id} {sha}: the frozen preregistration (campaign.json, campaign.yaml) hashes to it")),
             Err(e) => (false, format!("campaign {id}: {e}")),
         };
         r.push(format!("record {alias} campaign"), ok, detail);
@@ -437,6 +479,14 @@ pub fn paired(recs: &mut Records, pairs: &[[String; 2]], metric: &Operand, level
 }
 
 /// Re-hashes every file of every record the claim names; the items name each failing file.
+/// What `verify` and `replay` both check before they read a value: every record's files
+/// against its seal, and each campaign's frozen preregistration and journal against the
+/// records.
+fn integrity(r: &mut Report, recs: &mut Records) {
+    verify_records(r, recs);
+    check_preregistration(r, recs);
+}
+
 fn verify_records(r: &mut Report, recs: &Records) {
     for (alias, digest) in &recs.claim.records {
         match record_dir(&recs.results, digest).and_then(|d| verify_record(&d)) {
@@ -485,14 +535,13 @@ pub fn check(actual: Option<&Value>, c: &Check) -> (bool, String) {
 }
 
 /// `sovereign verify --claim ID`.
-pub fn verify(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: bool) -> Result<Report> {
-    let (l, sealed) = load_ledger_sealed(ledger_path)?;
+pub fn verify(ledger_path: &Path, id: &str, results: &Path, how: Checking) -> Result<Report> {
+    let (l, sealed) = anchored_ledger(ledger_path, id, how.unanchored)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
     ledger_item(&mut r, &sealed);
-    let mut recs = Records::new(c, results, allow_mixed_nodes);
-    verify_records(&mut r, &recs);
-    check_preregistration(&mut r, &mut recs);
+    let mut recs = Records::new(c, results, how.allow_mixed_nodes);
+    integrity(&mut r, &mut recs);
     for a in &c.assertions {
         let what = format!("{} {}{} {}", a.record, a.file, a.pointer, serde_json::to_string(&a.expect).unwrap_or_default());
         match recs.doc(&a.record, &a.file) {
@@ -627,14 +676,15 @@ fn close_opt(a: Option<f64>, b: Option<f64>, tol: f64) -> bool {
 }
 
 /// `sovereign replay --claim ID`.
-pub fn replay(ledger_path: &Path, id: &str, results: &Path, allow_mixed_nodes: bool) -> Result<Report> {
-    let (l, sealed) = load_ledger_sealed(ledger_path)?;
+pub fn replay(ledger_path: &Path, id: &str, results: &Path, how: Checking) -> Result<Report> {
+    let (l, sealed) = anchored_ledger(ledger_path, id, how.unanchored)?;
     let c = claim(&l, id, ledger_path)?;
     let mut r = Report { claim: id.to_string(), statement: c.statement.clone(), ok: true, items: Vec::new() };
     ledger_item(&mut r, &sealed);
-    let mut recs = Records::new(c, results, allow_mixed_nodes);
-    // Recomputing from damaged operands proves nothing: the records are verified first.
-    verify_records(&mut r, &recs);
+    let mut recs = Records::new(c, results, how.allow_mixed_nodes);
+    // Recomputing from damaged operands proves nothing: everything `verify` checks of the
+    // records, their campaigns and journals holds first.
+    integrity(&mut r, &mut recs);
     if !r.ok {
         return Ok(r);
     }
@@ -789,10 +839,25 @@ mod tests {
             p
         };
         let p = ledger(serde_json::json!([["a1", "b1"], ["a2", "b2"]]));
-        let r = replay(&p, "c", &results, false).unwrap();
+        let how = |allow_mixed_nodes| Checking { allow_mixed_nodes, unanchored: true };
+        let r = replay(&p, "c", &results, how(false)).unwrap();
         assert!(!r.ok && r.failures().iter().any(|f| f.contains("different nodes")), "{:?}", r.failures());
-        let r = replay(&p, "c", &results, true).unwrap();
+        let r = replay(&p, "c", &results, how(true)).unwrap();
         assert!(r.ok, "{:?}", r.failures());
+
+        // A plain ID from this unsealed file binds nothing: refused unless asked for, naming
+        // the anchored form; anchored by its digest, or from the sealed ledger, it stands.
+        let digest = load_ledger(&p).unwrap().claims["c"].digest().unwrap();
+        let plain = Checking { allow_mixed_nodes: true, unanchored: false };
+        for check in [verify, replay] {
+            let e = format!("{:#}", check(&p, "c", &results, plain).unwrap_err());
+            assert!(e.contains("is not anchored") && e.contains(&format!("c@{digest}")) && e.contains("--unanchored"), "{e}");
+            assert!(check(&p, &format!("c@{digest}"), &results, plain).unwrap().ok);
+            let e = format!("{:#}", check(&p, &format!("c@{}", "0".repeat(64)), &results, plain).unwrap_err());
+            assert!(e.contains("changed after it was published"), "{e}");
+        }
+        let sealed = seal_ledger(&results, &load_ledger(&p).unwrap()).unwrap();
+        assert!(replay(&sealed, "c", &results, plain).unwrap().ok);
     }
 
     #[test]

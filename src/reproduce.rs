@@ -43,6 +43,8 @@ pub const TIMING_RULE: &str =
 pub struct Options {
     pub ledger: PathBuf,
     pub claim: String,
+    /// A plain claim ID from a ledger that is not sealed is accepted (see `claims::anchored_ledger`).
+    pub unanchored: bool,
     /// Where the original records are.
     pub results: PathBuf,
     /// Where the reproduction's records (and the report) are sealed.
@@ -306,7 +308,7 @@ fn lay_out_inputs(c: &Loaded, opts: &Options, beside: Option<&Path>, farm: &Path
 
 /// `sovereign reproduce --claim ID`.
 pub fn reproduce(opts: &Options) -> Result<Reproduction> {
-    let ledger = claims::load_ledger(&opts.ledger)?;
+    let (ledger, _) = claims::anchored_ledger(&opts.ledger, &opts.claim, opts.unanchored)?;
     let claim = claims::claim(&ledger, &opts.claim, &opts.ledger)?;
     check_originals_stand(opts, claim)?;
     let originals = read_originals(claim, &opts.results)?;
@@ -366,9 +368,10 @@ fn check_originals_stand(opts: &Options, claim: &Claim) -> Result<()> {
     if same_dir(&opts.out, &opts.results) {
         bail!("--out {}: is the results directory of the original records; a reproduction needs its own", opts.out.display());
     }
-    let mut checks = vec![("verify", claims::verify(&opts.ledger, &opts.claim, &opts.results, false)?)];
+    let how = claims::Checking { allow_mixed_nodes: false, unanchored: opts.unanchored };
+    let mut checks = vec![("verify", claims::verify(&opts.ledger, &opts.claim, &opts.results, how)?)];
     if !claim.replay.is_empty() {
-        checks.push(("replay", claims::replay(&opts.ledger, &opts.claim, &opts.results, false)?));
+        checks.push(("replay", claims::replay(&opts.ledger, &opts.claim, &opts.results, how)?));
     }
     for (verb, r) in checks {
         if let Some(first) = r.failures().into_iter().next() {

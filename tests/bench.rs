@@ -278,8 +278,10 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
 
     // The draft ledger names every record and still verifies and replays.
     let ledger = out.join("claims.json");
-    ok(&["verify", "--claim", "bench-tiny", "--ledger", s(&ledger), "--results", s(&results)]);
-    ok(&["replay", "--claim", "bench-tiny", "--ledger", s(&ledger), "--results", s(&results)]);
+    let claim = j["claims"][0].as_str().unwrap();
+    assert!(claim.starts_with("bench-tiny@"), "{claim}");
+    ok(&["verify", "--claim", claim, "--ledger", s(&ledger), "--results", s(&results)]);
+    ok(&["replay", "--claim", claim, "--ledger", s(&ledger), "--results", s(&results)]);
 }
 
 fn plan(policy: &str) -> PlanOptions {

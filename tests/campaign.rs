@@ -358,11 +358,21 @@ fn unattended_run_then_verify_replay_tamper_export() {
     let svg = fs::read_to_string(out.join("pairs.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("pair ratio"));
 
-    // verify and replay of the draft ledger pass...
+    // verify and replay of the draft ledger pass: export prints both commands, anchored by the
+    // claim's digest; a plain ID from the unsealed draft binds nothing and is refused unless
+    // asked for by --unanchored...
     let ledger = out.join("claims.json");
-    let r = ok(&["verify", "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results)]);
+    for verb in ["verify", "replay"] {
+        let line = exported.stdout.lines().find(|l| l.contains(&format!(" {verb} --claim {anchored} --ledger "))).expect("export prints the command");
+        assert!(line.ends_with(&format!("--ledger {} --results {}", ledger.display(), st.results.display())), "{line}");
+        let r = run(&[verb, "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results)]);
+        assert_one_line_error(&r, &["is not anchored", &anchored, "--unanchored"]);
+    }
+    let r = ok(&["verify", "--claim", &anchored, "--ledger", s(&ledger), "--results", s(&st.results)]);
     assert!(r.stdout.contains("verify passed"));
-    let r = ok(&["replay", "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results)]);
+    let r = ok(&["verify", "--claim", "t-run", "--unanchored", "--ledger", s(&ledger), "--results", s(&st.results)]);
+    assert!(r.stdout.contains("verify passed"));
+    let r = ok(&["replay", "--claim", &anchored, "--ledger", s(&ledger), "--results", s(&st.results)]);
     assert!(r.stdout.contains("paired ratio") && r.stdout.contains("exactness") && r.stdout.contains("replay passed"), "{}", r.stdout);
 
     // ...anchored by its digest too; a claim changed after publication is refused by it, and
@@ -392,24 +402,32 @@ fn unattended_run_then_verify_replay_tamper_export() {
     ] {
         let p = edited(name, edit);
         for claim in ["t-run", anchored.as_str()] {
-            let r = run(&["verify", "--claim", claim, "--ledger", s(&p), "--results", s(&st.results)]);
+            let r = run(&["verify", "--claim", claim, "--unanchored", "--ledger", s(&p), "--results", s(&st.results)]);
             assert_ne!(r.code, 0, "{name} {claim}");
             assert!(r.stderr.contains(if claim == "t-run" { "is vacuous" } else { "changed after it was published" }), "{name} {claim}: {}", r.stderr);
         }
     }
-    // ...the frozen preregistration must still hash to the digest every record names...
-    let frozen = st.results.join("campaigns/t-run/campaign.json");
-    let text = fs::read_to_string(&frozen).unwrap();
-    let mut perm = fs::metadata(&frozen).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perm.set_readonly(false);
-    fs::set_permissions(&frozen, perm.clone()).unwrap();
-    fs::write(&frozen, text.replacen("\"outputs\":8", "\"outputs\":9", 1)).unwrap();
-    assert_ne!(fs::read_to_string(&frozen).unwrap(), text, "the edit applied");
-    let r = run(&["verify", "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results)]);
-    assert_ne!(r.code, 0, "{}", r.stdout);
-    assert!(r.stderr.contains("the frozen preregistration hashes to"), "{}", r.stderr);
-    fs::write(&frozen, &text).unwrap();
+    // ...the frozen preregistration, both files of it, must still hash to the digest every
+    // record names, for verify and for replay alike...
+    for (file, from, to, says) in [
+        ("campaign.json", "\"outputs\":8", "\"outputs\":9", "the frozen preregistration hashes to"),
+        ("campaign.yaml", "max_interrupted_attempts: 3", "max_interrupted_attempts: 4", "changed after it was frozen"),
+    ] {
+        let frozen = st.results.join("campaigns/t-run").join(file);
+        let text = fs::read_to_string(&frozen).unwrap();
+        let mut perm = fs::metadata(&frozen).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perm.set_readonly(false);
+        fs::set_permissions(&frozen, perm.clone()).unwrap();
+        fs::write(&frozen, text.replacen(from, to, 1)).unwrap();
+        assert_ne!(fs::read_to_string(&frozen).unwrap(), text, "the edit applied");
+        for verb in ["verify", "replay"] {
+            let r = run(&[verb, "--claim", &anchored, "--ledger", s(&ledger), "--results", s(&st.results)]);
+            assert_eq!(r.code, 1, "{file} {verb}: {}", r.stdout);
+            assert!(r.stderr.contains(says), "{file} {verb}: {}", r.stderr);
+        }
+        fs::write(&frozen, &text).unwrap();
+    }
 
     // ...a stated value that the records do not support fails replay...
     let mut l: Value = serde_json::from_str(&fs::read_to_string(&ledger).unwrap()).unwrap();
@@ -419,7 +437,7 @@ fn unattended_run_then_verify_replay_tamper_export() {
     pr["paired_ratio"]["expect"]["ratio"] = (stated * 1.001).into();
     let wrong = st.dir.join("wrong.json");
     fs::write(&wrong, serde_json::to_string(&l).unwrap()).unwrap();
-    let r = run(&["replay", "--claim", "t-run", "--ledger", s(&wrong), "--results", s(&st.results)]);
+    let r = run(&["replay", "--claim", "t-run", "--unanchored", "--ledger", s(&wrong), "--results", s(&st.results)]);
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("paired ratio"), "{}", r.stderr);
 
@@ -458,11 +476,13 @@ fn unattended_run_then_verify_replay_tamper_export() {
             Some(t) => fs::write(&jpath, t).unwrap(),
             None => fs::remove_file(&jpath).unwrap(),
         }
-        let r = run(&["verify", "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results), "--json"]);
-        assert_eq!(r.code, 1, "{name}: {}", r.stdout);
-        let v: Value = serde_json::from_str(&r.stdout).unwrap();
-        let detail = item(&v, "campaign t-run journal")["detail"].as_str().unwrap().to_string();
-        assert!(detail.contains(if name == "zeroed" { "never sealed it" } else { "no journal" }), "{name}: {detail}");
+        for verb in ["verify", "replay"] {
+            let r = run(&[verb, "--claim", &anchored, "--ledger", s(&ledger), "--results", s(&st.results), "--json"]);
+            assert_eq!(r.code, 1, "{name} {verb}: {}", r.stdout);
+            let v: Value = serde_json::from_str(&r.stdout).unwrap();
+            let detail = item(&v, "campaign t-run journal")["detail"].as_str().unwrap().to_string();
+            assert!(detail.contains(if name == "zeroed" { "never sealed it" } else { "no journal" }), "{name} {verb}: {detail}");
+        }
         let r = run(&["export", "--campaign", "t-run", "--results", s(&st.results), "--out", s(&st.dir.join("export-2"))]);
         assert_one_line_error(&r, &["the journal and the records disagree"]);
         fs::write(&jpath, &jtext).unwrap();
@@ -521,11 +541,11 @@ fn unattended_run_then_verify_replay_tamper_export() {
     let mut bytes = fs::read(&logits).unwrap();
     bytes[1000] ^= 0x01;
     fs::write(&logits, &bytes).unwrap();
-    let r = run(&["verify", "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results)]);
+    let r = run(&["verify", "--claim", &anchored, "--ledger", s(&ledger), "--results", s(&st.results)]);
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert!(r.stderr.contains(&format!("{}", logits.display())) && r.stderr.contains("tampered"), "{}", r.stderr);
     assert!(!r.stderr.contains("record.json:"), "only the tampered file is named: {}", r.stderr);
-    let r = run(&["replay", "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results)]);
+    let r = run(&["replay", "--claim", &anchored, "--ledger", s(&ledger), "--results", s(&st.results)]);
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("logits.bin"));
     eprintln!("unattended run + checks: {:.1} s", started.elapsed().as_secs_f64());

@@ -52,13 +52,15 @@ fn sha256(p: &Path) -> String {
     sovereign::util::sha256_file(p).unwrap()
 }
 
-/// Runs the campaign, exports its draft ledger and returns (results, ledger).
+/// Runs the campaign, exports its draft ledger and returns (results, the sealed ledger's file):
+/// a plain claim ID from it is anchored by the seal.
 fn run_and_export(dir: &Path, file: &Path, id: &str) -> (PathBuf, PathBuf) {
     let results = dir.join("results");
     ok(&["campaign", "run", s(file), "--results", s(&results), "--no-progress"]);
     let export = dir.join("export");
-    ok(&["export", "--campaign", id, "--results", s(&results), "--out", s(&export)]);
-    (results, export.join("claims.json"))
+    let r = ok(&["export", "--campaign", id, "--results", s(&results), "--out", s(&export)]);
+    let sealed = r.stdout.lines().find_map(|l| l.strip_prefix("ledger ")?.strip_suffix(" (sealed)")).expect("export prints the sealed ledger");
+    (results, PathBuf::from(sealed).join("ledger.json"))
 }
 
 /// Reproduces, checks the report, and returns it.
@@ -108,7 +110,7 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     let (ledger, results) = altered(t.path(), &results, &ledger, id, "b01-p0-resident", "other-cpu", |r, _| {
         r["build"]["cpu_features"] = serde_json::json!(["NOT-THIS-CPU"]);
     });
-    let v = reproduce_holds(id, &ledger, &results, &out, &["--campaign", s(&file)]);
+    let v = reproduce_holds(id, &ledger, &results, &out, &["--campaign", s(&file), "--unanchored"]);
     let report = &v["report"];
     let warnings = report["warnings"].as_array().unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -120,13 +122,13 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     assert!(report["timing_rule"].as_str().unwrap().contains("overlaps"));
 
     // A rerun resumes: nothing runs again and the same report is the same sealed record.
-    let r = ok(&["reproduce", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--out", s(&out), "--campaign", s(&file), "--json"]);
+    let r = ok(&["reproduce", "--claim", id, "--unanchored", "--ledger", s(&ledger), "--results", s(&results), "--out", s(&out), "--campaign", s(&file), "--json"]);
     let again: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(again["sealed"], v["sealed"]);
     assert!(r.stderr.contains("0 ran now"), "{}", r.stderr);
 
     // The text form prints original, reproduced and the verdict per assertion.
-    let r = ok(&["reproduce", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--out", s(&out), "--campaign", s(&file)]);
+    let r = ok(&["reproduce", "--claim", id, "--unanchored", "--ledger", s(&ledger), "--results", s(&results), "--out", s(&out), "--campaign", s(&file)]);
     assert!(r.stdout.contains("holds timing") && r.stdout.contains("original") && r.stdout.contains("reproduced"), "{}", r.stdout);
     assert!(r.stdout.contains("reproduction holds"), "{}", r.stdout);
 
@@ -140,7 +142,7 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
         fs::write(&f, &bytes).unwrap();
         r["surfaces"]["logits"]["sha256"] = sovereign::util::sha256(&bytes).into();
     });
-    let r = run(&["reproduce", "--claim", id, "--ledger", s(&forged), "--results", s(&forged_results), "--out", s(&out), "--campaign", s(&file)]);
+    let r = run(&["reproduce", "--claim", id, "--unanchored", "--ledger", s(&forged), "--results", s(&forged_results), "--out", s(&out), "--campaign", s(&file)]);
     assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("FAILS surfaces   record b02-p1-resident: ") && r.stdout.contains("differs in logits"), "{}", r.stdout);
     assert!(r.stdout.contains("holds timing") && r.stdout.contains("reproduction FAILED"), "{}", r.stdout);
@@ -151,7 +153,7 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     let digest = sha256(&model);
     let fresh = t.path().join("refused");
     let refused_in = |extra: &[&str], ledger: &Path, results: &Path, needles: &[&str]| {
-        let mut args = vec!["reproduce", "--claim", id, "--ledger", s(ledger), "--results", s(results), "--out", s(&fresh)];
+        let mut args = vec!["reproduce", "--claim", id, "--unanchored", "--ledger", s(ledger), "--results", s(results), "--out", s(&fresh)];
         args.extend_from_slice(extra);
         assert_one_line_error(&run(&args), needles);
         assert!(!fresh.join("campaigns").exists(), "a refused reproduction ran something");
@@ -184,7 +186,7 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     refused_in(&["--campaign", s(&file)], &other, &other_results, &[alias, "engine tree digest", &"0".repeat(64)]);
 
     // The originals' own directory is not a place for a reproduction.
-    let r = run(&["reproduce", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--out", s(&results), "--campaign", s(&file)]);
+    let r = run(&["reproduce", "--claim", id, "--unanchored", "--ledger", s(&ledger), "--results", s(&results), "--out", s(&results), "--campaign", s(&file)]);
     assert_one_line_error(&r, &["--out"]);
 
     // Nor is a claim whose own records no longer verify.
@@ -227,7 +229,7 @@ fn altered(dir: &Path, results: &Path, ledger: &Path, id: &str, alias: &str, nam
     }
     let out = dir.join(format!("{name}.json"));
     fs::write(&out, serde_json::to_string_pretty(&l).unwrap()).unwrap();
-    ok(&["verify", "--claim", id, "--ledger", s(&out), "--results", s(&copy)]);
+    ok(&["verify", "--claim", id, "--unanchored", "--ledger", s(&out), "--results", s(&copy)]);
     (out, copy)
 }
 

@@ -189,10 +189,10 @@ fn check_finished(c: &Cluster, file: &Path, results: &Path, id: &str, cells: usi
     assert_eq!(v["finished"], true, "{v}");
 
     let out = results.join("export");
-    c.ok(&["export", "--campaign", id, "--results", s(results), "--out", s(&out)]);
+    let claim = anchored_claim(&c.ok(&["export", "--campaign", id, "--results", s(results), "--out", s(&out)]).stdout, id);
     let ledger = out.join("claims.json");
-    assert!(c.ok(&["verify", "--claim", id, "--ledger", s(&ledger), "--results", s(results)]).stdout.contains("verify passed"));
-    let r = c.ok(&["replay", "--claim", id, "--ledger", s(&ledger), "--results", s(results)]);
+    assert!(c.ok(&["verify", "--claim", &claim, "--ledger", s(&ledger), "--results", s(results)]).stdout.contains("verify passed"));
+    let r = c.ok(&["replay", "--claim", &claim, "--ledger", s(&ledger), "--results", s(results)]);
     assert!(r.stdout.contains("paired ratio") && r.stdout.contains("replay passed"), "{}", r.stdout);
 
     // Every record names this node, and the tables carry it.

@@ -295,7 +295,7 @@ repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n",
     let v: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["sealed"], 2, "{v}");
     let out = t.path().join("export");
-    ok(&["export", "--campaign", "draft-1", "--results", &s(&results), "--out", &s(&out)]);
+    let claim = anchored_claim(&ok(&["export", "--campaign", "draft-1", "--results", &s(&results), "--out", &s(&out)]).stdout, "draft-1");
     let mut rd = csv::Reader::from_path(out.join("cells.csv")).unwrap();
     let h = rd.headers().unwrap().clone();
     let col = |name: &str| h.iter().position(|c| c == name).unwrap_or_else(|| panic!("{name} in {h:?}"));
@@ -320,7 +320,7 @@ repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n",
     // The claim reproduces from its pinned inputs, the proposer found by its digest.
     let repro = t.path().join("repro");
     let ledger = out.join("claims.json");
-    let r = ok(&["reproduce", "--claim", "draft-1", "--ledger", &s(&ledger), "--results", &s(&results), "--out", &s(&repro), "--campaign", &s(&file), "--json"]);
+    let r = ok(&["reproduce", "--claim", &claim, "--ledger", &s(&ledger), "--results", &s(&results), "--out", &s(&repro), "--campaign", &s(&file), "--json"]);
     let v: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["report"]["holds"], true, "{:#}", v["report"]);
     assert_eq!(v["report"]["records"].as_array().unwrap().len(), 2);

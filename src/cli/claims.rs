@@ -10,8 +10,13 @@ use std::process::ExitCode;
 /// A claim of a ledger and the directory of its records.
 #[derive(Args)]
 pub struct ClaimRef {
+    /// ID@DIGEST as `export` prints it (or a plain ID from a sealed ledger).
     #[arg(long)]
     pub claim: String,
+    /// Accept a plain claim ID from a ledger file that is not sealed: nothing then binds the
+    /// claim to the published one.
+    #[arg(long)]
+    pub unanchored: bool,
     #[arg(long, default_value = claims::DEFAULT_LEDGER)]
     pub ledger: PathBuf,
     /// Where the claim's records are.
@@ -42,9 +47,10 @@ pub enum Verb {
 
 pub fn claim(a: ClaimArgs, verb: Verb) -> Result<ExitCode> {
     let c = &a.c;
+    let how = claims::Checking { allow_mixed_nodes: a.allow_mixed_nodes, unanchored: c.unanchored };
     let (r, name) = match verb {
         Verb::Verify => {
-            let mut r = claims::verify(&c.ledger, &c.claim, &c.results, a.allow_mixed_nodes)?;
+            let mut r = claims::verify(&c.ledger, &c.claim, &c.results, how)?;
             if let Some(at) = &a.rehash_models {
                 claims::rehash_models(&mut r, &c.ledger, &c.claim, &c.results, at)?;
             }
@@ -54,7 +60,7 @@ pub fn claim(a: ClaimArgs, verb: Verb) -> Result<ExitCode> {
             if a.rehash_models.is_some() {
                 anyhow::bail!("--rehash-models: only `verify` re-hashes model files");
             }
-            (claims::replay(&c.ledger, &c.claim, &c.results, a.allow_mixed_nodes)?, "replay")
+            (claims::replay(&c.ledger, &c.claim, &c.results, how)?, "replay")
         }
     };
     if a.json {

@@ -45,6 +45,11 @@ fn by_digest(flag: &str, given: &[String], into: &mut BTreeMap<String, PathBuf>)
     Ok(())
 }
 
+/// The claim's ID without its `@DIGEST` anchor.
+fn claim_name(claim: &str) -> &str {
+    claim.split_once('@').map_or(claim, |(n, _)| n)
+}
+
 pub fn reproduce(a: ReproduceArgs) -> Result<ExitCode> {
     let mut inputs = BTreeMap::new();
     by_digest("model", &a.model, &mut inputs)?;
@@ -52,11 +57,11 @@ pub fn reproduce(a: ReproduceArgs) -> Result<ExitCode> {
     let plain = |c: &str| !c.is_empty() && !c.starts_with('.') && c.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
     let out = match a.out {
         Some(o) => o,
-        None if plain(&a.c.claim) => PathBuf::from("reproductions").join(&a.c.claim),
+        None if plain(claim_name(&a.c.claim)) => PathBuf::from("reproductions").join(claim_name(&a.c.claim)),
         None => bail!("--claim {:?}: not a plain name, so there is no default --out; give one", a.c.claim),
     };
     let progress = super::progress::on_stderr(!a.no_progress && !a.json);
-    let opts = Options { ledger: a.c.ledger, claim: a.c.claim, results: a.c.results, out, campaign: a.campaign, inputs, progress };
+    let opts = Options { ledger: a.c.ledger, claim: a.c.claim, unanchored: a.c.unanchored, results: a.c.results, out, campaign: a.campaign, inputs, progress };
     let r = reproduce::reproduce(&opts)?;
     if a.json {
         print_json(&r)?;

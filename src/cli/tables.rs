@@ -121,6 +121,13 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
         println!("claim {c}");
     }
     println!("ledger {} (sealed)", s.ledger.display());
+    // Anchored by the claim's digest: what a reader checks is then the claim as published.
+    let exe = std::env::args().next().unwrap_or_else(|| "sovereign".into());
+    for c in &s.claims {
+        for verb in ["verify", "replay"] {
+            println!("  {exe} {verb} --claim {c} --ledger {} --results {}", out.join("claims.json").display(), a.results.display());
+        }
+    }
     println!("{}", export::ArmRow::header());
     for r in &s.arms {
         println!("{}", r.line());

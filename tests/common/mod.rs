@@ -198,3 +198,9 @@ pub const FAULT_CELLS: &[&str] = &[
     "partial_bundle",
     "corrupt_byte",
 ];
+
+/// The claim `id` as `export` prints it, anchored by its digest (`ID@DIGEST`).
+pub fn anchored_claim(export_stdout: &str, id: &str) -> String {
+    let prefix = format!("claim {id}@");
+    export_stdout.lines().find_map(|l| l.strip_prefix(&prefix)).map(|d| format!("{id}@{d}")).unwrap_or_else(|| panic!("export printed no claim {id}:\n{export_stdout}"))
+}
