@@ -155,6 +155,21 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, ByteSizeError> {
         .ok_or_else(|| ByteSizeError::NotACount(s.to_string()))
 }
 
+/// A byte count as a person reads it, in the binary units [`parse_bytes`] takes: `4 MiB`,
+/// `1.5 GiB`, `512 bytes` (exact below 1 KiB, one decimal above unless whole).
+pub fn show_bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 5] = [("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (unit, size) in UNITS {
+        if n >= size {
+            return match n % size {
+                0 => format!("{} {unit}", n / size),
+                _ => format!("{:.1} {unit}", n as f64 / size as f64),
+            };
+        }
+    }
+    format!("{n} bytes")
+}
+
 /// A memory limit in bytes, bounded.
 pub fn parse_memory_max(s: &str) -> std::result::Result<u64, ByteSizeError> {
     let v = parse_bytes(s)?;
@@ -294,6 +309,15 @@ mod tests {
         assert_eq!(parse_bytes("3X").unwrap_err().to_string(), "`3X`: unknown size suffix `X` (use K, M, G or T, binary)");
         assert_eq!(parse_bytes("GiB").unwrap_err().to_string(), "`GiB` is not a byte count");
         assert!(prompt_text("p", b"\xf7\x8f\xbc\xbf").is_err());
+    }
+
+    #[test]
+    fn byte_counts_read_back_in_the_units_they_parse_from() {
+        assert_eq!(show_bytes(4 << 20), "4 MiB");
+        assert_eq!(parse_bytes(&show_bytes(4 << 20)), Ok(4 << 20));
+        assert_eq!(show_bytes(3 << 29), "1.5 GiB");
+        assert_eq!(show_bytes(1023), "1023 bytes");
+        assert_eq!(show_bytes(1 << 50), "1 PiB");
     }
 
     #[test]

@@ -407,10 +407,6 @@ pub fn run_in_cgroup(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
     let run = observe::run_contained(cmd, contain);
     std::fs::remove_file(&spec_path)?;
     let mut run = run?;
-    let (code, signal) = match &run.status {
-        RunStatus::Exited { code } => (Some(*code), None),
-        RunStatus::Signaled { signal, .. } => (None, Some(*signal)),
-    };
     let rec_path = inner.join(crate::record::RECORD_FILE);
     let mut rec = match std::fs::read_to_string(&rec_path) {
         Ok(text) if run.status.success() => {
@@ -426,7 +422,8 @@ pub fn run_in_cgroup(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
         _ => {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let _ = std::fs::remove_dir_all(&inner);
-            TypedRecord::failed(cell.format(), observe::worker_error(code, signal, &log), build_identity()?)?
+            let error = observe::worker_failure(&run.status, Some(&observe::LimitSeen::of(&run.host)), &log);
+            TypedRecord::failed(cell.format(), error, build_identity()?)?
         }
     };
     let completed = rec.outcome() == format::Outcome::Completed;
@@ -498,7 +495,6 @@ pub enum WorkerEnd {
 /// quoting the engine and a failed record. `args` go to the worker after its spec (`--human`).
 pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     use std::io::Write;
-    use std::os::unix::process::ExitStatusExt;
     for m in cell.models() {
         Inventory::of(m)?;
     }
@@ -522,13 +518,13 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     if let Some(code) = out.status.code() {
         return Ok(WorkerEnd::Exited { code, stderr });
     }
-    let signal = out.status.signal().unwrap_or(0);
+    let status = RunStatus::from_exit(out.status);
     let mut partial = record.file_name().context("record path has no name")?.to_os_string();
     partial.push(".partial");
     let _ = std::fs::remove_dir_all(record.with_file_name(partial));
     let error = match engine_abort(&stderr) {
-        Some(quote) => format!("{}: llama.cpp aborted: {quote} ({})", cell.models()[0].display(), observe::worker_error(None, Some(signal), "")),
-        None => observe::worker_error(None, Some(signal), &stderr),
+        Some(quote) => format!("{}: llama.cpp aborted: {quote} ({})", cell.models()[0].display(), observe::worker_failure(&status, None, "")),
+        None => observe::worker_failure(&status, None, &stderr),
     };
     let rec = TypedRecord::failed(cell.format(), error.clone(), build_identity()?)?;
     let dir = Staging::new(&record)?.commit(&rec)?;

@@ -17,11 +17,24 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn contained(model: &Path, rec: &Path, cap: &str, extra: &[&str]) -> (i32, serde_json::Value) {
+    let (r, rec) = contained_run(model, rec, cap, extra);
+    (r.code, rec)
+}
+
+/// A contained generate: how the command ended, and its record.
+fn contained_run(model: &Path, rec: &Path, cap: &str, extra: &[&str]) -> (Run, serde_json::Value) {
     let mut args = vec!["--memory-max", cap, "--sample-ms", "20"];
     args.extend_from_slice(extra);
     let r = generate(model, "Bounded memory, exact output.", 12, rec, &args);
     let rec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
-    (r.code, rec)
+    (r, rec)
+}
+
+/// No status is shown as Rust writes its values for a programmer.
+fn no_debug_text(what: &str, text: &str) {
+    for debug in ["Signaled {", "Exited {", "Some("] {
+        assert!(!text.contains(debug), "{what} shows `{debug}`: {text}");
+    }
 }
 
 fn no_run_cgroups_left() {
@@ -101,9 +114,18 @@ fn a_cap_below_the_need_is_an_oom_on_record() {
     let dir = tempfile::tempdir().unwrap();
     let m = forge(dir.path(), "m.gguf", 42, &[]);
     let rec = dir.path().join("oom");
-    let (code, r) = contained(&m, &rec, "8M", &[]);
-    assert_eq!(code, 1);
+    let (run, r) = contained_run(&m, &rec, "4M", &[]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
     assert_eq!(r["outcome"], "failed");
+    // Said in words on stderr, the limit told apart from a signal sent from outside.
+    let said = "the cgroup's 4 MiB limit killed the worker: the kernel's OOM killer sent it signal 9 (SIGKILL)";
+    assert!(run.stderr.contains(&format!("error: {said}")), "{}", run.stderr);
+    assert_eq!(r["error"], said);
+    let exit = r["resources"]["admission"]["conjuncts"].as_array().unwrap().iter().find(|c| c["name"] == "worker exited 0").unwrap().clone();
+    assert_eq!((exit["passed"].clone(), exit["value"].clone()), (false.into(), said.into()));
+    no_debug_text("stdout", &run.stdout);
+    no_debug_text("stderr", &run.stderr);
+    no_debug_text("record.json", &std::fs::read_to_string(rec.join("record.json")).unwrap());
     let res = &r["resources"];
     assert!(res["host"]["oom_kills"].as_u64().unwrap() >= 1, "{}", res["host"]);
     assert!(res["status"]["signal"].as_i64().is_some() || res["status"]["code"] != 0, "{}", res["status"]);
@@ -125,26 +147,30 @@ fn alive(pid: u32) -> bool {
     stat(pid).is_some_and(|(_, s)| s != 'Z')
 }
 
-#[test]
-fn a_killed_harness_takes_its_worker_with_it() {
-    if !cgroups_usable() {
-        return;
-    }
-    let _turn = turn();
-    let dir = tempfile::tempdir().unwrap();
-    let m = forge(dir.path(), "m.gguf", 43, &[]);
-    let rec = dir.path().join("r");
-    // Minutes of work: 1000 tokens with experts read through 4 slots per layer, O_DIRECT.
-    let mut harness = bin()
-        .args(["generate", "--model", m.to_str().unwrap(), "--prompt", "Outlive the harness.", "--n-predict", "1000"])
+/// A contained harness with minutes of work (1000 tokens, experts read through 4 slots per
+/// layer, O_DIRECT), its worker's pid once it runs in its run cgroup, and that cgroup's
+/// directories. `group`: the harness leads a process group of its own (what a shell job is).
+struct Long {
+    harness: std::process::Child,
+    worker: u32,
+    cgroup_dirs: Vec<std::path::PathBuf>,
+}
+
+fn long_contained(m: &Path, rec: &Path, group: bool) -> Long {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = bin();
+    cmd.args(["generate", "--model", m.to_str().unwrap(), "--prompt", "Outlive the harness.", "--n-predict", "1000"])
         .args(["--ctx", "2048", "--ignore-eos", "--threads", "2", "--experts", "plan", "--slots", "4", "--source", "d"])
         .args(["--memory-max", "256M", "--record", rec.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if group {
+        cmd.process_group(0);
+    }
+    let mut harness = cmd.spawn().unwrap();
     let h = harness.id();
-    // The worker: the harness's child, once it runs this binary inside the run cgroup.
+    // The worker: the harness's child, once it runs this binary inside the run cgroup (the
+    // cgroup's reaper, also a child, sits in the harness's own cgroup).
     let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_sovereign")).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let (worker, cgroup) = loop {
@@ -161,29 +187,102 @@ fn a_killed_harness_takes_its_worker_with_it() {
         assert!(std::time::Instant::now() < deadline, "no worker in a run cgroup after 60 s");
         std::thread::sleep(std::time::Duration::from_millis(10));
     };
-    // Let it get into its decode, then kill the harness outright.
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    assert!(alive(worker), "the worker ended before the harness was killed");
-    harness.kill().unwrap();
-    harness.wait().unwrap();
-    let procs: Vec<std::path::PathBuf> = cgroup
+    let cgroup_dirs: Vec<std::path::PathBuf> = cgroup
         .lines()
         .filter_map(|l| l.split_once(":memory:").or_else(|| l.strip_prefix("0::").map(|p| ("", p))))
         .filter(|(_, p)| p.contains("/sovereign-"))
-        .flat_map(|(_, p)| ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"].map(|b| std::path::Path::new(b).join(p.trim_start_matches('/')).join("cgroup.procs")))
-        .filter(|p| p.exists())
+        .flat_map(|(_, p)| ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"].map(|b| std::path::Path::new(b).join(p.trim_start_matches('/'))))
+        .filter(|p| p.join("cgroup.procs").exists())
         .collect();
-    assert!(!procs.is_empty(), "the run cgroup of {cgroup:?}");
+    assert!(!cgroup_dirs.is_empty(), "the run cgroup of {cgroup:?}");
+    // Let it get into its decode.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(alive(worker), "the worker ended early");
+    Long { harness, worker, cgroup_dirs }
+}
+
+/// The run cgroups are gone within 3 s, removed by their reaper: no later harness, and no
+/// clean-up by this test, removes them.
+fn reaped(l: &Long) {
     let gone = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    while alive(worker) || procs.iter().any(|p| std::fs::read_to_string(p).is_ok_and(|s| !s.trim().is_empty())) {
+    while l.cgroup_dirs.iter().any(|d| d.exists()) {
         if std::time::Instant::now() > gone {
-            // SAFETY: a plain kill of the orphan this test made, so it does not run on.
-            unsafe { libc::kill(worker as i32, libc::SIGKILL) };
-            panic!("worker {worker} of the killed harness {h} still runs 3 s later ({:?}, run cgroup {procs:?})", stat(worker));
+            sovereign::observe::cleanup_stale().unwrap();
+            panic!("the run cgroups {:?} of the killed harness are still there 3 s later", l.cgroup_dirs);
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    // The harness's run cgroup is a stale one now, which the next harness removes.
-    sovereign::observe::cleanup_stale().unwrap();
+    no_run_cgroups_left();
+}
+
+#[test]
+fn a_killed_harness_takes_its_worker_with_it() {
+    if !cgroups_usable() {
+        return;
+    }
+    let _turn = turn();
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 43, &[]);
+    let mut l = long_contained(&m, &dir.path().join("r"), false);
+    let (h, worker) = (l.harness.id(), l.worker);
+    l.harness.kill().unwrap();
+    l.harness.wait().unwrap();
+    let gone = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let busy = |d: &std::path::PathBuf| std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|s| !s.trim().is_empty());
+    while alive(worker) || l.cgroup_dirs.iter().any(busy) {
+        if std::time::Instant::now() > gone {
+            // SAFETY: a plain kill of the orphan this test made, so it does not run on.
+            unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+            panic!("worker {worker} of the killed harness {h} still runs 3 s later ({:?}, run cgroup {:?})", stat(worker), l.cgroup_dirs);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    reaped(&l);
+}
+
+/// `kill -9 -PGID` of a harness and its worker (a shell job killed whole): nothing of ours can
+/// run in either, and the run cgroup is still removed, by its reaper.
+#[test]
+fn a_group_kill_leaves_no_run_cgroup() {
+    if !cgroups_usable() {
+        return;
+    }
+    let _turn = turn();
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 44, &[]);
+    let mut l = long_contained(&m, &dir.path().join("r"), true);
+    let pgid = l.harness.id() as i32;
+    assert_eq!(nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(l.worker as i32))).unwrap().as_raw(), pgid, "the worker is in the harness's group");
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    l.harness.wait().unwrap();
+    reaped(&l);
+}
+
+/// A worker killed from outside (SIGKILL, no limit event): the harness says so in words on
+/// stderr, exits non-zero, and its record says the same.
+#[test]
+fn a_worker_killed_from_outside_is_said_killed_by_sigkill() {
+    if !cgroups_usable() {
+        return;
+    }
+    let _turn = turn();
+    let dir = tempfile::tempdir().unwrap();
+    let m = forge(dir.path(), "m.gguf", 45, &[]);
+    let rec = dir.path().join("r");
+    let l = long_contained(&m, &rec, false);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(l.worker as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let out = l.harness.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let said = "the worker was killed by signal 9 (SIGKILL)";
+    assert!(stderr.contains(&format!("error: {said}; record ")), "{stderr}");
+    assert!(!stderr.contains("limit"), "an outside signal is not the limit's: {stderr}");
+    let text = std::fs::read_to_string(rec.join("record.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["error"], said);
+    assert_eq!(r["resources"]["status"]["signal"], 9);
+    no_debug_text("stdout", &stdout);
+    no_debug_text("stderr", &stderr);
+    no_debug_text("record.json", &text);
     no_run_cgroups_left();
 }

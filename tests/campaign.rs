@@ -645,6 +645,50 @@ fn sigkill_midway_then_resume_seals_every_cell_exactly_once() {
     }
 }
 
+/// A worker killed from outside (not the runner: a SIGKILL with no OOM kill and no limit
+/// event) is an interrupted attempt: discarded and run again. The runner's summary counts it
+/// as `campaign status` does.
+#[test]
+fn a_worker_killed_from_outside_is_counted_by_the_summary_as_status_counts_it() {
+    let st = setup("t-outside", &["[A, B]"], 400);
+    let child = bin()
+        .args(["campaign", "run", s(&st.file), "--results", s(&st.results), "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The runner's first worker: its child running this binary (`sovereign cell`).
+    let (runner, exe) = (child.id(), fs::canonicalize(env!("CARGO_BIN_EXE_sovereign")).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let worker = loop {
+        let found = fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid: u32 = stat[stat.rfind(')')? + 4..].split(' ').next()?.parse().ok()?;
+            let cmdline = fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?;
+            (ppid == runner && fs::read_link(format!("/proc/{pid}/exe")).ok()? == exe && cmdline.split('\0').nth(1) == Some("cell")).then_some(pid)
+        });
+        if let Some(w) = found {
+            break w;
+        }
+        assert!(Instant::now() < deadline, "no worker of the runner within 120 s");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // SAFETY: a plain kill of the worker this test's runner started.
+    assert_eq!(unsafe { libc::kill(worker as i32, libc::SIGKILL) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = ok(&["campaign", "status", s(&st.file), "--results", s(&st.results), "--json"]);
+    let status: Value = serde_json::from_str(&r.stdout).unwrap();
+    let discards: u64 = status["cells"].as_array().unwrap().iter().map(|c| c["discards"].as_u64().unwrap()).sum();
+    assert_eq!(discards, 1, "{status}");
+    assert_eq!((summary["discarded"].as_u64(), summary["discarded_now"].as_u64()), (Some(discards), Some(1)), "{summary}");
+    let j = assert_sealed_exactly_once(&st.results, "t-outside", 3);
+    let discarded = events(&j, "cell_discarded");
+    assert!(discarded[0]["reason"].as_str().unwrap().contains("signal 9"), "{discarded:?}");
+}
+
 #[test]
 fn stats_pairs_reproduces_table_6() {
     let t = tempfile::tempdir().unwrap();

@@ -135,6 +135,9 @@ fn anon_beyond_the_limit_is_oom_killed_and_recorded() {
     assert!(r.host.oom_kills >= 1, "{:?}", r.host);
     assert!(!r.admission.admitted);
     assert!(r.admission.failing().any(|c| c.name == "oom kills"), "{:?}", r.admission);
+    // The run's own conjunct says in words that the limit, not an outside signal, killed it.
+    let exit = r.admission.conjuncts.iter().find(|c| c.name == "worker exited 0").unwrap();
+    assert_eq!(exit.value, "the cgroup's 64 MiB limit killed the worker: the kernel's OOM killer sent it signal 9 (SIGKILL)");
     assert_gone(&r);
 }
 

@@ -107,10 +107,8 @@ pub(super) fn interruption(signal: Option<i32>, oom_before: Option<u64>, oom_aft
     if b != a || t.oom_kill_events.unwrap_or(0) > 0 || t.memory_max_events.unwrap_or(0) > 0 {
         return None;
     }
-    // SAFETY: strsignal returns a description for any signal number, here one of `outside`,
-    // never NULL on glibc or musl; nix has no strsignal (only the `SIGKILL` name).
-    let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }.to_string_lossy().into_owned();
-    Some(format!("the worker was ended by signal {sig} ({name}) from outside the run: no OOM kill, no limit event"))
+    let status = RunStatus::Signaled { signal: sig, name: crate::observe::signal_name(sig), core_dumped: false };
+    Some(format!("the worker {status} from outside the run: no OOM kill, no limit event"))
 }
 
 /// Runs one cell. `staging` does not exist yet: a successful run leaves a complete record
@@ -309,10 +307,10 @@ impl Server {
 
     fn exited(&mut self) -> Option<String> {
         match self {
-            Server::Child(c) => c.try_wait().ok().flatten().map(|s| s.to_string()),
+            Server::Child(c) => c.try_wait().ok().flatten().map(|s| RunStatus::from_exit(s).to_string()),
             Server::Capped(_) => {
                 // No signal: only asks whether our own child is still there.
-                kill(Pid::from_raw(self.pid() as i32), None).is_err().then(|| "gone".to_string())
+                kill(Pid::from_raw(self.pid() as i32), None).is_err().then(|| "ended".to_string())
             }
         }
     }
@@ -352,7 +350,7 @@ impl DeviceServer {
         while std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200)).is_err() {
             if let Some(status) = server.exited() {
                 server.stop();
-                anyhow::bail!("the device server exited ({status}) before listening on {endpoint}");
+                anyhow::bail!("the device server {status} before listening on {endpoint}");
             }
             if t0.elapsed() > std::time::Duration::from_secs(20) {
                 server.stop();
@@ -447,11 +445,11 @@ impl CellExecutor for ProcessExecutor {
         let wall_s = t0.elapsed().as_secs_f64();
         let oom_after = oom_kills_now();
         let complete = staging.join(crate::record::RECORD_FILE).is_file();
-        let status = if end.code == Some(0) && complete { CellStatus::Completed } else { CellStatus::Failed };
+        let status = if end.code() == Some(0) && complete { CellStatus::Completed } else { CellStatus::Failed };
         let error = (status == CellStatus::Failed).then(|| failure_line(cell, &paths, &end, complete));
         let telemetry = resource_telemetry(staging, end.maxrss);
-        let interrupted = if status == CellStatus::Failed { interruption(end.signal, oom_before, oom_after, &telemetry) } else { None };
-        let (exit_code, signal) = (end.code, end.signal);
+        let interrupted = if status == CellStatus::Failed { interruption(end.signal(), oom_before, oom_after, &telemetry) } else { None };
+        let (exit_code, signal) = (end.code(), end.signal());
         Ok(CellOutcome { status, exit_code, signal, error, wall_s, command: Vec::new(), worker: Some(shown), telemetry, interrupted, warmed_bytes })
     }
 }
@@ -464,18 +462,26 @@ struct RunPaths<'a> {
     log: &'a Path,
 }
 
-/// How the worker ended: its exit code or signal, and its peak resident set.
+/// How the worker ended (None: it never started, and the log says why), and its peak resident set.
 struct WorkerExit {
-    code: Option<i32>,
-    signal: Option<i32>,
+    status: Option<RunStatus>,
     maxrss: u64,
 }
 
 impl WorkerExit {
-    fn of(status: &RunStatus, maxrss: u64) -> WorkerExit {
-        match *status {
-            RunStatus::Exited { code } => WorkerExit { code: Some(code), signal: None, maxrss },
-            RunStatus::Signaled { signal, .. } => WorkerExit { code: None, signal: Some(signal), maxrss },
+    fn code(&self) -> Option<i32> {
+        match self.status {
+            Some(RunStatus::Exited { code }) => Some(code),
+            // A worker that never started is the cell's failure, as a refusal is (exit 2).
+            None => Some(2),
+            Some(RunStatus::Signaled { .. }) => None,
+        }
+    }
+
+    fn signal(&self) -> Option<i32> {
+        match self.status {
+            Some(RunStatus::Signaled { signal, .. }) => Some(signal),
+            _ => None,
         }
     }
 }
@@ -515,7 +521,7 @@ fn failed_to_start(cell: &CellSpec, log: &Path, e: &anyhow::Error, t0: Instant) 
 
 /// Why a failed cell failed, in one line without this machine's paths.
 fn failure_line(cell: &CellSpec, paths: &RunPaths, end: &WorkerExit, complete: bool) -> String {
-    if end.code == Some(0) {
+    if end.code() == Some(0) {
         return "the cell exited 0 but left no record".to_string();
     }
     let text = std::fs::read_to_string(paths.log).unwrap_or_default();
@@ -524,7 +530,11 @@ fn failure_line(cell: &CellSpec, paths: &RunPaths, end: &WorkerExit, complete: b
         true => crate::record::load_typed(paths.staging).ok().and_then(|r| r.error().map(str::to_string)),
         false => None,
     };
-    let line = line.unwrap_or_else(|| crate::observe::worker_error(end.code, end.signal, &text));
+    let own = || text.lines().map(str::trim).rev().find_map(|l| l.strip_prefix("error:")).map(|l| l.trim().to_string()).unwrap_or_default();
+    let line = line.unwrap_or_else(|| match &end.status {
+        Some(status) => crate::observe::worker_failure(status, None, &text),
+        None => own(),
+    });
     let mut line = line.replace(&paths.staging.display().to_string(), "<record>");
     for (abs, rel) in [(&paths.model, &cell.model.path), (&paths.prompt, &cell.workload.prompt_file)] {
         line = line.replace(&abs.display().to_string(), rel);
@@ -585,11 +595,11 @@ impl ProcessExecutor {
                     out.write_all(text.as_bytes())?;
                 }
                 let res = rec.resources().context("a contained record without its resources")?;
-                Ok(WorkerExit::of(&res.status, res.procs.rss_hwm.unwrap_or(0)))
+                Ok(WorkerExit { status: Some(res.status.clone()), maxrss: res.procs.rss_hwm.unwrap_or(0) })
             }
             Err(e) => {
                 writeln!(out, "error: {}", format!("{e:#}").replace('\n', " "))?;
-                Ok(WorkerExit { code: Some(2), signal: None, maxrss: 0 })
+                Ok(WorkerExit { status: None, maxrss: 0 })
             }
         }
     }
@@ -601,7 +611,7 @@ impl ProcessExecutor {
         let ran = crate::observe::run_plain(cmd);
         let _ = std::fs::remove_file(&spec);
         let (status, maxrss) = ran?;
-        Ok(WorkerExit::of(&status, maxrss))
+        Ok(WorkerExit { status: Some(status), maxrss })
     }
 }
 

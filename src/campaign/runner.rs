@@ -78,7 +78,13 @@ pub struct RunSummary {
     pub abandoned: usize,
     /// Cells run by this invocation.
     pub ran: usize,
+    /// Interrupted attempts discarded in all, as the journal has them: the sum of `campaign
+    /// status`'s per-cell `discards` over this runner's cells (every cell, or its block's), like
+    /// `sealed`, `skipped` and `abandoned`.
     pub discarded: usize,
+    /// Of those, the attempts this invocation discarded: left by an interrupted runner, or
+    /// ended from outside while it ran.
+    pub discarded_now: usize,
 }
 
 /// The locks a runner holds for its whole run, released by the kernel when it dies: a local
@@ -318,7 +324,7 @@ fn recover(ctx: &mut Ctx, summary: &mut RunSummary) -> Result<()> {
                     attempt,
                     reason: "interrupted while sealing and the staged record no longer matches its journaled digest; staging deleted".into(),
                 })?;
-                summary.discarded += 1;
+                summary.discarded_now += 1;
             }
             CellState::Started { attempt, staging } => {
                 remove_staging(&ctx.dir.root.join(&staging))?;
@@ -330,7 +336,7 @@ fn recover(ctx: &mut Ctx, summary: &mut RunSummary) -> Result<()> {
                         requeued().map(|why| format!(" ({why})")).unwrap_or_default()
                     ),
                 })?;
-                summary.discarded += 1;
+                summary.discarded_now += 1;
             }
             _ => {}
         }
@@ -484,6 +490,30 @@ fn run_cell(ctx: &mut Ctx, exec: &dyn CellExecutor, cell: &CellSpec) -> Result<O
     Ok(Some((digest, doc)))
 }
 
+/// What a sealed cell's progress line says: outcome, time, exactness, admission, fault, digest.
+fn sealed_line(key: &str, digest: &str, doc: &CellDocument) -> String {
+    let adm = match doc.admission.passed {
+        Some(true) => "admitted",
+        Some(false) => "NOT admitted",
+        None => "admission not evaluated",
+    };
+    let exact = match doc.oracle.exact {
+        Some(true) => ", exact",
+        Some(false) => ", NOT exact",
+        None => "",
+    };
+    let fault = match &doc.fault {
+        Some(f) if f.validation.passed => format!(", fault {} validated", f.cell.name()),
+        Some(f) => format!(", fault {} FAILED its validation ({})", f.cell.name(), f.validation.failed.join(", ")),
+        None => String::new(),
+    };
+    let failed = match (&doc.outcome.error, doc.outcome.status) {
+        (Some(e), CellStatus::Failed) => format!(" ({e})"),
+        _ => String::new(),
+    };
+    format!("{key} {}{failed} in {:.2} s{exact}, {adm}{fault}: sealed {digest}", doc.outcome.status.name(), doc.outcome.wall_s)
+}
+
 /// `campaign run` / `campaign resume`.
 pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<RunSummary> {
     let cells = expand(&c.spec);
@@ -518,6 +548,7 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
         abandoned: 0,
         ran: 0,
         discarded: 0,
+        discarded_now: 0,
     };
     recover(&mut ctx, &mut summary)?;
     ctx.append(Event::RunnerStarted {
@@ -558,30 +589,21 @@ pub fn run(c: &Loaded, exec: &dyn CellExecutor, opts: &RunOptions) -> Result<Run
             progress.running(&cell.key);
             match run_cell(&mut ctx, exec, &cell)? {
                 Some(s) => break Some(s),
-                None => progress.line(&format!("{n} {} interrupted from outside; attempt discarded, running it again", cell.key), false),
+                None => {
+                    summary.discarded_now += 1;
+                    progress.line(&format!("{n} {} interrupted from outside; attempt discarded, running it again", cell.key), false);
+                }
             }
         };
         let Some((digest, doc)) = sealed else { continue };
         summary.ran += 1;
-        let adm = match doc.admission.passed {
-            Some(true) => "admitted",
-            Some(false) => "NOT admitted",
-            None => "admission not evaluated",
-        };
-        let exact = match doc.oracle.exact {
-            Some(true) => ", exact",
-            Some(false) => ", NOT exact",
-            None => "",
-        };
-        let fault = match &doc.fault {
-            Some(f) if f.validation.passed => format!(", fault {} validated", f.cell.name()),
-            Some(f) => format!(", fault {} FAILED its validation ({})", f.cell.name(), f.validation.failed.join(", ")),
-            None => String::new(),
-        };
-        progress.line(&format!("{n} {} {} in {:.2} s{exact}, {adm}{fault}: sealed {digest}", cell.key, doc.outcome.status.name(), doc.outcome.wall_s), true);
+        progress.line(&format!("{n} {}", sealed_line(&cell.key, &digest, &doc)), true);
     }
     progress.finish();
     for cell in &ctx.cells {
+        if ctx.mine(cell) {
+            summary.discarded += ctx.hist.get(&cell.key).map_or(0, |h| h.discards as usize);
+        }
         match ctx.state(&cell.key) {
             CellState::Sealed { .. } => summary.sealed += 1,
             CellState::Skipped { .. } => summary.skipped += 1,
@@ -945,6 +967,9 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
         let f = Fake { fail_arm: None, interrupt: Some(("X", 1.into())) };
         let s = run(&c, &f, &opts(&results, RunMode::Run)).unwrap();
         assert_eq!((s.sealed, s.skipped, s.abandoned), (7, 0, 0));
+        // The summary counts the discarded attempt as `campaign status` does.
+        assert_eq!((s.discarded, s.discarded_now), (1, 1));
+        assert_eq!(status_discards(&c, &results), s.discarded);
         let j = journal(&results);
         let discarded: Vec<(&str, u32)> = j
             .iter()
@@ -962,6 +987,15 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
         let f = Fake { fail_arm: None, interrupt: Some(("X", 2.into())) };
         let s = run(&c, &f, &opts(&results, RunMode::Run)).unwrap();
         assert_eq!((s.sealed, s.skipped, s.abandoned), (6, 0, 1));
+        assert_eq!((s.discarded, s.discarded_now, status_discards(&c, &results)), (2, 2, 2));
+        // A later run discards nothing more and still counts what the journal has.
+        let s = run(&c, &fake(None), &opts(&results, RunMode::Resume)).unwrap();
+        assert_eq!((s.discarded, s.discarded_now, status_discards(&c, &results)), (2, 0, 2));
+    }
+
+    /// The interrupted attempts `campaign status` shows, summed over its cells.
+    fn status_discards(c: &Loaded, results: &Path) -> usize {
+        status(c, results).unwrap().cells.iter().map(|r| r.discards as usize).sum()
     }
 
     #[test]
@@ -1011,7 +1045,7 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
         truncate_after(&results, |e| matches!(e, Event::CellStarted { cell, .. } if cell == key));
         fs::create_dir_all(staged.join("junk")).unwrap();
         let s = run(&c, &fake, &opts(&results, RunMode::Resume)).unwrap();
-        assert_eq!(s.discarded, 1);
+        assert_eq!((s.discarded, s.discarded_now, status_discards(&c, &results)), (1, 1, 1));
         let j = journal(&results);
         let sealed = sealed_of(&j, key);
         assert_eq!(sealed.len(), 1);
@@ -1025,7 +1059,8 @@ repetition: {{ outcome_selected_reruns: none, max_interrupted_attempts: 2 }}\n",
         jn.append(Event::CellStarted { cell: key.into(), index: 3, attempt: 3, staging: format!("staging/{key}.a3") }).unwrap();
         drop(jn);
         let s = run(&c, &fake, &opts(&results, RunMode::Resume)).unwrap();
-        assert_eq!((s.abandoned, s.discarded), (1, 1));
+        // Three attempts of that cell discarded in all (as status counts), one by this run.
+        assert_eq!((s.abandoned, s.discarded, s.discarded_now, status_discards(&c, &results)), (1, 3, 1, 3));
         let j = journal(&results);
         assert!(j.iter().any(|e| matches!(&e.event, Event::CellAbandoned { cell, .. } if cell == key)));
     }

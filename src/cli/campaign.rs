@@ -136,7 +136,10 @@ pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
         CampaignCommand::RunBlock { file, block, results, binary_sha256 } => {
             let l = campaign::load(&file)?;
             let s = campaign::slurm::run_block(&l, &results, block, binary_sha256.as_deref(), super::progress::on_stderr(false))?;
-            println!("campaign {} block {block}: {} ran, {} interrupted attempts discarded", s.campaign, s.ran, s.discarded);
+            println!(
+                "campaign {} block {block}: {} interrupted attempts of its cells discarded in all (as `campaign status` counts them); this task: {} ran, {} attempts discarded",
+                s.campaign, s.discarded, s.ran, s.discarded_now
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -179,8 +182,8 @@ fn run(a: RunArgs, mode: campaign::RunMode) -> Result<ExitCode> {
         print_json(&s)?;
     } else {
         println!(
-            "campaign {} ({}): {} cells, {} sealed, {} skipped, {} abandoned; this run: {} ran, {} interrupted attempts discarded",
-            s.campaign, s.digest, s.cells, s.sealed, s.skipped, s.abandoned, s.ran, s.discarded
+            "campaign {} ({}): {} cells, {} sealed, {} skipped, {} abandoned, {} interrupted attempts discarded in all (as `campaign status` counts them); this run: {} ran, {} attempts discarded",
+            s.campaign, s.digest, s.cells, s.sealed, s.skipped, s.abandoned, s.discarded, s.ran, s.discarded_now
         );
     }
     Ok(ExitCode::SUCCESS)

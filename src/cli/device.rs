@@ -62,7 +62,7 @@ fn serve_capped(listen: &str, threads: usize, max: u64) -> Result<ExitCode> {
     let end = server.wait()?;
     let c = &end.counters;
     eprintln!(
-        "device server ended ({:?}): peak {} bytes, limit events {}, OOM kills {}",
+        "device server {}: peak {} bytes, limit events {}, OOM kills {}",
         end.status,
         c.peak.map_or("not kept".into(), |p| p.to_string()),
         c.limit_events,

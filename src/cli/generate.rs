@@ -330,13 +330,18 @@ fn print_done(done: &Done, json: bool) -> Result<()> {
     }
 }
 
-/// What a contained run put on record: outcome, what bounded memory, admission.
+/// What a contained run put on record: outcome, what bounded memory, admission; a failed
+/// run's error, in words, on stderr (also under `--json`, whose document carries it too).
 pub fn print_contained(rec: &TypedRecord, dir: &std::path::Path, json: bool) -> Result<()> {
     let res = rec.resources().context("a contained record without its resources")?;
+    if rec.outcome() != Outcome::Completed {
+        eprintln!("error: {}; record {} (failed)", rec.error().unwrap_or("the run failed and its record says no more"), dir.display());
+    }
     if json {
         let mut v = serde_json::json!({
             "record": dir,
             "outcome": rec.outcome(),
+            "error": rec.error(),
             "admission": res.admission,
             "authority": res.authority,
         });
@@ -354,9 +359,6 @@ pub fn print_contained(rec: &TypedRecord, dir: &std::path::Path, json: bool) -> 
     }
     println!("record    {}", dir.display());
     println!("outcome   {}", rec.outcome().name());
-    if let Some(e) = rec.error() {
-        println!("error     {e}");
-    }
     let host = &res.host;
     let or_dash = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     println!(

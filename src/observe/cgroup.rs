@@ -6,8 +6,10 @@
 //!
 //! One code path serves both hierarchies: [`Files`] names the file for each quantity and the
 //! parsers take the text of either version. A run cgroup is created below the harness's own
-//! cgroup as `sovereign-<pid>-<n>`; cgroups left by a harness that was killed are removed at the
-//! next start ([`cleanup_stale`]).
+//! cgroup as `sovereign-<pid>-<n>`. Each has a reaper, a process of its own session that removes
+//! it once the harness lets go of it or dies, also when the harness's whole process group is
+//! SIGKILLed; what a reaper could not remove (it was killed too) the next harness removes at
+//! start ([`cleanup_stale`]).
 
 use procfs::process::{MountInfo, MountInfos};
 use procfs::ProcessCGroups;
@@ -514,6 +516,8 @@ pub struct RunCgroup {
     /// Where stragglers that cannot be killed are moved (v1 base, v2 harness leaf).
     evacuate: Option<PathBuf>,
     removed: bool,
+    /// Removes the cgroup if this process dies before it does (dropped after `remove`).
+    _reaper: Option<Reaper>,
 }
 
 impl RunCgroup {
@@ -522,11 +526,14 @@ impl RunCgroup {
         let name = format!("{PREFIX}{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let path = h.base.join(&name);
         fs::create_dir(&path).map_err(|e| refused("create cgroup", &path, &e))?;
+        let reaper = Reaper::start(&path)
+            .map_err(|e| log::warn!("{}: no reaper ({e}); if this process is killed, the next run removes the cgroup", path.display()))
+            .ok();
         let evacuate = match h.version() {
             Version::V1 => Some(h.base.clone()),
             Version::V2 => h.leaf_rel.as_ref().map(|r| h.located.fs_path(r)),
         };
-        Ok(RunCgroup { version: h.version(), rel: child_rel(&h.base_rel, &name), name, path, evacuate, removed: false })
+        Ok(RunCgroup { version: h.version(), rel: child_rel(&h.base_rel, &name), name, path, evacuate, removed: false, _reaper: reaper })
     }
 
     /// Sets the hard limit with swap off (v2 `memory.swap.max = 0`; v1 `memory.swappiness = 0`
@@ -672,6 +679,134 @@ fn remove_dir(dir: &Path) -> Result<(), RemoveError> {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(source) => return Err(RemoveError { dir: dir.to_path_buf(), source }),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reaper: a run cgroup is removed also when its creator is killed outright.
+
+/// How long the reaper keeps trying to empty and remove a run cgroup once its creator is gone.
+const REAPER_PATIENCE: Duration = Duration::from_secs(5);
+
+/// A process of its own, forked when a run cgroup is made, that removes the cgroup once its
+/// creator has let go of it, however the creator ended: it waits for end of file on a pipe
+/// whose only writer is the creator (close-on-exec, so no worker holds it), then kills whatever
+/// is left inside and removes the directory. It runs in a session and process group of its own,
+/// so a signal to the creator's group (`kill -9 -PGID`, a terminal's hangup or ^C) does not
+/// reach it. When the creator removes the cgroup itself, dropping the reaper closes the pipe;
+/// the reaper finds nothing to remove, exits, and is reaped here.
+#[derive(Debug)]
+struct Reaper {
+    pid: libc::pid_t,
+    pipe: Option<std::os::fd::OwnedFd>,
+}
+
+/// The paths the reaper needs, made before it is forked (it may not allocate).
+struct ReaperPaths {
+    dir: std::ffi::CString,
+    kill: std::ffi::CString,
+    procs: std::ffi::CString,
+}
+
+impl Reaper {
+    fn start(dir: &Path) -> io::Result<Reaper> {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
+        let paths = ReaperPaths { dir: c(dir)?, kill: c(&dir.join("cgroup.kill"))?, procs: c(&dir.join("cgroup.procs"))? };
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into the array it is given.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors were just made by pipe2 and are owned by nothing else.
+        let (read, write) = unsafe { (std::os::fd::OwnedFd::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: the child runs only `reap`, which makes async-signal-safe calls on its stack
+        // and on the paths made above (no allocation, no lock another thread may hold) and
+        // never returns.
+        match unsafe { libc::fork() } {
+            -1 => Err(io::Error::last_os_error()),
+            0 => reap(std::os::fd::AsRawFd::as_raw_fd(&read), &paths),
+            pid => Ok(Reaper { pid, pipe: Some(write) }),
+        }
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        drop(self.pipe.take());
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, writing only into the local it is given.
+        while unsafe { libc::waitpid(self.pid, &mut status, 0) } < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {}
+    }
+}
+
+/// The reaper's whole life after fork; only async-signal-safe calls, on its own stack.
+fn reap(read: std::os::fd::RawFd, p: &ReaperPaths) -> ! {
+    let errno = || io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // SAFETY: each call is a plain syscall on descriptors and paths this process owns.
+    unsafe {
+        libc::setsid();
+        // Nothing of the creator's is held: not its stdio (a reader waits for their end of
+        // file), not its locks, not other reapers' pipes.
+        let read_fd = i64::from(read);
+        for (lo, hi) in [(0, read_fd - 1), (read_fd + 1, i64::from(libc::c_uint::MAX))] {
+            if lo <= hi && libc::syscall(libc::SYS_close_range, lo as libc::c_uint, hi as libc::c_uint, 0) != 0 {
+                // Kernels before 5.9: the descriptors a harness can hold.
+                for fd in lo..=hi.min(4095) {
+                    libc::close(fd as libc::c_int);
+                }
+            }
+        }
+        // Until the creator's end closes: it let go of the cgroup, or it died.
+        let mut b = [0u8; 1];
+        loop {
+            let r = libc::read(read, b.as_mut_ptr().cast(), 1);
+            if r == 0 || (r < 0 && errno() != libc::EINTR) {
+                break;
+            }
+        }
+        let start = Instant::now();
+        while libc::rmdir(p.dir.as_ptr()) != 0 && errno() == libc::EBUSY && start.elapsed() < REAPER_PATIENCE {
+            kill_inside(p);
+            let pause = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+            libc::nanosleep(&pause, std::ptr::null_mut());
+        }
+        libc::_exit(0)
+    }
+}
+
+/// SIGKILLs what is inside a cgroup (v2 `cgroup.kill`, else each pid of `cgroup.procs`), with
+/// only async-signal-safe calls.
+///
+/// # Safety
+/// Plain syscalls on the paths given; callable between fork and exit.
+unsafe fn kill_inside(p: &ReaperPaths) {
+    let fd = libc::open(p.kill.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+    if fd >= 0 {
+        let killed = libc::write(fd, b"1".as_ptr().cast(), 1) == 1;
+        libc::close(fd);
+        if killed {
+            return;
+        }
+    }
+    let fd = libc::open(p.procs.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return;
+    }
+    let mut buf = [0u8; 4096];
+    let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+    libc::close(fd);
+    let mut pid: i64 = 0;
+    for &c in buf[..n.max(0) as usize].iter().chain(b"\n") {
+        if c.is_ascii_digit() {
+            pid = (pid * 10 + i64::from(c - b'0')).min(i64::from(i32::MAX));
+        } else {
+            if pid > 0 {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+            pid = 0;
         }
     }
 }

@@ -82,24 +82,78 @@ impl RunStatus {
             RunStatus::Exited { code: libc::WEXITSTATUS(status) }
         }
     }
-}
 
-/// The error of a failed worker in its own terms: the signal that killed it, else its own
-/// `error` line, else its exit code. Other output (a debugger's, a library's) is never the error.
-pub fn worker_error(code: Option<i32>, signal: Option<i32>, log: &str) -> String {
-    let own = log.lines().map(str::trim).rev().find(|l| l.starts_with("error")).map(|l| l.chars().take(500).collect::<String>());
-    match (signal, own) {
-        (Some(s), Some(e)) => format!("worker killed by signal {s} ({}) after: {e}", signal_name(s)),
-        (Some(s), None) => format!("worker killed by signal {s} ({})", signal_name(s)),
-        (None, Some(e)) => e,
-        (None, None) => match code {
-            Some(c) => format!("worker exited with code {c} and no error line"),
-            None => "worker ended without an exit status".into(),
-        },
+    /// The status of a child reaped by `std::process` (a stopped child reads as exit code -1).
+    pub fn from_exit(status: std::process::ExitStatus) -> RunStatus {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => RunStatus::Exited { code },
+            (None, Some(signal)) => RunStatus::Signaled { signal, name: signal_name(signal), core_dumped: status.core_dumped() },
+            (None, None) => RunStatus::Exited { code: -1 },
+        }
     }
 }
 
-fn signal_name(sig: i32) -> String {
+/// The one way a status is shown to a person, after its process's name: `exited with code 3`,
+/// `was killed by signal 9 (SIGKILL)`.
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunStatus::Exited { code } => write!(f, "exited with code {code}"),
+            RunStatus::Signaled { signal, name, core_dumped } => {
+                write!(f, "was killed by signal {signal} ({name}){}", if *core_dumped { ", core dumped" } else { "" })
+            }
+        }
+    }
+}
+
+/// What a run's cgroup saw of its limit, to tell the limit's kill from a signal sent from outside.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LimitSeen {
+    /// The hard limit, as the kernel read it back (None: no limit).
+    pub limit: Option<u64>,
+    pub limit_events: u64,
+    /// Processes the kernel's OOM killer killed inside the cgroup (v1 and v2 `oom_kill`).
+    pub oom_kills: u64,
+    /// v1 `under_oom` seen, or v2 `memory.events` oom: the cgroup ran out at its limit.
+    pub oom: bool,
+}
+
+impl LimitSeen {
+    pub fn of(host: &HostReport) -> LimitSeen {
+        LimitSeen { limit: host.limit, limit_events: host.limit_events, oom_kills: host.oom_kills, oom: host.under_oom_seen || host.oom_events.unwrap_or(0) > 0 }
+    }
+}
+
+/// Why a worker failed, in words: the one wording of a failed worker for everything a person
+/// reads (stderr, a record's `error`, the admission predicate's conjunct, a campaign's
+/// `cell.json`). A SIGKILL while the kernel's OOM killer acted in the cgroup is the limit's
+/// kill; any other signal is named as it came. From `log` only the worker's own `error` line is
+/// taken: other output (a debugger's, a library's) is never the error.
+pub fn worker_failure(status: &RunStatus, seen: Option<&LimitSeen>, log: &str) -> String {
+    let own = log.lines().map(str::trim).rev().find(|l| l.starts_with("error")).map(|l| {
+        let l = l.strip_prefix("error:").map_or(l, str::trim_start);
+        l.chars().take(500).collect::<String>()
+    });
+    let limit = seen.and_then(|s| s.limit.map(|l| (crate::bounds::show_bytes(l), s)));
+    let by_limit = matches!(status, RunStatus::Signaled { signal: libc::SIGKILL, .. }) && limit.as_ref().is_some_and(|(_, s)| s.oom_kills > 0 || s.oom);
+    let mut line = match (status, &own) {
+        (RunStatus::Signaled { signal, name, .. }, _) if by_limit => {
+            format!("the cgroup's {} limit killed the worker: the kernel's OOM killer sent it signal {signal} ({name})", limit.as_ref().map_or("", |(l, _)| l.as_str()))
+        }
+        (RunStatus::Signaled { .. }, None) => format!("the worker {status}"),
+        (RunStatus::Signaled { .. }, Some(e)) => format!("the worker {status} after: {e}"),
+        (RunStatus::Exited { .. }, Some(e)) => format!("the worker {status}: {e}"),
+        (RunStatus::Exited { .. }, None) => format!("the worker {status} and no error line"),
+    };
+    if let Some((l, s)) = limit.filter(|(_, s)| s.limit_events > 0 && !by_limit) {
+        line += &format!("; its cgroup's {l} limit was reached {} times", s.limit_events);
+    }
+    line
+}
+
+/// A signal's name (`SIGKILL`), or `signal N` for one without a common name.
+pub fn signal_name(sig: i32) -> String {
     let n = match sig {
         libc::SIGHUP => "SIGHUP",
         libc::SIGINT => "SIGINT",
@@ -390,7 +444,8 @@ pub fn audit_device(dir: &std::path::Path) -> Result<DeviceAudit> {
     Ok(DeviceAudit { cgroup: dir.display().to_string(), limit, peak: c.peak, limit_events: c.limit_events, oom_kills: c.oom_kills })
 }
 
-/// Removes run cgroups left by harnesses that were killed; [`run_contained`] does this at start.
+/// Removes run cgroups left by harnesses that were killed and whose reaper did not remove them;
+/// [`run_contained`] does this at start.
 pub fn cleanup_stale() -> Result<Vec<Stale>> {
     let h = cgroup::prepare()?;
     Ok(cgroup::cleanup_stale(&h))
@@ -402,7 +457,8 @@ pub fn cleanup_stale() -> Result<Vec<Stale>> {
 /// Errors (one line each, saying what to do) when no run cgroup can be made: no memory
 /// controller, no permission, or a v2 subtree without delegation. The child's stdio should be
 /// inherited, null or files: pipes are closed by the harness once the child has started.
-/// The cgroup is removed afterwards, also when the child crashes or leaves processes behind.
+/// The cgroup is removed afterwards, also when the child crashes or leaves processes behind,
+/// and by its reaper when this process is killed before it could ([`cgroup::RunCgroup`]).
 pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRun> {
     if spec.sample_interval.is_zero() {
         bail!("sample interval must be positive");
@@ -511,7 +567,11 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
     let authority = authority::authority(&host, &gpu, spec.gpu_declared);
     let device = spec.device_cgroup.as_deref().map(audit_device).transpose()?;
     let mut admission = authority::admission_with_budget(&host, &gpu, &authority, spec.gpu_declared, spec.gpu_budget, device.as_ref());
-    admission.require_run("worker exited 0", status.success(), format!("{status:?}"));
+    let exit = match status.success() {
+        true => format!("the worker {status}"),
+        false => worker_failure(&status, Some(&LimitSeen::of(&host)), ""),
+    };
+    admission.require_run("worker exited 0", status.success(), exit);
     Ok(ContainedRun { status, wall_s, host, gpu, procs, authority, admission })
 }
 
@@ -520,10 +580,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_killed_worker_is_recorded_as_killed() {
+    fn a_failed_worker_is_said_in_words_and_the_limit_told_from_an_outside_signal() {
         let gdb = "loading\n[Inferior 1 (process 4242) detached]\n";
-        assert_eq!(worker_error(None, Some(9), gdb), "worker killed by signal 9 (SIGKILL)");
-        assert_eq!(worker_error(Some(3), None, gdb), "worker exited with code 3 and no error line");
-        assert_eq!(worker_error(Some(2), None, "error: --model m: not a GGUF file\n[Inferior 1 detached]"), "error: --model m: not a GGUF file");
+        let kill = RunStatus::Signaled { signal: 9, name: "SIGKILL".into(), core_dumped: false };
+        assert_eq!(worker_failure(&kill, None, gdb), "the worker was killed by signal 9 (SIGKILL)");
+        assert_eq!(worker_failure(&RunStatus::Exited { code: 3 }, None, gdb), "the worker exited with code 3 and no error line");
+        let own = "error: --model m: not a GGUF file\n[Inferior 1 detached]";
+        assert_eq!(worker_failure(&RunStatus::Exited { code: 2 }, None, own), "the worker exited with code 2: --model m: not a GGUF file");
+        // Under a limit: an OOM kill is the limit's; a SIGKILL without one came from outside.
+        let oom = LimitSeen { limit: Some(4 << 20), limit_events: 40, oom_kills: 1, oom: true };
+        assert_eq!(worker_failure(&kill, Some(&oom), ""), "the cgroup's 4 MiB limit killed the worker: the kernel's OOM killer sent it signal 9 (SIGKILL)");
+        let quiet = LimitSeen { limit: Some(4 << 20), ..LimitSeen::default() };
+        assert_eq!(worker_failure(&kill, Some(&quiet), ""), "the worker was killed by signal 9 (SIGKILL)");
+        let hit = LimitSeen { limit_events: 7, ..quiet };
+        assert_eq!(
+            worker_failure(&RunStatus::Exited { code: 1 }, Some(&hit), own),
+            "the worker exited with code 1: --model m: not a GGUF file; its cgroup's 4 MiB limit was reached 7 times"
+        );
+        let abort = RunStatus::Signaled { signal: 6, name: "SIGABRT".into(), core_dumped: true };
+        assert_eq!(abort.to_string(), "was killed by signal 6 (SIGABRT), core dumped");
+        for text in [worker_failure(&kill, Some(&oom), gdb), worker_failure(&abort, None, own)] {
+            assert!(!text.contains('{'), "{text}");
+        }
     }
 }
