@@ -3,9 +3,10 @@
 //! The reader has already bounded every count, length and shape by the file's bytes, kept
 //! offsets inside the data section and refused unknown types. What is left here is of two kinds:
 //! hyperparameters, layouts, vocabularies and weight types that llama.cpp or ggml abort on (not
-//! an error: each rule quotes the code it prevents), and values that make every logit NaN. Shapes, per-architecture tensor
-//! sets and key types are the engine loader's own checks (it fails with a message); a load that
-//! can still abort runs in a worker process, whose death becomes one line.
+//! an error: each rule quotes the code it prevents), and values that make every logit NaN.
+//! Shapes, per-architecture tensor sets and key types are the engine loader's own checks (it
+//! fails with a message); a load that can still abort runs in a worker process, whose death
+//! becomes one line.
 
 use super::{expert_role, GgmlType, Gguf, Value};
 use anyhow::{anyhow, bail, Result};
