@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+use sovereign::gguf::{GgmlType, Gguf, GgufWriter, TensorSpec, Value};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 
 const SEED: [u8; 32] = *b"sovereign gguf fuzz, fixed seed!";
@@ -472,4 +473,200 @@ fn rope_freq_base_nan_is_refused_by_inventory() {
     let mut m = orig.clone();
     put(&mut m, off, 4, f32::NAN.to_bits() as u64);
     assert_eq!(exercise(dir.path(), 1, &m), Ok(Verdict::RefusedByInventory));
+}
+
+// Inputs llama.cpp aborts on although the cause is in the file: each is refused in one line by
+// `inventory`, resident `generate` and `generate --experts plan`, before any worker starts (no
+// record is left), while its valid neighbours load and generate.
+
+/// A copy of `model` with its metadata edited by `meta` and the tensors `retype` names stored as
+/// another type (converted from F32).
+fn rewritten(model: &Path, out: &Path, meta: impl Fn(&mut Vec<(String, Value)>), retype: impl Fn(&str) -> Option<GgmlType>) -> PathBuf {
+    let g = Gguf::open(model).unwrap();
+    let bytes = std::fs::read(model).unwrap();
+    let mut w = GgufWriter::default();
+    w.metadata = g.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    meta(&mut w.metadata);
+    for t in &g.tensors {
+        w.tensor(TensorSpec::new(t.name.clone(), retype(&t.name).unwrap_or(t.ggml_type), &t.dims));
+    }
+    w.write(out, |i, spec, buf| {
+        let t = &g.tensors[i];
+        let src = &bytes[t.offset as usize..t.end() as usize];
+        if spec.ggml_type == t.ggml_type {
+            return buf.copy_from_slice(src);
+        }
+        assert_eq!(t.ggml_type, GgmlType::F32, "{}", t.name);
+        let x: Vec<f32> = src.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        convert(spec.ggml_type, &x, buf);
+    })
+    .unwrap();
+    out.to_path_buf()
+}
+
+fn convert(ty: GgmlType, x: &[f32], out: &mut [u8]) {
+    match ty.name() {
+        // I32 over the same bytes: what a mislabelled router looks like.
+        "I32" => out.copy_from_slice(&x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect::<Vec<u8>>()),
+        "F64" => out.copy_from_slice(&x.iter().flat_map(|&v| f64::from(v).to_le_bytes()).collect::<Vec<u8>>()),
+        "BF16" => out.copy_from_slice(&x.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect::<Vec<u8>>()),
+        "Q8_0" => {
+            for (blk, o) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = f16_round(amax / 127.0);
+                o[..2].copy_from_slice(&f16_bits(d).to_le_bytes());
+                for (q, v) in o[2..].iter_mut().zip(blk) {
+                    *q = if d == 0.0 { 0 } else { (v / d).round().clamp(-127.0, 127.0) as i8 as u8 };
+                }
+            }
+        }
+        t => panic!("no conversion to {t}"),
+    }
+}
+
+/// A positive normal f32 (a Q8_0 scale) as the nearest-below F16 and its bits.
+fn f16_bits(v: f32) -> u16 {
+    if v == 0.0 {
+        return 0;
+    }
+    let b = v.to_bits();
+    let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    assert!((1..31).contains(&exp), "{v} is not a normal F16");
+    ((exp as u16) << 10) | ((b >> 13) & 0x3ff) as u16
+}
+fn f16_round(v: f32) -> f32 {
+    if v == 0.0 {
+        return 0.0;
+    }
+    f32::from_bits(v.to_bits() & !0x1fff)
+}
+
+fn set_kv(m: &mut Vec<(String, Value)>, key: &str, v: Value) {
+    match m.iter_mut().find(|(k, _)| k == key) {
+        Some(e) => e.1 = v,
+        None => m.push((key.to_string(), v)),
+    }
+}
+
+/// `bad` is refused in one line naming it and `needles` on every path that loads a model, and
+/// no run (no record, no staging) is left behind.
+fn refused_everywhere(dir: &Path, bad: &Path, needles: &[&str]) {
+    let name = bad.to_str().unwrap();
+    let mut all = vec![name];
+    all.extend_from_slice(needles);
+    common::assert_one_line_error(&common::run(&["inventory", name]), &all);
+    for (i, extra) in [&[][..], &["--experts", "plan", "--slots", "5"][..]].iter().enumerate() {
+        let rec = dir.join(format!("refused{i}"));
+        let r = common::generate(bad, "hi", 2, &rec, extra);
+        common::assert_one_line_error(&r, &all);
+        assert!(!rec.exists(), "{extra:?}: a refused file reached a run: {} exists", rec.display());
+        assert!(!PathBuf::from(format!("{}.partial", rec.display())).exists(), "{extra:?}: staging left behind");
+    }
+}
+
+/// `model` generates resident; returns the generated tokens' surface.
+fn generates(dir: &Path, model: &Path, name: &str) -> Vec<u8> {
+    let rec = dir.join(name);
+    let r = common::generate(model, "Experts stream from storage.", 8, &rec, &[]);
+    assert_eq!(r.code, 0, "{}: {}{}", model.display(), r.stdout, r.stderr);
+    std::fs::read(rec.join("tokens.bin")).unwrap_or_else(|e| panic!("{}: no tokens surface: {e}", rec.display()))
+}
+
+/// ggml asserts a CPU buffer starts on TENSOR_ALIGNMENT (32): a file whose alignment places a
+/// tensor off it is refused; every alignment that keeps tensors on it loads and gives the same tokens.
+#[test]
+fn alignments_ggml_buffers_cannot_take_are_refused_and_the_rest_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = common::forge(d, "base.gguf", 5, &[]);
+    let tokens = generates(d, &base, "base");
+    for a in ["64", "4096"] {
+        let m = common::forge(d, &format!("a{a}.gguf"), 5, &["--alignment", a]);
+        assert_eq!(Gguf::open(&m).unwrap().alignment.to_string(), a);
+        assert_eq!(generates(d, &m, &format!("a{a}")), tokens, "alignment {a}");
+    }
+    // Below 32: refused where a tensor lands off 32, run where every tensor happens to be on it.
+    // A padding key moves the data section; each outcome is looked for among 32 paddings.
+    for a in [1u32, 16] {
+        let (mut off, mut on) = (false, false);
+        for pad in 0..32 {
+            let m = d.join(format!("a{a}-{pad}.gguf"));
+            rewritten(
+                &base,
+                &m,
+                |meta| {
+                    set_kv(meta, "general.alignment", Value::U32(a));
+                    set_kv(meta, "sovereign.test.pad", Value::Str("x".repeat(pad)));
+                },
+                |_| None,
+            );
+            let g = Gguf::open(&m).unwrap();
+            assert_eq!(g.alignment, u64::from(a));
+            match g.tensors.iter().find(|t| t.offset % 32 != 0) {
+                Some(t) if !off => {
+                    refused_everywhere(d, &m, &[&format!("general.alignment is {a}: tensor `{}` starts at byte {}", t.name, t.offset), "TENSOR_ALIGNMENT (32)"]);
+                    off = true;
+                }
+                None if !on => {
+                    assert_eq!(generates(d, &m, &format!("a{a}-{pad}")), tokens, "alignment {a}, every tensor on 32");
+                    on = true;
+                }
+                _ => {}
+            }
+            std::fs::remove_file(&m).unwrap();
+        }
+        assert!(off, "alignment {a}: no padding put a tensor off 32");
+        assert!(on || a == 1, "alignment {a}: no padding kept every tensor on 32");
+    }
+}
+
+/// The SPM tokenizer (`llama`) over the forged GPT-2 byte vocabulary has no `<0xXX>` tokens:
+/// llama.cpp's byte fallback aborts in unordered_map::at. The same tokens as SPM byte tokens run.
+#[test]
+fn an_spm_vocabulary_without_byte_tokens_is_refused_and_one_with_them_generates() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = common::forge(d, "base.gguf", 6, &[]);
+    let bad = rewritten(&base, &d.join("spm-gpt2.gguf"), |m| set_kv(m, "tokenizer.ggml.model", Value::Str("llama".into())), |_| None);
+    refused_everywhere(d, &bad, &["tokenizer.ggml.model is \"llama\" but byte 0x00 has no token", "unordered_map::at"]);
+
+    let spm = rewritten(
+        &base,
+        &d.join("spm.gguf"),
+        |m| {
+            set_kv(m, "tokenizer.ggml.model", Value::Str("llama".into()));
+            for (k, v) in m.iter_mut() {
+                match (k.as_str(), v) {
+                    ("tokenizer.ggml.tokens", Value::Array(t)) => (0..256).for_each(|b| t[b] = Value::Str(format!("<0x{b:02X}>"))),
+                    // LLAMA_TOKEN_TYPE_BYTE: decoded through the byte the text names.
+                    ("tokenizer.ggml.token_type", Value::Array(t)) => (0..256).for_each(|b| t[b] = Value::I32(6)),
+                    _ => {}
+                }
+            }
+        },
+        |_| None,
+    );
+    assert!(!generates(d, &spm, "spm").is_empty());
+}
+
+/// ggml-cpu has no matrix product for I32 or F64 weights (a null vec_dot: SIGSEGV); routers and
+/// projections of those types are refused, and F16, BF16 and Q8_0 routers generate.
+#[test]
+fn weights_the_cpu_cannot_multiply_are_refused_and_float_routers_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = common::forge(d, "base.gguf", 7, &[]);
+    let router = |n: &str| n.ends_with("ffn_gate_inp.weight");
+    for (ty, which, first) in [(26u32, "router", "blk.0.ffn_gate_inp.weight"), (28, "router", "blk.0.ffn_gate_inp.weight"), (26, "attn_q", "blk.0.attn_q.weight")] {
+        let ty = GgmlType(ty);
+        let bad = rewritten(&base, &d.join(format!("{which}-{ty}.gguf")), |_| {}, |n| (if which == "router" { router(n) } else { n.ends_with("attn_q.weight") }).then_some(ty));
+        refused_everywhere(d, &bad, &[&format!("tensor `{first}` is {ty}: ggml's CPU backend has no matrix product")]);
+    }
+    let f16 = common::forge(d, "f16.gguf", 7, &["--f16-router"]);
+    assert!(!generates(d, &f16, "f16").is_empty());
+    for ty in [GgmlType(30), GgmlType::Q8_0] {
+        let m = rewritten(&base, &d.join(format!("router-{ty}.gguf")), |_| {}, |n| router(n).then_some(ty));
+        assert_eq!(Gguf::open(&m).unwrap().tensor("blk.1.ffn_gate_inp.weight").unwrap().ggml_type, ty);
+        assert!(!generates(d, &m, &format!("router-{ty}")).is_empty(), "{ty}");
+    }
 }
