@@ -340,6 +340,36 @@ analysis:
         assert!(d.iter().any(|d| d.message.contains("`token_pass` applies only")), "{d:?}");
     }
 
+    /// Scalars are what they are written as: the digest of every accepted file is the digest
+    /// of what it says, so YAML 1.1 booleans, unknown tags and quoted numbers are refused.
+    #[test]
+    fn scalars_are_strict_and_each_refusal_is_at_the_value() {
+        let digest = |t: &str| spec::canonical(&parse(t).unwrap()).unwrap().1;
+        let base = digest(GOOD);
+        for (from, to, at, message) in [
+            ("  ignore_eos: true", "  ignore_eos: yes", (11, 15), "invalid boolean (strict mode expects true/false)"),
+            ("  ignore_eos: true", "  ignore_eos: off", (11, 15), "invalid boolean (strict mode expects true/false)"),
+            ("    threads: 1\n  - id: D", "    threads: !custom 1\n  - id: D", (18, 22), "unsupported tag `!custom`"),
+            ("    threads: 1\n  - id: D", "    threads: \"1\"\n  - id: D", (18, 14), "arms[0].threads: expected a number, got the string \"1\" (numbers are written without quotes)"),
+            ("  ignore_eos: true", "  ignore_eos: 'true'", (11, 15), "workload.ignore_eos: expected true or false, got the string \"true\" (booleans are written without quotes)"),
+            ("  outputs: 2", "  outputs: !!str 2", (10, 18), "invalid u32"),
+            ("    level: 0.95", "    level: \"0.95\"", (62, 12), "analysis.pairs.level: expected a number, got the string \"0.95\" (numbers are written without quotes)"),
+        ] {
+            let text = GOOD.replacen(from, to, 1);
+            assert_ne!(text, GOOD, "{to}");
+            let d = diag(&text);
+            assert_eq!(d.len(), 1, "{to}: {d:?}");
+            assert_eq!(((d[0].line, d[0].column), d[0].message.as_str()), (at, message), "{to}");
+        }
+        // What is genuinely a string may be quoted, booleans are true or false in any case, and
+        // neither changes the digest.
+        for (from, to) in [("id: t\n", "id: \"t\"\n"), ("  ignore_eos: true", "  ignore_eos: True"), ("    source: d\n", "    source: 'd'\n"), ("policy: lru:2", "policy: \"lru:2\"")] {
+            let text = GOOD.replacen(from, to, 1);
+            assert_ne!(text, GOOD, "{to}");
+            assert_eq!(digest(&text), base, "{to}");
+        }
+    }
+
     #[test]
     fn seeded_random_blocks_are_fixed_by_the_seed() {
         let text = GOOD.replace("    preordered:\n      - [D, F]\n      - [F, D]\n", "    seeded_random: { seed: 42, count: 8, arms: [D, F] }\n");
