@@ -370,6 +370,27 @@ analysis:
         }
     }
 
+    /// Every count in the file is bounded by `bounds`, at its value.
+    #[test]
+    fn counts_are_bounded() {
+        for (from, to, line, needle) in [
+            ("  max_interrupted_attempts: 3", "  max_interrupted_attempts: 4294967295", 56, "repetition.max_interrupted_attempts 4294967295: expected 1..=100"),
+            ("  prompt_tokens: 3", "  prompt_tokens: 4294967295", 9, "workload.prompt_tokens 4294967295: expected 1..=1048576"),
+            ("    fault: short_read\n", "    fault: short_read\n    timeline_token: 4294967295\n", 28, "timeline_token 4294967295 is out of range 0..=1048576"),
+            ("    fault: short_read\n", "    fault: short_read\n    token_pass: 4294967295\n", 28, "token_pass 4294967295 is out of range 0..=65536"),
+        ] {
+            let text = GOOD.replacen(from, to, 1);
+            assert_ne!(text, GOOD, "{to}");
+            let d = diag(&text);
+            assert!(d.len() == 1 && d[0].line == line && d[0].message.contains(needle), "{to}: {d:?}");
+        }
+        parse(&GOOD.replacen("  max_interrupted_attempts: 3", "  max_interrupted_attempts: 100", 1)).expect("the bound itself");
+        // Written-out blocks count toward the cells' bound like drawn ones.
+        let many = "      - [D, F]\n".repeat(4_999);
+        let d = diag(&GOOD.replacen("      - [D, F]\n", &many, 1));
+        assert!(d.iter().any(|d| d.message.contains("10001 cells, more than 10000") && d.line == 41), "{d:?}");
+    }
+
     #[test]
     fn seeded_random_blocks_are_fixed_by_the_seed() {
         let text = GOOD.replace("    preordered:\n      - [D, F]\n      - [F, D]\n", "    seeded_random: { seed: 42, count: 8, arms: [D, F] }\n");

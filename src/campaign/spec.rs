@@ -603,8 +603,9 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             out.push(Diagnostic::at(&w.baseline, "analysis.wall.arms names no arm".to_string()));
         }
     }
-    if c.repetition.max_interrupted_attempts.value == 0 {
-        out.push(Diagnostic::at(&c.repetition.max_interrupted_attempts, "repetition.max_interrupted_attempts 0: expected at least 1"));
+    let attempts = &c.repetition.max_interrupted_attempts;
+    if attempts.value == 0 || attempts.value > crate::bounds::MAX_INTERRUPTED_ATTEMPTS {
+        out.push(Diagnostic::at(attempts, format!("repetition.max_interrupted_attempts {}: expected 1..={}", attempts.value, crate::bounds::MAX_INTERRUPTED_ATTEMPTS)));
     }
     out
 }
@@ -619,8 +620,9 @@ fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
     if outputs.value == 0 || outputs.value > crate::bounds::MAX_N_PREDICT {
         out.push(Diagnostic::at(outputs, format!("workload.outputs {}: expected 1..={}", outputs.value, crate::bounds::MAX_N_PREDICT)));
     }
-    if c.workload.prompt_tokens.value == 0 {
-        out.push(Diagnostic::at(&c.workload.prompt_tokens, "workload.prompt_tokens 0: expected at least 1"));
+    let prompt_tokens = &c.workload.prompt_tokens;
+    if prompt_tokens.value == 0 || prompt_tokens.value > crate::bounds::MAX_PROMPT_TOKENS {
+        out.push(Diagnostic::at(prompt_tokens, format!("workload.prompt_tokens {}: expected 1..={}", prompt_tokens.value, crate::bounds::MAX_PROMPT_TOKENS)));
     }
     if c.arms.is_empty() {
         out.push(Diagnostic::at(&c.id, "a campaign needs at least one arm (`arms:` is empty)"));
@@ -679,6 +681,10 @@ fn validate_schedule(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
     known.block(&c.schedule.lead, "schedule.lead", out);
     match &c.schedule.blocks {
         Blocks::Preordered(blocks) => {
+            let cells = c.schedule.lead.len() as u64 + blocks.iter().map(|b| b.len() as u64).sum::<u64>();
+            if let Some(b) = blocks.first().filter(|_| cells > crate::bounds::MAX_CELLS) {
+                out.push(Diagnostic::at(b, format!("schedule.blocks.preordered: {} blocks and the lead are {cells} cells, more than {}", blocks.len(), crate::bounds::MAX_CELLS)));
+            }
             for b in blocks {
                 if b.is_empty() {
                     out.push(Diagnostic::at(b, "schedule.blocks: a block is empty"));
@@ -690,9 +696,9 @@ fn validate_schedule(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
             if arms.is_empty() || count.value == 0 {
                 out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} with {} arms: needs arms and count >= 1", count.value, arms.len())));
             }
-            let cells = u64::from(count.value) * arms.len() as u64;
+            let cells = u64::from(count.value) * arms.len() as u64 + c.schedule.lead.len() as u64;
             if cells > crate::bounds::MAX_CELLS {
-                out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} x {} arms is {cells} cells, more than {}", count.value, arms.len(), crate::bounds::MAX_CELLS)));
+                out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} x {} arms and the lead are {cells} cells, more than {}", count.value, arms.len(), crate::bounds::MAX_CELLS)));
             }
             known.block(arms, "schedule.blocks.seeded_random.arms", out);
         }
@@ -850,8 +856,8 @@ fn validate_refine(c: &Campaign) -> Vec<Diagnostic> {
             }
         }
         Some(r) => {
-            if r.window.value == 0 {
-                out.push(Diagnostic::at(&r.window, "refine.window 0: expected at least 1"));
+            if r.window.value == 0 || r.window.value > crate::bounds::MAX_REFINE_WINDOW {
+                out.push(Diagnostic::at(&r.window, format!("refine.window {}: expected 1..={}", r.window.value, crate::bounds::MAX_REFINE_WINDOW)));
             }
             if c.oracle.relation != Relation::Tokens {
                 out.push(Diagnostic::at(&c.oracle.arm, "a refinement campaign records no logits rows: use `relation: tokens`"));
