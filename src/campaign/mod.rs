@@ -24,6 +24,7 @@ pub mod audit;
 pub mod document;
 pub mod executor;
 pub mod expand;
+pub mod gate;
 pub mod journal;
 pub mod models;
 pub mod runner;
@@ -73,30 +74,15 @@ pub fn load(file: &Path) -> Result<Loaded> {
     Ok(Loaded { file: file.to_path_buf(), base, source, spec, canonical, digest })
 }
 
-/// Makes the missing models of a campaign file from their recipes ([`models::make_missing`]);
-/// a file that does not parse makes nothing (its diagnostics are `check`'s).
-pub fn make_models(file: &Path) -> Result<Vec<models::Made>> {
-    let source = crate::bounds::read_text("the campaign file", file, crate::bounds::MAX_CAMPAIGN_FILE_BYTES)?;
-    let Ok(spec) = parse(&source) else { return Ok(Vec::new()) };
-    let base = match file.parent() {
-        Some(b) if !b.as_os_str().is_empty() => b.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    models::make_missing(&spec, &base)
-}
-
-/// `campaign check`: the diagnostics of a file (empty: it is well formed).
-pub fn check(file: &Path) -> Result<Vec<String>> {
-    let source = crate::bounds::read_text("the campaign file", file, crate::bounds::MAX_CAMPAIGN_FILE_BYTES)?;
-    let base = match file.parent() {
-        Some(b) if !b.as_os_str().is_empty() => b.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let d = match parse(&source) {
-        Ok(c) => spec::check_paths(&c, &base),
-        Err(d) => d,
-    };
-    Ok(d.iter().map(|d| d.render(&file.display().to_string())).collect())
+/// `campaign check`: the problems of a file, one line each, or none. A file that cannot be read
+/// or does not parse gives [`load`]'s lines; one that does gives what every command refuses
+/// before a campaign's first cell ([`gate::problems`]). A missing model with a recipe is
+/// `campaign run`'s to make ([`models::pending`]), not a problem.
+pub fn check(file: &Path) -> Vec<String> {
+    match load(file) {
+        Err(e) => format!("{e:#}").lines().map(str::to_string).collect(),
+        Ok(c) => gate::problems(&c, models::Recipes::Pending).iter().map(|d| d.render(&file.display().to_string())).collect(),
+    }
 }
 
 /// Where a campaign keeps its state below the results directory.

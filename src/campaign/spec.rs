@@ -129,7 +129,7 @@ impl Campaign {
 pub struct ModelSpec {
     /// Relative paths are taken from the campaign file's directory.
     pub path: At<String>,
-    pub sha256: Sha256Hex,
+    pub sha256: At<Sha256Hex>,
     /// How the model is made when `path` is missing: forged (`model forge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forge: Option<ForgeRecipe>,
@@ -221,7 +221,7 @@ fn default_refine_mode() -> RefineMode {
 pub struct Workload {
     /// Relative paths are taken from the campaign file's directory.
     pub prompt_file: At<String>,
-    pub prompt_sha256: Sha256Hex,
+    pub prompt_sha256: At<Sha256Hex>,
     /// Expected prompt length in tokens; a record with another count is invalid.
     pub prompt_tokens: At<u32>,
     /// Tokens to generate (greedy).
@@ -235,9 +235,9 @@ pub struct Workload {
 #[serde(deny_unknown_fields)]
 pub struct BuildSpec {
     /// `engine.tree_sha256` of `sovereign build-info --json`.
-    pub engine_tree_sha256: Sha256Hex,
+    pub engine_tree_sha256: At<Sha256Hex>,
     /// `engine.patches` of `sovereign build-info --json`, in order.
-    pub patches: Vec<PatchSpec>,
+    pub patches: At<Vec<PatchSpec>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -548,24 +548,6 @@ pub fn parse(text: &str) -> std::result::Result<Campaign, Vec<Diagnostic>> {
     } else {
         Err(problems)
     }
-}
-
-/// The model and prompt must be regular files that can be read (relative to `base`, the
-/// campaign file's directory); read permission is checked by opening.
-pub fn check_paths(c: &Campaign, base: &std::path::Path) -> Vec<Diagnostic> {
-    let mut paths: Vec<(String, &str, (u64, u64))> =
-        c.models().into_iter().map(|(f, m)| (format!("{f}.path"), m.path.as_str(), (m.path.line, m.path.column))).collect();
-    paths.push(("workload.prompt_file".into(), c.workload.prompt_file.as_str(), (c.workload.prompt_file.line, c.workload.prompt_file.column)));
-    let mut out = Vec::new();
-    for (what, p, (line, column)) in paths {
-        let what = what.as_str();
-        let full = base.join(p);
-        let ok = crate::bounds::regular_file(what, &full).and_then(|_| crate::bounds::open_regular(&full).map(drop).map_err(|e| anyhow::anyhow!("{}: {what} cannot be read: {e}", full.display())));
-        if let Err(e) = ok {
-            out.push(Diagnostic { line, column, message: e.to_string() });
-        }
-    }
-    out
 }
 
 fn valid_name(s: &str, extra: &[char]) -> bool {
