@@ -56,6 +56,20 @@ pub const MAX_DRAFT: u32 = 64;
 /// Cells of a campaign: each is a full model run and about 1.5 KiB in memory once expanded;
 /// 10 000 is far beyond any schedule worth running and keeps expansion near 15 MiB.
 pub const MAX_CELLS: u64 = 10_000;
+/// Times a cell interrupted from outside is run again before it is abandoned: each attempt is a
+/// whole model run, so a larger number only postpones abandoning a cell that cannot finish.
+pub const MAX_INTERRUPTED_ATTEMPTS: u32 = 100;
+/// Prompt tokens a campaign expects: the prompt must fit the context.
+pub const MAX_PROMPT_TOKENS: u32 = MAX_CTX;
+/// A refinement's verify window, in generated tokens: at most the outputs a run may have.
+pub const MAX_REFINE_WINDOW: u32 = MAX_N_PREDICT;
+/// The decode token whose events a record's timeline keeps: an index into the outputs.
+pub const MAX_TIMELINE_TOKEN: u32 = MAX_N_PREDICT;
+/// Distinct experts per engine pass: never more than a layer's experts, bounded as slots are.
+pub const MAX_TOKEN_PASS: u32 = MAX_SLOTS;
+/// A forged model's tensor bytes (its experts and embeddings at F32): 1 TiB, far above the bench
+/// preset's 5 GB, and below what a count typed by mistake would have it write.
+pub const MAX_FORGED_BYTES: u64 = 1 << 40;
 /// RPC servers one run registers (ggml-rpc.h GGML_RPC_MAX_SERVERS).
 pub const MAX_RPC_SERVERS: usize = 16;
 /// A cell spec a worker reads (its prompt travels inside it).

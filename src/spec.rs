@@ -147,14 +147,159 @@ impl Diagnostic {
 
 /// Deserializes YAML; a syntax error, typo'd key or wrong type comes back as one diagnostic at
 /// its position (shared by campaign and certificate files).
-pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> std::result::Result<T, Vec<Diagnostic>> {
-    serde_saphyr::from_str(text).map_err(|e| {
-        let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
-        let message = e.without_snippet().to_string();
-        // The message may itself carry a position; keep the first line, without it.
-        let first = message.lines().next().unwrap_or("").trim().to_string();
-        vec![Diagnostic { line, column, message: strip_position(&first) }]
-    })
+///
+/// Scalars are taken strictly, so that what a file is digested as is what it says: booleans
+/// are `true` or `false` only (no YAML 1.1 `yes`, `no`, `on`, `off`), a tag the parser does
+/// not know (`!custom 1`) is refused rather than dropped, and a quoted scalar is a string: a
+/// number or boolean field written `"1"` or `'true'` is refused ([`quoted_scalars`]).
+pub fn from_yaml<T: serde::de::DeserializeOwned + Serialize>(text: &str) -> std::result::Result<T, Vec<Diagnostic>> {
+    let value: T = serde_saphyr::from_str_with_options(text, strict_options()).map_err(|e| vec![saphyr_diagnostic(&e)])?;
+    let problems = quoted_scalars(text, &value);
+    if problems.is_empty() {
+        Ok(value)
+    } else {
+        Err(problems)
+    }
+}
+
+fn strict_options() -> serde_saphyr::Options {
+    let mut o = serde_saphyr::Options::default();
+    o.strict_booleans = true;
+    o.reject_unsupported_tags = true;
+    o
+}
+
+fn saphyr_diagnostic(e: &serde_saphyr::Error) -> Diagnostic {
+    let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
+    let message = e.without_snippet().to_string();
+    // The message may itself carry a position; keep the first line, without it.
+    let first = message.lines().next().unwrap_or("").trim().to_string();
+    Diagnostic { line, column, message: strip_position(&first) }
+}
+
+/// A YAML node as written, before any field type is applied: a quoted scalar stays a string.
+#[derive(Debug)]
+enum Node {
+    Map(Vec<(String, serde_saphyr::Spanned<Node>)>),
+    Seq(Vec<serde_saphyr::Spanned<Node>>),
+    Str(String),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(NodeVisitor)
+    }
+}
+
+struct NodeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for NodeVisitor {
+    type Value = Node;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any YAML node")
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Node, E> {
+        Ok(Node::Str(v.to_string()))
+    }
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_i128<E>(self, _: i128) -> std::result::Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_u128<E>(self, _: u128) -> std::result::Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_none<E>(self) -> std::result::Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Node, D::Error> {
+        Node::deserialize(d)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> std::result::Result<Node, A::Error> {
+        let mut v = Vec::new();
+        while let Some(x) = a.next_element()? {
+            v.push(x);
+        }
+        Ok(Node::Seq(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> std::result::Result<Node, A::Error> {
+        let mut v = Vec::new();
+        while let Some(k) = a.next_key::<KeyText>()? {
+            v.push((k.0, a.next_value()?));
+        }
+        Ok(Node::Map(v))
+    }
+}
+
+/// A mapping key as text, whatever scalar it is (a field name is matched by its text).
+struct KeyText(String);
+
+impl<'de> Deserialize<'de> for KeyText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let n = serde_saphyr::Spanned::<Node>::deserialize(d)?;
+        Ok(KeyText(match n.value {
+            Node::Str(s) => s,
+            _ => String::new(),
+        }))
+    }
+}
+
+/// A number or boolean the typed value holds where the file wrote a string that would be that
+/// number or boolean unquoted (`"1"`, `'true'`): the YAML parser converts such strings
+/// silently, so they are refused here, at the string's position. `value` is what `text`
+/// deserialized into.
+pub fn quoted_scalars<T: Serialize>(text: &str, value: &T) -> Vec<Diagnostic> {
+    let Ok(json) = serde_json::to_value(value) else { return Vec::new() };
+    match serde_saphyr::from_str_with_options::<serde_saphyr::Spanned<Node>>(text, strict_options()) {
+        Ok(tree) => {
+            let mut out = Vec::new();
+            walk_quoted(&json, &tree, "", &mut out);
+            out
+        }
+        Err(e) => vec![saphyr_diagnostic(&e)],
+    }
+}
+
+fn walk_quoted(json: &serde_json::Value, yaml: &serde_saphyr::Spanned<Node>, path: &str, out: &mut Vec<Diagnostic>) {
+    use serde_json::Value as J;
+    let at = |message: String| Diagnostic { line: yaml.referenced.line(), column: yaml.referenced.column(), message };
+    match (json, &yaml.value) {
+        (J::Object(fields), Node::Map(entries)) => {
+            for (k, j) in fields {
+                if let Some((_, y)) = entries.iter().rev().find(|(name, _)| name == k) {
+                    walk_quoted(j, y, &if path.is_empty() { k.clone() } else { format!("{path}.{k}") }, out);
+                }
+            }
+        }
+        (J::Array(items), Node::Seq(nodes)) => {
+            for (i, (j, y)) in items.iter().zip(nodes).enumerate() {
+                walk_quoted(j, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        (J::Number(_), Node::Str(s)) if plain_is_typed(s) => out.push(at(format!("{path}: expected a number, got the string {s:?} (numbers are written without quotes)"))),
+        (J::Bool(_), Node::Str(s)) if plain_is_typed(s) => out.push(at(format!("{path}: expected true or false, got the string {s:?} (booleans are written without quotes)"))),
+        _ => {}
+    }
+}
+
+/// Whether `s`, written without quotes, would be a number or boolean: the parser's own coercion
+/// of a quoted scalar. A string a field parses by its own rules (a byte size, `23 GiB`) is not.
+fn plain_is_typed(s: &str) -> bool {
+    matches!(serde_saphyr::from_str_with_options::<Node>(s, strict_options()), Ok(Node::Other)) && !s.trim().is_empty()
 }
 
 /// serde-saphyr writes `... at line L, column C` into some messages; we print the position once.

@@ -126,47 +126,39 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     // The shipped campaigns in a fresh directory, without the models they name.
     let shipped = shipped_prompts(t.path());
     let models = t.path().join("models");
-    // Every shipped campaign makes its missing models from their recipes (the bench's several
-    // GiB stay out of the tests: without its recipe, its missing model is refused with the fix).
-    let recipes = [
-        ("bench.yaml", "  forge: { preset: bench, seed: 1 }\n"),
-        ("bench-skew.yaml", "  forge: { preset: bench, seed: 1, router_skew: 1 }\n"),
-        ("bench-draft.yaml", "  forge: { preset: bench, seed: 1 }\n"),
-        ("bench-draft.yaml", "    quantize: { from: ../models/bench.gguf, type: q4_k_m }\n"),
-    ];
     for f in SHIPPED {
-        let mut text = fs::read_to_string(root.join("campaigns").join(f)).unwrap();
-        for (_, recipe) in recipes.iter().filter(|(g, _)| *g == f) {
-            assert!(text.contains(recipe), "{f}");
-            text = text.replacen(recipe, "", 1);
-        }
-        fs::write(shipped.join(f), text).unwrap();
+        fs::copy(root.join("campaigns").join(f), shipped.join(f)).unwrap();
     }
-    let r = run(&["campaign", "check", s(&shipped.join("bench.yaml"))]);
+    // Every shipped campaign passes from a clean directory: `check` names the models `run`
+    // will make from their recipes and makes none (the benches' are several GiB).
+    for f in SHIPPED {
+        let r = ok(&["campaign", "check", s(&shipped.join(f))]);
+        assert!(r.stdout.lines().any(|l| l.ends_with("is missing; `campaign run` makes it from its recipe")), "{f}: {}", r.stdout);
+    }
+    assert!(!models.exists(), "check made nothing");
+    // Without its recipe, a missing model is refused with the fix.
+    let bench = fs::read_to_string(shipped.join("bench.yaml")).unwrap();
+    let bad = shipped.join("recipe.yaml");
+    fs::write(&bad, bench.replacen("  forge: { preset: bench, seed: 1 }\n", "", 1)).unwrap();
+    let r = run(&["campaign", "check", s(&bad)]);
     assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("model.path is missing") && r.stderr.contains("gives no recipe") && r.stderr.lines().count() == 1, "{}", r.stderr);
-    for (f, made) in [("exactness.yaml", &["tiny"][..]), ("faults.yaml", &[]), ("pdf-pairs.yaml", &["pdf"]), ("tau-sweep.yaml", &["tau-f32", "tau-q4_k_m", "tau-q8_0"])] {
-        let r = run(&["campaign", "check", s(&shipped.join(f))]);
-        assert_eq!(r.code, 0, "{f}: {}{}", r.stdout, r.stderr);
-        assert_eq!(r.stdout.lines().filter(|l| l.starts_with("made ")).count(), made.len(), "{f}: {}", r.stdout);
-        for m in made {
-            assert!(models.join(format!("{m}.gguf")).is_file(), "{f}: {m}");
-        }
-    }
-    // Made once: a second check makes nothing.
-    assert!(!ok(&["campaign", "check", s(&shipped.join("exactness.yaml"))]).stdout.contains("made "));
-    // A recipe that contradicts the file present is refused, naming the field.
+    // A model present is checked against its recipe and its pin.
+    fs::create_dir_all(&models).unwrap();
+    forge(&models, "tiny.gguf", 1, &[]);
+    assert!(!ok(&["campaign", "check", s(&shipped.join("exactness.yaml"))]).stdout.contains("is missing"));
     let exact = fs::read_to_string(shipped.join("exactness.yaml")).unwrap();
-    let bad = shipped.join("recipe.yaml");
     fs::write(&bad, exact.replacen("forge: { preset: tiny, seed: 1 }", "forge: { preset: tiny, seed: 2 }", 1)).unwrap();
     let r = run(&["campaign", "check", s(&bad)]);
     assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("has seed 1, but model.forge says 2") && r.stderr.lines().count() == 1, "{}", r.stderr);
-    // A recipe that does not make the pinned bytes leaves nothing behind.
+    // `run` makes what `check` only names; a recipe that does not make the pinned bytes leaves
+    // nothing behind.
     fs::write(&bad, exact.replacen("forge: { preset: tiny, seed: 1 }", "forge: { preset: tiny, seed: 2 }", 1).replacen("../models/tiny.gguf", "../models/other.gguf", 1)).unwrap();
-    let r = run(&["campaign", "check", s(&bad)]);
-    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
-    assert!(r.stderr.contains("does not make the pinned model"), "{}", r.stderr);
+    ok(&["campaign", "check", s(&bad)]);
+    let r = run(&["campaign", "run", s(&bad), "--results", s(&t.path().join("results"))]);
+    assert_one_line_error(&r, &["does not make the pinned model"]);
+    assert!(r.stderr.starts_with(&format!("error: {}:", bad.display())) && r.stderr.matches(&*bad.display().to_string()).count() == 1, "{}", r.stderr);
     let left: Vec<String> = fs::read_dir(&models).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains("other")).collect();
     assert!(left.is_empty(), "{left:?}");
     // Both recipes at once is a problem of the file.
@@ -174,10 +166,6 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     let r = run(&["campaign", "check", s(&bad)]);
     assert!(r.code == 1 && r.stderr.contains("give `forge` or `quantize`, not both"), "{}", r.stderr);
     fs::remove_file(&bad).unwrap();
-    // The benches' stand-ins: check reads paths; digests are checked when a cell runs.
-    fs::write(models.join("bench.gguf"), b"GGUF").unwrap();
-    fs::write(models.join("bench-skew.gguf"), b"GGUF").unwrap();
-    fs::write(models.join("bench-q4_k_m.gguf"), b"GGUF").unwrap();
     // Shipped campaigns pin this build: a changed patch series must be carried into them, or
     // `campaign run` refuses every one of them.
     let id: serde_json::Value = serde_json::from_str(&ok(&["build-info", "--json"]).stdout).unwrap();
@@ -236,19 +224,79 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
         let value = what.rsplit(' ').next().unwrap().replace("10^6", "1000000");
         assert!(what == "an empty block" || r.stderr.contains(&value), "{what}: the value as given: {}", r.stderr);
     }
-    // A missing model with no recipe: at model.path, with the fix.
-    let bad = t.path().join("semantic.yaml");
+    // A missing model with no recipe: at model.path, with the fix (beside the prompts).
+    let bad = shipped.join("absent.yaml");
     fs::write(&bad, text.replacen("../models/tiny.gguf", "../models/absent.gguf", 1).replacen("  forge: { preset: tiny, seed: 1 }\n", "", 1)).unwrap();
     let r = run(&["campaign", "check", s(&bad)]);
     let want = format!("{}:{}:9: ", bad.display(), line_of("../models/tiny.gguf"));
     assert!(r.stderr.starts_with(&want) && r.stderr.contains("gives no recipe") && r.stderr.lines().count() == 1, "got {:?}, want {want:?}", r.stderr);
-
+    let r = run(&["campaign", "run", s(&bad), "--results", s(&t.path().join("results"))]);
+    assert_eq!(r.stderr, format!("error: {}", run(&["campaign", "check", s(&bad)]).stderr));
     }
     // `run` refuses the same file with the same one line, and freezes nothing.
     let res = t.path().join("results");
     let r = run(&["campaign", "run", s(&bad), "--results", s(&res)]);
     assert_one_line_error(&r, &["residnet"]);
     assert!(!res.join("campaigns").exists());
+}
+
+/// `campaign check` refuses what `campaign run` refuses before its first cell, with the same
+/// one line (`run` adds `error: `), the file named once, at the offending value; and `run`
+/// freezes nothing. What is valid passes both alike.
+#[test]
+fn check_and_run_refuse_the_same_files_with_the_same_line() {
+    let st = setup("t-alike", &["[A, B]"], 2);
+    let text = fs::read_to_string(&st.file).unwrap();
+    let prompt_sha = sha256(&st.dir.join("prompt.txt"));
+    let (_, patches) = build_identity();
+    let first_patch_sha = patches.lines().nth(1).unwrap().rsplit("sha256: ").next().unwrap().trim_end_matches(" }").to_string();
+    // Where `needle`'s line is in the edited file, and the column of `value` on it.
+    let pos = |edited: &str, needle: &str, value: &str| {
+        let (i, l) = edited.lines().enumerate().find(|(_, l)| l.contains(needle)).unwrap_or_else(|| panic!("{needle}"));
+        (i + 1, l.find(value).unwrap_or_else(|| panic!("{value} in {l}")) + 1)
+    };
+    // Read where it may be (as root), and then refused by its digest; else refused unread.
+    let readable = fs::read("/etc/shadow").is_ok();
+    let shadow = |path: &'static str| if readable { ("prompt_sha256", prompt_sha.clone(), "has sha256") } else { ("prompt_file", path.to_string(), "cannot read workload.prompt_file") };
+    let (up, abs) = (shadow("../../../../etc/shadow"), shadow("/etc/shadow"));
+    let cases: Vec<(&str, String, (&str, &str), &str)> = vec![
+        ("a wrong prompt digest", text.replacen(&prompt_sha, &"1".repeat(64), 1), ("prompt_sha256", "1111"), "workload.prompt_sha256: prompt.txt has sha256"),
+        ("a prompt outside the directory", text.replacen("prompt_file: prompt.txt", "prompt_file: ../../../../etc/shadow", 1), (up.0, &up.1), up.2),
+        ("an absolute prompt path", text.replacen("prompt_file: prompt.txt", "prompt_file: /etc/shadow", 1), (abs.0, &abs.1), abs.2),
+        ("another patch series", text.replacen(&first_patch_sha, &"0".repeat(64), 1), ("- { name:", "- { name:"), "build.patches: this build's patch series"),
+        ("a YAML 1.1 boolean", text.replacen("ignore_eos: true", "ignore_eos: yes", 1), ("ignore_eos", "yes"), "invalid boolean (strict mode expects true/false)"),
+        ("a custom tag", text.replacen("threads: 2", "threads: !custom 1", 1), ("!custom", "1"), "unsupported tag `!custom`"),
+        ("a quoted number", text.replacen("threads: 2", "threads: \"1\"", 1), ("threads: \"1\"", "\"1\""), "arms[0].threads: expected a number, got the string \"1\""),
+        ("an unbounded count", text.replacen("max_interrupted_attempts: 3", "max_interrupted_attempts: 4294967295", 1), ("max_interrupted_attempts", "4294967295"), "repetition.max_interrupted_attempts 4294967295: expected 1..=100"),
+    ];
+    for (what, edited, (needle, value), message) in cases {
+        assert_ne!(edited, text, "{what}: the edit applied");
+        fs::write(&st.file, &edited).unwrap();
+        let (line, column) = pos(&edited, needle, value);
+        let want = format!("{}:{line}:{column}: ", st.file.display());
+        let c = run(&["campaign", "check", s(&st.file)]);
+        assert_eq!(c.code, 1, "{what}: {}{}", c.stdout, c.stderr);
+        assert_eq!(c.stderr.lines().count(), 1, "{what}: {}", c.stderr);
+        assert!(c.stderr.starts_with(&want) && c.stderr.contains(message), "{what}: got {:?}, want {want:?} and {message:?}", c.stderr);
+        assert_eq!(c.stderr.matches(&*st.file.display().to_string()).count(), 1, "{what}: the file once: {}", c.stderr);
+        let r = run(&["campaign", "run", s(&st.file), "--results", s(&st.results), "--no-progress"]);
+        assert_one_line_error(&r, &[message]);
+        assert_eq!(r.stderr, format!("error: {}", c.stderr), "{what}");
+        assert!(!st.results.join("campaigns").exists(), "{what}: nothing was frozen");
+    }
+    // Valid spellings pass with the digest of what they say; paths may be absolute.
+    let digest = |t: &str| {
+        fs::write(&st.file, t).unwrap();
+        let r = ok(&["campaign", "check", s(&st.file)]);
+        r.stdout.lines().next().unwrap().rsplit("digest ").next().unwrap().to_string()
+    };
+    let base = digest(&text);
+    assert_eq!(digest(&text.replacen("ignore_eos: true", "ignore_eos: True", 1)), base);
+    assert_eq!(digest(&text.replacen("id: t-alike", "id: \"t-alike\"", 1).replacen("# test campaign", "# a comment", 1)), base);
+    let model = st.dir.join("../tiny.gguf").canonicalize().unwrap();
+    let prompt = st.dir.join("prompt.txt").canonicalize().unwrap();
+    let abs = text.replacen("path: ../tiny.gguf", &format!("path: {}", model.display()), 1).replacen("prompt_file: prompt.txt", &format!("prompt_file: {}", prompt.display()), 1);
+    assert_ne!(digest(&abs), base);
 }
 
 /// From a directory holding only the shipped campaign files and their prompts, each shipped

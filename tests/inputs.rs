@@ -138,8 +138,18 @@ fn forge_refuses_to_overwrite() {
 
 const CAMPAIGN: &str = "tests/data/inputs-campaign.yaml";
 
+/// The test campaign in `d` (beside its `m.gguf` and `p.txt`), pinned to their digests and to
+/// this build, then edited.
 fn campaign_with(d: &std::path::Path, edit: impl Fn(String) -> String) -> Run {
-    let text = edit(fs::read_to_string(CAMPAIGN).unwrap());
+    let zeros = "0".repeat(64);
+    let (tree, patches) = build_identity();
+    let pinned = fs::read_to_string(CAMPAIGN)
+        .unwrap()
+        .replacen(&zeros, &sovereign::util::sha256_file(&d.join("m.gguf")).unwrap(), 1)
+        .replacen(&zeros, &sovereign::util::sha256_file(&d.join("p.txt")).unwrap(), 1)
+        .replacen(&zeros, &tree, 1)
+        .replacen("  patches: []\n", &patches, 1);
+    let text = edit(pinned);
     let f = d.join("c.yaml");
     fs::write(&f, text).unwrap();
     let t = Instant::now();
@@ -196,17 +206,23 @@ fn files_read_whole_are_bounded_and_named() {
     assert!(r.stderr.contains("/dev/zero: cannot read the ledger") && r.stderr.contains("not a regular file"), "{}", r.stderr);
     assert!(t.elapsed() < Duration::from_secs(5), "a device is refused before it is read");
 
+    // An oversized or non-UTF-8 campaign file: one line that names the file once, the same
+    // from `check` and `run` (which adds `error: `).
     let big = d.join("big.yaml");
     fs::write(&big, vec![b'#'; (sovereign::bounds::MAX_CAMPAIGN_FILE_BYTES + 1) as usize]).unwrap();
-    let r = run_bounded(&refs(&os(&["campaign", "check", big.to_str().unwrap()])), 10);
-    assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("big.yaml: the campaign file of 4194305 bytes is over the 4194304-byte limit"), "{}", r.stderr);
-
     let bad = d.join("bad.yaml");
     fs::write(&bad, b"id: ok\nmodel:\n  path: m\xffgguf\n").unwrap();
-    let r = run_bounded(&refs(&os(&["campaign", "check", bad.to_str().unwrap()])), 10);
-    assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("bad.yaml:3:10: the campaign file is not UTF-8"), "{}", r.stderr);
+    for (file, want) in [
+        (&big, format!("{}: the campaign file of 4194305 bytes is over the 4194304-byte limit", big.display())),
+        (&bad, format!("{}:3:10: the campaign file is not UTF-8 (invalid byte at offset 23)", bad.display())),
+    ] {
+        let r = run_bounded(&refs(&os(&["campaign", "check", file.to_str().unwrap()])), 10);
+        assert_eq!((r.code, r.stderr.as_str()), (1, format!("{want}\n").as_str()));
+        let results = d.join("results");
+        let r = run_bounded(&refs(&os(&["campaign", "run", file.to_str().unwrap(), "--results", results.to_str().unwrap()])), 10);
+        assert_eq!((r.code, r.stderr.as_str()), (2, format!("error: {want}\n").as_str()));
+        assert!(!results.exists());
+    }
 
     for (id, needle) in [("a".repeat(129), "1 to 128 bytes"), ("ok/../x".to_string(), "found '/'"), (".hidden".to_string(), "may not start with `.`")] {
         let r = campaign_with(&d, |t| {

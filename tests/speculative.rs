@@ -287,11 +287,13 @@ repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n",
     // Under `relation: tokens`, a plain arm and drafted ones are one valid campaign.
     fs::write(&file, tokens.replacen("schedule:", &format!("{plain}schedule:"), 1)).unwrap();
     let r = ok(&["campaign", "check", &s(&file)]);
-    assert!(r.stdout.contains("made ") && t.path().join("base.gguf").is_file(), "the proposer is made from its recipe: {}", r.stdout);
+    assert!(r.stdout.contains("proposers.base") && r.stdout.contains("`campaign run` makes it from its recipe"), "{}", r.stdout);
+    assert!(!t.path().join("base.gguf").exists(), "check makes nothing");
 
     fs::write(&file, &text).unwrap();
     let results = t.path().join("results");
     let r = ok(&["campaign", "run", &s(&file), "--results", &s(&results), "--json"]);
+    assert!(t.path().join("base.gguf").is_file(), "run made the proposer from its recipe");
     let v: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["sealed"], 2, "{v}");
     let out = t.path().join("export");

@@ -225,11 +225,13 @@ impl Arm {
     /// Slots, policy and source named; windows, depth and layer buffers within the Plan's
     /// bounds (`bounds::PlanParams`); counts at least 1.
     fn plan_arm(&self) -> Result<PlanArm, Vec<String>> {
-        use crate::bounds::{MAX_DEPTH, MAX_LAYER_BUFFERS, MAX_SLOTS, MAX_WINDOWS};
+        use crate::bounds::{MAX_DEPTH, MAX_LAYER_BUFFERS, MAX_SLOTS, MAX_TIMELINE_TOKEN, MAX_TOKEN_PASS, MAX_WINDOWS};
         let bounds = range("slots", self.slots.unwrap_or(1).into(), 1, MAX_SLOTS as u64, "expert slots per layer")
             .and_then(|()| range("windows", self.windows.unwrap_or(1).into(), 1, MAX_WINDOWS as u64, "registered staging windows"))
             .and_then(|()| range("depth", self.depth.unwrap_or(1).into(), 1, MAX_DEPTH as u64, "io_uring's maximum of submission entries"))
-            .and_then(|()| range("layer_buffers", self.layer_buffers.unwrap_or(0).into(), 0, MAX_LAYER_BUFFERS as u64, "staging buffers per layer"));
+            .and_then(|()| range("layer_buffers", self.layer_buffers.unwrap_or(0).into(), 0, MAX_LAYER_BUFFERS as u64, "staging buffers per layer"))
+            .and_then(|()| range("timeline_token", self.timeline_token.unwrap_or(0).into(), 0, MAX_TIMELINE_TOKEN as u64, "a decode token's index"))
+            .and_then(|()| range("token_pass", self.token_pass.unwrap_or(1).into(), 0, MAX_TOKEN_PASS as u64, "distinct experts per engine pass"));
         let mut msgs: Vec<String> = bounds.err().map(|e| e.to_string()).into_iter().collect();
         let required = &self.plan_fields()[..3];
         msgs.extend(required.iter().filter(|(_, set)| !set).map(|(name, _)| format!("`experts: plan` needs `{name}`")));

@@ -24,6 +24,7 @@ pub mod audit;
 pub mod document;
 pub mod executor;
 pub mod expand;
+pub mod gate;
 pub mod journal;
 pub mod models;
 pub mod runner;
@@ -75,30 +76,15 @@ pub fn load(file: &Path) -> Result<Loaded> {
     Ok(Loaded { file: file.to_path_buf(), base, source, spec, canonical, digest })
 }
 
-/// Makes the missing models of a campaign file from their recipes ([`models::make_missing`]);
-/// a file that does not parse makes nothing (its diagnostics are `check`'s).
-pub fn make_models(file: &Path) -> Result<Vec<models::Made>> {
-    let source = crate::bounds::read_text("the campaign file", file, crate::bounds::MAX_CAMPAIGN_FILE_BYTES)?;
-    let Ok(spec) = parse(&source) else { return Ok(Vec::new()) };
-    let base = match file.parent() {
-        Some(b) if !b.as_os_str().is_empty() => b.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    models::make_missing(&spec, &base)
-}
-
-/// `campaign check`: the diagnostics of a file (empty: it is well formed).
-pub fn check(file: &Path) -> Result<Vec<String>> {
-    let source = crate::bounds::read_text("the campaign file", file, crate::bounds::MAX_CAMPAIGN_FILE_BYTES)?;
-    let base = match file.parent() {
-        Some(b) if !b.as_os_str().is_empty() => b.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let d = match parse(&source) {
-        Ok(c) => spec::check_paths(&c, &base),
-        Err(d) => d,
-    };
-    Ok(d.iter().map(|d| d.render(&file.display().to_string())).collect())
+/// `campaign check`: the problems of a file, one line each, or none. A file that cannot be read
+/// or does not parse gives [`load`]'s lines; one that does gives what every command refuses
+/// before a campaign's first cell ([`gate::problems`]). A missing model with a recipe is
+/// `campaign run`'s to make ([`models::pending`]), not a problem.
+pub fn check(file: &Path) -> Vec<String> {
+    match load(file) {
+        Err(e) => format!("{e:#}").lines().map(str::to_string).collect(),
+        Ok(c) => gate::problems(&c, models::Recipes::Pending).iter().map(|d| d.render(&file.display().to_string())).collect(),
+    }
 }
 
 /// Where a campaign keeps its state below the results directory.
@@ -420,6 +406,57 @@ analysis:
         assert!(d.iter().any(|d| d.message.contains("`token_pass` must be at least 1")), "{d:?}");
         let d = diag(&GOOD.replace("  - id: O\n    experts: resident\n", "  - id: O\n    experts: resident\n    token_pass: 2\n"));
         assert!(d.iter().any(|d| d.message.contains("`token_pass` applies only")), "{d:?}");
+    }
+
+    /// Scalars are what they are written as: the digest of every accepted file is the digest
+    /// of what it says, so YAML 1.1 booleans, unknown tags and quoted numbers are refused.
+    #[test]
+    fn scalars_are_strict_and_each_refusal_is_at_the_value() {
+        let digest = |t: &str| spec::canonical(&parse(t).unwrap()).unwrap().1;
+        let base = digest(GOOD);
+        for (from, to, at, message) in [
+            ("  ignore_eos: true", "  ignore_eos: yes", (11, 15), "invalid boolean (strict mode expects true/false)"),
+            ("  ignore_eos: true", "  ignore_eos: off", (11, 15), "invalid boolean (strict mode expects true/false)"),
+            ("    threads: 1\n  - id: D", "    threads: !custom 1\n  - id: D", (18, 22), "unsupported tag `!custom`"),
+            ("    threads: 1\n  - id: D", "    threads: \"1\"\n  - id: D", (18, 14), "arms[0].threads: expected a number, got the string \"1\" (numbers are written without quotes)"),
+            ("  ignore_eos: true", "  ignore_eos: 'true'", (11, 15), "workload.ignore_eos: expected true or false, got the string \"true\" (booleans are written without quotes)"),
+            ("  outputs: 2", "  outputs: !!str 2", (10, 18), "invalid u32"),
+            ("    level: 0.95", "    level: \"0.95\"", (62, 12), "analysis.pairs.level: expected a number, got the string \"0.95\" (numbers are written without quotes)"),
+        ] {
+            let text = GOOD.replacen(from, to, 1);
+            assert_ne!(text, GOOD, "{to}");
+            let d = diag(&text);
+            assert_eq!(d.len(), 1, "{to}: {d:?}");
+            assert_eq!(((d[0].line, d[0].column), d[0].message.as_str()), (at, message), "{to}");
+        }
+        // What is genuinely a string may be quoted, booleans are true or false in any case, and
+        // neither changes the digest.
+        for (from, to) in [("id: t\n", "id: \"t\"\n"), ("  ignore_eos: true", "  ignore_eos: True"), ("    source: d\n", "    source: 'd'\n"), ("policy: lru:2", "policy: \"lru:2\"")] {
+            let text = GOOD.replacen(from, to, 1);
+            assert_ne!(text, GOOD, "{to}");
+            assert_eq!(digest(&text), base, "{to}");
+        }
+    }
+
+    /// Every count in the file is bounded by `bounds`, at its value.
+    #[test]
+    fn counts_are_bounded() {
+        for (from, to, line, needle) in [
+            ("  max_interrupted_attempts: 3", "  max_interrupted_attempts: 4294967295", 56, "repetition.max_interrupted_attempts 4294967295: expected 1..=100"),
+            ("  prompt_tokens: 3", "  prompt_tokens: 4294967295", 9, "workload.prompt_tokens 4294967295: expected 1..=1048576"),
+            ("    fault: short_read\n", "    fault: short_read\n    timeline_token: 4294967295\n", 28, "timeline_token 4294967295 is out of range 0..=1048576"),
+            ("    fault: short_read\n", "    fault: short_read\n    token_pass: 4294967295\n", 28, "token_pass 4294967295 is out of range 0..=65536"),
+        ] {
+            let text = GOOD.replacen(from, to, 1);
+            assert_ne!(text, GOOD, "{to}");
+            let d = diag(&text);
+            assert!(d.len() == 1 && d[0].line == line && d[0].message.contains(needle), "{to}: {d:?}");
+        }
+        parse(&GOOD.replacen("  max_interrupted_attempts: 3", "  max_interrupted_attempts: 100", 1)).expect("the bound itself");
+        // Written-out blocks count toward the cells' bound like drawn ones.
+        let many = "      - [D, F]\n".repeat(4_999);
+        let d = diag(&GOOD.replacen("      - [D, F]\n", &many, 1));
+        assert!(d.iter().any(|d| d.message.contains("10001 cells, more than 10000") && d.line == 41), "{d:?}");
     }
 
     #[test]

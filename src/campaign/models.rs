@@ -3,7 +3,8 @@
 //! checked against the pinned sha256 and only then renamed into place: a crash or a mismatch
 //! leaves no model behind. A recipe that contradicts a file already present is refused.
 
-use super::spec::{Campaign, ForgeRecipe, ModelSpec, QuantizeRecipe};
+use super::spec::{Campaign, Diagnostic, ForgeRecipe, ModelSpec, QuantizeRecipe};
+use super::Loaded;
 use crate::gguf::Gguf;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
@@ -22,37 +23,99 @@ pub struct Made {
 }
 
 /// Makes every missing model that has a recipe (forged ones first: a quantized model's source
-/// may be one of them), and checks the recipes of the models present. `base`: the campaign
-/// file's directory.
-pub fn make_missing(c: &Campaign, base: &Path) -> Result<Vec<Made>> {
-    let specs = c.models();
+/// may be one of them). What is wrong with the models before any is made (a missing model
+/// without a recipe, a recipe that contradicts the file present, a wrong digest) is
+/// [`problems`]' to say, which `campaign run` asks first; a model this cannot make is refused
+/// at its `path`, as `FILE:line:column: message`.
+pub fn make_missing(c: &Loaded) -> Result<Vec<Made>> {
+    let specs = c.spec.models();
     let mut made = Vec::new();
     for quantized in [false, true] {
         for (field, m) in specs.iter().filter(|(_, m)| m.quantize.is_some() == quantized) {
             let (field, m) = (field.as_str(), *m);
-            // Errors carry the model's position in the campaign file (`line:column: ...`).
-            let at = |e: anyhow::Error| anyhow!("{}:{}: {e:#}", m.path.line, m.path.column);
-            let path = base.join(&*m.path);
+            let path = c.base.join(&*m.path);
             if path.symlink_metadata().is_ok() {
-                check_recipe(field, m, &path).map_err(at)?;
                 continue;
             }
+            let at = |e: anyhow::Error| anyhow!(Diagnostic::at(&m.path, format!("{e:#}")).render(&c.file.display().to_string()));
             let t = Instant::now();
             let recipe = match (&m.forge, &m.quantize) {
                 (Some(f), _) => make(field, m, &path, |tmp| forge(f, tmp)).map_err(at)?,
-                (None, Some(q)) => make(field, m, &path, |tmp| quantize(q, base, tmp)).map_err(at)?,
-                (None, None) => {
-                    return Err(at(anyhow!(
-                        "{}: {field}.path is missing, and {field} gives no recipe: make it (`sovereign model forge ... --out {}`), or add `forge:` or `quantize:` to {field}",
-                        path.display(),
-                        m.path.value
-                    )))
-                }
+                (None, Some(q)) => make(field, m, &path, |tmp| quantize(q, &c.base, tmp)).map_err(at)?,
+                (None, None) => continue,
             };
             made.push(Made { field: field.to_string(), path, recipe, seconds: t.elapsed().as_secs_f64() });
         }
     }
     Ok(made)
+}
+
+/// What `campaign run` refuses of a campaign's models before it makes any, each at its field:
+/// a model present must be a readable regular file that its recipe (if any) describes, with
+/// the pinned sha256; a missing one needs a recipe that can make it. Under
+/// [`Recipes::Made`] every model must be present. Makes nothing and writes nothing (a model's
+/// digest manifest is cached, as every run caches it).
+pub fn problems(c: &Campaign, base: &Path, recipes: Recipes) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let specs = c.models();
+    for (field, m) in &specs {
+        let path = base.join(&*m.path);
+        if path.symlink_metadata().is_err() {
+            out.extend(missing(field, m, &path, base, &specs, recipes));
+            continue;
+        }
+        let present = crate::bounds::regular_file(&format!("{field}.path"), &path)
+            .and_then(|()| crate::bounds::open_regular(&path).map(drop).with_context(|| format!("{}: cannot read {field}.path", path.display())))
+            .and_then(|()| check_recipe(field, m, &path));
+        if let Err(e) = present {
+            out.push(Diagnostic::at(&m.path, format!("{e:#}")));
+            continue;
+        }
+        // Through the digest manifest, as every run checks its model.
+        if let Err(e) = crate::digests::model_sha256(&path, Some(&m.sha256.0)) {
+            out.push(Diagnostic::at(&m.sha256, format!("{field}.sha256: {e:#}")));
+        }
+    }
+    out
+}
+
+/// Whether a model still to be made from its recipe is a problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recipes {
+    /// Not yet: `campaign run` makes it before its first cell (`campaign check`, and `run`
+    /// before it makes models).
+    Pending,
+    /// The models were made: a missing one is refused.
+    Made,
+}
+
+/// A missing model: refused without a recipe (with the fix), or with a recipe that cannot
+/// make it (its dimensions, or a quantization source that is neither present nor made).
+fn missing(field: &str, m: &ModelSpec, path: &Path, base: &Path, specs: &[(String, &ModelSpec)], recipes: Recipes) -> Option<Diagnostic> {
+    let why = match (&m.forge, &m.quantize) {
+        (None, None) => format!(
+            "{}: {field}.path is missing, and {field} gives no recipe: make it (`sovereign model forge ... --out {}`), or add `forge:` or `quantize:` to {field}",
+            path.display(),
+            m.path.value
+        ),
+        _ if recipes == Recipes::Made => format!("{}: {field}.path is missing (its recipe was not made)", path.display()),
+        (Some(f), _) => format!("{field}.forge: {:#}", dims(f).err()?),
+        (None, Some(q)) => {
+            let from = base.join(&q.from);
+            let made_here = specs.iter().any(|(_, o)| o.forge.is_some() && base.join(&*o.path) == from);
+            if from.is_file() || made_here {
+                return None;
+            }
+            format!("{field}.quantize.from {} is missing, and no model of this campaign is forged there", from.display())
+        }
+    };
+    Some(Diagnostic::at(&m.path, why))
+}
+
+/// The missing models `campaign run` will make, by field and path.
+pub fn pending(c: &Campaign, base: &Path) -> Vec<(String, PathBuf)> {
+    let made = |m: &ModelSpec| m.forge.is_some() || m.quantize.is_some();
+    c.models().into_iter().filter(|(_, m)| made(m) && base.join(&*m.path).symlink_metadata().is_err()).map(|(f, m)| (f, base.join(&*m.path))).collect()
 }
 
 /// Runs `build` into a temporary beside `path`; renames it into place only if its sha256 is

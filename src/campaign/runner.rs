@@ -113,34 +113,10 @@ fn is_locked(dir: &CampaignDir) -> bool {
     }
 }
 
-/// The preregistered identities this build and these files must have before anything runs.
+/// The preregistered identities this build and these files must have before anything runs:
+/// [`super::gate`], the same validation `campaign check` gives, with every model made.
 pub(crate) fn check_identities(c: &Loaded) -> Result<()> {
-    let spec = &c.spec;
-    let model = c.base.join(&spec.model.path);
-    // Through the model's digest manifest: hashed once per file, refused where it contradicts the pin.
-    crate::digests::model_sha256(&model, Some(&spec.model.sha256.0))
-        .with_context(|| format!("model {} (campaign {}): the campaign expects sha256 {}", spec.model.path, c.file.display(), spec.model.sha256))?;
-    let prompt = c.base.join(&spec.workload.prompt_file);
-    let got = crate::util::sha256_file(&prompt).with_context(|| format!("prompt {} (campaign {})", spec.workload.prompt_file, c.file.display()))?;
-    if got != spec.workload.prompt_sha256.0 {
-        bail!("prompt {}: sha256 {got}, but the campaign expects {}", spec.workload.prompt_file, spec.workload.prompt_sha256);
-    }
-    let e = crate::engine::identity();
-    if e.tree_sha256 != spec.build.engine_tree_sha256.0 {
-        bail!("this build's engine tree is {}, but the campaign expects {}", e.tree_sha256, spec.build.engine_tree_sha256);
-    }
-    let have: Vec<(&str, &str)> = e.patches.iter().map(|p| (&*p.name, &*p.sha256)).collect();
-    let want: Vec<(&str, &str)> = spec.build.patches.iter().map(|p| (p.name.as_str(), p.sha256.0.as_str())).collect();
-    if have != want {
-        let pins: Vec<String> = have.iter().map(|(n, d)| format!("{{ name: {n}, sha256: {d} }}")).collect();
-        bail!(
-            "this build's patch series {:?} differs from the campaign's {:?}: to run it with this build, set `build.patches` to [{}] (`sovereign build-info` lists them)",
-            have,
-            want,
-            pins.join(", ")
-        );
-    }
-    Ok(())
+    super::gate::refuse(c, super::models::Recipes::Made)
 }
 
 /// Checks a completed record against the preregistered identities.

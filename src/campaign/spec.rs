@@ -129,7 +129,7 @@ impl Campaign {
 pub struct ModelSpec {
     /// Relative paths are taken from the campaign file's directory.
     pub path: At<String>,
-    pub sha256: Sha256Hex,
+    pub sha256: At<Sha256Hex>,
     /// How the model is made when `path` is missing: forged (`model forge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forge: Option<ForgeRecipe>,
@@ -221,7 +221,7 @@ fn default_refine_mode() -> RefineMode {
 pub struct Workload {
     /// Relative paths are taken from the campaign file's directory.
     pub prompt_file: At<String>,
-    pub prompt_sha256: Sha256Hex,
+    pub prompt_sha256: At<Sha256Hex>,
     /// Expected prompt length in tokens; a record with another count is invalid.
     pub prompt_tokens: At<u32>,
     /// Tokens to generate (greedy).
@@ -235,9 +235,9 @@ pub struct Workload {
 #[serde(deny_unknown_fields)]
 pub struct BuildSpec {
     /// `engine.tree_sha256` of `sovereign build-info --json`.
-    pub engine_tree_sha256: Sha256Hex,
+    pub engine_tree_sha256: At<Sha256Hex>,
     /// `engine.patches` of `sovereign build-info --json`, in order.
-    pub patches: Vec<PatchSpec>,
+    pub patches: At<Vec<PatchSpec>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -550,24 +550,6 @@ pub fn parse(text: &str) -> std::result::Result<Campaign, Vec<Diagnostic>> {
     }
 }
 
-/// The model and prompt must be regular files that can be read (relative to `base`, the
-/// campaign file's directory); read permission is checked by opening.
-pub fn check_paths(c: &Campaign, base: &std::path::Path) -> Vec<Diagnostic> {
-    let mut paths: Vec<(String, &str, (u64, u64))> =
-        c.models().into_iter().map(|(f, m)| (format!("{f}.path"), m.path.as_str(), (m.path.line, m.path.column))).collect();
-    paths.push(("workload.prompt_file".into(), c.workload.prompt_file.as_str(), (c.workload.prompt_file.line, c.workload.prompt_file.column)));
-    let mut out = Vec::new();
-    for (what, p, (line, column)) in paths {
-        let what = what.as_str();
-        let full = base.join(p);
-        let ok = crate::bounds::regular_file(what, &full).and_then(|_| crate::bounds::open_regular(&full).map(drop).map_err(|e| anyhow::anyhow!("{}: {what} cannot be read: {e}", full.display())));
-        if let Err(e) = ok {
-            out.push(Diagnostic { line, column, message: e.to_string() });
-        }
-    }
-    out
-}
-
 fn valid_name(s: &str, extra: &[char]) -> bool {
     !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || extra.contains(&c))
 }
@@ -603,8 +585,9 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
             out.push(Diagnostic::at(&w.baseline, "analysis.wall.arms names no arm".to_string()));
         }
     }
-    if c.repetition.max_interrupted_attempts.value == 0 {
-        out.push(Diagnostic::at(&c.repetition.max_interrupted_attempts, "repetition.max_interrupted_attempts 0: expected at least 1"));
+    let attempts = &c.repetition.max_interrupted_attempts;
+    if attempts.value == 0 || attempts.value > crate::bounds::MAX_INTERRUPTED_ATTEMPTS {
+        out.push(Diagnostic::at(attempts, format!("repetition.max_interrupted_attempts {}: expected 1..={}", attempts.value, crate::bounds::MAX_INTERRUPTED_ATTEMPTS)));
     }
     out
 }
@@ -619,8 +602,9 @@ fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
     if outputs.value == 0 || outputs.value > crate::bounds::MAX_N_PREDICT {
         out.push(Diagnostic::at(outputs, format!("workload.outputs {}: expected 1..={}", outputs.value, crate::bounds::MAX_N_PREDICT)));
     }
-    if c.workload.prompt_tokens.value == 0 {
-        out.push(Diagnostic::at(&c.workload.prompt_tokens, "workload.prompt_tokens 0: expected at least 1"));
+    let prompt_tokens = &c.workload.prompt_tokens;
+    if prompt_tokens.value == 0 || prompt_tokens.value > crate::bounds::MAX_PROMPT_TOKENS {
+        out.push(Diagnostic::at(prompt_tokens, format!("workload.prompt_tokens {}: expected 1..={}", prompt_tokens.value, crate::bounds::MAX_PROMPT_TOKENS)));
     }
     if c.arms.is_empty() {
         out.push(Diagnostic::at(&c.id, "a campaign needs at least one arm (`arms:` is empty)"));
@@ -679,6 +663,10 @@ fn validate_schedule(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
     known.block(&c.schedule.lead, "schedule.lead", out);
     match &c.schedule.blocks {
         Blocks::Preordered(blocks) => {
+            let cells = c.schedule.lead.len() as u64 + blocks.iter().map(|b| b.len() as u64).sum::<u64>();
+            if let Some(b) = blocks.first().filter(|_| cells > crate::bounds::MAX_CELLS) {
+                out.push(Diagnostic::at(b, format!("schedule.blocks.preordered: {} blocks and the lead are {cells} cells, more than {}", blocks.len(), crate::bounds::MAX_CELLS)));
+            }
             for b in blocks {
                 if b.is_empty() {
                     out.push(Diagnostic::at(b, "schedule.blocks: a block is empty"));
@@ -690,9 +678,9 @@ fn validate_schedule(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
             if arms.is_empty() || count.value == 0 {
                 out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} with {} arms: needs arms and count >= 1", count.value, arms.len())));
             }
-            let cells = u64::from(count.value) * arms.len() as u64;
+            let cells = u64::from(count.value) * arms.len() as u64 + c.schedule.lead.len() as u64;
             if cells > crate::bounds::MAX_CELLS {
-                out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} x {} arms is {cells} cells, more than {}", count.value, arms.len(), crate::bounds::MAX_CELLS)));
+                out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} x {} arms and the lead are {cells} cells, more than {}", count.value, arms.len(), crate::bounds::MAX_CELLS)));
             }
             known.block(arms, "schedule.blocks.seeded_random.arms", out);
         }
@@ -850,8 +838,8 @@ fn validate_refine(c: &Campaign) -> Vec<Diagnostic> {
             }
         }
         Some(r) => {
-            if r.window.value == 0 {
-                out.push(Diagnostic::at(&r.window, "refine.window 0: expected at least 1"));
+            if r.window.value == 0 || r.window.value > crate::bounds::MAX_REFINE_WINDOW {
+                out.push(Diagnostic::at(&r.window, format!("refine.window {}: expected 1..={}", r.window.value, crate::bounds::MAX_REFINE_WINDOW)));
             }
             if c.oracle.relation != Relation::Tokens {
                 out.push(Diagnostic::at(&c.oracle.arm, "a refinement campaign records no logits rows: use `relation: tokens`"));

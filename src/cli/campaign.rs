@@ -90,34 +90,7 @@ pub struct RunArgs {
 
 pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
     match c {
-        CampaignCommand::Check { file, json } => {
-            match campaign::make_models(&file) {
-                Ok(made) => report_made(&made, json),
-                Err(e) => {
-                    // A model that cannot be made is a problem of the file, like any other.
-                    let line = in_file(&file, &e);
-                    if json {
-                        print_json(&serde_json::json!({ "file": file, "ok": false, "problems": [line] }))?;
-                    } else {
-                        eprintln!("{line}");
-                    }
-                    return Ok(ExitCode::from(1));
-                }
-            }
-            let problems = campaign::check(&file)?;
-            if json {
-                print_json(&serde_json::json!({ "file": file, "ok": problems.is_empty(), "problems": problems }))?;
-            } else if problems.is_empty() {
-                let l = campaign::load(&file)?;
-                println!("{}: ok, campaign {} ({} arms, {} cells), digest {}", file.display(), l.id(), l.spec.arms.len(), campaign::expand(&l.spec).len(), l.digest);
-            }
-            if !problems.is_empty() {
-                for p in &problems {
-                    eprintln!("{p}");
-                }
-                return Ok(ExitCode::from(1));
-            }
-        }
+        CampaignCommand::Check { file, json } => return check(&file, json),
         CampaignCommand::Run(a) => return run(a, campaign::RunMode::Run),
         CampaignCommand::Resume(a) => return run(a, campaign::RunMode::Resume),
         CampaignCommand::Status { file, results, json } => {
@@ -157,9 +130,34 @@ fn report_made(made: &[campaign::models::Made], json: bool) {
     }
 }
 
+/// The problems of a file on stderr, one per line (and in `problems` under `--json`); a file
+/// with none is summarized, with the models `campaign run` will make from their recipes.
+fn check(file: &std::path::Path, json: bool) -> Result<ExitCode> {
+    let problems = campaign::check(file);
+    if json {
+        print_json(&serde_json::json!({ "file": file, "ok": problems.is_empty(), "problems": problems }))?;
+    }
+    if !problems.is_empty() {
+        for p in &problems {
+            eprintln!("{p}");
+        }
+        return Ok(ExitCode::from(1));
+    }
+    if !json {
+        let l = campaign::load(file)?;
+        println!("{}: ok, campaign {} ({} arms, {} cells), digest {}", file.display(), l.id(), l.spec.arms.len(), campaign::expand(&l.spec).len(), l.digest);
+        for (field, path) in campaign::models::pending(&l.spec, &l.base) {
+            println!("{}: {field} {} is missing; `campaign run` makes it from its recipe", file.display(), path.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run(a: RunArgs, mode: campaign::RunMode) -> Result<ExitCode> {
     let l = campaign::load(&a.file)?;
-    let made = campaign::models::make_missing(&l.spec, &l.base).map_err(|e| anyhow::anyhow!(in_file(&a.file, &e)))?;
+    // What `campaign check` refuses, before any model is made or anything frozen.
+    campaign::gate::refuse(&l, campaign::models::Recipes::Pending)?;
+    let made = campaign::models::make_missing(&l)?;
     report_made(&made, a.json);
     if a.executor == Executor::Slurm {
         return submit(a, &l, mode);
@@ -212,12 +210,4 @@ fn submit(a: RunArgs, l: &campaign::Loaded, mode: campaign::RunMode) -> Result<E
     }
     println!("watch: sovereign campaign status {} --results {}", a.file.display(), a.results.display());
     Ok(ExitCode::SUCCESS)
-}
-
-/// `FILE:line:column: message` for an error that starts at a position in the campaign file
-/// (`line:column: ...`), else `FILE: message`; on one line.
-fn in_file(file: &std::path::Path, e: &anyhow::Error) -> String {
-    let m = format!("{e:#}").replace('\n', " ");
-    let positioned = m.split(':').take(2).all(|x| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit()));
-    if positioned { format!("{}:{m}", file.display()) } else { format!("{}: {m}", file.display()) }
 }

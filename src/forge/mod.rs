@@ -192,6 +192,20 @@ impl Dims {
         if self.vocab < tokenizer::MIN_VOCAB {
             bail!("--vocab must be at least {} (256 byte tokens and an end token)", tokenizer::MIN_VOCAB);
         }
+        // The experts' and the embeddings' F32 bytes, in a width no count can overflow.
+        let (l, e, d, f, v) = (self.layers as u128, self.experts as u128, self.embd as u128, self.expert_ff as u128, self.vocab as u128);
+        let bytes = l * e * 3 * d * f * 4 + 2 * v * d * 4;
+        if bytes > u128::from(crate::bounds::MAX_FORGED_BYTES) {
+            bail!(
+                "{} layers x {} experts of {} x {} and a vocabulary of {} are {bytes} bytes at F32, over the {}-byte limit of a forged model",
+                self.layers,
+                self.experts,
+                self.embd,
+                self.expert_ff,
+                self.vocab,
+                crate::bounds::MAX_FORGED_BYTES
+            );
+        }
         Ok(())
     }
 
