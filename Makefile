@@ -33,7 +33,7 @@ campaign: build
 # CSV and quality-versus-bytes figure.
 tau-sweep: build
 	@mkdir -p $(RESULTS)
-	$(BIN) campaign check campaigns/tau-sweep.yaml
+	$(BIN) campaign check --make-models campaigns/tau-sweep.yaml
 	$(BIN) margins --reference $(MODELS)/tau-f32.gguf --candidate $(MODELS)/tau-q4_k_m.gguf --prompts campaigns/prompts/tau.txt
 	$(BIN) campaign run campaigns/tau-sweep.yaml
 	$(BIN) export --campaign tau-sweep-small-4 --out $(RESULTS)/export-tau-sweep

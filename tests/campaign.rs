@@ -166,6 +166,17 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     let r = run(&["campaign", "check", s(&bad)]);
     assert!(r.code == 1 && r.stderr.contains("give `forge` or `quantize`, not both"), "{}", r.stderr);
     fs::remove_file(&bad).unwrap();
+    // `check --make-models` makes them as `run` would (forged ones first, so a quantized
+    // model's source can be one of them), once.
+    for (f, made) in [("exactness.yaml", &[][..]), ("pdf-pairs.yaml", &["pdf"]), ("tau-sweep.yaml", &["tau-f32", "tau-q4_k_m", "tau-q8_0"])] {
+        let r = ok(&["campaign", "check", "--make-models", s(&shipped.join(f))]);
+        assert_eq!(r.stdout.lines().filter(|l| l.starts_with("made ")).count(), made.len(), "{f}: {}", r.stdout);
+        assert!(!r.stdout.contains("is missing"), "{f}: {}", r.stdout);
+        for m in made {
+            assert!(models.join(format!("{m}.gguf")).is_file(), "{f}: {m}");
+        }
+        assert!(!ok(&["campaign", "check", "--make-models", s(&shipped.join(f))]).stdout.contains("made "), "{f}: made twice");
+    }
     // Shipped campaigns pin this build: a changed patch series must be carried into them, or
     // `campaign run` refuses every one of them.
     let id: serde_json::Value = serde_json::from_str(&ok(&["build-info", "--json"]).stdout).unwrap();

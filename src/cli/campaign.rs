@@ -15,6 +15,9 @@ pub enum CampaignCommand {
         file: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Then make the missing models from their recipes, as `campaign run` does first.
+        #[arg(long)]
+        make_models: bool,
     },
     /// Preregister (freeze) the campaign, then run every cell unattended.
     #[command(after_help = "Example:\n  sovereign campaign run campaigns/exactness.yaml\n  sovereign campaign run campaigns/exactness.yaml --executor slurm --time 30   (a task per block)")]
@@ -90,7 +93,7 @@ pub struct RunArgs {
 
 pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
     match c {
-        CampaignCommand::Check { file, json } => return check(&file, json),
+        CampaignCommand::Check { file, json, make_models } => return check(&file, json, make_models),
         CampaignCommand::Run(a) => return run(a, campaign::RunMode::Run),
         CampaignCommand::Resume(a) => return run(a, campaign::RunMode::Resume),
         CampaignCommand::Status { file, results, json } => {
@@ -132,8 +135,12 @@ fn report_made(made: &[campaign::models::Made], json: bool) {
 
 /// The problems of a file on stderr, one per line (and in `problems` under `--json`); a file
 /// with none is summarized, with the models `campaign run` will make from their recipes.
-fn check(file: &std::path::Path, json: bool) -> Result<ExitCode> {
-    let problems = campaign::check(file);
+fn check(file: &std::path::Path, json: bool, make_models: bool) -> Result<ExitCode> {
+    let mut problems = campaign::check(file);
+    if problems.is_empty() && make_models {
+        report_made(&campaign::models::make_missing(&campaign::load(file)?)?, json);
+        problems = campaign::check(file);
+    }
     if json {
         print_json(&serde_json::json!({ "file": file, "ok": problems.is_empty(), "problems": problems }))?;
     }
