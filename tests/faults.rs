@@ -221,7 +221,16 @@ fn the_shipped_fault_campaign_carries_every_cells_validation_into_its_claim() {
     set_fault(&mut honest, id, "b01-p1-short-read", "expect", serde_json::to_value(&v).unwrap());
     let path = t.path().join("honest.json");
     write_ledger(&honest, &path);
-    refused(&path, id, &results, &["fault b01-p1-short-read (short_read)", "zero tokens accepted", "no output surfaces"]);
+    // verify names the failing checks beside the journal, which never sealed the re-sealed
+    // record; replay recomputes nothing from a campaign whose journal disagrees.
+    let journal = "but the journal never sealed it";
+    for (verb, needles) in [("verify", &["fault b01-p1-short-read (short_read)", "zero tokens accepted", "no output surfaces", journal][..]), ("replay", &[journal][..])] {
+        let r = run(&[verb, "--claim", id, "--unanchored", "--ledger", s(&path), "--results", s(&results)]);
+        assert_eq!(r.code, 1, "{verb} accepted the claim:\n{}{}", r.stdout, r.stderr);
+        for n in needles {
+            assert!(r.stderr.contains(n), "{verb}: {n:?} not in:\n{}", r.stderr);
+        }
+    }
     eprintln!("shipped fault campaign + checks: {:.1} s", started.elapsed().as_secs_f64());
 }
 
