@@ -72,6 +72,9 @@ pub const MAX_TOKEN_PASS: u32 = MAX_SLOTS;
 pub const MAX_FORGED_BYTES: u64 = 1 << 40;
 /// RPC servers one run registers (ggml-rpc.h GGML_RPC_MAX_SERVERS).
 pub const MAX_RPC_SERVERS: usize = 16;
+/// Files of one shard set: a position keeps the shard in its top 16 bits
+/// (`source::SHARD_SHIFT`), and llama.cpp names at most 99,999.
+pub const MAX_SHARDS: u64 = 1 << 16;
 /// A cell spec a worker reads (its prompt travels inside it).
 pub const MAX_CELL_SPEC_BYTES: u64 = 64 << 20;
 /// Smallest memory limit a contained run may ask for: below it no worker can even start, so

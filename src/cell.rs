@@ -382,7 +382,9 @@ pub fn cache_protocol(cell: &Cell, warm: bool) -> Result<&'static str> {
         return Ok("warm: page cache left as found");
     }
     for m in cell.models() {
-        crate::util::drop_file_cache(m)?;
+        for f in crate::gguf::set::files(m)? {
+            crate::util::drop_file_cache(&f)?;
+        }
     }
     Ok("cold: model files dropped from the page cache (POSIX_FADV_DONTNEED) before the run")
 }

@@ -590,8 +590,8 @@ pub fn rehash_models(r: &mut Report, ledger_path: &Path, id: &str, results: &Pat
             let got = fresh.entry(path.clone()).or_insert_with(|| {
                 let t = std::time::Instant::now();
                 crate::inventory::Inventory::of(&path)
-                    .and_then(|inv| crate::digests::build_body(&path, &inv))
-                    .and_then(|b| Ok((b.sha256.clone(), b.digest()?, t.elapsed().as_secs_f64())))
+                    .and_then(|inv| crate::digests::rehash(&inv))
+                    .map(|(sha, manifest)| (sha, manifest, t.elapsed().as_secs_f64()))
                     .map_err(|e| format!("{e:#}"))
             });
             match got {

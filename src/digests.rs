@@ -130,12 +130,24 @@ struct CacheFile {
     body: Body,
 }
 
-/// A manifest in memory, with its extents indexed by file offset.
+/// One file's manifest in memory, with its digest.
 #[derive(Debug)]
-pub struct ModelDigests {
+pub struct FileDigests {
     pub body: Body,
     pub manifest_sha256: String,
-    by_offset: HashMap<u64, (u64, ExtentHashes)>,
+}
+
+/// A model's manifests in memory (one per file, in set order), with its expert extents indexed
+/// by position.
+#[derive(Debug)]
+pub struct ModelDigests {
+    pub files: Vec<Arc<FileDigests>>,
+    /// What names the model: the file's SHA-256, or its set's (`gguf::set::set_sha256`).
+    pub sha256: String,
+    /// The file's manifest digest, or for a set the SHA-256 of `sovereign.digests-set/1` and
+    /// each shard's manifest digest, in order, one per line.
+    pub manifest_sha256: String,
+    by_position: HashMap<u64, (u64, ExtentHashes)>,
 }
 
 /// How reads are verified against the manifest.
@@ -165,26 +177,57 @@ pub struct ExtentHashes {
     pub xxh3: u128,
 }
 
+impl FileDigests {
+    pub fn new(body: Body) -> Result<FileDigests> {
+        Ok(FileDigests { manifest_sha256: body.digest()?, body })
+    }
+}
+
 impl ModelDigests {
-    /// A manifest from its body, its digest computed.
+    /// A one-file model's manifest from its body, its digest computed.
     pub fn new(body: Body) -> Result<ModelDigests> {
-        let manifest_sha256 = body.digest()?;
-        let mut by_offset = HashMap::with_capacity(body.experts.len());
-        for e in &body.experts {
-            let what = || format!("extent {}/{} {}", e.layer, e.expert, e.role);
-            let xxh3 = u128::from_str_radix(&e.xxh3, 16).ok().filter(|_| e.xxh3.len() == 32).with_context(|| format!("{}: XXH3 {:?} is not 32 hex digits", what(), e.xxh3))?;
-            by_offset.insert(e.offset, (e.len, ExtentHashes { blake3: parse_hex(&e.blake3).with_context(what)?, xxh3 }));
-        }
-        Ok(ModelDigests { body, manifest_sha256, by_offset })
+        Self::of_files(vec![Arc::new(FileDigests::new(body)?)])
     }
 
-    /// The digests of the expert extent `e`, if the manifest has exactly that extent.
+    /// A model's manifest from its files' manifests, in set order.
+    pub fn of_files(files: Vec<Arc<FileDigests>>) -> Result<ModelDigests> {
+        let mut by_position = HashMap::with_capacity(files.iter().map(|f| f.body.experts.len()).sum());
+        for (shard, f) in files.iter().enumerate() {
+            for e in &f.body.experts {
+                let what = || format!("extent {}/{} {}", e.layer, e.expert, e.role);
+                let xxh3 = u128::from_str_radix(&e.xxh3, 16).ok().filter(|_| e.xxh3.len() == 32).with_context(|| format!("{}: XXH3 {:?} is not 32 hex digits", what(), e.xxh3))?;
+                let at = crate::source::position(shard as u32, e.offset);
+                by_position.insert(at, (e.len, ExtentHashes { blake3: parse_hex(&e.blake3).with_context(what)?, xxh3 }));
+            }
+        }
+        let sha256 = crate::gguf::set::set_sha256(&files.iter().map(|f| f.body.sha256.clone()).collect::<Vec<_>>());
+        let manifest_sha256 = match files.as_slice() {
+            [one] => one.manifest_sha256.clone(),
+            _ => {
+                let mut s = String::from("sovereign.digests-set/1\n");
+                for f in &files {
+                    s.push_str(&f.manifest_sha256);
+                    s.push('\n');
+                }
+                crate::util::sha256(s.as_bytes())
+            }
+        };
+        Ok(ModelDigests { files, sha256, manifest_sha256, by_position })
+    }
+
+    /// The digests of the expert extent `e` (at its position), if the manifest has exactly
+    /// that extent.
     pub fn extent(&self, e: Extent) -> Option<ExtentHashes> {
-        self.by_offset.get(&e.offset).filter(|(len, _)| *len == e.len).map(|(_, d)| *d)
+        self.by_position.get(&e.offset).filter(|(len, _)| *len == e.len).map(|(_, d)| *d)
     }
 
     pub fn sha256(&self) -> &str {
-        &self.body.sha256
+        &self.sha256
+    }
+
+    /// Each file's SHA-256, in set order.
+    pub fn shard_sha256(&self) -> Vec<String> {
+        self.files.iter().map(|f| f.body.sha256.clone()).collect()
     }
 }
 
@@ -254,13 +297,41 @@ fn cache_file_of(canonical: &Path) -> Result<PathBuf> {
 }
 
 /// Manifests this process already holds, by canonical path, with how it first came by them.
-type Held = (PathBuf, FileKey, Arc<ModelDigests>, Provenance);
+type Held = (PathBuf, FileKey, Arc<FileDigests>, Provenance);
 static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
 
-/// The manifest of `path` (already inventoried as `inv`): the one this process holds or the
-/// cached one while the file's identity is unchanged, else built now (one line on stderr says
-/// why) and cached. With `pin`, a manifest whose whole-file SHA-256 is another is refused.
+/// The manifest of the model `path` names (already inventoried as `inv`): each of its files'
+/// the one this process holds or the cached one while the file's identity is unchanged, else
+/// built now (one line on stderr says why) and cached. With `pin`, a model whose SHA-256 (the
+/// file's, or the set's) is another is refused.
 pub fn obtain(path: &Path, inv: &Inventory, pin: Option<&str>) -> Result<Obtained> {
+    let n = inv.shards.len().max(1);
+    let mut files = Vec::with_capacity(n);
+    let mut provenance = Provenance { manifest_sha256: String::new(), reused: true, build_s: None, rebuilt_because: None, load_check: None };
+    let mut cache_file = PathBuf::new();
+    let mut why = Vec::new();
+    for shard in 0..n {
+        let file = inv.shards.get(shard).map_or(path, |s| s.path.as_path());
+        // A one-file model is refused before its manifest is cached; a set once it is whole.
+        let (d, p, c) = obtain_file(file, inv, shard, pin.filter(|_| n == 1))?;
+        provenance.reused &= p.reused;
+        if let Some(b) = p.build_s {
+            *provenance.build_s.get_or_insert(0.0) += b;
+        }
+        why.extend(p.rebuilt_because);
+        if shard == 0 {
+            cache_file = c;
+        }
+        files.push(d);
+    }
+    provenance.rebuilt_because = (!why.is_empty()).then(|| why.join("; "));
+    let digests = Arc::new(ModelDigests::of_files(files)?);
+    provenance.manifest_sha256 = digests.manifest_sha256.clone();
+    finish(path, pin, Obtained { digests, provenance, cache_file })
+}
+
+/// The manifest of one file of the model: shard `shard` of `inv`.
+fn obtain_file(path: &Path, inv: &Inventory, shard: usize, pin: Option<&str>) -> Result<(Arc<FileDigests>, Provenance, PathBuf)> {
     let canonical = std::fs::canonicalize(path).with_context(|| format!("{}: cannot resolve", path.display()))?;
     let key = FileKey::of(&canonical)?;
     let cache_file = cache_file_of(&canonical)?;
@@ -270,69 +341,68 @@ pub fn obtain(path: &Path, inv: &Inventory, pin: Option<&str>) -> Result<Obtaine
         .iter()
         .find(|(p, k, _, _)| *p == canonical && *k == key)
         .map(|(_, _, d, v)| (d.clone(), v.clone()));
-    let (digests, provenance) = if let Some(h) = held {
-        h
-    } else {
-        let why = match read_cache(&cache_file, inv) {
-            Ok(c) if c.key == key => {
-                let d = Arc::new(ModelDigests::new(c.body)?);
-                let provenance = Provenance { manifest_sha256: d.manifest_sha256.clone(), reused: true, build_s: None, rebuilt_because: None, load_check: None };
-                hold(&canonical, key, &d, &provenance)?;
-                return finish(path, pin, Obtained { digests: d, provenance, cache_file });
-            }
-            Ok(c) => format!("{} changed since its digest manifest was built ({})", path.display(), c.key.changes(&key)),
-            Err(e) if e.is::<Missing>() => String::new(),
-            Err(e) => format!("digest cache {}: {e:#}", cache_file.display()),
-        };
-        // A first build is silent (the record says it was built, and how long it took); a
-        // rebuild says why.
-        if !why.is_empty() {
-            log::info!("{why}; rebuilding its digest manifest");
+    if let Some((d, v)) = held {
+        return Ok((d, v, cache_file));
+    }
+    let why = match read_cache(&cache_file, inv, shard) {
+        Ok(c) if c.key == key => {
+            let d = Arc::new(FileDigests::new(c.body)?);
+            let provenance = Provenance { manifest_sha256: d.manifest_sha256.clone(), reused: true, build_s: None, rebuilt_because: None, load_check: None };
+            hold(&canonical, key, &d, &provenance)?;
+            return Ok((d, provenance, cache_file));
         }
-        let t = Instant::now();
-        let body = build_body(&canonical, inv)?;
-        let build_s = t.elapsed().as_secs_f64();
-        let after = FileKey::of(&canonical)?;
-        if after != key {
-            bail!("{}: the file changed while its digest manifest was built ({})", path.display(), key.changes(&after));
-        }
-        let d = Arc::new(ModelDigests::new(body)?);
-        if let Some(p) = pin.filter(|p| *p != d.body.sha256) {
-            bail!("{}: sha256 {}, but {p} is pinned; refused (its digest manifest was not cached)", path.display(), d.body.sha256);
-        }
-        let cached = write_cache(&cache_file, &CacheFile {
-            format: FORMAT.into(),
-            path: canonical.display().to_string(),
-            key,
-            build_s,
-            manifest_sha256: d.manifest_sha256.clone(),
-            body: d.body.clone(),
-        });
-        // The manifest holds for this run either way; only the next run pays the pass again.
-        if let Err(e) = cached {
-            log::warn!("digest manifest of {} not cached: {e:#}", path.display());
-        }
-        let provenance = Provenance {
-            manifest_sha256: d.manifest_sha256.clone(),
-            reused: false,
-            build_s: Some(build_s),
-            rebuilt_because: (!why.is_empty()).then_some(why),
-            load_check: None,
-        };
-        hold(&canonical, key, &d, &provenance)?;
-        (d, provenance)
+        Ok(c) => format!("{} changed since its digest manifest was built ({})", path.display(), c.key.changes(&key)),
+        Err(e) if e.is::<Missing>() => String::new(),
+        Err(e) => format!("digest cache {}: {e:#}", cache_file.display()),
     };
-    finish(path, pin, Obtained { digests, provenance, cache_file })
+    // A first build is silent (the record says it was built, and how long it took); a
+    // rebuild says why.
+    if !why.is_empty() {
+        log::info!("{why}; rebuilding its digest manifest");
+    }
+    let t = Instant::now();
+    let body = build_body(&canonical, inv, shard)?;
+    let build_s = t.elapsed().as_secs_f64();
+    let after = FileKey::of(&canonical)?;
+    if after != key {
+        bail!("{}: the file changed while its digest manifest was built ({})", path.display(), key.changes(&after));
+    }
+    let d = Arc::new(FileDigests::new(body)?);
+    if let Some(p) = pin.filter(|p| *p != d.body.sha256) {
+        bail!("{}: sha256 {}, but {p} is pinned; refused (its digest manifest was not cached)", path.display(), d.body.sha256);
+    }
+    let cached = write_cache(&cache_file, &CacheFile {
+        format: FORMAT.into(),
+        path: canonical.display().to_string(),
+        key,
+        build_s,
+        manifest_sha256: d.manifest_sha256.clone(),
+        body: d.body.clone(),
+    });
+    // The manifest holds for this run either way; only the next run pays the pass again.
+    if let Err(e) = cached {
+        log::warn!("digest manifest of {} not cached: {e:#}", path.display());
+    }
+    let provenance = Provenance {
+        manifest_sha256: d.manifest_sha256.clone(),
+        reused: false,
+        build_s: Some(build_s),
+        rebuilt_because: (!why.is_empty()).then_some(why),
+        load_check: None,
+    };
+    hold(&canonical, key, &d, &provenance)?;
+    Ok((d, provenance, cache_file))
 }
 
 fn finish(path: &Path, pin: Option<&str>, o: Obtained) -> Result<Obtained> {
-    if let Some(p) = pin.filter(|p| *p != o.digests.body.sha256) {
-        bail!("{}: sha256 {} (digest manifest {}), but {p} is pinned; refused", path.display(), o.digests.body.sha256, o.cache_file.display());
+    if let Some(p) = pin.filter(|p| *p != o.digests.sha256) {
+        let what = if o.digests.files.len() > 1 { "shard set sha256" } else { "sha256" };
+        bail!("{}: {what} {} (digest manifest {}), but {p} is pinned; refused", path.display(), o.digests.sha256, o.cache_file.display());
     }
     Ok(o)
 }
 
-fn hold(canonical: &Path, key: FileKey, d: &Arc<ModelDigests>, provenance: &Provenance) -> Result<()> {
+fn hold(canonical: &Path, key: FileKey, d: &Arc<FileDigests>, provenance: &Provenance) -> Result<()> {
     let mut held = HELD.lock().map_err(|_| anyhow!("digest manifests: lock poisoned"))?;
     held.retain(|(p, _, _, _)| p != canonical);
     held.push((canonical.to_path_buf(), key, d.clone(), provenance.clone()));
@@ -351,7 +421,7 @@ impl std::fmt::Display for Missing {
 
 impl std::error::Error for Missing {}
 
-fn read_cache(file: &Path, inv: &Inventory) -> Result<CacheFile> {
+fn read_cache(file: &Path, inv: &Inventory, shard: usize) -> Result<CacheFile> {
     let meta = match std::fs::symlink_metadata(file) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Missing.into()),
@@ -360,7 +430,7 @@ fn read_cache(file: &Path, inv: &Inventory) -> Result<CacheFile> {
     if !meta.is_file() {
         bail!("not a regular file");
     }
-    let max = CACHE_BASE_BYTES + CACHE_BYTES_PER_RANGE * ranges(inv).len() as u64;
+    let max = CACHE_BASE_BYTES + CACHE_BYTES_PER_RANGE * ranges(inv, shard).len() as u64;
     if meta.len() > max {
         bail!("{} bytes, more than the {max} this model's manifest may take", meta.len());
     }
@@ -378,33 +448,39 @@ fn read_cache(file: &Path, inv: &Inventory) -> Result<CacheFile> {
     if digest != c.manifest_sha256 {
         bail!("its body digests to {digest}, not the {} it names (corrupt)", c.manifest_sha256);
     }
-    consistent(&c.body, inv)?;
+    consistent(&c.body, inv, shard)?;
     Ok(c)
 }
 
-/// The ranges the manifest must cover, from the inventory: (name, extent, expert object).
-fn ranges(inv: &Inventory) -> Vec<(String, Extent, Option<(u32, u32, String)>)> {
-    let mut out = vec![("header".to_string(), Extent { offset: 0, len: inv.data_offset }, None)];
+/// The ranges of file `shard` of the model the manifest must cover, from the inventory, at
+/// their offsets in that file: (name, extent, expert object).
+fn ranges(inv: &Inventory, shard: usize) -> Vec<(String, Extent, Option<(u32, u32, String)>)> {
+    let data_offset = inv.shards.get(shard).map_or(inv.data_offset, |s| s.data_offset);
+    let mut out = vec![("header".to_string(), Extent { offset: 0, len: data_offset }, None)];
     let expert_tensors: std::collections::BTreeSet<&str> =
         inv.moe_layers.iter().flat_map(|l| l.tensors.values().map(String::as_str)).collect();
-    for t in inv.tensors.iter().filter(|t| !expert_tensors.contains(t.name.as_str())) {
+    for t in inv.tensors.iter().filter(|t| t.shard as usize == shard && !expert_tensors.contains(t.name.as_str())) {
         out.push((t.name.clone(), Extent { offset: t.offset, len: t.bytes }, None));
     }
     for o in &inv.objects {
         for (role, e) in &o.extents {
-            out.push((format!("{}/{}/{role}", o.layer, o.expert), *e, Some((o.layer, o.expert, role.clone()))));
+            let (s, offset) = e.shard_offset();
+            if s == shard {
+                out.push((format!("{}/{}/{role}", o.layer, o.expert), Extent { offset, len: e.len }, Some((o.layer, o.expert, role.clone()))));
+            }
         }
     }
     out
 }
 
 /// A cached body must describe exactly the inventory's ranges.
-fn consistent(b: &Body, inv: &Inventory) -> Result<()> {
-    if b.file_bytes != inv.file_bytes {
-        bail!("it describes a file of {} bytes, the model has {}", b.file_bytes, inv.file_bytes);
+fn consistent(b: &Body, inv: &Inventory, shard: usize) -> Result<()> {
+    let bytes = inv.shards.get(shard).map_or(inv.file_bytes, |s| s.bytes);
+    if b.file_bytes != bytes {
+        bail!("it describes a file of {} bytes, the model's has {bytes}", b.file_bytes);
     }
     parse_hex(&b.sha256).context("whole-file sha256")?;
-    let want = ranges(inv);
+    let want = ranges(inv, shard);
     let mut got: Vec<(String, Extent, Option<(u32, u32, String)>)> = Vec::with_capacity(want.len());
     got.push((b.header.name.clone(), Extent { offset: b.header.offset, len: b.header.len }, None));
     got.extend(b.tensors.iter().map(|t| (t.name.clone(), Extent { offset: t.offset, len: t.len }, None)));
@@ -444,13 +520,14 @@ fn write_cache(file: &Path, c: &CacheFile) -> Result<()> {
     res
 }
 
-/// Hashes the whole file and every range of the inventory in one pass: a reader (O_DIRECT
-/// where the file system allows it, so the page cache never holds the file), a hasher of the
-/// ranges and a hasher of the whole file, with a few blocks in flight between them.
-pub fn build_body(path: &Path, inv: &Inventory) -> Result<Body> {
+/// Hashes the whole file `path` (file `shard` of the model `inv`) and every range of it in one
+/// pass: a reader (O_DIRECT where the file system allows it, so the page cache never holds the
+/// file), a hasher of the ranges and a hasher of the whole file, with a few blocks in flight
+/// between them.
+pub fn build_body(path: &Path, inv: &Inventory, shard: usize) -> Result<Body> {
     use std::os::unix::fs::FileExt;
     use std::sync::mpsc::sync_channel;
-    let mut rs = ranges(inv);
+    let mut rs = ranges(inv, shard);
     rs.sort_by_key(|r| r.1);
     if let Some(w) = rs.windows(2).find(|w| w[0].1.end() > w[1].1.offset) {
         bail!("{}: ranges {} and {} overlap", path.display(), w[0].0, w[1].0);
@@ -460,8 +537,9 @@ pub fn build_body(path: &Path, inv: &Inventory) -> Result<Body> {
         Err(_) => std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?,
     };
     let len = file.metadata()?.len();
-    if len != inv.file_bytes {
-        bail!("{}: {len} bytes, the inventory read {}", path.display(), inv.file_bytes);
+    let want = inv.shards.get(shard).map_or(inv.file_bytes, |s| s.bytes);
+    if len != want {
+        bail!("{}: {len} bytes, the inventory read {want}", path.display());
     }
     if let Some(r) = rs.last().filter(|r| r.1.end() > len) {
         bail!("{}: {} ends past the end of the file", path.display(), r.0);
@@ -577,35 +655,42 @@ pub enum Loads {
 }
 
 /// Hashes the ranges llama.cpp is about to load (header and tensors; the expert extents too
-/// when they are resident) through the page cache and compares each with the manifest.
-pub fn check_load(path: &Path, d: &ModelDigests, loads: Loads) -> Result<LoadCheck> {
+/// when they are resident) of each of the model's files through the page cache and compares
+/// each with the manifest.
+pub fn check_load(inv: &Inventory, d: &ModelDigests, loads: Loads) -> Result<LoadCheck> {
     use std::os::unix::fs::FileExt;
     let t = Instant::now();
-    let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-    let mut list: Vec<(String, u64, u64, &str)> = std::iter::once(&d.body.header)
-        .chain(&d.body.tensors)
-        .map(|r| (r.name.clone(), r.offset, r.len, r.blake3.as_str()))
-        .collect();
-    if loads == Loads::All {
-        list.extend(d.body.experts.iter().map(|e| (format!("{}/{}/{}", e.layer, e.expert, e.role), e.offset, e.len, e.blake3.as_str())));
+    if inv.shards.len() != d.files.len() {
+        bail!("{}: {} files, the digest manifest has {}", inv.file, inv.shards.len(), d.files.len());
     }
-    list.sort_by_key(|r| r.1);
     let mut buf = vec![0u8; 4 << 20];
-    let (mut bytes, ranges) = (0u64, list.len() as u64);
-    for (name, offset, len, want) in list {
-        let mut h = blake3::Hasher::new();
-        let mut done = 0u64;
-        while done < len {
-            let n = ((len - done) as usize).min(buf.len());
-            file.read_exact_at(&mut buf[..n], offset + done).with_context(|| format!("{}: {name}: read", path.display()))?;
-            h.update(&buf[..n]);
-            done += n as u64;
+    let (mut bytes, mut ranges) = (0u64, 0u64);
+    for (shard, f) in inv.shards.iter().zip(&d.files) {
+        let path = &shard.path;
+        let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+        let b = &f.body;
+        let mut list: Vec<(String, u64, u64, &str)> =
+            std::iter::once(&b.header).chain(&b.tensors).map(|r| (r.name.clone(), r.offset, r.len, r.blake3.as_str())).collect();
+        if loads == Loads::All {
+            list.extend(b.experts.iter().map(|e| (format!("{}/{}/{}", e.layer, e.expert, e.role), e.offset, e.len, e.blake3.as_str())));
         }
-        let got = h.finalize().to_hex().to_string();
-        if got != want {
-            bail!("{}: {name} (bytes {offset}..{}) hashes to {got}, its digest manifest says {want}; refused", path.display(), offset + len);
+        list.sort_by_key(|r| r.1);
+        ranges += list.len() as u64;
+        for (name, offset, len, want) in list {
+            let mut h = blake3::Hasher::new();
+            let mut done = 0u64;
+            while done < len {
+                let n = ((len - done) as usize).min(buf.len());
+                file.read_exact_at(&mut buf[..n], offset + done).with_context(|| format!("{}: {name}: read", path.display()))?;
+                h.update(&buf[..n]);
+                done += n as u64;
+            }
+            let got = h.finalize().to_hex().to_string();
+            if got != want {
+                bail!("{}: {name} (bytes {offset}..{}) hashes to {got}, its digest manifest says {want}; refused", path.display(), offset + len);
+            }
+            bytes += len;
         }
-        bytes += len;
     }
     let how = match loads {
         Loads::All => "header and every tensor (experts resident), hashed through the page cache just before llama.cpp loads them",
@@ -614,75 +699,100 @@ pub fn check_load(path: &Path, d: &ModelDigests, loads: Loads) -> Result<LoadChe
     Ok(LoadCheck { how: how.into(), ranges, bytes, seconds: t.elapsed().as_secs_f64() })
 }
 
-/// A fresh pass compared with the cached manifest: the ranges whose digests differ.
+/// A fresh pass over every file of the model compared with the cached manifests: the ranges
+/// whose digests differ.
 pub struct Check {
-    pub fresh: Body,
-    pub fresh_sha256: String,
+    pub fresh: ModelDigests,
     pub build_s: f64,
+    /// The cached manifest digest, where every file had one cached under its identity.
     pub cached: Option<String>,
     pub differ: Vec<String>,
 }
 
-/// `model digests --check`: re-hashes everything, compares with the cached manifest (if one is
-/// cached under the current identity), and caches the fresh one.
+/// `model digests --check`: re-hashes every file, compares with the cached manifests (where
+/// cached under the current identity), and caches the fresh ones.
 pub fn check(path: &Path, inv: &Inventory) -> Result<Check> {
-    let canonical = std::fs::canonicalize(path).with_context(|| format!("{}: cannot resolve", path.display()))?;
-    let key = FileKey::of(&canonical)?;
-    let cache_file = cache_file_of(&canonical)?;
-    let cached = match read_cache(&cache_file, inv) {
-        Ok(c) if c.key == key => Some(c),
-        Ok(c) => {
-            log::info!("{} changed since its digest manifest was built ({}); nothing cached to compare", path.display(), c.key.changes(&key));
-            None
-        }
-        Err(e) => {
-            if cache_file.exists() {
-                log::info!("digest cache {}: {e:#}; nothing cached to compare", cache_file.display());
-            }
-            None
-        }
-    };
-    let t = Instant::now();
-    let fresh = build_body(&canonical, inv)?;
-    let build_s = t.elapsed().as_secs_f64();
-    if FileKey::of(&canonical)? != key {
-        bail!("{}: the file changed while it was hashed", path.display());
-    }
+    let mut fresh = Vec::new();
+    let mut cached_all = Vec::new();
     let mut differ = Vec::new();
-    if let Some(c) = &cached {
-        let b = &c.body;
-        if b.sha256 != fresh.sha256 {
-            differ.push("whole file".to_string());
+    let mut build_s = 0.0;
+    let n = inv.shards.len().max(1);
+    for shard in 0..n {
+        let path = inv.shards.get(shard).map_or(path, |s| s.path.as_path());
+        // In a set, each range is named with its file.
+        let name = |r: String| if n > 1 { format!("{}: {r}", inv.shards[shard].file) } else { r };
+        let canonical = std::fs::canonicalize(path).with_context(|| format!("{}: cannot resolve", path.display()))?;
+        let key = FileKey::of(&canonical)?;
+        let cache_file = cache_file_of(&canonical)?;
+        let cached = match read_cache(&cache_file, inv, shard) {
+            Ok(c) if c.key == key => Some(c),
+            Ok(c) => {
+                log::info!("{} changed since its digest manifest was built ({}); nothing cached to compare", path.display(), c.key.changes(&key));
+                None
+            }
+            Err(e) => {
+                if cache_file.exists() {
+                    log::info!("digest cache {}: {e:#}; nothing cached to compare", cache_file.display());
+                }
+                None
+            }
+        };
+        let t = Instant::now();
+        let body = build_body(&canonical, inv, shard)?;
+        let secs = t.elapsed().as_secs_f64();
+        build_s += secs;
+        if FileKey::of(&canonical)? != key {
+            bail!("{}: the file changed while it was hashed", path.display());
         }
-        for (x, y) in std::iter::once((&b.header, &fresh.header)).chain(b.tensors.iter().zip(&fresh.tensors)) {
-            if x != y {
-                differ.push(y.name.clone());
+        if let Some(c) = &cached {
+            let b = &c.body;
+            if b.sha256 != body.sha256 {
+                differ.push(name("whole file".to_string()));
+            }
+            for (x, y) in std::iter::once((&b.header, &body.header)).chain(b.tensors.iter().zip(&body.tensors)) {
+                if x != y {
+                    differ.push(name(y.name.clone()));
+                }
+            }
+            for (x, y) in b.experts.iter().zip(&body.experts) {
+                if x != y {
+                    differ.push(name(format!("{}/{}/{}", y.layer, y.expert, y.role)));
+                }
             }
         }
-        for (x, y) in b.experts.iter().zip(&fresh.experts) {
-            if x != y {
-                differ.push(format!("{}/{}/{}", y.layer, y.expert, y.role));
-            }
-        }
+        let d = FileDigests::new(body)?;
+        // The fresh pass is the file's truth under this identity: it replaces what was cached.
+        write_cache(&cache_file, &CacheFile {
+            format: FORMAT.into(),
+            path: canonical.display().to_string(),
+            key,
+            build_s: secs,
+            manifest_sha256: d.manifest_sha256.clone(),
+            body: d.body.clone(),
+        })?;
+        cached_all.push(cached.map(|c| Arc::new(FileDigests { body: c.body, manifest_sha256: c.manifest_sha256 })));
+        fresh.push(Arc::new(d));
     }
-    let fresh_sha256 = fresh.digest()?;
-    // The fresh pass is the file's truth under this identity: it replaces what was cached.
-    write_cache(&cache_file, &CacheFile {
-        format: FORMAT.into(),
-        path: canonical.display().to_string(),
-        key,
-        build_s,
-        manifest_sha256: fresh_sha256.clone(),
-        body: fresh.clone(),
-    })?;
-    Ok(Check { fresh, fresh_sha256, build_s, cached: cached.map(|c| c.manifest_sha256), differ })
+    let cached = cached_all.into_iter().collect::<Option<Vec<_>>>().map(ModelDigests::of_files).transpose()?.map(|m| m.manifest_sha256);
+    Ok(Check { fresh: ModelDigests::of_files(fresh)?, build_s, cached, differ })
 }
 
-/// The whole-file SHA-256 of a model through its manifest (cached or built), refused where it
-/// is not `pin`. A file that is no MoE model has no manifest: it is hashed whole.
+/// Every file of the model hashed afresh (nothing cached is used or written): its SHA-256 and
+/// its manifest's digest, as a record names them.
+pub fn rehash(inv: &Inventory) -> Result<(String, String)> {
+    let files = (0..inv.shards.len())
+        .map(|i| Ok(Arc::new(FileDigests::new(build_body(&inv.shards[i].path, inv, i)?)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let d = ModelDigests::of_files(files)?;
+    Ok((d.sha256, d.manifest_sha256))
+}
+
+/// The SHA-256 of a model (the file's, or its set's) through its manifest (cached or built),
+/// refused where it is not `pin`. A file that is no MoE model has no manifest: it is hashed
+/// whole.
 pub fn model_sha256(path: &Path, pin: Option<&str>) -> Result<String> {
     let sha = match Inventory::of(path) {
-        Ok(inv) => return Ok(obtain(path, &inv, pin)?.digests.body.sha256.clone()),
+        Ok(inv) => return Ok(obtain(path, &inv, pin)?.digests.sha256.clone()),
         Err(_) => crate::util::sha256_file(path)?,
     };
     if let Some(p) = pin.filter(|p| *p != sha) {

@@ -18,7 +18,7 @@ use crate::plan::simulate::{self, LayerEvent};
 use crate::plan::{Manifest, Traffic};
 use crate::record::format::{EnvelopeBest, EnvelopeParams, ModelIdentity, Outcome, ReadReplayParams, ReplayCheck, ReplayPhase};
 use crate::record::{EnvelopeRecord, ReadReplayRecord, Staging, ENVELOPE_FORMAT, READ_REPLAY_FORMAT};
-use crate::source::{open_direct, AlignedBuf, Covering};
+use crate::source::{AlignedBuf, Covering};
 use anyhow::{anyhow, bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
 use serde::{Deserialize, Serialize};
@@ -101,7 +101,9 @@ pub fn run_envelope(c: &EnvelopeCell) -> Result<EnvelopeRecord> {
     let model = ModelIdentity::of(&c.model, &inv, None)?;
     let measured = check_envelope(c.block_bytes, &c.depths, c.bytes_per_depth).and_then(|()| {
         let depths: Vec<usize> = c.depths.iter().map(|&d| d as usize).collect();
-        envelope::measure_envelope(&c.model, c.bytes_per_depth, &[c.block_bytes as usize], &depths)
+        // A set's largest file: the device's ceiling, over the bytes the Plan reads.
+        let file = inv.shards.iter().max_by_key(|s| s.bytes).map_or(c.model.as_path(), |s| s.path.as_path());
+        envelope::measure_envelope(file, c.bytes_per_depth, &[c.block_bytes as usize], &depths)
     });
     let mut rec = EnvelopeRecord {
         format: ENVELOPE_FORMAT.into(),
@@ -234,7 +236,7 @@ pub fn check(seq: &Sequence, run: Traffic) -> ReplayCheck {
 
 /// Reads `reads` with at most `bufs.len()` in flight; returns the physical bytes read. A read
 /// that fails or stops before its logical end fails the replay.
-fn read_step(ring: &mut IoUring, fd: types::Fd, bufs: &[*mut u8], reads: &[Read]) -> Result<u64> {
+fn read_step(ring: &mut IoUring, n_files: usize, bufs: &[*mut u8], reads: &[Read]) -> Result<u64> {
     let mut free: Vec<usize> = (0..bufs.len()).collect();
     let (mut next, mut in_flight, mut bytes) = (0usize, 0usize, 0u64);
     let mut want: Vec<u64> = vec![0; bufs.len()];
@@ -243,7 +245,11 @@ fn read_step(ring: &mut IoUring, fd: types::Fd, bufs: &[*mut u8], reads: &[Read]
             let Some(b) = free.pop() else { break };
             let r = reads[next];
             want[b] = r.end;
-            let sqe = opcode::Read::new(fd, bufs[b], r.len as u32).offset(r.offset).build().user_data(b as u64);
+            let (shard, offset) = crate::source::shard_offset(r.offset);
+            if shard >= n_files {
+                bail!("a read in shard {shard} of a model of {n_files} files");
+            }
+            let sqe = opcode::Read::new(types::Fixed(shard as u32), bufs[b], r.len as u32).offset(offset).build().user_data(b as u64);
             // SAFETY: the buffer stays alive and untouched until its completion is reaped.
             unsafe { ring.submission().push(&sqe).context("submission queue full")? };
             next += 1;
@@ -284,21 +290,24 @@ fn phase(steps: &[Vec<Read>], times: &[f64]) -> ReplayPhase {
     }
 }
 
-/// Replays the sequence's reads from `model`, one ubatch after the other; each ubatch's time.
-pub fn replay_reads(model: &Path, seq: &Sequence, depth: u32) -> Result<Vec<f64>> {
+/// Replays the sequence's reads from the model's files (one, or each shard of its set), one
+/// ubatch after the other; each ubatch's time.
+pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> Result<Vec<f64>> {
     let largest = seq.steps.iter().flatten().map(|r| r.len).max().unwrap_or(crate::source::ALIGN);
     check_depth(depth, largest)?;
-    let file = open_direct(model)?;
+    let files = crate::source::ModelFiles::open(model, true)?;
     let mut ring = IoUring::new((depth as usize).next_power_of_two().max(2) as u32).context("io_uring is not available on this host")?;
+    // One descriptor per shard, registered as the F source registers them.
+    let fds: Vec<i32> = files.files().iter().map(|f| f.as_raw_fd()).collect();
+    ring.submitter().register_files(&fds).context("io_uring: cannot register the model's files")?;
     // One huge-page buffer cut into `depth` read buffers: the memory the Plan's slots read into.
     let buf = AlignedBuf::huge(largest * depth as u64)?;
     // SAFETY: each part lies inside `buf`, which outlives every read.
     let bufs: Vec<*mut u8> = (0..depth as usize).map(|i| unsafe { buf.as_ptr().add(i * largest as usize) }).collect();
-    let fd = types::Fd(file.as_raw_fd());
     let mut times = Vec::with_capacity(seq.steps.len());
     for step in &seq.steps {
         let t = Instant::now();
-        read_step(&mut ring, fd, &bufs, step)?;
+        read_step(&mut ring, fds.len(), &bufs, step)?;
         times.push(t.elapsed().as_secs_f64());
     }
     Ok(times)
@@ -341,7 +350,7 @@ pub fn run_read_replay(c: &ReadReplayCell) -> Result<ReadReplayRecord> {
                 run.logical_bytes
             );
         }
-        let times = replay_reads(&c.model, &seq, c.depth)?;
+        let times = replay_reads(&inv.paths(), &seq, c.depth)?;
         let p = seq.prefill_steps;
         rec.prefill = Some(phase(&seq.steps[..p], &times[..p]));
         rec.decode = Some(phase(&seq.steps[p..], &times[p..]));

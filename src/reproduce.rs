@@ -295,11 +295,25 @@ fn lay_out_inputs(c: &Loaded, opts: &Options, beside: Option<&Path>, farm: &Path
         if let Some(parent) = link.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        let target = std::fs::canonicalize(&source).with_context(|| format!("{what} {}", source.display()))?;
-        if let Err(e) = std::os::unix::fs::symlink(&target, &link) {
-            // Two names for one digest are fine; anything else is not.
-            if !(e.kind() == std::io::ErrorKind::AlreadyExists && std::fs::canonicalize(&link).ok() == Some(target)) {
-                return Err(e).with_context(|| format!("linking {}", link.display()));
+        // A shard set is linked whole: each shard under the name llama.cpp derives from the first.
+        let sources = if what == "model" { crate::gguf::set::files(&source)? } else { vec![source.clone()] };
+        let links = match sources.len() {
+            1 => vec![link],
+            n => {
+                let prefix = link.to_string_lossy().strip_suffix(&format!("-00001-of-{n:05}.gguf")).map(PathBuf::from);
+                let prefix = prefix.with_context(|| {
+                    format!("{what} {path}: names a set of {n} shards, but not by its first file (NAME-00001-of-{n:05}.gguf), by which llama.cpp finds the others")
+                })?;
+                (0..n as u32).map(|i| crate::gguf::set::shard_path(&prefix, i, n as u32)).collect()
+            }
+        };
+        for (source, link) in sources.iter().zip(links) {
+            let target = std::fs::canonicalize(source).with_context(|| format!("{what} {}", source.display()))?;
+            if let Err(e) = std::os::unix::fs::symlink(&target, &link) {
+                // Two names for one digest are fine; anything else is not.
+                if !(e.kind() == std::io::ErrorKind::AlreadyExists && std::fs::canonicalize(&link).ok() == Some(target)) {
+                    return Err(e).with_context(|| format!("linking {}", link.display()));
+                }
             }
         }
     }

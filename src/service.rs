@@ -59,11 +59,13 @@ impl PlanSource {
         let w = manifest.window_size;
         let sizing = Sizing::of(&manifest, &options, inv.n_used());
         let (mut alloc, windows_memory) = window_memory();
+        // The model's files, one per shard; a one-file inventory made without them reads `model`.
+        let files = if inv.shards.is_empty() { vec![model] } else { inv.paths() };
         let (source, registered): (Box<dyn Source>, Option<bool>) = match options.source {
-            SourceKind::P => (Box::new(BufferedSource::open_with(model, sizing.windows, w, &mut *alloc)?), None),
-            SourceKind::D => (Box::new(BufferedSource::open_direct_with(model, w, &mut *alloc)?), None),
+            SourceKind::P => (Box::new(BufferedSource::open_with(&files, sizing.windows, w, &mut *alloc)?), None),
+            SourceKind::D => (Box::new(BufferedSource::open_direct_with(&files, w, &mut *alloc)?), None),
             SourceKind::F => {
-                let s = UringSource::open_with(model, sizing.windows, w, sizing.depth, &mut *alloc)?;
+                let s = UringSource::open_with(&files, sizing.windows, w, sizing.depth, &mut *alloc)?;
                 let r = s.registered();
                 (Box::new(s), Some(r))
             }

@@ -11,7 +11,11 @@ const PROMPT: &str = "Experts move from storage into bounded slots; every output
 const OUTPUTS: u32 = 64;
 
 fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
-    let r = generate(model, PROMPT, OUTPUTS, rec, extra);
+    gen_n(model, rec, OUTPUTS, extra)
+}
+
+fn gen_n(model: &Path, rec: &Path, outputs: u32, extra: &[&str]) -> serde_json::Value {
+    let r = generate(model, PROMPT, outputs, rec, extra);
     assert_eq!(r.code, 0, "generate {extra:?}: {}{}", r.stdout, r.stderr);
     serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
 }
@@ -284,4 +288,65 @@ fn default_threads_decode_streamed_on_every_core_but_one_and_stay_exact() {
     assert_exact(&resident, &apart);
     let r = run(&["generate", "--model", m.to_str().unwrap(), "--prompt", PROMPT, "--threads-batch", "0", "--record", dir.path().join("bad").to_str().unwrap()]);
     assert_one_line_error(&r, &["--threads-batch 0 is out of range"]);
+}
+
+/// `model split` of `m` into a set of about `n` shards by tensor count; its first file.
+fn split(m: &Path, prefix: &Path, max_tensors: u32) -> std::path::PathBuf {
+    let r = ok(&["model", "split", m.to_str().unwrap(), prefix.to_str().unwrap(), "--max-tensors", &max_tensors.to_string(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let shards = v["shards"].as_array().unwrap();
+    assert!(shards.len() >= 3, "{} shards", shards.len());
+    std::path::PathBuf::from(shards[0]["path"].as_str().unwrap())
+}
+
+/// Outputs of each shard-set run: the prompt's prefill already selects every expert.
+const SET_OUTPUTS: u32 = 16;
+
+/// A model split into a shard set runs, resident and through every source, bitwise as the same
+/// model in one file: four families, alignments 32 and 4096, F32, Q8_0 and Q4_K_M, the set
+/// named by its first shard or by another. Its records name the set and each shard's SHA-256.
+#[test]
+fn a_shard_set_is_exact_against_its_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cases: [(&str, &str, &str, &[&[&str]]); 5] = [
+        ("qwen3moe", "32", "f32", &[&["--source", "p"], &["--source", "d", "--policy", "lru:3"], &["--source", "f", "--policy", "lru:5"], &["--source", "f", "--policy", "zero+prefetch"], &["--source", "f", "--token-pass", "2"]]),
+        ("qwen3next", "32", "q8_0", &[&["--source", "f"], &["--source", "p", "--policy", "lru:3"]]),
+        ("gemma4", "4096", "f32", &[&["--source", "f"], &["--source", "d"]]),
+        ("deepseek2", "32", "q4_k_m", &[&["--source", "f", "--policy", "lru:5"]]),
+        ("qwen3moe", "4096", "f32", &[&["--source", "f"]]),
+    ];
+    for (i, (arch, align, ty, arms)) in cases.into_iter().enumerate() {
+        let name = format!("{arch}-{align}-{ty}");
+        let m = forge(d, &format!("{name}.gguf"), 60 + i as u64, &["--arch", arch, "--alignment", align]);
+        std::fs::create_dir_all(d.join(&name)).unwrap();
+        let file = quantized(&d.join(&name), &m, ty);
+        let first = split(&file, &d.join(format!("{name}-set")), 9);
+        let one = d.join(format!("{name}-one"));
+        let v1 = gen_n(&file, &one, SET_OUTPUTS, &[]);
+        // Named by its first shard, and by its second.
+        let second = first.to_str().unwrap().replace("-00001-of-", "-00002-of-");
+        for (tag, model) in [("first", first.clone()), ("second", second.into())] {
+            let rec = d.join(format!("{name}-set-resident-{tag}"));
+            let v = gen_n(&model, &rec, SET_OUTPUTS, &[]);
+            assert_exact(&one, &rec);
+            let shards = v["model"]["shards"].as_array().unwrap_or_else(|| panic!("{name}: the record names the set's shards: {}", v["model"]));
+            assert!(shards.len() >= 3 && shards.iter().all(|s| s["sha256"].as_str().is_some_and(|h| h.len() == 64)), "{name}: {shards:?}");
+            assert_ne!(v["model"]["sha256"], v1["model"]["sha256"], "a set is named by its own digest");
+            assert_eq!(v["model"]["file"], first.file_name().unwrap().to_str().unwrap(), "{name}: named by its first file");
+            assert_eq!(v["model"]["t_repr_bytes"], v1["model"]["t_repr_bytes"], "{name}");
+        }
+        for (j, flags) in arms.iter().enumerate() {
+            let rec = d.join(format!("{name}-set-{j}"));
+            let mut args = vec!["--experts", "plan", "--slots", "5"];
+            args.extend_from_slice(flags);
+            let v = gen_n(&first, &rec, SET_OUTPUTS, &args);
+            assert_exact(&one, &rec);
+            assert_clean(&v);
+            let t = &v["experts"]["telemetry"];
+            // Every extent read was verified against the set's manifest, the one the record names.
+            assert!(t["digests"]["extents"].as_u64().unwrap() > 0, "{name} {flags:?}: {}", t["digests"]);
+            assert_eq!(t["digests"]["manifest_sha256"], v["model"]["digests"]["manifest_sha256"], "{name} {flags:?}");
+        }
+    }
 }

@@ -430,7 +430,10 @@ impl CellExecutor for ProcessExecutor {
         out.flush()?;
         let warmed_bytes = match kind.run().is_some_and(RunArm::warm) {
             true => {
-                let n = crate::util::warm_file_cache(&paths.model)?;
+                let mut n = 0;
+                for f in crate::gguf::set::files(&paths.model)? {
+                    n += crate::util::warm_file_cache(&f)?;
+                }
                 writeln!(out, "# warm: read {n} bytes of {} through the page cache", cell.model.path)?;
                 Some(n)
             }

@@ -767,6 +767,7 @@ mod tests {
                     outcome: record::format::Outcome::Completed,
                     error: None,
                     model: Some(record::format::ModelIdentity {
+                        shards: None,
                         file: "m.bin".into(),
                         sha256: cell.model.sha256.0.clone(),
                         bytes: 0,

@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 use sovereign::digests;
 use sovereign::engine::{self, QuantType};
 use sovereign::forge::{self, Arch, Overrides, Preset};
+use sovereign::gguf::set::SplitBy;
 use sovereign::identity::build_identity;
 use sovereign::inventory::Inventory;
 use std::path::PathBuf;
@@ -60,6 +61,26 @@ pub enum ModelCommand {
         /// forged routers are; 1.5 sends most selections of a layer to a tenth of its experts).
         #[arg(long, default_value_t = 0.0)]
         router_skew: f32,
+        /// Forge straight into a shard set of files of at most this much tensor data each
+        /// (e.g. 2G), as gguf-split --split-max-size cuts one; --out is then the set's prefix
+        /// (OUT-00001-of-0000N.gguf ...).
+        #[arg(long, value_name = "BYTES", value_parser = sovereign::bounds::parse_bytes)]
+        split_max_size: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rewrite a model (one file or a shard set) as a shard set, as gguf-split does:
+    /// OUT_PREFIX-00001-of-0000N.gguf ..., the first carrying the metadata.
+    #[command(after_help = "Example:\n  sovereign model split models/small.gguf models/small-split --max-size 64M\n  sovereign inventory models/small-split-00001-of-00004.gguf")]
+    Split {
+        input: PathBuf,
+        out_prefix: PathBuf,
+        /// At most this many tensors per shard.
+        #[arg(long, value_name = "N", conflicts_with = "max_size", required_unless_present = "max_size")]
+        max_tensors: Option<u64>,
+        /// At most this much tensor data per shard (a larger tensor has a shard alone).
+        #[arg(long, value_name = "BYTES", value_parser = sovereign::bounds::parse_bytes)]
+        max_size: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -127,19 +148,30 @@ pub fn build_info(a: BuildInfoArgs) -> Result<ExitCode> {
 
 pub fn model(c: ModelCommand) -> Result<ExitCode> {
     match c {
-        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, f16_router, tied_output, router_skew, json } => {
+        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, f16_router, tied_output, router_skew, split_max_size, json } => {
             let dims = preset.dims().with(&Overrides { layers, experts, top_k, embd, expert_ff, vocab, alignment })?;
-            if out.symlink_metadata().is_ok() {
+            let split = split_max_size.map(SplitBy::Bytes);
+            let out = match split {
+                // The set's prefix: `--out m.gguf` and `--out m` both give m-00001-of-0000N.gguf.
+                Some(_) => out.to_string_lossy().strip_suffix(".gguf").map_or(out.clone(), PathBuf::from),
+                None => out,
+            };
+            if split.is_none() && out.symlink_metadata().is_ok() {
                 bail!("{}: --out exists; forge never overwrites (remove it first)", out.display());
             }
+            if let Some(p) = split.and_then(|_| existing_shard(&out)) {
+                bail!("{}: exists; forge never overwrites (remove it first)", p.display());
+            }
             let t = std::time::Instant::now();
-            let f = forge::forge_variant(arch, dims, forge::Variant { f16_router, tied_output, router_skew }, seed, &out)?;
+            let f = forge::forge_into(arch, dims, forge::Variant { f16_router, tied_output, router_skew }, seed, &out, split)?;
+            let out = f.shards.first().cloned().unwrap_or(out);
             if json {
                 print_json(&f)?;
             } else {
                 println!(
-                    "{}: {} {} layers x {} experts (top-{}), {:.1} MiB in {:.1} s, sha256 {}",
+                    "{}{}: {} {} layers x {} experts (top-{}), {:.1} MiB in {:.1} s, sha256 {}",
                     out.display(),
+                    if f.shards.len() > 1 { format!(" (and {} more shards)", f.shards.len() - 1) } else { String::new() },
                     arch.name(),
                     dims.layers,
                     dims.experts,
@@ -150,8 +182,31 @@ pub fn model(c: ModelCommand) -> Result<ExitCode> {
                 );
             }
         }
+        ModelCommand::Split { input, out_prefix, max_tensors, max_size, json } => {
+            let by = match (max_tensors, max_size) {
+                (Some(n), None) => SplitBy::Tensors(n),
+                (None, Some(b)) => SplitBy::Bytes(b),
+                _ => bail!("give one of --max-tensors and --max-size"),
+            };
+            let w = sovereign::gguf::set::split_model(&input, &out_prefix, by)?;
+            // Read back as the set it must be, before it is reported.
+            sovereign::gguf::Gguf::open_model(&w.shards[0].0).with_context(|| format!("{}: the written set does not read back", w.shards[0].0.display()))?;
+            if json {
+                print_json(&serde_json::json!({
+                    "sha256": w.sha256(),
+                    "shards": w.shards.iter().map(|(p, h)| serde_json::json!({"path": p, "sha256": h})).collect::<Vec<_>>(),
+                }))?;
+            } else {
+                for (p, h) in &w.shards {
+                    println!("{}: sha256 {h}", p.display());
+                }
+                println!("set sha256 {} ({} shards)", w.sha256(), w.shards.len());
+            }
+        }
         ModelCommand::Quantize { ty, input, output, threads } => {
             Inventory::of(&input)?;
+            // llama.cpp quantizes a set from its first file (into one output file).
+            let input = sovereign::gguf::set::first_shard(&input)?;
             let tmp = output.with_extension("partial");
             // Claimed exclusively: a concurrent or interrupted run's file is refused, not reused.
             std::fs::OpenOptions::new()
@@ -187,16 +242,17 @@ fn digests(model: &std::path::Path, check: bool, json: bool) -> Result<ExitCode>
         let out = serde_json::json!({
             "file": inv.file,
             "sha256": c.fresh.sha256,
-            "manifest_sha256": c.fresh_sha256,
+            "shards": shards(&c.fresh),
+            "manifest_sha256": c.fresh.manifest_sha256,
             "cached_manifest_sha256": c.cached,
             "build_s": c.build_s,
-            "ranges": 1 + c.fresh.tensors.len() + c.fresh.experts.len(),
+            "ranges": c.fresh.files.iter().map(|f| 1 + f.body.tensors.len() + f.body.experts.len()).sum::<usize>(),
             "differ": c.differ,
         });
         if json {
             print_json(&out)?;
         } else {
-            println!("{}: sha256 {}, manifest {} (re-hashed in {:.2} s)", inv.file, c.fresh.sha256, c.fresh_sha256, c.build_s);
+            println!("{}: sha256 {}, manifest {} (re-hashed in {:.2} s)", inv.file, c.fresh.sha256, c.fresh.manifest_sha256, c.build_s);
             match &c.cached {
                 None => println!("no manifest was cached under this identity: nothing to compare; cached now"),
                 Some(m) if c.differ.is_empty() => println!("cached manifest {m}: every range agrees"),
@@ -210,29 +266,52 @@ fn digests(model: &std::path::Path, check: bool, json: bool) -> Result<ExitCode>
         return Ok(ExitCode::SUCCESS);
     }
     let o = digests::obtain(model, &inv, None)?;
-    let b = &o.digests.body;
+    let d = &o.digests;
+    let header_bytes: u64 = d.files.iter().map(|f| f.body.header.len).sum();
+    let tensors: usize = d.files.iter().map(|f| f.body.tensors.len()).sum();
+    let experts: usize = d.files.iter().map(|f| f.body.experts.len()).sum();
     if json {
         print_json(&serde_json::json!({
             "file": inv.file,
-            "sha256": b.sha256,
-            "manifest_sha256": o.digests.manifest_sha256,
+            "sha256": d.sha256,
+            "shards": shards(d),
+            "manifest_sha256": d.manifest_sha256,
             "provenance": o.provenance,
             "cache_file": o.cache_file,
-            "header_bytes": b.header.len,
-            "tensors": b.tensors.len(),
-            "expert_extents": b.experts.len(),
+            "header_bytes": header_bytes,
+            "tensors": tensors,
+            "expert_extents": experts,
         }))?;
     } else {
         let how = match o.provenance.build_s {
-            Some(s) => format!("built in {s:.2} s ({:.0} MB/s)", b.file_bytes as f64 / s.max(1e-9) / 1e6),
+            Some(s) => format!("built in {s:.2} s ({:.0} MB/s)", inv.file_bytes as f64 / s.max(1e-9) / 1e6),
             None => "reused (file identity unchanged)".into(),
         };
-        println!("{}: sha256 {}", inv.file, b.sha256);
-        println!("manifest   {} ({how})", o.digests.manifest_sha256);
-        println!("ranges     header {} bytes, {} tensors, {} expert extents", b.header.len, b.tensors.len(), b.experts.len());
+        println!("{}: sha256 {}", inv.file, d.sha256);
+        if d.files.len() > 1 {
+            for (s, f) in inv.shards.iter().zip(&d.files) {
+                println!("shard      {} sha256 {}", s.file, f.body.sha256);
+            }
+        }
+        println!("manifest   {} ({how})", d.manifest_sha256);
+        println!("ranges     header {header_bytes} bytes, {tensors} tensors, {experts} expert extents");
         println!("cache      {}", o.cache_file.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An existing file of a set `prefix` would be written as (any shard count).
+fn existing_shard(prefix: &std::path::Path) -> Option<PathBuf> {
+    let dir = prefix.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let stem = format!("{}-", prefix.file_name()?.to_string_lossy());
+    std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).find(|p| {
+        p.file_name().map(|n| n.to_string_lossy()).is_some_and(|n| n.starts_with(&stem) && n.contains("-of-") && n.ends_with(".gguf"))
+    })
+}
+
+/// Each file's SHA-256 where the model is a shard set (null for one file).
+fn shards(d: &digests::ModelDigests) -> Option<Vec<String>> {
+    (d.files.len() > 1).then(|| d.shard_sha256())
 }
 
 pub fn inventory(a: InventoryArgs) -> Result<ExitCode> {
@@ -246,8 +325,14 @@ pub fn inventory(a: InventoryArgs) -> Result<ExitCode> {
     println!("experts    {} bytes in {} objects over {} MoE layers", inv.expert_bytes, inv.objects.len(), inv.moe_layers.len());
     println!("non-expert {} bytes", inv.non_expert_bytes);
     println!("extents    {} duplicates, {} overlaps", inv.extent_duplicates, inv.extent_overlaps);
+    if inv.is_set() {
+        for (i, s) in inv.shards.iter().enumerate() {
+            println!("shard {:<4} {} ({} bytes, {} tensors)", i + 1, s.file, s.bytes, s.tensors);
+        }
+    }
     for t in &inv.tensors {
-        println!("  {:<32} {:<6} {:>24} @{:<12} {:>12}", t.name, t.ggml_type, format!("{:?}", t.shape), t.offset, t.bytes);
+        let at = if inv.is_set() { format!("{}@{}", t.shard + 1, t.offset) } else { format!("@{}", t.offset) };
+        println!("  {:<32} {:<6} {:>24} {:<14} {:>12}", t.name, t.ggml_type, format!("{:?}", t.shape), at, t.bytes);
     }
     Ok(ExitCode::SUCCESS)
 }

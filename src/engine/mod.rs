@@ -334,7 +334,9 @@ impl Model {
         if let Some(e) = backend_error() {
             bail!("engine backends: {e}");
         }
-        let c = cstring(path)?;
+        // llama.cpp loads a shard set from its first file and finds the others by name.
+        let first = crate::gguf::set::first_shard(path)?;
+        let c = cstring(&first)?;
         let bridge = source.map(|s| NonNull::from(Box::leak(Bridge::new(s))));
         // SAFETY: default params are plain data; the path and the bridge outlive the call.
         let place = placement();

@@ -222,8 +222,13 @@ pub struct Forged {
     pub seed: u64,
     pub dims: Dims,
     pub variant: Variant,
+    /// Bytes of the file, or of every shard.
     pub bytes: u64,
+    /// The file's SHA-256, or the set's (`gguf::set::set_sha256`).
     pub sha256: String,
+    /// The shard set's files, in order (empty: one file).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<std::path::PathBuf>,
 }
 
 /// Standard deviations of the drawn weights, chosen so that the router spreads tokens across
@@ -239,6 +244,12 @@ pub fn forge(arch: Arch, dims: Dims, seed: u64, out: &Path) -> Result<Forged> {
 }
 
 pub fn forge_variant(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &Path) -> Result<Forged> {
+    forge_into(arch, dims, variant, seed, out, None)
+}
+
+/// Forges into one file `out`, or with `split` into the shard set `out-NNNNN-of-NNNNN.gguf`
+/// (`out` is then the prefix), as gguf-split would cut the same file.
+pub fn forge_into(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &Path, split: Option<crate::gguf::set::SplitBy>) -> Result<Forged> {
     let d = dims;
     families::check(arch, &d)?;
     if !(variant.router_skew.is_finite() && (0.0..=MAX_ROUTER_SKEW).contains(&variant.router_skew)) {
@@ -265,7 +276,7 @@ pub fn forge_variant(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &
     let eos = tokenizer::EOS as usize;
     let mut vals: Vec<f32> = Vec::new();
     let skew = Skew::new(seed, d.embd as usize, variant.router_skew);
-    let sha256 = w.write(out, |i, t, buf| {
+    let fill = |i: usize, t: &TensorSpec, buf: &mut [u8]| {
         let n: usize = t.dims.iter().product::<u64>() as usize;
         vals.clear();
         vals.resize(n, 0.0);
@@ -302,9 +313,17 @@ pub fn forge_variant(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &
             }
             _ => bytemuck_f32(buf).copy_from_slice(&vals),
         }
-    })?;
-    let bytes = std::fs::metadata(out)?.len();
-    Ok(Forged { arch, seed, dims, variant, bytes, sha256 })
+    };
+    let (sha256, files) = match split {
+        None => (w.write(out, fill)?, vec![out.to_path_buf()]),
+        Some(by) => {
+            let written = w.write_split(out, by, fill)?;
+            (written.sha256(), written.shards.into_iter().map(|(p, _)| p).collect())
+        }
+    };
+    let bytes = files.iter().map(|p| std::fs::metadata(p).map(|m| m.len())).sum::<std::io::Result<u64>>()?;
+    let shards = if split.is_some() { files } else { Vec::new() };
+    Ok(Forged { arch, seed, dims, variant, bytes, sha256, shards })
 }
 
 /// How a forged tensor's values are made.

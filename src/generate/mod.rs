@@ -44,7 +44,9 @@ pub fn load_model(path: &std::path::Path, source: Option<Box<dyn ExpertSource>>)
     let served = source.is_some();
     let model = Model::load_with(path, source)?;
     if served {
-        crate::util::drop_file_cache(path)?;
+        for f in crate::gguf::set::files(path)? {
+            crate::util::drop_file_cache(&f)?;
+        }
     }
     Ok(model)
 }

@@ -6,6 +6,7 @@
 
 mod check;
 mod reader;
+pub mod set;
 mod types;
 mod writer;
 

@@ -28,7 +28,9 @@ pub struct TensorInfo {
     pub dims: Vec<u64>,
     /// Offset relative to the start of the data section, as stored.
     pub rel_offset: u64,
-    /// Absolute offset in the file.
+    /// The file of the model that holds it (0 unless the model is a shard set).
+    pub shard: u32,
+    /// Absolute offset in its file.
     pub offset: u64,
     /// Payload bytes.
     pub bytes: u64,
@@ -38,18 +40,27 @@ impl TensorInfo {
     pub fn end(&self) -> u64 {
         self.offset + self.bytes
     }
+
+    /// Where it starts in the model: (shard, offset) as one position (`source::position`).
+    pub fn position(&self) -> u64 {
+        crate::source::position(self.shard, self.offset)
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct Gguf {
+    /// The file, or a shard set's first file.
     pub path: PathBuf,
     pub version: u32,
+    /// Bytes of the file (of every shard, for a set).
     pub file_len: u64,
     pub alignment: u64,
     pub data_offset: u64,
     pub metadata: BTreeMap<String, Value>,
-    /// In file order of the tensor directory.
+    /// In file order of the tensor directory (shard by shard, for a set).
     pub tensors: Vec<TensorInfo>,
+    /// The model's files: this one, or every shard of its set in order.
+    pub shards: Vec<super::set::ShardHead>,
 }
 
 impl Gguf {
@@ -145,7 +156,7 @@ impl Gguf {
             if !names.insert(name.clone()) {
                 bail!("duplicate tensor `{name}`");
             }
-            tensors.push(TensorInfo { name, ggml_type, dims, rel_offset, offset: 0, bytes });
+            tensors.push(TensorInfo { name, ggml_type, dims, rel_offset, shard: 0, offset: 0, bytes });
         }
         let data_offset = r.pos.div_ceil(alignment) * alignment;
         for t in &mut tensors {
@@ -167,7 +178,8 @@ impl Gguf {
                 bail!("tensors `{}` and `{}` overlap", w[0].name, w[1].name);
             }
         }
-        Ok(Gguf { path: path.to_path_buf(), version, file_len, alignment, data_offset, metadata, tensors })
+        let shards = vec![super::set::ShardHead { path: path.to_path_buf(), file_len, data_offset, alignment, tensors: tensors.len() }];
+        Ok(Gguf { path: path.to_path_buf(), version, file_len, alignment, data_offset, metadata, tensors, shards })
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {

@@ -15,12 +15,28 @@ pub struct Tensor {
     #[serde(rename = "type")]
     pub ggml_type: String,
     pub shape: Vec<u64>,
+    /// The file of the set that holds it (0: the first, or the only one).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub shard: u32,
+    /// Offset within its file.
     pub offset: u64,
     pub bytes: u64,
 }
 
-/// One contiguous byte range of the model file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, PartialOrd, Ord)]
+impl Tensor {
+    /// Its bytes as an extent of the model.
+    pub fn extent(&self) -> Extent {
+        Extent { offset: crate::source::position(self.shard, self.offset), len: self.bytes }
+    }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// One contiguous byte range of the model: `offset` is a position (`source::position`), the
+/// shard in its top bits, so a set's extents order and compare as (shard, offset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Extent {
     pub offset: u64,
     pub len: u64,
@@ -30,6 +46,41 @@ impl Extent {
     pub fn end(&self) -> u64 {
         self.offset + self.len
     }
+
+    /// (shard, offset within its file).
+    pub fn shard_offset(&self) -> (usize, u64) {
+        crate::source::shard_offset(self.offset)
+    }
+}
+
+/// As the file has it: `{"offset", "len"}`, with `"shard"` first where it is not the first.
+impl Serialize for Extent {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let (shard, offset) = self.shard_offset();
+        let mut st = s.serialize_struct("Extent", 3)?;
+        if shard > 0 {
+            st.serialize_field("shard", &shard)?;
+        } else {
+            st.skip_field("shard")?;
+        }
+        st.serialize_field("offset", &offset)?;
+        st.serialize_field("len", &self.len)?;
+        st.end()
+    }
+}
+
+/// One file of the model.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardFile {
+    pub file: String,
+    /// Where it was found (the file names are what identify it).
+    #[serde(skip)]
+    pub path: std::path::PathBuf,
+    pub bytes: u64,
+    pub data_offset: u64,
+    pub alignment: u64,
+    pub tensors: usize,
 }
 
 /// The weights of one expert of one layer: the unit the Plan moves.
@@ -57,11 +108,16 @@ pub struct MoeLayer {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Inventory {
+    /// The file, or a shard set's first file.
     pub file: String,
     pub architecture: String,
+    /// Bytes of the file, or of every shard of the set.
     pub file_bytes: u64,
+    /// The first file's data section and alignment (each shard's are in `shards`).
     pub data_offset: u64,
     pub alignment: u64,
+    /// The model's files in order: one, or each shard of its set.
+    pub shards: Vec<ShardFile>,
     pub t_repr_bytes: u64,
     pub t_repr_rule: &'static str,
     pub expert_bytes: u64,
@@ -81,9 +137,24 @@ impl Inventory {
         self.expert_used_count.and_then(|n| u32::try_from(n).ok())
     }
 
-    /// Validates the file and builds its inventory. A model without expert tensors is refused.
+    /// The paths of the model's files, in set order.
+    pub fn paths(&self) -> Vec<&Path> {
+        self.shards.iter().map(|s| s.path.as_path()).collect()
+    }
+
+    /// The path llama.cpp loads the model from: the file, or the set's first shard.
+    pub fn load_path(&self) -> &Path {
+        &self.shards[0].path
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.shards.len() > 1
+    }
+
+    /// Validates the model (one file, or the shard set `path` is any file of) and builds its
+    /// inventory. A model without expert tensors is refused.
     pub fn of(path: &Path) -> Result<Inventory> {
-        let g = Gguf::open(path)?;
+        let g = Gguf::open_model(path)?;
         // A dense model is named as such before its hyperparameters are judged as a MoE's.
         if !g.tensors.iter().any(|t| expert_role(&t.name).is_some()) {
             bail!(
@@ -127,7 +198,7 @@ impl Inventory {
             entry.tensors.insert(role.to_string(), t.name.clone());
             let per = t.bytes / n;
             for e in 0..n as u32 {
-                let ext = Extent { offset: t.offset + u64::from(e) * per, len: per };
+                let ext = Extent { offset: t.position() + u64::from(e) * per, len: per };
                 objects
                     .entry((layer, e))
                     .or_insert_with(|| ExpertObject { layer, expert: e, extents: Vec::new() })
@@ -154,6 +225,18 @@ impl Inventory {
             file_bytes: g.file_len,
             data_offset: g.data_offset,
             alignment: g.alignment,
+            shards: g
+                .shards
+                .iter()
+                .map(|h| ShardFile {
+                    file: h.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+                    path: h.path.clone(),
+                    bytes: h.file_len,
+                    data_offset: h.data_offset,
+                    alignment: h.alignment,
+                    tensors: h.tensors,
+                })
+                .collect(),
             t_repr_bytes,
             t_repr_rule: T_REPR_RULE,
             expert_bytes,
@@ -166,6 +249,7 @@ impl Inventory {
                     name: t.name.clone(),
                     ggml_type: t.ggml_type.name().to_string(),
                     shape: t.dims.clone(),
+                    shard: t.shard,
                     offset: t.offset,
                     bytes: t.bytes,
                 })

@@ -508,6 +508,7 @@ mod tests {
             file_bytes: offset,
             data_offset: 0,
             alignment: 4096,
+            shards: Vec::new(),
             t_repr_bytes: offset,
             t_repr_rule: crate::inventory::T_REPR_RULE,
             expert_bytes: offset,

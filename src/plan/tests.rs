@@ -1330,7 +1330,7 @@ fn digests() -> &'static crate::digests::ModelDigests {
     static D: OnceLock<crate::digests::ModelDigests> = OnceLock::new();
     D.get_or_init(|| {
         let m = model();
-        crate::digests::ModelDigests::new(crate::digests::build_body(&m.path, &m.inv).unwrap()).unwrap()
+        crate::digests::ModelDigests::new(crate::digests::build_body(&m.path, &m.inv, 0).unwrap()).unwrap()
     })
 }
 
@@ -1351,18 +1351,18 @@ fn plan_faulty(cell: crate::source::fault::FaultCell, verify: bool) -> Plan {
 fn digest_manifest_matches_the_file() {
     let m = model();
     let d = digests();
-    assert_eq!(d.body.sha256, crate::util::sha256(&m.bytes));
-    assert_eq!(d.body.experts.len(), 3 * 16 * 3);
-    for e in d.body.experts.iter().chain(std::iter::empty()) {
+    assert_eq!(d.files[0].body.sha256, crate::util::sha256(&m.bytes));
+    assert_eq!(d.files[0].body.experts.len(), 3 * 16 * 3);
+    for e in d.files[0].body.experts.iter().chain(std::iter::empty()) {
         assert_eq!(e.blake3, blake3::hash(&m.bytes[e.offset as usize..(e.offset + e.len) as usize]).to_hex().as_str(), "{}/{} {}", e.layer, e.expert, e.role);
     }
-    for t in std::iter::once(&d.body.header).chain(&d.body.tensors) {
+    for t in std::iter::once(&d.files[0].body.header).chain(&d.files[0].body.tensors) {
         assert_eq!(t.blake3, blake3::hash(&m.bytes[t.offset as usize..(t.offset + t.len) as usize]).to_hex().as_str(), "{}", t.name);
     }
     // Every byte of every tensor is in exactly one range.
-    let covered: u64 = d.body.experts.iter().map(|e| e.len).chain(d.body.tensors.iter().map(|t| t.len)).sum();
+    let covered: u64 = d.files[0].body.experts.iter().map(|e| e.len).chain(d.files[0].body.tensors.iter().map(|t| t.len)).sum();
     assert_eq!(covered, m.inv.t_repr_bytes);
-    assert_eq!(d.body.header.len, m.inv.data_offset);
+    assert_eq!(d.files[0].body.header.len, m.inv.data_offset);
 }
 
 #[test]
@@ -1407,7 +1407,7 @@ fn a_flipped_byte_is_caught_only_by_the_digest() {
 #[test]
 fn a_manifest_without_the_extent_is_refused() {
     let m = model();
-    let mut body = digests().body.clone();
+    let mut body = digests().files[0].body.clone();
     body.experts.retain(|e| !(e.layer == 2 && e.expert == 5 && e.role == "up"));
     let partial = crate::digests::ModelDigests::new(body).unwrap();
     let spec: PolicySpec = "zero".parse().unwrap();
@@ -1422,7 +1422,7 @@ fn a_manifest_without_the_extent_is_refused() {
 fn a_flipped_byte_read_straight_into_a_slot_is_caught_by_the_digest() {
     use crate::source::fault::FaultCell;
     let m = aligned_model();
-    let d = crate::digests::ModelDigests::new(crate::digests::build_body(&m.path, &m.inv).unwrap()).unwrap();
+    let d = crate::digests::ModelDigests::new(crate::digests::build_body(&m.path, &m.inv, 0).unwrap()).unwrap();
     // Without the digest check the flip lands in the slot and is published.
     let mut p = uring_plan(m, 4, None, FaultCell::CorruptByte);
     let slots = acq(&mut p, 1, 0, &[6]).unwrap();
@@ -1452,7 +1452,7 @@ fn a_flipped_byte_read_straight_into_a_slot_is_caught_by_the_digest() {
 fn the_manifest_holds_each_extents_xxh3_of_its_own_bytes_and_both_algorithms_pass_clean_reads() {
     let m = model();
     let d = digests();
-    for e in &d.body.experts {
+    for e in &d.files[0].body.experts {
         let bytes = &m.bytes[e.offset as usize..(e.offset + e.len) as usize];
         assert_eq!(e.xxh3, format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes)), "{}/{} {}", e.layer, e.expert, e.role);
         assert_eq!(e.blake3, blake3::hash(bytes).to_hex().to_string());

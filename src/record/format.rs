@@ -111,9 +111,14 @@ pub struct SpeculativeReport {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelIdentity {
+    /// The file, or a shard set's first file.
     pub file: String,
-    /// The whole file's SHA-256, from its digest manifest.
+    /// The whole file's SHA-256, from its digest manifest; for a shard set, the set's
+    /// (`gguf::set::set_sha256` of `shards`).
     pub sha256: String,
+    /// A shard set's files in order, each with its SHA-256 (absent: one file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<Vec<ShardIdentity>>,
     pub bytes: u64,
     pub architecture: String,
     pub t_repr_bytes: u64,
@@ -121,6 +126,15 @@ pub struct ModelIdentity {
     /// The digest manifest the run verified its bytes against (absent in older records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digests: Option<crate::digests::Provenance>,
+}
+
+/// One file of a shard set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardIdentity {
+    pub file: String,
+    pub sha256: String,
+    pub bytes: u64,
 }
 
 impl ModelIdentity {
@@ -131,10 +145,18 @@ impl ModelIdentity {
     pub fn of(path: &Path, inv: &Inventory, loads: Option<crate::digests::Loads>) -> Result<ModelIdentity> {
         let o = crate::digests::obtain(path, inv, None)?;
         let mut provenance = o.provenance;
-        provenance.load_check = loads.map(|l| crate::digests::check_load(path, &o.digests, l)).transpose()?;
+        provenance.load_check = loads.map(|l| crate::digests::check_load(inv, &o.digests, l)).transpose()?;
+        let shards = inv.is_set().then(|| {
+            inv.shards
+                .iter()
+                .zip(&o.digests.files)
+                .map(|(s, f)| ShardIdentity { file: s.file.clone(), sha256: f.body.sha256.clone(), bytes: s.bytes })
+                .collect()
+        });
         Ok(ModelIdentity {
             file: inv.file.clone(),
-            sha256: o.digests.body.sha256.clone(),
+            sha256: o.digests.sha256.clone(),
+            shards,
             bytes: inv.file_bytes,
             architecture: inv.architecture.clone(),
             t_repr_bytes: inv.t_repr_bytes,

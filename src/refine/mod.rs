@@ -416,7 +416,9 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     drop(ver_model);
     if base_model.take().is_some() {
         // The base's mapped pages are unmapped now; give them back before the reference loads.
-        crate::util::drop_file_cache(&spec.base)?;
+        for f in crate::gguf::set::files(&spec.base)? {
+            crate::util::drop_file_cache(&f)?;
+        }
     }
 
     let generated: usize = runs.iter().map(|r| r.out.len()).sum();

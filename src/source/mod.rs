@@ -35,6 +35,59 @@ pub use uring::UringSource;
 /// Alignment of direct I/O: file offsets, lengths, window offsets and buffer addresses.
 pub const ALIGN: u64 = 4096;
 
+/// A model is one file or a shard set. A position in it keys a byte by (shard, offset): the
+/// shard's index above bit 48, the offset within that shard's file below. Alignment, covering
+/// reads and adjacency are the same on positions as on offsets, and no extent or covering read
+/// crosses from one shard into the next.
+pub const SHARD_SHIFT: u32 = 48;
+
+/// The position of byte `offset` of shard `shard`.
+pub fn position(shard: u32, offset: u64) -> u64 {
+    debug_assert!(offset < 1 << SHARD_SHIFT);
+    (u64::from(shard) << SHARD_SHIFT) | offset
+}
+
+/// (shard, offset within its file) of a position.
+pub fn shard_offset(position: u64) -> (usize, u64) {
+    ((position >> SHARD_SHIFT) as usize, position & ((1 << SHARD_SHIFT) - 1))
+}
+
+/// The files of a model, one per shard, in set order; positions select among them.
+pub struct ModelFiles {
+    files: Vec<File>,
+}
+
+impl ModelFiles {
+    /// Opens every shard through the page cache (`direct`: false) or around it (`O_DIRECT`).
+    pub fn open<P: AsRef<Path>>(paths: &[P], direct: bool) -> Result<ModelFiles> {
+        if paths.is_empty() || paths.len() > 1 << 16 {
+            bail!("a model has 1 to 65536 files, not {}", paths.len());
+        }
+        let files = paths
+            .iter()
+            .map(|p| {
+                let p = p.as_ref();
+                if direct {
+                    open_direct(p)
+                } else {
+                    File::open(p).with_context(|| format!("{}: cannot open", p.display()))
+                }
+            })
+            .collect::<Result<_>>()?;
+        Ok(ModelFiles { files })
+    }
+
+    /// The file holding `position` and the offset within it.
+    pub fn at(&self, position: u64) -> Result<(&File, u64), SourceError> {
+        let (shard, offset) = shard_offset(position);
+        self.files.get(shard).map(|f| (f, offset)).ok_or(SourceError::NoSuchShard { shard, n_shards: self.files.len() })
+    }
+
+    pub fn files(&self) -> &[File] {
+        &self.files
+    }
+}
+
 pub fn align_down(x: u64) -> u64 {
     x & !(ALIGN - 1)
 }
@@ -202,6 +255,8 @@ pub enum SourceError {
     /// Reads in flight could not be drained: the kernel may still write into the windows and
     /// into host targets (see [`Source::drain`]).
     Undrained,
+    /// A position in a shard the model does not have.
+    NoSuchShard { shard: usize, n_shards: usize },
 }
 
 impl fmt::Display for SourceError {
@@ -224,6 +279,7 @@ impl fmt::Display for SourceError {
             }
             SourceError::HostTarget { detail } => write!(f, "source: refused a read into host memory: {detail}"),
             SourceError::Undrained => write!(f, "source: reads in flight could not be drained; the memory they target is leaked"),
+            SourceError::NoSuchShard { shard, n_shards } => write!(f, "source: a read in shard {shard} of a model of {n_shards} files"),
         }
     }
 }
@@ -527,7 +583,7 @@ pub fn open_direct(path: &Path) -> Result<std::fs::File> {
 /// and queues its completion; `wait` returns queued completions in submission order.
 /// D is the same reader over an `O_DIRECT` descriptor with one window ([`BufferedSource::open_direct`]).
 pub struct BufferedSource {
-    file: File,
+    files: ModelFiles,
     windows: Vec<AlignedBuf>,
     window_size: u64,
     queue: VecDeque<Completion>,
@@ -538,32 +594,31 @@ impl BufferedSource {
     /// Opens `path` and allocates `n_windows` windows of `window_size` bytes (rounded up to
     /// [`ALIGN`]); nothing else is allocated afterwards.
     pub fn open(path: &Path, n_windows: u32, window_size: u64) -> Result<BufferedSource> {
-        Self::open_with(path, n_windows, window_size, &mut AlignedBuf::new)
+        Self::open_with(&[path], n_windows, window_size, &mut AlignedBuf::new)
     }
 
-    /// P with each window from `alloc`.
-    pub fn open_with(path: &Path, n_windows: u32, window_size: u64, alloc: WindowAlloc) -> Result<BufferedSource> {
+    /// P over the model's files (one per shard) with each window from `alloc`.
+    pub fn open_with<P: AsRef<Path>>(paths: &[P], n_windows: u32, window_size: u64, alloc: WindowAlloc) -> Result<BufferedSource> {
         if n_windows == 0 {
             bail!("a source needs at least one window");
         }
-        let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-        Self::with_file(file, n_windows, window_size, alloc)
+        Self::with_files(ModelFiles::open(paths, false)?, n_windows, window_size, alloc)
     }
 
     /// D: blocking `O_DIRECT` reads into one aligned window; the page cache never holds them.
     pub fn open_direct(path: &Path, window_size: u64) -> Result<BufferedSource> {
-        Self::open_direct_with(path, window_size, &mut AlignedBuf::new)
+        Self::open_direct_with(&[path], window_size, &mut AlignedBuf::new)
     }
 
-    /// D with its window from `alloc`.
-    pub fn open_direct_with(path: &Path, window_size: u64, alloc: WindowAlloc) -> Result<BufferedSource> {
-        Self::with_file(open_direct(path)?, 1, window_size, alloc)
+    /// D over the model's files with its window from `alloc`.
+    pub fn open_direct_with<P: AsRef<Path>>(paths: &[P], window_size: u64, alloc: WindowAlloc) -> Result<BufferedSource> {
+        Self::with_files(ModelFiles::open(paths, true)?, 1, window_size, alloc)
     }
 
-    fn with_file(file: File, n_windows: u32, window_size: u64, alloc: WindowAlloc) -> Result<BufferedSource> {
+    fn with_files(files: ModelFiles, n_windows: u32, window_size: u64, alloc: WindowAlloc) -> Result<BufferedSource> {
         let window_size = align_up(window_size);
         let windows = (0..n_windows).map(|_| alloc(window_size)).collect::<Result<_>>()?;
-        Ok(BufferedSource { file, windows, window_size, queue: VecDeque::new(), stats: SourceStats::default() })
+        Ok(BufferedSource { files, windows, window_size, queue: VecDeque::new(), stats: SourceStats::default() })
     }
 }
 
@@ -592,10 +647,11 @@ impl Source for BufferedSource {
 
     fn submit(&mut self, req: ReadRequest) -> Result<(), SourceError> {
         let cov = check_request(&req, self.n_windows(), self.window_size)?;
+        let (file, offset) = self.files.at(cov.offset)?;
         let start = req.window_offset as usize;
         let window = &mut self.windows[req.window as usize];
         let t = std::time::Instant::now();
-        let read = read_full(&self.file, &mut window.as_mut_slice()[start..start + cov.len as usize], cov.offset);
+        let read = read_full(file, &mut window.as_mut_slice()[start..start + cov.len as usize], offset);
         self.stats.record_latency(t.elapsed());
         self.stats.submissions += 1;
         self.stats.sqes += 1;

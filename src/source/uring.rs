@@ -15,11 +15,10 @@
 //! never started, and are submitted again on their own.
 
 use super::{check_request, AlignedBuf, Completion, Covering, ReadRequest, Source, SourceError, SourceStats, ALIGN};
-use super::open_direct;
+use super::ModelFiles;
 use anyhow::{bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
 use std::collections::VecDeque;
-use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::ptr::NonNull;
@@ -64,7 +63,9 @@ struct InFlight {
 }
 
 pub struct UringSource {
-    file: File,
+    files: ModelFiles,
+    /// The files are registered with the ring (fixed descriptors); false where refused.
+    files_registered: bool,
     ring: IoUring,
     windows: Vec<AlignedBuf>,
     window_size: u64,
@@ -115,15 +116,15 @@ impl UringSource {
     /// Opens `path` with O_DIRECT, allocates and registers `n_windows` windows of `window_size`
     /// bytes, and allows at most `depth` reads (SQEs) in flight.
     pub fn open(path: &Path, n_windows: u32, window_size: u64, depth: u32) -> Result<UringSource> {
-        Self::open_with(path, n_windows, window_size, depth, &mut AlignedBuf::new)
+        Self::open_with(&[path], n_windows, window_size, depth, &mut AlignedBuf::new)
     }
 
     /// The same with each window from `alloc` (pinned host memory of a device, where it has one).
-    pub fn open_with(path: &Path, n_windows: u32, window_size: u64, depth: u32, alloc: super::WindowAlloc) -> Result<UringSource> {
+    pub fn open_with<P: AsRef<Path>>(paths: &[P], n_windows: u32, window_size: u64, depth: u32, alloc: super::WindowAlloc) -> Result<UringSource> {
         if n_windows == 0 || depth == 0 {
             bail!("the asynchronous source needs at least one window and a depth of at least one");
         }
-        let file = open_direct(path)?;
+        let files = ModelFiles::open(paths, true)?;
         let window_size = super::align_up(window_size);
         let windows: Vec<AlignedBuf> = (0..n_windows).map(|_| alloc(window_size)).collect::<Result<_>>()?;
         let n = entries(n_windows, depth) as usize;
@@ -134,6 +135,9 @@ impl UringSource {
             windows.iter().map(|w| libc::iovec { iov_base: w.as_ptr() as *mut _, iov_len: w.len() }).collect();
         // SAFETY: the windows outlive the ring (dropped after it: field order) and never move.
         let registered = unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
+        // One descriptor per shard, registered so each SQE names its shard by index.
+        let fds: Vec<i32> = files.files().iter().map(|f| f.as_raw_fd()).collect();
+        let files_registered = ring.submitter().register_files(&fds).is_ok();
         // Entries grow to the longest run they carried and keep that capacity.
         let table = (0..n)
             .map(|_| InFlight {
@@ -146,7 +150,8 @@ impl UringSource {
             })
             .collect();
         Ok(UringSource {
-            file,
+            files,
+            files_registered,
             ring,
             windows,
             window_size,
@@ -301,14 +306,24 @@ impl UringSource {
     /// Queues one SQE for `table[idx]`, already filled; `Err` only when the queue is full.
     fn push(&mut self, idx: usize) -> Result<(), ()> {
         let f = &self.table[idx];
-        let fd = types::Fd(self.file.as_raw_fd());
         let first = f.members[0];
-        let sqe = if f.members.len() == 1 && !first.host && self.registered {
-            opcode::ReadFixed::new(fd, first.dst, first.iov_len as u32, first.req.window as u16).offset(first.cov.offset).build()
-        } else if f.members.len() == 1 {
-            opcode::Read::new(fd, first.dst, first.iov_len as u32).offset(first.cov.offset).build()
+        // Checked when the request was staged: its shard is one of ours.
+        let (shard, offset) = super::shard_offset(first.cov.offset);
+        macro_rules! read {
+            ($fd:expr) => {
+                if f.members.len() == 1 && !first.host && self.registered {
+                    opcode::ReadFixed::new($fd, first.dst, first.iov_len as u32, first.req.window as u16).offset(offset).build()
+                } else if f.members.len() == 1 {
+                    opcode::Read::new($fd, first.dst, first.iov_len as u32).offset(offset).build()
+                } else {
+                    opcode::Readv::new($fd, f.iovecs.as_ptr(), f.iovecs.len() as u32).offset(offset).build()
+                }
+            };
+        }
+        let sqe = if self.files_registered {
+            read!(types::Fixed(shard as u32))
         } else {
-            opcode::Readv::new(fd, f.iovecs.as_ptr(), f.iovecs.len() as u32).offset(first.cov.offset).build()
+            read!(types::Fd(self.files.files()[shard].as_raw_fd()))
         }
         .user_data(idx as u64);
         let sqe = if f.tail { sqe } else { sqe.flags(io_uring::squeue::Flags::IO_LINK) };
@@ -431,6 +446,7 @@ impl UringSource {
     unsafe fn gather(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)], run: &mut Vec<Pending>, done: &mut usize) -> Result<(), SourceError> {
         for &(req, into) in reads {
             let cov = check_request(&req, self.n_windows(), self.window_size)?;
+            self.files.at(cov.offset)?;
             let (dst, host) = match into {
                 Some(p) if (p.as_ptr() as u64) % ALIGN != 0 => {
                     return Err(SourceError::HostTarget { detail: "the target is not aligned to 4096 bytes" })
