@@ -308,3 +308,67 @@ fn paired_ratio_claim_of_pdf_pairs_reproduces_under_its_cap() {
         }
     }
 }
+
+/// A campaign whose model is a shard set, pinned by the set's SHA-256: its cells read the set
+/// (resident and through F under a cap), its claim verifies, and `reproduce` lays the whole set
+/// out from the first shard given by digest and holds bitwise.
+#[test]
+fn a_campaign_on_a_shard_set_runs_verifies_and_reproduces() {
+    let t = tempfile::tempdir().unwrap();
+    let id = "exactness-set-1";
+    let shipped_text = with_this_build(&fs::read_to_string(root().join("campaigns/exactness.yaml")).unwrap());
+    let file = shipped(t.path(), "set.yaml", &shipped_text);
+    let models = t.path().join("models");
+    let split = ok(&["model", "split", s(&models.join("tiny.gguf")), s(&models.join("tiny-set")), "--max-tensors", "10", "--json"]);
+    let set: Value = serde_json::from_str(&split.stdout).unwrap();
+    let digest = set["sha256"].as_str().unwrap().to_string();
+    assert_eq!(set["shards"].as_array().unwrap().len(), 4);
+    let text = shipped_text
+        .replace("id: exactness-resident-1", &format!("id: {id}"))
+        .replace("path: ../models/tiny.gguf", "path: ../models/tiny-set-00001-of-00004.gguf")
+        .replace("  forge: { preset: tiny, seed: 1 }\n", "")
+        .replace(&shipped_sha(&shipped_text), &digest)
+        .replace(
+            "  - id: resident-t1\n    experts: resident\n    threads: 1\n",
+            "  - id: resident-t1\n    experts: plan\n    slots: 8\n    policy: \"lru:4\"\n    source: f\n    memory_cap_bytes: 268435456\n    threads: 2\n",
+        );
+    fs::write(&file, &text).unwrap();
+    let (results, ledger) = run_and_export(t.path(), &file, id);
+    let journal = fs::read_to_string(results.join("campaigns").join(id).join("journal.jsonl")).unwrap();
+    let sealed = journal.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).find(|e| e["event"] == "cell_sealed" && e["cell"].as_str().unwrap().ends_with("resident-t1")).unwrap();
+    assert_eq!(sealed["exact"], true, "{sealed}");
+    let rec: Value = serde_json::from_str(&fs::read_to_string(results.join(sealed["digest"].as_str().unwrap()).join("record.json")).unwrap()).unwrap();
+    assert!(rec["experts"]["telemetry"]["q_run"]["reads"].as_u64().unwrap() > 0, "the arm read the set through the Plan");
+    assert_eq!(rec["model"]["sha256"], digest.as_str(), "{}", rec["model"]);
+    assert_eq!(rec["model"]["shards"].as_array().map(Vec::len), Some(4));
+    ok(&["verify", "--claim", id, "--ledger", s(&ledger), "--results", s(&results)]);
+    // Given by digest from elsewhere: the set is found from its first shard and laid out whole.
+    let elsewhere = t.path().join("moved");
+    fs::create_dir_all(&elsewhere).unwrap();
+    for i in 1..=4 {
+        let name = format!("tiny-set-{i:05}-of-00004.gguf");
+        fs::rename(models.join(&name), elsewhere.join(&name)).unwrap();
+    }
+    let given = format!("{digest}={}", elsewhere.join("tiny-set-00001-of-00004.gguf").display());
+    let out = t.path().join("repro");
+    let v = reproduce_holds(id, &ledger, &results, &out, &["--campaign", s(&file), "--model", &given]);
+    assert!(kinds(&v["report"]).iter().any(|k| k == "surfaces"));
+    // A shard of the set altered: refused before anything runs, naming the set's digest.
+    let third = elsewhere.join("tiny-set-00003-of-00004.gguf");
+    let mut bytes = fs::read(&third).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 1;
+    fs::write(&third, bytes).unwrap();
+    let r = run(&["reproduce", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--out", s(&t.path().join("refused")), "--campaign", s(&file), "--model", &given]);
+    // (A line before it says why the altered shard's manifest is built again.)
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    let last = r.stderr.lines().last().unwrap();
+    assert!(last.contains("tiny-set-00001-of-00004.gguf") && last.contains(&digest) && !r.stderr.contains("panicked"), "{}", r.stderr);
+    assert!(!t.path().join("refused/campaigns").exists(), "a refused reproduction ran something");
+}
+
+/// The model pin of a shipped campaign text.
+fn shipped_sha(text: &str) -> String {
+    let at = text.find("\nmodel:\n").unwrap();
+    text[at..].lines().find_map(|l| l.trim().strip_prefix("sha256: ")).unwrap().to_string()
+}

@@ -104,6 +104,43 @@ fn resident_on_the_rpc_device_equals_the_cpu_and_names_the_device() {
     assert!(v["build"]["libraries"].as_array().unwrap().iter().any(|l| l["name"] == "libggml-rpc.so"), "the RPC module is named by digest");
 }
 
+/// A shard set on the device: resident and streamed through F (token passes) and P, each
+/// bitwise equal to the same model in one file on the device, and fault cells through F on the
+/// set pass their validators.
+#[test]
+fn a_shard_set_on_the_rpc_device_is_exact_against_its_one_file() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = forge(d, "m.gguf", 43, &[]);
+    ok(&["model", "split", m.to_str().unwrap(), d.join("m").to_str().unwrap(), "--max-tensors", "8"]);
+    let set = d.join("m-00003-of-00005.gguf");
+    let one = d.join("one");
+    gen_on(&s, &m, &one, &[]);
+    let resident = d.join("set-resident");
+    let v = gen_on(&s, &set, &resident, &[]);
+    assert_exact(&one, &resident);
+    assert_eq!(v["model"]["shards"].as_array().map(Vec::len), Some(5), "{}", v["model"]);
+    for (name, flags) in [("f-pass", &["--source", "f", "--token-pass", "2"][..]), ("p-lru", &["--source", "p", "--policy", "lru:3"])] {
+        let rec = d.join(format!("set-{name}"));
+        let mut args = vec!["--experts", "plan", "--slots", "5"];
+        args.extend_from_slice(flags);
+        let v = gen_on(&s, &set, &rec, &args);
+        assert_exact(&one, &rec);
+        assert_eq!(v["experts"]["clean_closure"], true, "{name}");
+        assert_eq!(v["experts"]["copy"]["asynchronous"], serde_json::json!(["RPC0"]), "{name}");
+    }
+    let control = d.join("set-none");
+    gen_on(&s, &set, &control, &["--experts", "plan", "--slots", "5", "--source", "f", "--fault", "none"]);
+    for cell in ["short_read", "wrong_object", "corrupt_byte"] {
+        let rec = d.join(format!("set-{cell}"));
+        let args = ["--rpc", &s.endpoint, "--gpu-layers", "all", "--experts", "plan", "--slots", "5", "--source", "f", "--fault", cell];
+        let _ = generate(&set, PROMPT, OUTPUTS, &rec, &args);
+        let check = run(&["fault-check", "--cell", cell, rec.to_str().unwrap(), "--control", control.to_str().unwrap()]);
+        assert_eq!(check.code, 0, "{cell} on a set: {}{}", check.stdout, check.stderr);
+    }
+}
+
 /// F32, F16, Q8_0 and Q4_K_M × P, D, F × zero, LRU, prefetch and token passes, on the device:
 /// every byte read goes through a window and a copy into the device's slot pools.
 #[test]

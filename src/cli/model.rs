@@ -163,7 +163,9 @@ pub fn model(c: ModelCommand) -> Result<ExitCode> {
                 bail!("{}: exists; forge never overwrites (remove it first)", p.display());
             }
             let t = std::time::Instant::now();
-            let f = forge::forge_into(arch, dims, forge::Variant { f16_router, tied_output, router_skew }, seed, &out, split)?;
+            let mut shown = ForgeProgress::new();
+            let f = forge::forge_into(arch, dims, forge::Variant { f16_router, tied_output, router_skew }, seed, &out, split, &mut |d, t| shown.at(d, t))?;
+            shown.finish();
             let out = f.shards.first().cloned().unwrap_or(out);
             if json {
                 print_json(&f)?;
@@ -298,6 +300,45 @@ fn digests(model: &std::path::Path, check: bool, json: bool) -> Result<ExitCode>
         println!("cache      {}", o.cache_file.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Forging shown as it goes: a bar on a terminal, else a line per tenth on stderr (only for
+/// models that take a while: 1 GiB and up).
+struct ForgeProgress {
+    bar: Option<indicatif::ProgressBar>,
+    tenth: u64,
+    started: std::time::Instant,
+}
+
+impl ForgeProgress {
+    fn new() -> ForgeProgress {
+        ForgeProgress { bar: None, tenth: 0, started: std::time::Instant::now() }
+    }
+
+    fn at(&mut self, done: u64, total: u64) {
+        use std::io::IsTerminal;
+        if total < 1 << 30 {
+            return;
+        }
+        if std::io::stderr().is_terminal() {
+            let bar = self.bar.get_or_insert_with(|| {
+                let b = indicatif::ProgressBar::new(total);
+                b.set_style(indicatif::ProgressStyle::with_template("forging {bar:30} {bytes}/{total_bytes} {bytes_per_sec}, ETA {eta}").expect("a valid template"));
+                b
+            });
+            bar.set_position(done);
+        } else if done * 10 / total > self.tenth {
+            self.tenth = done * 10 / total;
+            let s = self.started.elapsed().as_secs_f64();
+            eprintln!("forging: {} of {} ({:.0} MB/s)", sovereign::bounds::show_bytes(done), sovereign::bounds::show_bytes(total), done as f64 / s.max(1e-9) / 1e6);
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
 }
 
 /// An existing file of a set `prefix` would be written as (any shard count).

@@ -244,12 +244,21 @@ pub fn forge(arch: Arch, dims: Dims, seed: u64, out: &Path) -> Result<Forged> {
 }
 
 pub fn forge_variant(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &Path) -> Result<Forged> {
-    forge_into(arch, dims, variant, seed, out, None)
+    forge_into(arch, dims, variant, seed, out, None, &mut |_, _| {})
 }
 
 /// Forges into one file `out`, or with `split` into the shard set `out-NNNNN-of-NNNNN.gguf`
-/// (`out` is then the prefix), as gguf-split would cut the same file.
-pub fn forge_into(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &Path, split: Option<crate::gguf::set::SplitBy>) -> Result<Forged> {
+/// (`out` is then the prefix), as gguf-split would cut the same file. `progress(done, total)`
+/// is told the tensor bytes written after each tensor.
+pub fn forge_into(
+    arch: Arch,
+    dims: Dims,
+    variant: Variant,
+    seed: u64,
+    out: &Path,
+    split: Option<crate::gguf::set::SplitBy>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Forged> {
     let d = dims;
     families::check(arch, &d)?;
     if !(variant.router_skew.is_finite() && (0.0..=MAX_ROUTER_SKEW).contains(&variant.router_skew)) {
@@ -276,6 +285,8 @@ pub fn forge_into(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &Pat
     let eos = tokenizer::EOS as usize;
     let mut vals: Vec<f32> = Vec::new();
     let skew = Skew::new(seed, d.embd as usize, variant.router_skew);
+    let total: u64 = w.tensors.iter().map(TensorSpec::bytes).sum();
+    let mut done = 0u64;
     let fill = |i: usize, t: &TensorSpec, buf: &mut [u8]| {
         let n: usize = t.dims.iter().product::<u64>() as usize;
         vals.clear();
@@ -313,6 +324,8 @@ pub fn forge_into(arch: Arch, dims: Dims, variant: Variant, seed: u64, out: &Pat
             }
             _ => bytemuck_f32(buf).copy_from_slice(&vals),
         }
+        done += buf.len() as u64;
+        progress(done, total);
     };
     let (sha256, files) = match split {
         None => (w.write(out, fill)?, vec![out.to_path_buf()]),
