@@ -5,7 +5,7 @@ BIN     := target/release/sovereign
 MODELS  := models
 RESULTS := results
 
-.PHONY: deps build demo campaign tau-sweep test bench clean
+.PHONY: deps build demo campaign tau-sweep test bench bench-big clean
 
 deps:
 	@scripts/deps.sh
@@ -50,6 +50,12 @@ test: deps
 # (BENCH_OUTPUTS, BENCH_BLOCKS scale the first down; BENCH_SKEW=0 leaves the second out).
 bench: build
 	BIN=$(BIN) scripts/bench.sh
+
+# A shard set 1.5 x this machine's memory, forged once into models/big/, with no cgroup cap:
+# stock llama.cpp (mmap) and F with LRU against a zero-cache D oracle, each from a cold page
+# cache: prefill and decode tok/s, major faults, host peak, wall, exactness (scripts/bench-big.sh).
+bench-big: build
+	BIN=$(BIN) scripts/bench-big.sh
 
 clean:
 	$(CARGO) clean
