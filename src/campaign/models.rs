@@ -199,6 +199,7 @@ fn preset_name(p: crate::forge::Preset) -> &'static str {
         crate::forge::Preset::Tiny => "tiny",
         crate::forge::Preset::Small => "small",
         crate::forge::Preset::Bench => "bench",
+        crate::forge::Preset::Seed => "seed",
     }
 }
 

@@ -139,11 +139,11 @@ pub struct ModelSpec {
     pub quantize: Option<QuantizeRecipe>,
 }
 
-/// `sovereign model forge` as a campaign names it; absent fields take forge's defaults.
+/// `sovereign model forge` as a campaign names it; absent fields take forge's defaults (the
+/// architecture the preset's own: qwen3next for `seed`, else qwen3moe).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, from = "ForgeRecipeFile")]
 pub struct ForgeRecipe {
-    #[serde(default)]
     pub arch: crate::forge::Arch,
     pub preset: crate::forge::Preset,
     #[serde(default)]
@@ -168,6 +168,58 @@ pub struct ForgeRecipe {
     pub tied_output: bool,
     #[serde(default, skip_serializing_if = "crate::util::is_zero_f32")]
     pub router_skew: f32,
+}
+
+/// A forge recipe as written. [`ForgeRecipe`] is it with the architecture resolved, so that a
+/// campaign's frozen form always names the architecture, as it did before presets had their own.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ForgeRecipeFile {
+    #[serde(default)]
+    arch: Option<crate::forge::Arch>,
+    preset: crate::forge::Preset,
+    #[serde(default)]
+    seed: u64,
+    #[serde(default)]
+    layers: Option<u64>,
+    #[serde(default)]
+    experts: Option<u64>,
+    #[serde(default)]
+    top_k: Option<u64>,
+    #[serde(default)]
+    embd: Option<u64>,
+    #[serde(default)]
+    expert_ff: Option<u64>,
+    #[serde(default)]
+    vocab: Option<u64>,
+    #[serde(default)]
+    alignment: Option<u64>,
+    #[serde(default)]
+    f16_router: bool,
+    #[serde(default)]
+    tied_output: bool,
+    #[serde(default)]
+    router_skew: f32,
+}
+
+impl From<ForgeRecipeFile> for ForgeRecipe {
+    fn from(f: ForgeRecipeFile) -> ForgeRecipe {
+        ForgeRecipe {
+            arch: f.arch.unwrap_or(f.preset.arch()),
+            preset: f.preset,
+            seed: f.seed,
+            layers: f.layers,
+            experts: f.experts,
+            top_k: f.top_k,
+            embd: f.embd,
+            expert_ff: f.expert_ff,
+            vocab: f.vocab,
+            alignment: f.alignment,
+            f16_router: f.f16_router,
+            tied_output: f.tied_output,
+            router_skew: f.router_skew,
+        }
+    }
 }
 
 /// `sovereign model quantize` as a campaign names it.
@@ -888,4 +940,26 @@ pub fn canonical(c: &Campaign) -> Result<(String, String)> {
     let text = crate::util::canonical_json_of(c)?;
     let digest = crate::util::sha256(text.as_bytes());
     Ok((text, digest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::forge::Arch;
+
+    /// A recipe without `arch` forges what `model forge` without `--arch` does, and its frozen
+    /// form names the architecture either way.
+    #[test]
+    fn a_recipe_takes_its_presets_architecture() {
+        let recipe = |forge: &str| -> ForgeRecipe {
+            let text = format!("path: m.gguf\nsha256: {}\nforge: {forge}\n", "0".repeat(64));
+            from_yaml::<ModelSpec>(&text).unwrap().forge.unwrap()
+        };
+        assert_eq!(recipe("{ preset: seed }").arch, Arch::Qwen3next);
+        assert_eq!(recipe("{ preset: tiny }").arch, Arch::Qwen3moe);
+        assert_eq!(recipe("{ preset: seed, arch: qwen3moe }").arch, Arch::Qwen3moe);
+        let frozen = serde_json::to_value(recipe("{ preset: tiny }")).unwrap();
+        assert_eq!(frozen["arch"], "qwen3moe");
+        assert!(from_yaml::<ModelSpec>(&format!("path: m.gguf\nsha256: {}\nforge: {{ preset: seed, layer: 3 }}\n", "0".repeat(64))).is_err());
+    }
 }

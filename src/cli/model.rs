@@ -27,8 +27,9 @@ pub enum ModelCommand {
     /// Write a deterministic synthetic GGUF of a real architecture.
     #[command(after_help = "Example:\n  sovereign model forge --preset small --seed 7 --out models/small.gguf")]
     Forge {
-        #[arg(long, value_parser = super::choices::parser::<Arch>(), default_value = "qwen3moe")]
-        arch: Arch,
+        /// The architecture (default: the preset's, qwen3next for `seed`, else qwen3moe).
+        #[arg(long, value_parser = super::choices::parser::<Arch>())]
+        arch: Option<Arch>,
         #[arg(long, value_parser = super::choices::parser::<Preset>())]
         preset: Preset,
         #[arg(long, default_value_t = 0)]
@@ -149,6 +150,7 @@ pub fn build_info(a: BuildInfoArgs) -> Result<ExitCode> {
 pub fn model(c: ModelCommand) -> Result<ExitCode> {
     match c {
         ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, f16_router, tied_output, router_skew, split_max_size, json } => {
+            let arch = arch.unwrap_or(preset.arch());
             let dims = preset.dims().with(&Overrides { layers, experts, top_k, embd, expert_ff, vocab, alignment })?;
             let split = split_max_size.map(SplitBy::Bytes);
             let out = match split {

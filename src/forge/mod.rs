@@ -101,9 +101,14 @@ pub enum Preset {
     Small,
     /// Several GiB: larger than the memory caps used in benchmarks.
     Bench,
+    /// The seed's principal experiment's topology at small widths, about 1.2 GiB: qwen3next
+    /// unless another architecture is named, 48 layers x 512 experts (24,576 expert objects),
+    /// top-10, full attention every 4th layer, a trained context of 32K tokens.
+    Seed,
 }
 
-/// Model dimensions. Multiples of 256 keep every k-quant free of fallback types.
+/// Model dimensions. Multiples of 256 keep every k-quant free of fallback types (`seed`'s widths
+/// are not: it is forged for its shape, at F32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Dims {
     pub layers: u64,
@@ -121,6 +126,14 @@ pub struct Dims {
 }
 
 impl Preset {
+    /// The architecture a preset forges when none is named: the seed's experiment is Qwen3-Next.
+    pub fn arch(self) -> Arch {
+        match self {
+            Preset::Seed => Arch::Qwen3next,
+            Preset::Tiny | Preset::Small | Preset::Bench => Arch::Qwen3moe,
+        }
+    }
+
     pub fn dims(self) -> Dims {
         let base = Dims {
             layers: 3,
@@ -139,6 +152,9 @@ impl Preset {
             Preset::Tiny => base,
             Preset::Small => Dims { layers: 5, experts: 64, top_k: 8, ..base },
             Preset::Bench => Dims { layers: 12, experts: 128, top_k: 8, embd: 512, expert_ff: 512, heads: 8, ..base },
+            // Widths in Qwen3-Next's 4:1 ratio of embedding to expert FFN, two heads of 64
+            // (DeltaNet: one key group, two value heads): each expert 48 KiB at F32.
+            Preset::Seed => Dims { layers: 48, experts: 512, top_k: 10, embd: 128, expert_ff: 32, heads: 2, kv_heads: 1, context: 32_768, ..base },
         }
     }
 }
