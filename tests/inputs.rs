@@ -10,11 +10,28 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-fn tmp(name: &str) -> std::path::PathBuf {
+/// A fresh directory for one test, removed when the test ends (however it ends).
+struct Tmp(std::path::PathBuf);
+
+impl std::ops::Deref for Tmp {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tmp(name: &str) -> Tmp {
     let d = std::env::temp_dir().join(format!("sovereign-inputs-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&d);
     fs::create_dir_all(&d).unwrap();
-    d
+    Tmp(d)
 }
 
 /// Runs with a wall-clock bound; a hang fails the test instead of the suite.
@@ -117,7 +134,7 @@ fn non_regular_model_is_refused_not_waited_on() {
     let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
     // SAFETY: a plain mkfifo on a path we own.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    for model in [fifo.clone(), d.clone()] {
+    for model in [fifo.clone(), d.to_path_buf()] {
         let m = model.to_str().unwrap();
         let r = run_bounded(&refs(&os(&["inventory", m])), 20);
         assert_one_line_error(&r, &["not a regular file"]);
