@@ -4,7 +4,7 @@
 //! run's memory cgroup. Nothing rebuilds a command line from settings.
 
 use crate::bounds;
-use crate::engine::{self, ExecParams, ExpertSource};
+use crate::engine::{self, ExecRequest, ExpertSource};
 use crate::generate::{self, GenerateSpec};
 pub use crate::measure::{EnvelopeCell, ReadReplayCell};
 use crate::identity::build_identity;
@@ -19,10 +19,6 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// Context of a generate cell, tokens (the CLI's default).
-pub const GENERATE_CTX: u32 = 4096;
-/// Context of each model of a refine cell, tokens.
-pub const REFINE_CTX: u32 = 1024;
 /// Logical and physical batch: fixed on every arm, since batch size changes kernels.
 pub const BATCH: u32 = 512;
 /// Slots per layer for the reference's experts while it scores, when the verifier streams.
@@ -81,7 +77,9 @@ pub struct GenerateCell {
     pub model: PathBuf,
     pub prompt: Prompt,
     pub n_predict: u32,
-    pub exec: ExecParams,
+    /// The context left out (`None`) is sized to the work in the worker, once the prompt is
+    /// tokenized; the record states the context the run took.
+    pub exec: ExecRequest,
     pub ignore_eos: bool,
     pub experts: Experts,
     /// llama's `n_gpu_layers` (negative: all).
@@ -116,7 +114,8 @@ pub struct RefineCell {
     pub tau: f32,
     pub window: u32,
     pub verify_all: bool,
-    pub exec: ExecParams,
+    /// As a generate cell's: the context left out is sized to the longest prompt's work.
+    pub exec: ExecRequest,
     /// Stream the verifier's (and the reference's) experts through the Plan.
     pub stream: Option<PlanOptions>,
     pub reference_slots: u32,
@@ -264,7 +263,7 @@ impl Cell {
 }
 
 /// Checks a run's execution parameters against [`bounds::RunParams`].
-pub fn run_params(exec: &ExecParams, n_predict: u32) -> Result<()> {
+pub fn run_params(exec: &ExecRequest, n_predict: u32) -> Result<()> {
     bounds::RunParams { threads: exec.threads as i64, threads_batch: exec.threads_batch.map(i64::from), ctx: exec.n_ctx, batch: exec.n_batch, n_predict }.check()
 }
 
