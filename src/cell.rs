@@ -99,6 +99,10 @@ pub struct GenerateCell {
     pub draft: Option<generate::Draft>,
     /// Record directory (must not exist).
     pub record: PathBuf,
+    /// Seal the record where it is committed. A campaign's cells leave it unsealed: the
+    /// campaign seals each record under its digest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub seal: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,6 +124,9 @@ pub struct RefineCell {
     pub stream: Option<PlanOptions>,
     pub reference_slots: u32,
     pub record: PathBuf,
+    /// As a generate cell's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub seal: bool,
 }
 
 /// What an in-process run produced.
@@ -146,6 +153,25 @@ impl Cell {
             Cell::Envelope(e) => &mut e.record,
             Cell::ReadReplay(r) => &mut r.record,
         }
+    }
+
+    /// Whether the record is sealed where it is committed (measurements are a campaign's).
+    pub fn seals(&self) -> bool {
+        match self {
+            Cell::Generate(g) => g.seal,
+            Cell::Refine(r) => r.seal,
+            Cell::Envelope(_) | Cell::ReadReplay(_) => false,
+        }
+    }
+
+    /// The same cell, its record left unsealed (a worker whose record another commit takes in).
+    fn unsealed(mut self) -> Cell {
+        match &mut self {
+            Cell::Generate(g) => g.seal = false,
+            Cell::Refine(r) => r.seal = false,
+            Cell::Envelope(_) | Cell::ReadReplay(_) => {}
+        }
+        self
     }
 
     /// The model files the cell reads.
@@ -332,6 +358,7 @@ pub fn run(cell: &Cell) -> Result<Done> {
                 ignore_eos: g.ignore_eos,
                 draft: g.draft.clone(),
                 record: g.record.clone(),
+                seal: g.seal,
             };
             if let Some(dir) = &g.device_cgroup {
                 // Before the run, so that a wrong path is refused before anything is decoded.
@@ -366,6 +393,7 @@ pub fn run(cell: &Cell) -> Result<Done> {
                 stream: r.stream.clone(),
                 reference_stream: r.stream.clone().map(|o| PlanOptions { slots: r.reference_slots, ..o }),
                 record: r.record.clone(),
+                seal: r.seal,
             };
             Ok(Done::Refine(refine::run(&spec)?))
         }
@@ -395,11 +423,12 @@ pub fn run_in_cgroup(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
     for m in cell.models() {
         Inventory::of(m)?;
     }
-    let staging = Staging::new(cell.record())?;
+    let staging = Staging::new(cell.record())?.sealing(cell.seals());
     let inner = staging.dir().join("cell");
     let spec_path = staging.dir().join(SPEC_FILE);
     let log_path = staging.dir().join(LOG_FILE);
-    let mut worker = cell.clone();
+    // The worker's record is taken into ours, which is the one sealed.
+    let mut worker = cell.clone().unsealed();
     *worker.record_mut() = inner.clone();
     let log = std::fs::File::create(&log_path)?;
     let cmd = worker_command(exe, &worker, SpecFrom::File(&spec_path), WorkerOutput::Log(log), &[])?;
@@ -526,7 +555,7 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
         None => observe::worker_failure(&status, None, &stderr),
     };
     let rec = TypedRecord::failed(cell.format(), error.clone(), build_identity()?)?;
-    let dir = Staging::new(&record)?.commit(&rec)?;
+    let dir = Staging::new(&record)?.sealing(cell.seals()).commit(&rec)?;
     Ok(WorkerEnd::Died { error, record: dir })
 }
 

@@ -37,7 +37,7 @@ fn a_prompt_past_4096_tokens_runs_without_ctx_on_a_model_trained_for_it() {
     let plan = t.path().join("plan");
     assert_eq!(generate(&m, &prompt, 2, &plan, &["--experts", "plan", "--slots", "4"]).code, 0);
     assert_eq!(record(&plan)["params"]["n_ctx"].as_u64(), Some(tokens + 2));
-    let r = ok(&["compare", "--unsealed", s(&resident), s(&plan), "--json"]);
+    let r = ok(&["compare", s(&resident), s(&plan), "--json"]);
     assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap()["exact"], true, "{}", r.stdout);
 }
 

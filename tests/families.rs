@@ -32,7 +32,7 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
 
 /// Compares two records; every surface must be exact. Returns the surfaces compared.
 fn assert_exact(a: &Path, b: &Path) -> Vec<String> {
-    let r = run(&["compare", "--unsealed", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
+    let r = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
     assert_eq!(r.code, 0, "{} vs {}:\n{}{}", a.display(), b.display(), r.stdout, r.stderr);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     v["surfaces"].as_array().unwrap().iter().map(|s| s["surface"].as_str().unwrap().to_string()).collect()

@@ -249,6 +249,7 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
             stream: arm.plan().map(|plan| plan_options(plan, FaultCell::None)),
             reference_slots: cell::REFERENCE_SLOTS,
             record: p.record.to_path_buf(),
+            seal: false,
         }),
         _ => Cell::Generate(GenerateCell {
             model: p.model.to_path_buf(),
@@ -267,6 +268,8 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
             device_cgroup: p.device_cgroup.map(Path::to_path_buf),
             draft: arm.draft().zip(p.proposer).map(|(d, model)| crate::generate::Draft { model: model.to_path_buf(), max: d.max }),
             record: p.record.to_path_buf(),
+            // The campaign seals each record under its digest.
+            seal: false,
         }),
     }
 }

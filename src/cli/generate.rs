@@ -235,6 +235,7 @@ impl GenerateArgs {
             device_cgroup: self.device_cgroup.clone(),
             draft: self.draft.as_ref().map(|m| generate::Draft { model: m.clone(), max: self.draft_max }),
             record: self.record.clone(),
+            seal: true,
         }))
     }
 }

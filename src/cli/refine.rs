@@ -142,6 +142,7 @@ impl RefineArgs {
             stream,
             reference_slots: self.reference_slots,
             record: self.record.clone(),
+            seal: true,
         }))
     }
 }

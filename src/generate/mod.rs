@@ -25,6 +25,8 @@ pub struct GenerateSpec {
     /// A proposer whose greedy drafts the target checks, several per traversal.
     pub draft: Option<Draft>,
     pub record: PathBuf,
+    /// Seal the record where it is committed ([`Staging::sealing`]).
+    pub seal: bool,
 }
 
 /// Temporal amortization's proposer: a model with the target's vocabulary, resident, and the
@@ -182,7 +184,7 @@ pub fn run_with(
     if spec.prompt.is_empty() {
         bail!("the prompt is empty");
     }
-    let staging = Staging::new(&spec.record)?;
+    let staging = Staging::new(&spec.record)?.sealing(spec.seal);
     let Loaded { model_id, experts, model, load_s, prompt, exec } = load_for_run(spec, &inv, make_source(&inv)?)?;
     let n_vocab = model.n_vocab();
     // A drafted target takes back up to `max` positions per traversal, recurrent states too.

@@ -51,6 +51,8 @@ pub struct RefineSpec {
     /// Stream the reference's experts through the Plan while it scores.
     pub reference_stream: Option<PlanOptions>,
     pub record: PathBuf,
+    /// Seal the record where it is committed.
+    pub seal: bool,
 }
 
 /// Top-1 minus top-2 logit: how decided a greedy decision was.
@@ -401,7 +403,7 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
         Some(r) => Some(identity_of(r, loads(true, &spec.reference_stream)).context("--reference")?),
         None => None,
     };
-    let staging = Staging::new(&spec.record)?;
+    let staging = Staging::new(&spec.record)?.sealing(spec.seal);
 
     let t0 = Instant::now();
     let (mut base_model, ver_model) = load_models(spec, &ver_inv)?;

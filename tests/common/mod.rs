@@ -73,6 +73,7 @@ pub fn generate_spec(model: &Path, record: &Path, prompt: &str, n: u32) -> sover
         ignore_eos: false,
         draft: None,
         record: record.to_path_buf(),
+        seal: false,
     }
 }
 
