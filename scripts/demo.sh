@@ -17,6 +17,8 @@ mkdir -p models "$OUT"
 # (The whole inventory goes to a file: `| head` would end it by SIGPIPE under pipefail.)
 "$BIN" inventory "$MODEL" > "$OUT/inventory.txt"
 head -4 "$OUT/inventory.txt"
+# Records are sealed read-only where they are written: writable again before they go.
+chmod -R u+w "$OUT"/oracle "$OUT"/stock "$OUT"/F-LRU 2>/dev/null || true
 rm -rf "$OUT"/oracle "$OUT"/stock "$OUT"/F-LRU
 gen() {
   local name=$1; shift
@@ -29,9 +31,9 @@ gen stock --memory-max "$CAP"
 gen F-LRU --memory-max "$CAP" --experts plan --slots 16 --policy lru:16 --source f
 
 echo "== F-LRU against the oracle, surface by surface"
-"$BIN" compare --unsealed "$OUT/oracle" "$OUT/F-LRU"
-"$BIN" compare --unsealed --json "$OUT/oracle" "$OUT/stock" > "$OUT/stock-compare.json" || true
-"$BIN" compare --unsealed --json "$OUT/oracle" "$OUT/F-LRU" > "$OUT/F-LRU-compare.json"
+"$BIN" compare "$OUT/oracle" "$OUT/F-LRU"
+"$BIN" compare --json "$OUT/oracle" "$OUT/stock" > "$OUT/stock-compare.json" || true
+"$BIN" compare --json "$OUT/oracle" "$OUT/F-LRU" > "$OUT/F-LRU-compare.json"
 echo "== the F-LRU run's certificate (CPU only: no GPU allowance, no board, no host reserve)"
 "$BIN" certificate show "$OUT/F-LRU" --oracle "$OUT/oracle" --g-decl 0 --g-phys 0 --r-policy 0
 "$BIN" export timeline --record "$OUT/F-LRU" --out "$OUT/F-LRU-timeline.svg"

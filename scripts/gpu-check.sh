@@ -19,6 +19,8 @@ OUT=${OUT:-$root/.device/out}
 mkdir -p "$OUT"
 # Models, records and the CUDA build stay out of $OUT (only the log and small files go back).
 W=${WORK:-/tmp/gpu-check-work}
+# Records are sealed read-only where they are written: writable again before they go.
+chmod -R u+w "$W" 2>/dev/null || true
 rm -rf "$W"
 mkdir -p "$W"
 exec > >(tee -a "$OUT/gpu-check.log") 2>&1

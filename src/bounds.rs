@@ -44,7 +44,7 @@ pub const MAX_DEPTH: u32 = 32_768;
 pub const MAX_LAYER_BUFFERS: u32 = 4_096;
 /// Context tokens: llama.cpp sizes its KV cache by this; 1 Mi tokens is beyond every model here.
 pub const MAX_CTX: u32 = 1 << 20;
-/// Logical/physical batch: never larger than the context.
+/// Logical/physical batch: llama.cpp takes at most the context of it.
 pub const MAX_BATCH: u32 = MAX_CTX;
 /// Generated tokens: bounded by the context anyway; this keeps the reservation finite.
 pub const MAX_N_PREDICT: u32 = MAX_CTX;
@@ -97,7 +97,8 @@ pub struct RunParams {
     pub threads: i64,
     /// Threads for multi-token batches, where a run names them apart.
     pub threads_batch: Option<i64>,
-    pub ctx: u32,
+    /// `--ctx` where given; without it the context is sized to the work ([`context`]).
+    pub ctx: Option<u32>,
     pub batch: u32,
     pub n_predict: u32,
 }
@@ -113,10 +114,46 @@ impl RunParams {
                 None => {}
             }
         }
-        range("--ctx", self.ctx as u64, 1, MAX_CTX as u64, "tokens of KV cache")?;
-        range("--batch", self.batch as u64, 1, MAX_BATCH.min(self.ctx) as u64, "at most the context")?;
-        range("--n-predict", self.n_predict as u64, 0, MAX_N_PREDICT.min(self.ctx) as u64, "at most the context")?;
+        if let Some(ctx) = self.ctx {
+            range("--ctx", ctx as u64, 1, MAX_CTX as u64, "tokens of KV cache")?;
+        }
+        // A batch may exceed the context (one sized to a short prompt is): llama.cpp takes at most
+        // the context of it, and every batch the harness feeds fits the context, so none is split
+        // otherwise than it would be under a larger one.
+        range("--batch", self.batch as u64, 1, MAX_BATCH as u64, "tokens per engine batch")?;
+        let ctx = self.ctx.unwrap_or(MAX_CTX);
+        range("--n-predict", self.n_predict as u64, 0, MAX_N_PREDICT.min(ctx) as u64, "at most the context")?;
         Ok(())
+    }
+}
+
+/// A model's trained context length, as its file states it (`<arch>.context_length`, which
+/// llama.cpp reads as `n_ctx_train`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrainedContext {
+    pub tokens: u64,
+    /// The key it was read from, e.g. `qwen3moe.context_length`.
+    pub key: String,
+}
+
+/// The context a run takes for its work, `prompt_tokens` (of `prompt`, as the error names it)
+/// plus `n_predict`: `--ctx` where given, else exactly the work, up to the model's trained
+/// length. A drafted run needs no more (a traversal never drafts past `n_predict`), so drafted
+/// and one-token runs of one work get one context. Work that does not fit is refused in one
+/// line naming `--ctx` and the trained length; an explicit `--ctx` may exceed the latter.
+pub fn context(asked: Option<u32>, prompt: &str, prompt_tokens: usize, n_predict: u32, trained: Option<&TrainedContext>) -> Result<u32> {
+    let need = prompt_tokens as u64 + u64::from(n_predict);
+    let work = format!("{prompt} ({prompt_tokens} tokens) + --n-predict {n_predict} needs a context of {need}");
+    let trained_is = |t: &TrainedContext| format!("the model's trained length is {} ({})", t.tokens, t.key);
+    match (asked, trained) {
+        (Some(c), t) if need > u64::from(c) => match t {
+            Some(t) => bail!("{work}, over --ctx {c} ({})", trained_is(t)),
+            None => bail!("{work}, over --ctx {c} (the model states no trained length)"),
+        },
+        (Some(c), _) => Ok(c),
+        (None, Some(t)) if need > t.tokens => bail!("{work}, over the model's trained length of {} ({}); pass --ctx to set it", t.tokens, t.key),
+        (None, _) if need > u64::from(MAX_CTX) => bail!("{work}, over {MAX_CTX} tokens, the most --ctx takes"),
+        (None, _) => Ok(need as u32),
     }
 }
 
@@ -311,11 +348,11 @@ mod tests {
 
     #[test]
     fn bounds_refuse_extremes_and_take_defaults() {
-        assert!(RunParams { threads: 2, threads_batch: None, ctx: 4096, batch: 512, n_predict: 64 }.check().is_ok());
-        assert!(RunParams { threads: 100_000, threads_batch: None, ctx: 4096, batch: 512, n_predict: 64 }.check().is_err());
-        let e = RunParams { threads: -1, threads_batch: None, ctx: 4096, batch: 512, n_predict: 64 }.check().unwrap_err().to_string();
+        assert!(RunParams { threads: 2, threads_batch: None, ctx: Some(4096), batch: 512, n_predict: 64 }.check().is_ok());
+        assert!(RunParams { threads: 100_000, threads_batch: None, ctx: Some(4096), batch: 512, n_predict: 64 }.check().is_err());
+        let e = RunParams { threads: -1, threads_batch: None, ctx: Some(4096), batch: 512, n_predict: 64 }.check().unwrap_err().to_string();
         assert!(e.starts_with("--threads -1 is out of range 1..="), "{e}");
-        assert!(RunParams { threads: 2, threads_batch: None, ctx: u32::MAX, batch: 512, n_predict: 64 }.check().is_err());
+        assert!(RunParams { threads: 2, threads_batch: None, ctx: Some(u32::MAX), batch: 512, n_predict: 64 }.check().is_err());
         assert!(PlanParams { slots: 8, windows: 8, depth: 8, layer_buffers: 0 }.check().is_ok());
         let e = PlanParams { slots: 8, windows: 8, depth: u32::MAX, layer_buffers: 0 }.check().unwrap_err().to_string();
         assert!(e.contains("--depth") && e.contains("out of range"), "{e}");
@@ -326,6 +363,27 @@ mod tests {
         assert_eq!(parse_bytes("3X").unwrap_err().to_string(), "`3X`: unknown size suffix `X` (use K, M, G or T, binary)");
         assert_eq!(parse_bytes("GiB").unwrap_err().to_string(), "`GiB` is not a byte count");
         assert!(prompt_text("p", b"\xf7\x8f\xbc\xbf").is_err());
+    }
+
+    #[test]
+    fn the_context_is_the_work_unless_given_and_never_past_what_bounds_it() {
+        let t = TrainedContext { tokens: 4096, key: "qwen3moe.context_length".into() };
+        // Sized to the work, up to and including the trained length.
+        assert_eq!(context(None, "prompt", 5000, 4, Some(&TrainedContext { tokens: 8192, ..t.clone() })).unwrap(), 5004);
+        assert_eq!(context(None, "prompt", 4092, 4, Some(&t)).unwrap(), 4096);
+        assert_eq!(context(None, "prompt", 3, 2, None).unwrap(), 5);
+        let e = context(None, "prompt", 9000, 4, Some(&t)).unwrap_err().to_string();
+        assert_eq!(e, "prompt (9000 tokens) + --n-predict 4 needs a context of 9004, over the model's trained length of 4096 (qwen3moe.context_length); pass --ctx to set it");
+        // A given context is taken as given, past the trained length too, and never too small.
+        assert_eq!(context(Some(1024), "prompt", 3, 2, Some(&t)).unwrap(), 1024);
+        assert_eq!(context(Some(9004), "prompt", 9000, 4, Some(&t)).unwrap(), 9004);
+        let e = context(Some(4096), "prompt 2", 5000, 4, Some(&TrainedContext { tokens: 32768, ..t.clone() })).unwrap_err().to_string();
+        assert_eq!(e, "prompt 2 (5000 tokens) + --n-predict 4 needs a context of 5004, over --ctx 4096 (the model's trained length is 32768 (qwen3moe.context_length))");
+        let e = context(None, "prompt", MAX_CTX as usize, 1, None).unwrap_err().to_string();
+        assert!(e.contains("over 1048576 tokens, the most --ctx takes"), "{e}");
+        // Without --ctx, only the batch's and the outputs' own ceilings apply before the work is known.
+        assert!(RunParams { threads: 2, threads_batch: None, ctx: None, batch: 512, n_predict: 5000 }.check().is_ok());
+        assert!(RunParams { threads: 2, threads_batch: None, ctx: Some(4096), batch: 512, n_predict: 5000 }.check().is_err());
     }
 
     #[test]
@@ -342,7 +400,7 @@ mod tests {
         let cores = cores();
         assert_eq!(default_threads(false), cores);
         assert_eq!(default_threads(true), (cores - 1).max(1));
-        let within = |t: u32| RunParams { threads: t.into(), threads_batch: Some(t.into()), ctx: 4096, batch: 512, n_predict: 64 }.check();
+        let within = |t: u32| RunParams { threads: t.into(), threads_batch: Some(t.into()), ctx: Some(4096), batch: 512, n_predict: 64 }.check();
         assert!(within(default_threads(false)).is_ok() && within(default_threads(true)).is_ok());
         // Batches take every core unless the run names threads; decoding leaves the reads one.
         let (streamed, all) = (i64::from(default_threads(true)), i64::from(cores));
@@ -351,7 +409,7 @@ mod tests {
         assert_eq!(threads(Some(3), None, true), (3, 3));
         assert_eq!(threads(Some(3), Some(5), true), (3, 5));
         assert_eq!(threads(None, Some(5), true), (streamed, 5));
-        let e = RunParams { threads: 1, threads_batch: Some(0), ctx: 4096, batch: 512, n_predict: 64 }.check().unwrap_err().to_string();
+        let e = RunParams { threads: 1, threads_batch: Some(0), ctx: Some(4096), batch: 512, n_predict: 64 }.check().unwrap_err().to_string();
         assert!(e.starts_with("--threads-batch 0 is out of range 1..="), "{e}");
     }
 }

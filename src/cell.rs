@@ -4,7 +4,7 @@
 //! run's memory cgroup. Nothing rebuilds a command line from settings.
 
 use crate::bounds;
-use crate::engine::{self, ExecParams, ExpertSource};
+use crate::engine::{self, ExecRequest, ExpertSource};
 use crate::generate::{self, GenerateSpec};
 pub use crate::measure::{EnvelopeCell, ReadReplayCell};
 use crate::identity::build_identity;
@@ -19,10 +19,6 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// Context of a generate cell, tokens (the CLI's default).
-pub const GENERATE_CTX: u32 = 4096;
-/// Context of each model of a refine cell, tokens.
-pub const REFINE_CTX: u32 = 1024;
 /// Logical and physical batch: fixed on every arm, since batch size changes kernels.
 pub const BATCH: u32 = 512;
 /// Slots per layer for the reference's experts while it scores, when the verifier streams.
@@ -81,7 +77,9 @@ pub struct GenerateCell {
     pub model: PathBuf,
     pub prompt: Prompt,
     pub n_predict: u32,
-    pub exec: ExecParams,
+    /// The context left out (`None`) is sized to the work in the worker, once the prompt is
+    /// tokenized; the record states the context the run took.
+    pub exec: ExecRequest,
     pub ignore_eos: bool,
     pub experts: Experts,
     /// llama's `n_gpu_layers` (negative: all).
@@ -101,6 +99,10 @@ pub struct GenerateCell {
     pub draft: Option<generate::Draft>,
     /// Record directory (must not exist).
     pub record: PathBuf,
+    /// Seal the record where it is committed. A campaign's cells leave it unsealed: the
+    /// campaign seals each record under its digest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub seal: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -116,11 +118,15 @@ pub struct RefineCell {
     pub tau: f32,
     pub window: u32,
     pub verify_all: bool,
-    pub exec: ExecParams,
+    /// As a generate cell's: the context left out is sized to the longest prompt's work.
+    pub exec: ExecRequest,
     /// Stream the verifier's (and the reference's) experts through the Plan.
     pub stream: Option<PlanOptions>,
     pub reference_slots: u32,
     pub record: PathBuf,
+    /// As a generate cell's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub seal: bool,
 }
 
 /// What an in-process run produced.
@@ -147,6 +153,25 @@ impl Cell {
             Cell::Envelope(e) => &mut e.record,
             Cell::ReadReplay(r) => &mut r.record,
         }
+    }
+
+    /// Whether the record is sealed where it is committed (measurements are a campaign's).
+    pub fn seals(&self) -> bool {
+        match self {
+            Cell::Generate(g) => g.seal,
+            Cell::Refine(r) => r.seal,
+            Cell::Envelope(_) | Cell::ReadReplay(_) => false,
+        }
+    }
+
+    /// The same cell, its record left unsealed (a worker whose record another commit takes in).
+    fn unsealed(mut self) -> Cell {
+        match &mut self {
+            Cell::Generate(g) => g.seal = false,
+            Cell::Refine(r) => r.seal = false,
+            Cell::Envelope(_) | Cell::ReadReplay(_) => {}
+        }
+        self
     }
 
     /// The model files the cell reads.
@@ -264,7 +289,7 @@ impl Cell {
 }
 
 /// Checks a run's execution parameters against [`bounds::RunParams`].
-pub fn run_params(exec: &ExecParams, n_predict: u32) -> Result<()> {
+pub fn run_params(exec: &ExecRequest, n_predict: u32) -> Result<()> {
     bounds::RunParams { threads: exec.threads as i64, threads_batch: exec.threads_batch.map(i64::from), ctx: exec.n_ctx, batch: exec.n_batch, n_predict }.check()
 }
 
@@ -333,6 +358,7 @@ pub fn run(cell: &Cell) -> Result<Done> {
                 ignore_eos: g.ignore_eos,
                 draft: g.draft.clone(),
                 record: g.record.clone(),
+                seal: g.seal,
             };
             if let Some(dir) = &g.device_cgroup {
                 // Before the run, so that a wrong path is refused before anything is decoded.
@@ -367,6 +393,7 @@ pub fn run(cell: &Cell) -> Result<Done> {
                 stream: r.stream.clone(),
                 reference_stream: r.stream.clone().map(|o| PlanOptions { slots: r.reference_slots, ..o }),
                 record: r.record.clone(),
+                seal: r.seal,
             };
             Ok(Done::Refine(refine::run(&spec)?))
         }
@@ -398,11 +425,12 @@ pub fn run_in_cgroup(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
     for m in cell.models() {
         Inventory::of(m)?;
     }
-    let staging = Staging::new(cell.record())?;
+    let staging = Staging::new(cell.record())?.sealing(cell.seals());
     let inner = staging.dir().join("cell");
     let spec_path = staging.dir().join(SPEC_FILE);
     let log_path = staging.dir().join(LOG_FILE);
-    let mut worker = cell.clone();
+    // The worker's record is taken into ours, which is the one sealed.
+    let mut worker = cell.clone().unsealed();
     *worker.record_mut() = inner.clone();
     let log = std::fs::File::create(&log_path)?;
     let cmd = worker_command(exe, &worker, SpecFrom::File(&spec_path), WorkerOutput::Log(log), &[])?;
@@ -529,7 +557,7 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
         None => observe::worker_failure(&status, None, &stderr),
     };
     let rec = TypedRecord::failed(cell.format(), error.clone(), build_identity()?)?;
-    let dir = Staging::new(&record)?.commit(&rec)?;
+    let dir = Staging::new(&record)?.sealing(cell.seals()).commit(&rec)?;
     Ok(WorkerEnd::Died { error, record: dir })
 }
 

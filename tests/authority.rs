@@ -99,7 +99,7 @@ fn p_hits_the_ceiling_while_d_and_f_stay_under_it() {
         recs.push(rec);
     }
     for pair in recs.windows(2) {
-        let r = run(&["compare", "--unsealed", pair[0].to_str().unwrap(), pair[1].to_str().unwrap()]);
+        let r = run(&["compare", pair[0].to_str().unwrap(), pair[1].to_str().unwrap()]);
         assert_eq!(r.code, 0, "{}", r.stdout);
     }
     no_run_cgroups_left();

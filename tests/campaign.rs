@@ -354,6 +354,11 @@ fn unattended_run_then_verify_replay_tamper_export() {
     assert_eq!(v["sealed"], 7, "{v}");
     let j = assert_sealed_exactly_once(&st.results, "t-run", 7);
     assert_eq!(j[0]["event"], "preregistered");
+    // The workload names no context: every cell's is its work, the prompt's tokens and outputs.
+    for d in record_dirs(&st.results) {
+        let r: Value = serde_json::from_str(&fs::read_to_string(d.join("record.json")).unwrap()).unwrap();
+        assert_eq!(r["params"]["n_ctx"], 181 + 8, "{}", d.display());
+    }
     assert!(events(&j, "cell_discarded").is_empty());
     // The oracle is compared with nothing; every other cell is exact against it (threads 1 vs 2 included).
     let exact: Vec<&Value> = events(&j, "cell_sealed").into_iter().map(|e| &e["exact"]).collect();

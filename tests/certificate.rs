@@ -129,6 +129,8 @@ fn certificate_show_p_d_f_runs_under_a_cap() {
     let mut rec: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     rec["build"]["binary_sha256"] = Value::from("0".repeat(64));
     std::fs::write(&path, serde_json::to_string_pretty(&rec).unwrap()).unwrap();
+    // Sealed again where it lies, as that other binary's `generate --record` would have.
+    sovereign::record::prepare_seal(&other).unwrap();
     let r = run(&["certificate", "show", d.to_str().unwrap(), "--oracle", other.to_str().unwrap(), "--json"]);
     assert_eq!(r.code, 2, "an error, not a verdict: {}", r.stdout);
     assert!(r.stderr.contains("refusing to pool evidence from different binaries"), "{}", r.stderr);

@@ -82,7 +82,7 @@ fn identical_runs_are_exact_and_a_different_prompt_is_not() {
     assert_eq!(generate(&m, prompt, 24, &b, &[]).code, 0);
     assert_eq!(generate(&m, "A different prompt entirely.", 24, &c, &[]).code, 0);
 
-    let same = run(&["compare", "--unsealed", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let same = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]);
     assert_eq!(same.code, 0, "{}", same.stdout);
     for s in ["tokens", "logits", "response", "routes"] {
         assert!(same.stdout.lines().any(|l| l.starts_with(s) && l.contains("exact")), "{s}: {}", same.stdout);
@@ -91,7 +91,7 @@ fn identical_runs_are_exact_and_a_different_prompt_is_not() {
         assert_eq!(fs::read(a.join(f)).unwrap(), fs::read(b.join(f)).unwrap(), "{f}");
     }
 
-    let diff = run(&["compare", "--unsealed", a.to_str().unwrap(), c.to_str().unwrap(), "--json"]);
+    let diff = run(&["compare", a.to_str().unwrap(), c.to_str().unwrap(), "--json"]);
     assert_eq!(diff.code, 1);
     let v: serde_json::Value = serde_json::from_str(&diff.stdout).unwrap();
     assert_eq!(v["exact"], false);
@@ -139,7 +139,7 @@ fn compare_rejects_a_tampered_surface() {
     let mut bytes = fs::read(b.join("logits.bin")).unwrap();
     bytes[100] ^= 1;
     fs::write(b.join("logits.bin"), bytes).unwrap();
-    let r = run(&["compare", "--unsealed", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let r = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]);
     assert_one_line_error(&r, &["logits.bin", "tampered"]);
 }
 
@@ -239,5 +239,5 @@ fn a_prompt_longer_than_the_batch_keeps_every_row() {
     assert_eq!(rec["counts"]["logits_rows"].as_u64().unwrap(), prompt.len() as u64 + 8 - 1);
     // The same batching through the Plan is exact.
     assert_eq!(generate(&m, prompt, 8, &b, &["--batch", "8", "--experts", "plan", "--slots", "3"]).code, 0);
-    assert_eq!(run(&["compare", "--unsealed", a.to_str().unwrap(), b.to_str().unwrap()]).code, 0);
+    assert_eq!(run(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]).code, 0);
 }

@@ -34,7 +34,7 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
 
 /// Compares two records; every surface must be exact. Returns the surfaces compared.
 fn assert_exact(a: &Path, b: &Path) -> Vec<String> {
-    let r = run(&["compare", "--unsealed", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
+    let r = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
     assert_eq!(r.code, 0, "{} vs {}:\n{}{}", a.display(), b.display(), r.stdout, r.stderr);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     v["surfaces"].as_array().unwrap().iter().map(|s| s["surface"].as_str().unwrap().to_string()).collect()
@@ -376,7 +376,7 @@ fn seed_scale_f_with_lru_under_a_cap_is_exact_and_admitted() {
     assert!(t["u_sem_lb"]["objects"].as_u64().unwrap() > 48 * 64 * 4, "{}", t["u_sem_lb"]);
     assert!(t["hits"].as_u64().unwrap() > 0 && t["misses"].as_u64().unwrap() > 24_576, "{}", t);
 
-    let cmp = sov(&["compare", "--unsealed", resident.to_str().unwrap(), f.to_str().unwrap(), "--json"]);
+    let cmp = sov(&["compare", resident.to_str().unwrap(), f.to_str().unwrap(), "--json"]);
     let v: serde_json::Value = serde_json::from_str(&cmp.stdout).unwrap();
     assert_eq!(v["exact"], true, "{v}");
     let surfaces: Vec<(&str, &str)> = v["surfaces"].as_array().unwrap().iter().map(|s| (s["surface"].as_str().unwrap(), s["status"].as_str().unwrap())).collect();

@@ -54,7 +54,7 @@ fn pins_serve_every_selection_and_are_exact() {
         extra.extend_from_slice(args);
         let r = generate(&m, PROMPT, OUTPUTS, &rec, &extra);
         assert_eq!(r.code, 0, "{name}: {}{}", r.stdout, r.stderr);
-        let c = run(&["compare", "--unsealed", resident.to_str().unwrap(), rec.to_str().unwrap()]);
+        let c = run(&["compare", resident.to_str().unwrap(), rec.to_str().unwrap()]);
         assert_eq!(c.code, 0, "{name} differs from resident:\n{}", c.stdout);
         let rec = record(&rec);
         assert_eq!(rec["outcome"], "completed");

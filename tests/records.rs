@@ -71,33 +71,73 @@ fn two_runs_on_one_record_leave_one_consistent_record() {
     }
 }
 
+/// Every record sovereign writes is sealed where it is written: `compare` verifies two
+/// `generate --record` directories with no flag, and refuses one whose byte was changed.
 #[test]
-fn compare_refuses_a_tampered_sealed_record() {
+fn generate_records_are_sealed_and_compare_verifies_them_without_a_flag() {
     let t = tempfile::tempdir().unwrap();
     let model = forge(t.path(), "m.gguf", 5, &[]);
-    let rec = t.path().join("r");
-    assert_eq!(generate(&model, "hello", 2, &rec, &[]).code, 0);
-    let sealed = sovereign::record::seal(&rec, &t.path().join("results")).unwrap();
-    let d = sealed.dir.to_str().unwrap();
-    ok(&["compare", d, d]);
-    let f = sealed.dir.join("tokens.bin");
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    for rec in [&a, &b] {
+        assert_eq!(generate(&model, "hello", 2, rec, &[]).code, 0);
+        let sealed = sovereign::record::verify_sealed(rec).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(sealed.digest, sovereign::util::sha256_file(&rec.join(sovereign::record::MANIFEST_FILE)).unwrap());
+        let mode = |p: &std::path::Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(rec), mode(&rec.join("tokens.bin"))), (0o555, 0o444), "read-only as a campaign's records are");
+        // Named as given, not by its digest: the strict check of a `results/<digest>` fails.
+        assert!(sovereign::record::verify_record(rec).is_err());
+    }
+    let (pa, pb) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let r = ok(&["compare", pa, pb, "--json"]);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&r.stdout).unwrap()["exact"], true);
+
+    // One changed byte: refused before anything is compared, naming the file.
+    let f = b.join("tokens.bin");
     fs::set_permissions(&f, fs::Permissions::from_mode(0o644)).unwrap();
     let mut bytes = fs::read(&f).unwrap();
     bytes[0] ^= 1;
     fs::write(&f, &bytes).unwrap();
-    let r = run(&["compare", d, d]);
+    let r = run(&["compare", pa, pb]);
     assert_ne!(r.code, 0, "a tampered record compared: {}", r.stdout);
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
     assert!(r.stderr.contains("tokens.bin") && r.stderr.contains("tampered"), "{}", r.stderr);
-    // A sealed record whose manifest was deleted is refused, not compared as if unsealed.
-    fs::set_permissions(&sealed.dir, fs::Permissions::from_mode(0o755)).unwrap();
-    fs::remove_file(sealed.dir.join(sovereign::record::MANIFEST_FILE)).unwrap();
-    let r = run(&["compare", d, d]);
+    // --unsealed does not excuse a seal that fails.
+    assert_ne!(run(&["compare", "--unsealed", pa, pb]).code, 0);
+
+    // A record whose manifest was deleted is refused, not compared as if never sealed.
+    fs::set_permissions(&b, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::remove_file(b.join(sovereign::record::MANIFEST_FILE)).unwrap();
+    let r = run(&["compare", pa, pb]);
     assert_ne!(r.code, 0, "{}", r.stdout);
     assert!(r.stderr.contains("no seal") && r.stderr.contains("--unsealed"), "{}", r.stderr);
-    // Records never sealed are compared when the caller says so.
+}
+
+#[test]
+fn a_sealed_record_moved_under_another_digest_fails_and_unsealed_directories_need_the_flag() {
+    let t = tempfile::tempdir().unwrap();
+    let model = forge(t.path(), "m.gguf", 5, &[]);
+    let rec = t.path().join("r");
+    assert_eq!(generate(&model, "hello", 2, &rec, &[]).code, 0);
+    // Sealed again under its digest, as a campaign seals: the same digest, and the name checked.
+    let own = sovereign::record::verify_sealed(&rec).unwrap().digest;
+    fs::set_permissions(&rec, fs::Permissions::from_mode(0o755)).unwrap();
+    let sealed = sovereign::record::seal(&rec, &t.path().join("results")).unwrap();
+    assert_eq!(sealed.digest, own);
+    let d = sealed.dir.to_str().unwrap();
+    ok(&["compare", d, d]);
+    let other = sealed.dir.with_file_name("0".repeat(64));
+    fs::rename(&sealed.dir, &other).unwrap();
+    let o = other.to_str().unwrap();
+    let r = run(&["compare", o, o]);
+    assert!(r.code != 0 && r.stderr.contains("does not match the directory name"), "{}", r.stderr);
+
+    // A directory another tool wrote (here the library, which seals nothing) has no seal:
+    // compared only when the caller says so.
     let plain = t.path().join("plain");
-    assert_eq!(generate(&model, "hello", 2, &plain, &[]).code, 0);
+    sovereign::generate::run(&generate_spec(&model, &plain, "hello", 2)).unwrap();
+    assert!(!plain.join(sovereign::record::MANIFEST_FILE).exists());
     let p = plain.to_str().unwrap();
-    assert_ne!(run(&["compare", p, p]).code, 0);
+    let r = run(&["compare", p, p]);
+    assert!(r.code != 0 && r.stderr.contains("no seal"), "{}", r.stderr);
     ok(&["compare", "--unsealed", p, p]);
 }

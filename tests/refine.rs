@@ -47,6 +47,8 @@ fn refine(m: &Models, name: &str, extra: &[&str]) -> (Value, PathBuf) {
     ];
     args.extend_from_slice(extra);
     ok(&args);
+    // Sealed where it was written, as every record sovereign writes.
+    sovereign::record::verify_sealed(&rec).unwrap_or_else(|e| panic!("{e:#}"));
     let v: Value = serde_json::from_str(&fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
     (v, rec)
 }

@@ -39,7 +39,7 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> Value {
 
 /// Surface name -> exact, from `compare --json`.
 fn compare(a: &Path, b: &Path) -> Vec<(String, bool)> {
-    let r = run(&["compare", "--unsealed", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
+    let r = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
     let v: Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", r.stdout, r.stderr));
     v["surfaces"].as_array().unwrap().iter().map(|s| (s["surface"].as_str().unwrap().to_string(), s["status"] == "exact")).collect()
 }

@@ -114,7 +114,7 @@ fn decode_tokens_have_their_time_and_one_bar_per_read() {
 
     for rec in [&f_rec, &d_rec] {
         assert_round_trip(rec);
-        ok(&["compare", "--unsealed", resident.to_str().unwrap(), rec.to_str().unwrap()]);
+        ok(&["compare", resident.to_str().unwrap(), rec.to_str().unwrap()]);
     }
     assert!(load_generate(&resident).unwrap().surfaces.get("timeline").is_none(), "a resident run has no timeline");
 

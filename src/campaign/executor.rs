@@ -230,7 +230,9 @@ pub struct CellPaths<'a> {
 /// The single mapping from a campaign cell's run arm and workload to the typed [`Cell`] a
 /// worker runs. The cgroup/memory cap is the executor's business, not part of the cell.
 pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
-    let exec = |n_ctx| ExecParams::new(n_ctx, cell::BATCH, crate::bounds::threads(arm.threads.map(i64::from), None, arm.plan().is_some()), false);
+    // The context is left to the work (the prompt's tokens and the outputs), the same for every
+    // arm of the campaign, drafted or not.
+    let exec = || ExecParams::new(None, cell::BATCH, crate::bounds::threads(arm.threads.map(i64::from), None, arm.plan().is_some()), false);
     match (&arm.program, &cell.refine, p.refine) {
         (Program::Refine(ra), Some(models), Some((verifier, reference))) => Cell::Refine(RefineCell {
             // The campaign's model is the base; plan fields stream the verifier.
@@ -243,16 +245,17 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
             tau: ra.tau.unwrap_or(refine::DEFAULT_TAU),
             window: *models.window,
             verify_all: ra.verify_all,
-            exec: exec(cell::REFINE_CTX),
+            exec: exec(),
             stream: arm.plan().map(|plan| plan_options(plan, FaultCell::None)),
             reference_slots: cell::REFERENCE_SLOTS,
             record: p.record.to_path_buf(),
+            seal: false,
         }),
         _ => Cell::Generate(GenerateCell {
             model: p.model.to_path_buf(),
             prompt: Prompt::File(p.prompt_file.to_path_buf()),
             n_predict: *cell.workload.outputs,
-            exec: exec(cell::GENERATE_CTX),
+            exec: exec(),
             ignore_eos: cell.workload.ignore_eos,
             experts: match &arm.experts {
                 ArmExperts::Resident { .. } => Experts::Resident,
@@ -265,6 +268,8 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
             device_cgroup: p.device_cgroup.map(Path::to_path_buf),
             draft: arm.draft().zip(p.proposer).map(|(d, model)| crate::generate::Draft { model: model.to_path_buf(), max: d.max }),
             record: p.record.to_path_buf(),
+            // The campaign seals each record under its digest.
+            seal: false,
         }),
     }
 }

@@ -156,6 +156,7 @@ fn dims(f: &ForgeRecipe) -> Result<crate::forge::Dims> {
         expert_ff: f.expert_ff,
         vocab: f.vocab,
         alignment: f.alignment,
+        context: None,
     };
     f.preset.dims().with(&o)
 }

@@ -29,7 +29,7 @@ pub struct RecordOptions {
 /// Reads a generate record; a sealed one is verified against its manifest first.
 fn read(dir: &Path) -> Result<(GenerateRecord, Option<String>)> {
     let sealed = if dir.join(crate::record::MANIFEST_FILE).exists() {
-        Some(crate::record::verify_record(dir).with_context(|| format!("{}: sealed record does not verify", dir.display()))?.digest)
+        Some(crate::record::verify_sealed(dir).with_context(|| format!("{}: sealed record does not verify", dir.display()))?.digest)
     } else {
         None
     };

@@ -146,9 +146,10 @@ pub struct GenerateArgs {
     /// `--threads` when given, else every core).
     #[arg(long)]
     threads_batch: Option<i32>,
-    /// Context size in tokens.
-    #[arg(long, default_value_t = cell::GENERATE_CTX)]
-    ctx: u32,
+    /// Context size in tokens (default: the prompt's tokens plus --n-predict, up to the
+    /// model's trained length).
+    #[arg(long)]
+    ctx: Option<u32>,
     /// Logical and physical batch size (fixed on every arm: batch size changes kernels).
     #[arg(long, default_value_t = cell::BATCH)]
     batch: u32,
@@ -234,6 +235,7 @@ impl GenerateArgs {
             device_cgroup: self.device_cgroup.clone(),
             draft: self.draft.as_ref().map(|m| generate::Draft { model: m.clone(), max: self.draft_max }),
             record: self.record.clone(),
+            seal: true,
         }))
     }
 }

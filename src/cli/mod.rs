@@ -46,7 +46,7 @@ enum Command {
     #[command(after_help = "Example (experts streamed by the Plan under a 128 MiB hard limit):\n  sovereign generate --model models/small.gguf --prompt-file campaigns/prompts/demo.txt \\\n    --n-predict 64 --experts plan --slots 16 --policy lru:16 --memory-max 128M --record results/f")]
     Generate(generate::GenerateArgs),
     /// Compare two records surface by surface; exit 0 only if every surface is exact.
-    #[command(after_help = "Example:\n  sovereign compare --unsealed results/oracle results/f")]
+    #[command(after_help = "Example:\n  sovereign compare runs/oracle runs/f")]
     Compare(oracle::CompareArgs),
     /// Certificates C = (I, B, A, E, L): predicates (1)-(3) and claim classes R, W, E[E,h], L[F].
     #[command(subcommand, after_help = "Example:\n  sovereign certificate show results/f --oracle results/oracle --g-decl 0")]

@@ -52,6 +52,10 @@ pub enum ModelCommand {
         /// a 4096-multiple size on its own pages, so direct reads land straight in slots.
         #[arg(long)]
         alignment: Option<u64>,
+        /// The trained context length (<arch>.context_length) in tokens; default 4096. Runs size
+        /// their context to the work up to it.
+        #[arg(long)]
+        context: Option<u64>,
         /// Store every router (ffn_gate_inp) as F16, as some converters do.
         #[arg(long)]
         f16_router: bool,
@@ -149,9 +153,9 @@ pub fn build_info(a: BuildInfoArgs) -> Result<ExitCode> {
 
 pub fn model(c: ModelCommand) -> Result<ExitCode> {
     match c {
-        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, f16_router, tied_output, router_skew, split_max_size, json } => {
+        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, context, f16_router, tied_output, router_skew, split_max_size, json } => {
             let arch = arch.unwrap_or(preset.arch());
-            let dims = preset.dims().with(&Overrides { layers, experts, top_k, embd, expert_ff, vocab, alignment })?;
+            let dims = preset.dims().with(&Overrides { layers, experts, top_k, embd, expert_ff, vocab, alignment, context })?;
             let split = split_max_size.map(SplitBy::Bytes);
             let out = match split {
                 // The set's prefix: `--out m.gguf` and `--out m` both give m-00001-of-0000N.gguf.

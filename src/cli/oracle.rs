@@ -14,9 +14,9 @@ pub struct CompareArgs {
     b: PathBuf,
     #[arg(long)]
     json: bool,
-    /// The records were never sealed (a `generate --record` directory): compare them without a
-    /// seal. Without it, a record with no `manifest.json` is refused, since a sealed record
-    /// whose manifest was deleted looks the same.
+    /// The records were written by another tool and never sealed: compare them without a seal.
+    /// Every record sovereign writes is sealed, so without it a record with no `manifest.json`
+    /// is refused: a sealed record whose manifest was deleted looks the same.
     #[arg(long)]
     unsealed: bool,
 }
@@ -33,13 +33,14 @@ pub struct FaultCheckArgs {
 }
 
 pub fn compare(a: CompareArgs) -> Result<ExitCode> {
-    // A sealed record is compared only if it still verifies against its manifest.
+    // A sealed record is compared only if it still verifies against its manifest, wherever it
+    // was sealed (under its digest, or at its `--record` path).
     for d in [&a.a, &a.b] {
         if d.join(sovereign::record::MANIFEST_FILE).exists() {
-            sovereign::record::verify_record(d)?;
+            sovereign::record::verify_sealed(d)?;
         } else if !a.unsealed {
             anyhow::bail!(
-                "{}: no seal ({} is missing): compare refuses a record it cannot verify; pass --unsealed for records that were never sealed",
+                "{}: no seal ({} is missing): compare refuses a record it cannot verify; pass --unsealed for records another tool wrote and never sealed",
                 d.display(),
                 sovereign::record::MANIFEST_FILE
             );

@@ -4,7 +4,7 @@ use super::print_json;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use sovereign::cell::{self, Cell, ExpertsMode, RefineCell};
-use sovereign::engine::ExecParams;
+use sovereign::engine::{ExecParams, ExecRequest};
 use sovereign::refine::{self, margins, Mode};
 use sovereign::source::fault::FaultCell;
 use std::path::PathBuf;
@@ -97,9 +97,10 @@ pub struct ExecArgs {
     /// core).
     #[arg(long)]
     threads_batch: Option<i32>,
-    /// Context size of each model, tokens (the KV caches are charged to the run).
-    #[arg(long, default_value_t = cell::REFINE_CTX)]
-    ctx: u32,
+    /// Context size of each model, tokens (the KV caches are charged to the run; default: the
+    /// longest prompt's tokens plus --n-predict, up to the models' trained length).
+    #[arg(long)]
+    ctx: Option<u32>,
     /// Logical and physical batch size.
     #[arg(long, default_value_t = cell::BATCH)]
     batch: u32,
@@ -107,13 +108,13 @@ pub struct ExecArgs {
 
 impl ExecArgs {
     /// Resident models only (margins).
-    fn params(&self) -> Result<ExecParams> {
+    fn params(&self) -> Result<ExecRequest> {
         let exec = self.unchecked(false);
         cell::run_params(&exec, 0)?;
         Ok(exec)
     }
 
-    fn unchecked(&self, streamed: bool) -> ExecParams {
+    fn unchecked(&self, streamed: bool) -> ExecRequest {
         let threads = sovereign::bounds::threads(self.threads.map(i64::from), self.threads_batch.map(i64::from), streamed);
         ExecParams::new(self.ctx, self.batch, threads, false)
     }
@@ -141,6 +142,7 @@ impl RefineArgs {
             stream,
             reference_slots: self.reference_slots,
             record: self.record.clone(),
+            seal: true,
         }))
     }
 }

@@ -495,9 +495,12 @@ impl Drop for Model {
 }
 
 /// Execution parameters that change kernels or numerics: fixed and recorded for every arm.
+/// `C` is the context: its size in tokens once resolved (`ExecParams`, what a context is made
+/// with and every record states), or, as a run asks for it ([`ExecRequest`]), `None` to size it
+/// to the run's work once its prompt is tokenized (`bounds::context`).
 #[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct ExecParams {
-    pub n_ctx: u32,
+pub struct ExecParams<C = u32> {
+    pub n_ctx: C,
     pub n_batch: u32,
     pub n_ubatch: u32,
     /// Threads for one-token batches (decoding).
@@ -509,14 +512,23 @@ pub struct ExecParams {
     pub flash_attn: bool,
 }
 
-impl ExecParams {
+/// Execution parameters as a run asks for them: the context given (`--ctx`), or `None`.
+pub type ExecRequest = ExecParams<Option<u32>>;
+
+impl<C> ExecParams<C> {
     /// The parameters every run takes but for its context size, its threads resolved as
     /// [`crate::bounds::threads`] does.
-    pub fn new(n_ctx: u32, batch: u32, threads: (i64, i64), flash_attn: bool) -> ExecParams {
+    pub fn new(n_ctx: C, batch: u32, threads: (i64, i64), flash_attn: bool) -> ExecParams<C> {
         // Saturating: an out-of-range count stays out of range for `RunParams::check`.
         let clamp = |n: i64| n.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
         let (decode, batched) = (clamp(threads.0), clamp(threads.1));
         ExecParams { n_ctx, n_batch: batch, n_ubatch: batch, threads: decode, threads_batch: (batched != decode).then_some(batched), flash_attn }
+    }
+
+    /// The same parameters with the context `n_ctx`.
+    pub fn with_ctx<D>(self, n_ctx: D) -> ExecParams<D> {
+        let ExecParams { n_ctx: _, n_batch, n_ubatch, threads, threads_batch, flash_attn } = self;
+        ExecParams { n_ctx, n_batch, n_ubatch, threads, threads_batch, flash_attn }
     }
 }
 

@@ -170,6 +170,8 @@ pub struct Overrides {
     pub vocab: Option<u64>,
     /// Tensor data alignment (`general.alignment`); absent: GGUF's default of 32.
     pub alignment: Option<u64>,
+    /// The trained context length (`<arch>.context_length`).
+    pub context: Option<u64>,
 }
 
 impl Dims {
@@ -181,6 +183,7 @@ impl Dims {
         self.expert_ff = o.expert_ff.unwrap_or(self.expert_ff);
         self.vocab = o.vocab.unwrap_or(self.vocab);
         self.alignment = o.alignment.unwrap_or(self.alignment);
+        self.context = o.context.unwrap_or(self.context);
         if o.embd.is_some() {
             self.heads = (self.embd / self.head_dim).max(1);
             self.kv_heads = (self.heads / 2).max(1);
@@ -192,6 +195,9 @@ impl Dims {
     fn check(&self) -> Result<()> {
         if !self.alignment.is_power_of_two() || !(32..=65_536).contains(&self.alignment) {
             bail!("--alignment must be a power of two from 32 to 65536");
+        }
+        if self.context == 0 || self.context > u64::from(crate::bounds::MAX_CTX) {
+            bail!("--context must be from 1 to {} tokens", crate::bounds::MAX_CTX);
         }
         if self.layers == 0 || self.experts < 2 {
             bail!("need at least 1 layer and 2 experts");

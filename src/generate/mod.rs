@@ -3,7 +3,7 @@
 
 pub mod draft;
 
-use crate::engine::{Context, DeviceCheck, ExecParams, ExpertSource, Model, PlacementReport, RouteEvent};
+use crate::engine::{Context, DeviceCheck, ExecParams, ExecRequest, ExpertSource, Model, PlacementReport, RouteEvent};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::record::format::{DraftParams, ExpertsParams, ExpertsReport, GenerateCounts, GenerateParams, Outcome, ProcessReport, SpeculativeReport};
@@ -18,11 +18,15 @@ pub struct GenerateSpec {
     pub model: PathBuf,
     pub prompt: Vec<u8>,
     pub n_predict: u32,
-    pub exec: ExecParams,
+    /// Without a context, the run's is its work: the prompt's tokens plus `n_predict`, up to
+    /// the model's trained length ([`crate::bounds::context`]).
+    pub exec: ExecRequest,
     pub ignore_eos: bool,
     /// A proposer whose greedy drafts the target checks, several per traversal.
     pub draft: Option<Draft>,
     pub record: PathBuf,
+    /// Seal the record where it is committed ([`Staging::sealing`]).
+    pub seal: bool,
 }
 
 /// Temporal amortization's proposer: a model with the target's vocabulary, resident, and the
@@ -182,13 +186,13 @@ pub fn run_with(
     if spec.prompt.is_empty() {
         bail!("the prompt is empty");
     }
-    let staging = Staging::new(&spec.record)?;
-    let Loaded { model_id, experts, model, load_s, prompt } = load_for_run(spec, &inv, make_source(&inv)?)?;
+    let staging = Staging::new(&spec.record)?.sealing(spec.seal);
+    let Loaded { model_id, experts, model, load_s, prompt, exec } = load_for_run(spec, &inv, make_source(&inv)?)?;
     let n_vocab = model.n_vocab();
     // A drafted target takes back up to `max` positions per traversal, recurrent states too.
     let rollback = spec.draft.as_ref().map_or(0, |d| d.max);
-    let mut ctx = Context::with_rollback(&model, spec.exec, true, rollback)?;
-    let mut params = params_before_decode(spec, experts, &ctx)?;
+    let mut ctx = Context::with_rollback(&model, exec, true, rollback)?;
+    let mut params = params_before_decode(spec, exec, experts, &ctx)?;
     let mut run = Decoding::new(prompt.len() + spec.n_predict as usize, n_vocab, spec.n_predict);
     let (decoded, speculative) = match &spec.draft {
         Some(d) => match run.drafted(spec, d, &model, &mut ctx, &prompt, &mut params) {
@@ -232,7 +236,8 @@ impl Decoding {
         if let Some(diff) = target.vocabulary_difference(&m) {
             bail!("the proposer {} does not share the target's vocabulary ({diff}): refused", d.model.display());
         }
-        let mut proposer = draft::Proposer::new(&m, Context::new(&m, spec.exec, false)?);
+        // The proposer's context is the target's: its work is the same prompt and outputs.
+        let mut proposer = draft::Proposer::new(&m, Context::new(&m, ctx.params(), false)?);
         let drafting = draft::Drafting { n_predict: spec.n_predict, ignore_eos: spec.ignore_eos, k_max: d.max, target: "target", proposer: "proposer" };
         self.decode_drafted(&drafting, target, ctx, &mut proposer, prompt)
     }
@@ -246,10 +251,13 @@ struct Loaded {
     model: Model,
     load_s: f64,
     prompt: Vec<i32>,
+    /// The run's parameters, its context sized.
+    exec: ExecParams,
 }
 
 /// Loads the model (its experts from `source`, if any) and tokenizes the prompt, refusing a
-/// prompt that tokenizes to nothing or does not fit the context with its predictions.
+/// prompt that tokenizes to nothing or does not fit the context with its predictions; sizes the
+/// context to the work where the spec leaves it out.
 fn load_for_run(spec: &GenerateSpec, inv: &Inventory, mut source: Option<Box<dyn ExpertSource>>) -> Result<Loaded> {
     let loads = if source.is_some() { crate::digests::Loads::NonExpert } else { crate::digests::Loads::All };
     let model_id = ModelIdentity::of(&spec.model, inv, Some(loads))?;
@@ -264,21 +272,19 @@ fn load_for_run(spec: &GenerateSpec, inv: &Inventory, mut source: Option<Box<dyn
     if prompt.is_empty() {
         bail!("the prompt tokenized to nothing");
     }
-    if prompt.len() + spec.n_predict as usize > spec.exec.n_ctx as usize {
-        bail!("prompt ({} tokens) + --n-predict {} exceeds the context of {}", prompt.len(), spec.n_predict, spec.exec.n_ctx);
-    }
-    Ok(Loaded { model_id, experts, model, load_s, prompt })
+    let n_ctx = crate::bounds::context(spec.exec.n_ctx, "prompt", prompt.len(), spec.n_predict, inv.trained_context().as_ref())?;
+    Ok(Loaded { model_id, experts, model, load_s, prompt, exec: spec.exec.with_ctx(n_ctx) })
 }
 
 /// The run's parameters, with the device check made once every buffer is allocated.
-fn params_before_decode(spec: &GenerateSpec, experts: ExpertsParams, ctx: &Context) -> Result<GenerateParams> {
+fn params_before_decode(spec: &GenerateSpec, exec: ExecParams, experts: ExpertsParams, ctx: &Context) -> Result<GenerateParams> {
     let device = device_check(ctx)?;
     Ok(GenerateParams {
         n_predict: spec.n_predict,
         ignore_eos: spec.ignore_eos,
         experts,
         sampling: SAMPLING.into(),
-        exec: spec.exec,
+        exec,
         placement: Some(PlacementReport { device_before_decode: Some(device), ..crate::engine::placement_report() }),
         draft: None,
     })

@@ -123,6 +123,9 @@ pub struct Inventory {
     pub expert_bytes: u64,
     pub non_expert_bytes: u64,
     pub expert_used_count: Option<u64>,
+    /// The trained context length (`<arch>.context_length`), where the file states one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<u64>,
     pub tensors: Vec<Tensor>,
     pub moe_layers: Vec<MoeLayer>,
     pub objects: Vec<ExpertObject>,
@@ -135,6 +138,11 @@ impl Inventory {
     /// fits a u32.
     pub fn n_used(&self) -> Option<u32> {
         self.expert_used_count.and_then(|n| u32::try_from(n).ok())
+    }
+
+    /// The trained context length and the key that states it, for sizing a run's context.
+    pub fn trained_context(&self) -> Option<crate::bounds::TrainedContext> {
+        self.context_length.map(|tokens| crate::bounds::TrainedContext { tokens, key: format!("{}.context_length", self.architecture) })
     }
 
     /// The paths of the model's files, in set order.
@@ -242,6 +250,7 @@ impl Inventory {
             expert_bytes,
             non_expert_bytes: t_repr_bytes - expert_bytes,
             expert_used_count: g.arch_u64("expert_used_count"),
+            context_length: g.arch_u64("context_length"),
             tensors: g
                 .tensors
                 .iter()

@@ -514,6 +514,7 @@ mod tests {
             expert_bytes: offset,
             non_expert_bytes: 0,
             expert_used_count: None,
+            context_length: None,
             tensors: Vec::new(),
             moe_layers: (0..layers).map(|layer| MoeLayer { layer, experts, tensors: BTreeMap::new() }).collect(),
             objects,

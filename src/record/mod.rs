@@ -5,8 +5,9 @@
 //! overwritten.
 //!
 //! [`seal`] then turns a complete record directory into an immutable one named by its digest
-//! (`results/<digest>`, see `seal.rs`). Claims about sealed records live a room above, in
-//! `crate::claims`.
+//! (`results/<digest>`, see `seal.rs`); a record written at a path of its own (`generate
+//! --record DIR`) is sealed there as it is committed ([`Staging::sealing`]). Claims about sealed
+//! records live a room above, in `crate::claims`.
 
 pub mod format;
 mod seal;
@@ -15,7 +16,7 @@ pub use format::{
     load_envelope, load_generate, load_read_replay, load_refine, load_typed, EnvelopeRecord, GenerateRecord, ReadReplayRecord, RefineRecord, TypedRecord,
     ENVELOPE_FORMAT, GENERATE_FORMAT, READ_REPLAY_FORMAT, REFINE_FORMAT,
 };
-pub use seal::{rename_noreplace, finish_modes, prepare_seal, seal, verify_record, FileEntry, Manifest, PreparedSeal, SealedRecord, MANIFEST_FILE, MANIFEST_FORMAT};
+pub use seal::{rename_noreplace, finish_modes, prepare_seal, seal, verify_record, verify_sealed, FileEntry, Manifest, PreparedSeal, SealedRecord, MANIFEST_FILE, MANIFEST_FORMAT};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,8 @@ pub struct Staging {
     dir: PathBuf,
     surfaces: BTreeMap<String, Surface>,
     committed: bool,
+    /// Seal the record as it is committed.
+    seal: bool,
     /// The staging directory, open and `flock`ed for the run's lifetime: a partial whose lock
     /// is free belongs to no live run.
     _lock: Flock<File>,
@@ -114,7 +117,15 @@ impl Staging {
                 return Err(e);
             }
         };
-        Ok(Staging { final_dir: final_dir.to_path_buf(), dir, surfaces: BTreeMap::new(), committed: false, _lock: lock })
+        Ok(Staging { final_dir: final_dir.to_path_buf(), dir, surfaces: BTreeMap::new(), committed: false, seal: false, _lock: lock })
+    }
+
+    /// With `seal`, the commit seals the record where it is committed: its manifest written and
+    /// its files made read-only before the rename, so it never appears unsealed, and its
+    /// directory read-only after. Its digest is its manifest's; its name stays the one given.
+    pub fn sealing(mut self, seal: bool) -> Staging {
+        self.seal = seal;
+        self
     }
 
     /// Writes a surface; with `unit_digests` each `unit_bytes` slice also gets its SHA-256.
@@ -150,7 +161,7 @@ impl Staging {
         &self.surfaces
     }
 
-    /// Writes `record.json` and renames the directory into place.
+    /// Writes `record.json` (and, sealing, the manifest) and renames the directory into place.
     pub fn commit<T: Serialize>(mut self, record: &T) -> Result<PathBuf> {
         let path = self.dir.join(RECORD_FILE);
         let mut f = File::create(&path)?;
@@ -158,8 +169,14 @@ impl Staging {
         serde_json::to_writer_pretty(&mut f, &serde_json::to_value(record)?)?;
         f.write_all(b"\n")?;
         f.sync_all()?;
+        if self.seal {
+            seal::seal_staging(&self.dir)?;
+        }
         rename_noreplace(&self.dir, &self.final_dir)?;
         self.committed = true;
+        if self.seal {
+            finish_modes(&self.final_dir)?;
+        }
         if let Some(parent) = self.final_dir.parent() {
             if let Ok(d) = File::open(if parent.as_os_str().is_empty() { Path::new(".") } else { parent }) {
                 let _ = d.sync_all();
@@ -201,6 +218,28 @@ mod tests {
         let e = format!("{:#}", a.commit(&serde_json::json!({})).unwrap_err());
         assert!(e.contains("write-once"), "{e}");
         assert_eq!(fs::read_dir(&rec).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_sealing_commit_appears_sealed_under_its_own_name() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let rec = t.path().join("run");
+        let mut s = Staging::new(&rec).unwrap().sealing(true);
+        s.surface("tokens", "tokens.bin", b"AAAA", 4, false).unwrap();
+        s.commit(&serde_json::json!({ "format": "x" })).unwrap();
+        let sealed = verify_sealed(&rec).unwrap();
+        assert_eq!(sealed.manifest.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), ["record.json", "tokens.bin"]);
+        assert_eq!(sealed.digest, crate::util::sha256(&fs::read(rec.join(MANIFEST_FILE)).unwrap()));
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(&rec), mode(&rec.join("tokens.bin")), mode(&rec.join(RECORD_FILE))), (0o555, 0o444, 0o444));
+        // Its name is not its digest: the strict check of a campaign's records refuses it.
+        assert!(format!("{:#}", verify_record(&rec).unwrap_err()).contains("does not match the directory name"));
+        // Without sealing, a commit writes no manifest.
+        let plain = t.path().join("plain");
+        Staging::new(&plain).unwrap().commit(&serde_json::json!({})).unwrap();
+        assert!(!plain.join(MANIFEST_FILE).exists());
+        fs::set_permissions(&rec, fs::Permissions::from_mode(0o755)).unwrap();
     }
 
     #[test]

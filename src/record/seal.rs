@@ -8,6 +8,10 @@
 //!
 //! [`verify_record`] re-derives all of this: every listed file is re-hashed, files that are not
 //! listed or listed but absent fail, and the manifest digest must equal the directory name.
+//!
+//! A record written at a path of its own (`generate --record DIR`) is sealed where it is
+//! committed ([`seal_staging`]): the same manifest and modes, under the name it was given.
+//! [`verify_sealed`] verifies a record wherever it lies.
 
 use crate::util::{canonical_json_of, sha256, sha256_file, sync_dir};
 use anyhow::{bail, Context, Result};
@@ -136,9 +140,32 @@ pub fn seal(staging_dir: &Path, results_dir: &Path) -> Result<SealedRecord> {
     prepare_seal(staging_dir)?.finish(results_dir)
 }
 
+/// Seals a complete staging directory in place, before its commit renames it: the manifest
+/// written and the files made read-only (the caller makes the directory read-only once it is in
+/// place, [`finish_modes`]). Returns the record's digest.
+pub(super) fn seal_staging(staging: &Path) -> Result<String> {
+    let prepared = prepare_seal(staging)?;
+    make_read_only(staging, false)?;
+    Ok(prepared.digest)
+}
+
 /// Re-hashes every file of a sealed record against its manifest and the manifest against the
 /// directory name. Any difference fails, naming each file concerned.
 pub fn verify_record(dir: &Path) -> Result<SealedRecord> {
+    verify(dir, true)
+}
+
+/// A sealed record wherever it lies: one named by a digest (a campaign's `results/<digest>`) is
+/// verified as [`verify_record`] does, name included; one sealed where it was written
+/// (`generate --record DIR`) keeps the name it was given, and every file is checked against
+/// its manifest.
+pub fn verify_sealed(dir: &Path) -> Result<SealedRecord> {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let digest_named = name.len() == 64 && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    verify(dir, digest_named)
+}
+
+fn verify(dir: &Path, named: bool) -> Result<SealedRecord> {
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mpath = dir.join(MANIFEST_FILE);
     if !mpath.exists() {
@@ -155,7 +182,7 @@ pub fn verify_record(dir: &Path) -> Result<SealedRecord> {
         problems.push(format!("{}: not in canonical form (edited after sealing)", mpath.display()));
     }
     let digest = sha256(&bytes);
-    if digest != name {
+    if named && digest != name {
         problems.push(format!("{}: manifest digest {digest} does not match the directory name", dir.display()));
     }
     let listing = walk(dir)?;

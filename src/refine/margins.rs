@@ -5,7 +5,7 @@
 //! smallest margins first) to reach a target agreement.
 
 use super::margin;
-use crate::engine::{Context, ExecParams, Model};
+use crate::engine::{Context, ExecRequest, Model};
 use crate::generate::argmax;
 use anyhow::{bail, Result};
 use serde::Serialize;
@@ -16,7 +16,8 @@ pub struct MarginsSpec {
     pub candidate: PathBuf,
     pub prompts: Vec<Vec<u8>>,
     pub n_predict: u32,
-    pub exec: ExecParams,
+    /// Without a context, the longest prompt's tokens plus `n_predict`.
+    pub exec: ExecRequest,
     /// Agreement the escalation share is computed for (0.99).
     pub target: f64,
 }
@@ -124,27 +125,34 @@ pub fn run(spec: &MarginsSpec) -> Result<(Report, Vec<Position>)> {
     if !(spec.target > 0.0 && spec.target <= 1.0) {
         bail!("--target must lie in (0, 1]");
     }
-    let identity = |p: &std::path::Path| -> Result<crate::record::format::ModelIdentity> {
+    let identity = |p: &std::path::Path| -> Result<(crate::record::format::ModelIdentity, Option<crate::bounds::TrainedContext>)> {
         let inv = crate::inventory::Inventory::of(p)?;
-        crate::record::format::ModelIdentity::of(p, &inv, Some(crate::digests::Loads::All))
+        Ok((crate::record::format::ModelIdentity::of(p, &inv, Some(crate::digests::Loads::All))?, inv.trained_context()))
     };
-    let reference = identity(&spec.reference)?;
-    let candidate = identity(&spec.candidate)?;
+    let (reference, reference_trained) = identity(&spec.reference)?;
+    let (candidate, candidate_trained) = identity(&spec.candidate)?;
+    let trained = [reference_trained, candidate_trained].into_iter().flatten().min_by_key(|t| t.tokens);
     let (reference_sha256, reference_digests) = (reference.sha256, reference.digests);
     let (candidate_sha256, candidate_digests) = (candidate.sha256, candidate.digests);
 
     // The reference's greedy trajectories.
     let mut trajectories = Vec::new();
     let reference_vocab;
+    let exec;
     {
         let model = Model::load(&spec.reference)?;
         reference_vocab = model.n_vocab();
-        let mut ctx = Context::new(&model, spec.exec, false)?;
+        let mut prompts = Vec::new();
         for (i, p) in spec.prompts.iter().enumerate() {
             let prompt = model.tokenize(p, true)?;
-            if prompt.is_empty() || prompt.len() + spec.n_predict as usize > spec.exec.n_ctx as usize {
-                bail!("prompt {} ({} tokens) is empty or does not fit the context with --n-predict", i + 1, prompt.len());
+            if prompt.is_empty() {
+                bail!("prompt {} tokenized to nothing", i + 1);
             }
+            prompts.push(prompt);
+        }
+        exec = super::sized(spec.exec, &prompts, spec.n_predict, trained.as_ref())?;
+        let mut ctx = Context::new(&model, exec, false)?;
+        for prompt in prompts {
             ctx.trim(0)?;
             let mut row = Vec::new();
             super::decode_finite(&mut ctx, "reference", &prompt, false, &mut row)?;
@@ -167,7 +175,7 @@ pub fn run(spec: &MarginsSpec) -> Result<(Report, Vec<Position>)> {
     if n_vocab != reference_vocab {
         bail!("candidate and reference vocabularies differ ({n_vocab} vs {reference_vocab} tokens)");
     }
-    let mut ctx = Context::new(&model, spec.exec, false)?;
+    let mut ctx = Context::new(&model, exec, false)?;
     let mut positions = Vec::new();
     for (pi, (prompt, out)) in trajectories.iter().enumerate() {
         let rows = super::teacher_force(&mut ctx, "candidate", n_vocab, prompt, out)?;

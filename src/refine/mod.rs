@@ -10,7 +10,7 @@
 pub mod margins;
 pub mod score;
 
-use crate::engine::{Context, ExecParams, ExpertSource, Model};
+use crate::engine::{Context, ExecParams, ExecRequest, ExpertSource, Model};
 use crate::digests::Loads;
 use crate::generate::draft::{self, Drafting, Origin, Proposer};
 use crate::generate::{argmax, check_finite, load_model, ModelIdentity};
@@ -43,12 +43,16 @@ pub struct RefineSpec {
     pub tau: f32,
     pub window: u32,
     pub verify_all: bool,
-    pub exec: ExecParams,
+    /// Without a context, each model's is the work of the longest prompt: its tokens plus
+    /// `n_predict` (verification never feeds a model past them), up to the models' trained length.
+    pub exec: ExecRequest,
     /// Stream the verifier's experts through the Plan.
     pub stream: Option<PlanOptions>,
     /// Stream the reference's experts through the Plan while it scores.
     pub reference_stream: Option<PlanOptions>,
     pub record: PathBuf,
+    /// Seal the record where it is committed.
+    pub seal: bool,
 }
 
 /// Top-1 minus top-2 logit: how decided a greedy decision was.
@@ -342,20 +346,30 @@ fn check(spec: &RefineSpec) -> Result<()> {
     Ok(())
 }
 
-/// Every prompt as tokens; each must fit the context with its outputs.
-fn tokenize(model: &Model, spec: &RefineSpec) -> Result<Vec<Vec<i32>>> {
-    let mut tokenized = Vec::new();
+/// Every prompt as tokens, and the run's parameters with the context that fits the longest
+/// with its outputs (the one given, or sized to it): the least trained length of the models
+/// bounds it.
+fn tokenize(model: &Model, spec: &RefineSpec, invs: &[&Inventory]) -> Result<(Vec<Vec<i32>>, ExecParams)> {
+    let mut tokenized: Vec<Vec<i32>> = Vec::new();
     for (i, p) in spec.prompts.iter().enumerate() {
         let t = model.tokenize(p, true)?;
         if t.is_empty() {
             bail!("prompt {} tokenized to nothing", i + 1);
         }
-        if t.len() + spec.n_predict as usize > spec.exec.n_ctx as usize {
-            bail!("prompt {} ({} tokens) + --n-predict {} exceeds the context of {}", i + 1, t.len(), spec.n_predict, spec.exec.n_ctx);
-        }
         tokenized.push(t);
     }
-    Ok(tokenized)
+    let trained = invs.iter().filter_map(|inv| inv.trained_context()).min_by_key(|t| t.tokens);
+    let exec = sized(spec.exec, &tokenized, spec.n_predict, trained.as_ref())?;
+    Ok((tokenized, exec))
+}
+
+/// `exec` with the context that fits the longest of `prompts` with `n_predict` outputs: the one
+/// given, or sized to it ([`crate::bounds::context`]), within `trained`.
+fn sized(exec: ExecRequest, prompts: &[Vec<i32>], n_predict: u32, trained: Option<&crate::bounds::TrainedContext>) -> Result<ExecParams> {
+    // The first of the longest, so that an error names the prompt that does not fit.
+    let (longest, len) = prompts.iter().enumerate().fold((0, 0), |(i, n), (j, t)| if t.len() > n { (j, t.len()) } else { (i, n) });
+    let n_ctx = crate::bounds::context(exec.n_ctx, &format!("prompt {}", longest + 1), len, n_predict, trained)?;
+    Ok(exec.with_ctx(n_ctx))
 }
 
 /// The run's surfaces: the prompt always; outputs only when the run completed.
@@ -389,19 +403,21 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
         Some(r) => Some(identity_of(r, loads(true, &spec.reference_stream)).context("--reference")?),
         None => None,
     };
-    let staging = Staging::new(&spec.record)?;
+    let staging = Staging::new(&spec.record)?.sealing(spec.seal);
 
     let t0 = Instant::now();
     let (mut base_model, ver_model) = load_models(spec, &ver_inv)?;
     let load_s = t0.elapsed().as_secs_f64();
     let tok_model = base_model.as_ref().or(ver_model.as_ref()).expect("one model at least");
     let n_vocab = tok_model.n_vocab();
-    let tokenized = tokenize(tok_model, spec)?;
+    let mut invs = vec![&base_inv, &ver_inv];
+    invs.extend(reference.as_ref().map(|(_, inv)| inv));
+    let (tokenized, exec) = tokenize(tok_model, spec, &invs)?;
     // Verify-all's verifier takes back up to `window` rejected positions per traversal.
     let rollback = if spec.verify_all { spec.window } else { 0 };
     let mut rt = Runtime {
-        base: base_model.as_ref().map(|m| Context::new(m, spec.exec, false)).transpose()?,
-        verifier: ver_model.as_ref().map(|m| Context::with_rollback(m, spec.exec, false, rollback)).transpose()?,
+        base: base_model.as_ref().map(|m| Context::new(m, exec, false)).transpose()?,
+        verifier: ver_model.as_ref().map(|m| Context::with_rollback(m, exec, false, rollback)).transpose()?,
         models: (base_model.as_ref(), ver_model.as_ref()),
         n_vocab,
         counters: Counters::default(),
@@ -425,7 +441,7 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
     let prompt_tokens: usize = runs.iter().map(|r| r.prompt.len()).sum();
     let report = refine_report(&counters, ver_id.t_repr_bytes, generated, stream_report.as_ref());
     let quality = match (&failure, &reference) {
-        (None, Some((_, inv))) => score_under_reference(spec, inv, &runs).map_err(|e| failure = Some(e)).ok(),
+        (None, Some((_, inv))) => score_under_reference(spec, exec, inv, &runs).map_err(|e| failure = Some(e)).ok(),
         _ => None,
     };
 
@@ -440,7 +456,7 @@ pub fn run(spec: &RefineSpec) -> Result<Summary> {
         model: Some(base_id),
         reference: Some(reference.map(|(id, _)| id)),
         build: build_identity()?,
-        params: Some(params_of(spec)),
+        params: Some(params_of(spec, exec)),
         counts: Some(RefineCounts {
             prompts: spec.prompts.len(),
             prompt_tokens: if failure.is_some() { None } else { Some(prompt_tokens) },
@@ -541,7 +557,7 @@ fn refine_report(counters: &Counters, verifier_bytes: u64, generated: usize, str
     }
 }
 
-fn params_of(spec: &RefineSpec) -> RefineParams {
+fn params_of(spec: &RefineSpec, exec: ExecParams) -> RefineParams {
     RefineParams {
         mode: spec.mode,
         tau: spec.tau,
@@ -554,16 +570,16 @@ fn params_of(spec: &RefineSpec) -> RefineParams {
             None => VerifierParams::Resident(Resident::Resident),
             Some(o) => VerifierParams::Streamed { streamed: o.clone() },
         },
-        exec: spec.exec,
+        exec,
     }
 }
 
 /// The outputs scored under `--reference`; a reference that cannot score them fails the run
 /// on record.
-fn score_under_reference(spec: &RefineSpec, inv: &Inventory, runs: &[PromptRun]) -> Result<score::Quality> {
+fn score_under_reference(spec: &RefineSpec, exec: ExecParams, inv: &Inventory, runs: &[PromptRun]) -> Result<score::Quality> {
     let r = spec.reference.as_ref().expect("reference identity implies a path");
     let seqs: Vec<(&[i32], &[i32])> = runs.iter().map(|r| (r.prompt.as_slice(), r.out.as_slice())).collect();
-    score::score(r, inv, &seqs, spec.exec, &spec.reference_stream).map_err(|e| e.context("scoring under --reference"))
+    score::score(r, inv, &seqs, exec, &spec.reference_stream).map_err(|e| e.context("scoring under --reference"))
 }
 
 #[cfg(test)]

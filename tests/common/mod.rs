@@ -69,10 +69,11 @@ pub fn generate_spec(model: &Path, record: &Path, prompt: &str, n: u32) -> sover
         model: model.to_path_buf(),
         prompt: prompt.as_bytes().to_vec(),
         n_predict: n,
-        exec: sovereign::engine::ExecParams { n_ctx: 512, n_batch: 512, n_ubatch: 512, threads: 2, threads_batch: None, flash_attn: false },
+        exec: sovereign::engine::ExecParams { n_ctx: Some(512), n_batch: 512, n_ubatch: 512, threads: 2, threads_batch: None, flash_attn: false },
         ignore_eos: false,
         draft: None,
         record: record.to_path_buf(),
+        seal: false,
     }
 }
 
