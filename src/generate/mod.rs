@@ -272,7 +272,8 @@ fn load_for_run(spec: &GenerateSpec, inv: &Inventory, mut source: Option<Box<dyn
     if prompt.is_empty() {
         bail!("the prompt tokenized to nothing");
     }
-    let n_ctx = crate::bounds::context(spec.exec.n_ctx, "prompt", prompt.len(), spec.n_predict, inv.trained_context().as_ref())?;
+    let n_ctx = crate::bounds::context(spec.exec.n_ctx, "prompt", prompt.len(), spec.n_predict, inv.trained_context().as_ref())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", spec.model.display()))?;
     Ok(Loaded { model_id, experts, model, load_s, prompt, exec: spec.exec.with_ctx(n_ctx) })
 }
 

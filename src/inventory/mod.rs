@@ -140,9 +140,10 @@ impl Inventory {
         self.expert_used_count.and_then(|n| u32::try_from(n).ok())
     }
 
-    /// The trained context length and the key that states it, for sizing a run's context.
+    /// The trained context length and the key that states it, for sizing a run's context. A
+    /// length of 0 states none (llama.cpp then takes the context it is given).
     pub fn trained_context(&self) -> Option<crate::bounds::TrainedContext> {
-        self.context_length.map(|tokens| crate::bounds::TrainedContext { tokens, key: format!("{}.context_length", self.architecture) })
+        self.context_length.filter(|&n| n > 0).map(|tokens| crate::bounds::TrainedContext { tokens, key: format!("{}.context_length", self.architecture) })
     }
 
     /// The paths of the model's files, in set order.

@@ -358,8 +358,10 @@ fn tokenize(model: &Model, spec: &RefineSpec, invs: &[&Inventory]) -> Result<(Ve
         }
         tokenized.push(t);
     }
-    let trained = invs.iter().filter_map(|inv| inv.trained_context()).min_by_key(|t| t.tokens);
-    let exec = sized(spec.exec, &tokenized, spec.n_predict, trained.as_ref())?;
+    let trained = invs.iter().filter_map(|inv| inv.trained_context().map(|t| (t, inv.load_path()))).min_by_key(|(t, _)| t.tokens);
+    // The error names the model whose trained length binds (else the base).
+    let named = trained.as_ref().map_or(spec.base.as_path(), |(_, p)| *p);
+    let exec = sized(spec.exec, &tokenized, spec.n_predict, trained.as_ref().map(|(t, _)| t)).map_err(|e| anyhow::anyhow!("{}: {e}", named.display()))?;
     Ok((tokenized, exec))
 }
 
