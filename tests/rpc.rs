@@ -416,8 +416,10 @@ fn a_capped_device_bounds_its_memory_and_a_cap_too_small_fails_the_run_closed() 
     let dir = tempfile::tempdir().unwrap();
     let m = forge(dir.path(), "m.gguf", 46, &[]);
     let cpu = dir.path().join("cpu");
-    assert_eq!(generate(&m, PROMPT, OUTPUTS, &cpu, &[]).code, 0);
-    let plan = ["--experts", "plan", "--slots", "5", "--source", "f"];
+    // A context of 4096 puts tens of MiB of KV cache on the device: the caps below are sized
+    // against it (a context sized to this short work would fit them).
+    assert_eq!(generate(&m, PROMPT, OUTPUTS, &cpu, &["--ctx", "4096"]).code, 0);
+    let plan = ["--experts", "plan", "--slots", "5", "--source", "f", "--ctx", "4096"];
     // Runs on a server capped at `cap`; with a budget, the run checks its buffers against it
     // before decoding and audits the server's cgroup (the path the server prints) after.
     // `audit`: None runs without telling the run about the cap; Some(budget) passes the server's
