@@ -165,7 +165,7 @@ fn stale_cgroups_of_dead_harnesses_are_removed() {
     for d in [&dead, &reused, &mine] {
         let _ = fs::create_dir(d);
     }
-    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut sleeper = common::Reaped::new(Command::new("sleep").arg("30").spawn().unwrap());
     fs::write(dead.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
 
     let r = run_contained(quiet("true", &[]), &spec(None)).unwrap();
