@@ -38,8 +38,23 @@ tau-sweep: build
 	$(BIN) campaign run campaigns/tau-sweep.yaml
 	$(BIN) export --campaign tau-sweep-small-4 --out $(RESULTS)/export-tau-sweep
 
+# The whole suite: every test binary runs (--no-fail-fast), failures are reported as cargo
+# reports them and fail the target. Each test's time is printed with its result
+# (scripts/test-runner.sh, the runner of the test binaries only), and the ten slowest close the
+# output (scripts/slowest-tests.sh), so a slowdown shows when it lands. Last, a backstop: Slurm
+# daemons a test started and a killed test binary could not stop are stopped (a cluster that
+# was running before the suite is left alone: the tests note what they start).
+# `make test TEST_ARGS='--test rpc'` runs a part of the suite the same way.
+TEST_ARGS ?=
 test: deps
-	$(CARGO) test --locked
+	@mkdir -p target
+	@set -o pipefail; \
+	$(CARGO) test --locked --no-fail-fast $(TEST_ARGS) --config "target.'cfg(all())'.runner = '$(CURDIR)/scripts/test-runner.sh'" 2>&1 \
+	  | tee target/test-output.log; \
+	status=$${PIPESTATUS[0]}; \
+	scripts/slurm.sh stop --started-by tests; \
+	echo; scripts/slowest-tests.sh target/test-output.log 10; \
+	exit $$status
 
 # The shipped bench campaign (campaigns/bench.yaml) on the several-GiB bench model: stock, P,
 # D, F and F+LRU under one hard host cap against the resident oracle, with the envelope, a

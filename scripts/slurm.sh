@@ -5,8 +5,17 @@
 #
 #   scripts/slurm.sh start    # install if needed, write the config, start, wait until the node is idle
 #   scripts/slurm.sh stop     # stop the daemons this script started
+#   scripts/slurm.sh stop DAEMON...          # stop only these (munged, slurmctld, slurmd)
+#   scripts/slurm.sh stop --started-by WHO   # stop only the daemons a `start` by WHO started
 #   scripts/slurm.sh status   # daemons and node state
 #   scripts/slurm.sh env      # the line to source: export SLURM_CONF=...
+#
+# `start` starts only the daemons not already running, and says which it started in a line
+# `slurm: started by this call: munged slurmctld slurmd` (or `none`), so a caller can stop what
+# it started and leave alone what was running before it. It also notes each daemon it starts
+# as started by SOVEREIGN_SLURM_STARTED_BY (default `hand`) in DIR/DAEMON.started-by: the tests
+# start with `tests`, and `make test` ends with `stop --started-by tests`, a backstop for a test
+# binary that was killed before it could stop its cluster.
 #
 # Client commands (sbatch, squeue, scancel) find the cluster through SLURM_CONF. The
 # controller and slurmd listen on SOVEREIGN_SLURM_PORT and the next port (default 6817/6818).
@@ -15,6 +24,8 @@ set -euo pipefail
 DIR="${SOVEREIGN_SLURM_DIR:-/tmp/sovereign-slurm}"
 PORT="${SOVEREIGN_SLURM_PORT:-6817}"
 CONF="$DIR/slurm.conf"
+STARTED_BY="${SOVEREIGN_SLURM_STARTED_BY:-hand}"
+DAEMONS=(munged slurmctld slurmd)
 SOCKET="$DIR/munge/munge.socket"
 
 die() { echo "error: slurm.sh: $*" >&2; exit 1; }
@@ -84,18 +95,23 @@ start() {
   install_missing
   mkdir -p "$DIR/state" "$DIR/spool" "$DIR/munge"
   chmod 700 "$DIR/munge"
+  local started=()
   if ! alive "$DIR/munged.pid"; then
     # munged insists on owning its key; a private copy keeps the system's untouched.
     install -m 0400 /etc/munge/munge.key "$DIR/munge/munge.key" 2>/dev/null \
       || { dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1 count=1024 status=none; chmod 400 "$DIR/munge/munge.key"; }
     munged --force --socket="$SOCKET" --key-file="$DIR/munge/munge.key" --pid-file="$DIR/munged.pid" \
       --log-file="$DIR/munged.log" --seed-file="$DIR/munge/seed"
+    started+=(munged)
   fi
   if ! alive "$DIR/slurmctld.pid" || ! alive "$DIR/slurmd.pid"; then
     write_config
   fi
-  alive "$DIR/slurmctld.pid" || slurmctld -f "$CONF" -i
-  alive "$DIR/slurmd.pid" || slurmd -f "$CONF"
+  alive "$DIR/slurmctld.pid" || { slurmctld -f "$CONF" -i; started+=(slurmctld); }
+  alive "$DIR/slurmd.pid" || { slurmd -f "$CONF"; started+=(slurmd); }
+  local d
+  for d in "${started[@]}"; do echo "$STARTED_BY" > "$DIR/$d.started-by"; done
+  echo "slurm: started by this call: ${started[*]:-none}"
   local state=""
   for _ in $(seq 1 120); do
     state="$(node_state)"
@@ -109,7 +125,8 @@ start() {
 }
 
 stop_one() {
-  local pidf="$1" pid
+  local pidf="$DIR/$1.pid" pid
+  rm -f "$DIR/$1.started-by"
   alive "$pidf" || { rm -f "$pidf"; return 0; }
   pid="$(cat "$pidf")"
   kill -TERM "$pid"
@@ -121,11 +138,47 @@ stop_one() {
   rm -f "$pidf"
 }
 
+# Cancels every job of this cluster and waits (30 s at most) until none is left running, so no
+# job outlives the cluster (a test that failed mid-campaign leaves its tasks queued or running).
+cancel_jobs() {
+  local ids
+  ids="$(SLURM_CONF="$CONF" squeue -h -o %A 2>/dev/null | tr '\n' ' ')" || return 0
+  [ -n "${ids// /}" ] || return 0
+  # shellcheck disable=SC2086 # one argument per job id
+  SLURM_CONF="$CONF" scancel $ids 2>/dev/null || true
+  for _ in $(seq 1 300); do
+    [ -z "$(SLURM_CONF="$CONF" squeue -h -o %A 2>/dev/null)" ] && return 0
+    sleep 0.1
+  done
+  echo "slurm.sh: jobs left 30 s after scancel: $(SLURM_CONF="$CONF" squeue -h -o '%A %T' 2>/dev/null | tr '\n' ' ')" >&2
+}
+
+# stop [DAEMON... | --started-by WHO]: slurmd first, munged last, whatever order they are named in;
+# stopping the controller cancels the cluster's jobs first.
 stop() {
-  stop_one "$DIR/slurmd.pid"
-  stop_one "$DIR/slurmctld.pid"
-  stop_one "$DIR/munged.pid"
-  echo "slurm: stopped"
+  local want=() d stopped=()
+  if [ "${1:-}" = --started-by ]; then
+    [ -n "${2:-}" ] || die "stop --started-by needs a name"
+    for d in "${DAEMONS[@]}"; do
+      [ "$(cat "$DIR/$d.started-by" 2>/dev/null)" = "$2" ] && want+=("$d")
+    done
+  elif [ $# -eq 0 ]; then
+    want=("${DAEMONS[@]}")
+  else
+    for d in "$@"; do
+      [[ " ${DAEMONS[*]} " == *" $d "* ]] || die "stop: no daemon '$d' (munged, slurmctld, slurmd)"
+    done
+    want=("$@")
+  fi
+  if [[ " ${want[*]} " == *" slurmctld "* ]] && alive "$DIR/slurmctld.pid"; then
+    cancel_jobs
+  fi
+  for d in slurmd slurmctld munged; do
+    [[ " ${want[*]} " == *" $d "* ]] || continue
+    stop_one "$d"
+    stopped+=("$d")
+  done
+  echo "slurm: stopped ${stopped[*]:-nothing}"
 }
 
 status() {
@@ -137,8 +190,8 @@ status() {
 
 case "${1:-}" in
   start) start ;;
-  stop) stop ;;
+  stop) shift; stop "$@" ;;
   status) status ;;
   env) echo "export SLURM_CONF=$CONF" ;;
-  *) echo "usage: scripts/slurm.sh start|stop|status|env" >&2; exit 2 ;;
+  *) echo "usage: scripts/slurm.sh start|stop [DAEMON... | --started-by WHO]|status|env" >&2; exit 2 ;;
 esac

@@ -1,7 +1,7 @@
 //! The shape of the code, checked: rooms (top-level modules of `src/`) import each other in one
 //! direction only, `main.rs` only parses and dispatches, records are read through their types,
-//! not by string paths, outside `record`, the library never prints, and no function in `src/`
-//! runs past 120 lines.
+//! not by string paths, outside `record`, the library never prints, no function in `src/`
+//! runs past 120 lines, and every process a test spawns is killed and reaped when the test ends.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -297,4 +297,115 @@ fn no_function_is_longer_than_120_lines() {
         }
     }
     assert!(long.is_empty(), "functions longer than 120 lines:\n{}", long.join("\n"));
+}
+
+/// `text` with the insides of comments, strings and character literals blanked (same length,
+/// same lines), so what is left is code.
+fn blank_literals(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = c.clone();
+    let blank = |from: usize, to: usize, out: &mut Vec<char>| {
+        for x in &mut out[from..to.min(c.len())] {
+            if *x != '\n' {
+                *x = ' ';
+            }
+        }
+    };
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut i = 0;
+    while i < c.len() {
+        let next = c.get(i + 1).copied().unwrap_or(' ');
+        let start = i;
+        match c[i] {
+            '/' if next == '/' => {
+                while i < c.len() && c[i] != '\n' {
+                    i += 1;
+                }
+                blank(start, i, &mut out);
+                continue;
+            }
+            '/' if next == '*' => {
+                while i + 1 < c.len() && !(c[i] == '*' && c[i + 1] == '/') {
+                    i += 1;
+                }
+                i += 2;
+                blank(start, i, &mut out);
+                continue;
+            }
+            'r' if (next == '"' || next == '#') && !(i > 0 && ident(c[i - 1])) => {
+                let hashes = c[i + 1..].iter().take_while(|&&x| x == '#').count();
+                if c.get(i + 1 + hashes) == Some(&'"') {
+                    let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
+                    let rest: String = c[i + 2 + hashes..].iter().collect();
+                    let end = rest.find(&close).expect("a raw string ends");
+                    i += 2 + hashes + rest[..end].chars().count() + close.chars().count();
+                    blank(start + 2 + hashes, i - close.chars().count(), &mut out);
+                    continue;
+                }
+            }
+            '"' => {
+                i += 1;
+                while i < c.len() && c[i] != '"' {
+                    i += if c[i] == '\\' { 2 } else { 1 };
+                }
+                blank(start + 1, i, &mut out);
+            }
+            '\'' if next == '\\' || c.get(i + 2) == Some(&'\'') => {
+                i += 1;
+                while i < c.len() && c[i] != '\'' {
+                    i += if c[i] == '\\' { 2 } else { 1 };
+                }
+                blank(start + 1, i, &mut out);
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out.into_iter().collect()
+}
+
+/// Each `.spawn()` (a process; a thread's spawn takes a closure) in `code` that is not an
+/// argument of `Reaped::new(...)`, by line.
+fn unreaped_spawns(code: &str) -> Vec<usize> {
+    let b = code.as_bytes();
+    let guarded: Vec<(usize, usize)> = code
+        .match_indices("Reaped::new(")
+        .map(|(at, m)| {
+            let (mut end, mut depth) = (at + m.len(), 1);
+            while depth > 0 && end < b.len() {
+                depth += usize::from(b[end] == b'(');
+                depth -= usize::from(b[end] == b')');
+                end += 1;
+            }
+            (at, end)
+        })
+        .collect();
+    code.match_indices(".spawn()")
+        .filter(|(at, _)| !guarded.iter().any(|(from, to)| from < at && at < to))
+        .map(|(at, _)| code[..at].matches('\n').count() + 1)
+        .collect()
+}
+
+#[test]
+fn unreaped_spawns_are_found_outside_strings_and_comments() {
+    let text = "let a = Reaped::new(bin().args([\")\"]).spawn().unwrap());\n// x.spawn()\nlet b = cmd.spawn();\nlet s = \".spawn()\";\nthread::spawn(|| ());\n";
+    assert_eq!(unreaped_spawns(&blank_literals(text)), [3]);
+}
+
+/// No test leaves a process running: each process a test spawns is held by `common::Reaped`,
+/// which kills and reaps it when dropped, on every path out of the test, panics included.
+/// (Processes run to their end by `.output()` or `.status()` are waited for where they start.)
+#[test]
+fn every_process_a_test_spawns_is_reaped() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut files = Vec::new();
+    sources(&tests, &mut files);
+    let mut loose = Vec::new();
+    for f in files {
+        let code = blank_literals(&std::fs::read_to_string(&f).unwrap());
+        for line in unreaped_spawns(&code) {
+            loose.push(format!("{}:{line}", f.strip_prefix(&tests).unwrap().display()));
+        }
+    }
+    assert!(loose.is_empty(), "processes spawned without common::Reaped (killed and reaped when dropped):\n{}", loose.join("\n"));
 }

@@ -151,7 +151,7 @@ fn alive(pid: u32) -> bool {
 /// layer, O_DIRECT), its worker's pid once it runs in its run cgroup, and that cgroup's
 /// directories. `group`: the harness leads a process group of its own (what a shell job is).
 struct Long {
-    harness: std::process::Child,
+    harness: Reaped,
     worker: u32,
     cgroup_dirs: Vec<std::path::PathBuf>,
 }
@@ -167,7 +167,7 @@ fn long_contained(m: &Path, rec: &Path, group: bool) -> Long {
     if group {
         cmd.process_group(0);
     }
-    let mut harness = cmd.spawn().unwrap();
+    let mut harness = Reaped::new(cmd.spawn().unwrap());
     let h = harness.id();
     // The worker: the harness's child, once it runs this binary inside the run cgroup (the
     // cgroup's reaper, also a child, sits in the harness's own cgroup).

@@ -637,12 +637,14 @@ fn another_patch_series_is_refused_with_this_builds_pins() {
 #[test]
 fn sigkill_midway_then_resume_seals_every_cell_exactly_once() {
     let st = setup("t-kill", &["[A, B]", "[B, A]", "[A, B]", "[B, A]"], 48);
-    let mut child = bin()
-        .args(["campaign", "run", s(&st.file), "--results", s(&st.results), "--no-progress"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Reaped::new(
+        bin()
+            .args(["campaign", "run", s(&st.file), "--results", s(&st.results), "--no-progress"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     // Kill the runner while a cell is in flight, after at least two cells are sealed.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -715,12 +717,14 @@ fn sigkill_midway_then_resume_seals_every_cell_exactly_once() {
 #[test]
 fn a_worker_killed_from_outside_is_counted_by_the_summary_as_status_counts_it() {
     let st = setup("t-outside", &["[A, B]"], 400);
-    let child = bin()
-        .args(["campaign", "run", s(&st.file), "--results", s(&st.results), "--json"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = Reaped::new(
+        bin()
+            .args(["campaign", "run", s(&st.file), "--results", s(&st.results), "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     // The runner's first worker: its child running this binary (`sovereign cell`).
     let (runner, exe) = (child.id(), fs::canonicalize(env!("CARGO_BIN_EXE_sovereign")).unwrap());
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -781,7 +785,7 @@ fn stats_pairs_reproduces_table_6() {
 /// line.
 #[test]
 fn racing_runners_leave_one_journal_that_resumes_and_exports() {
-    use std::process::{Child, Stdio};
+    use std::process::Stdio;
     let st = setup("t-race", &["[A, B]"], 4);
     const ROUNDS: u64 = 12;
     const RACERS: usize = 5;
@@ -797,15 +801,15 @@ fn racing_runners_leave_one_journal_that_resumes_and_exports() {
     for round in 0..ROUNDS {
         let results = st.dir.parent().unwrap().join(format!("results-race-{round}"));
         let kill = round % 2 == 0;
-        let spawn = |i: usize| -> Child {
+        let spawn = |i: usize| -> Reaped {
             let args: Vec<&str> = match i % RACERS {
                 3 => vec!["campaign", "resume", s(&st.file)],
                 4 => vec!["campaign", "run-block", s(&st.file), "--block", "0"],
                 _ => vec!["campaign", "run", s(&st.file), "--no-progress"],
             };
-            bin().args(&args).args(["--results", s(&results)]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()
+            Reaped::new(bin().args(&args).args(["--results", s(&results)]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap())
         };
-        let mut children: Vec<(Child, bool)> = (0..RACERS).map(|i| (spawn(i), false)).collect();
+        let mut children: Vec<(Reaped, bool)> = (0..RACERS).map(|i| (spawn(i), false)).collect();
         if kill {
             // Half the kills land in the first 100 ms (preregistration, the journal's first
             // lines), the rest while cells run.

@@ -279,13 +279,15 @@ struct Exit {
 fn run_bounded(dir: &Path, args: &[&str]) -> Result<Exit, String> {
     let out = std::fs::File::create(dir.join("stdout")).unwrap();
     let err = std::fs::File::create(dir.join("stderr")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sovereign"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("spawn sovereign");
+    let mut child = common::Reaped::new(
+        Command::new(env!("CARGO_BIN_EXE_sovereign"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn sovereign"),
+    );
     let start = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {

@@ -36,12 +36,9 @@ fn tmp(name: &str) -> Tmp {
 
 /// Runs with a wall-clock bound; a hang fails the test instead of the suite.
 fn run_bounded(args: &[&std::ffi::OsStr], secs: u64) -> Run {
-    let mut child = bin()
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Reaped::new(
+        bin().args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(),
+    );
     let t = Instant::now();
     loop {
         if child.try_wait().unwrap().is_some() {
@@ -305,11 +302,12 @@ fn run_in_little_memory(args: &[&str]) -> (Run, u64) {
             Ok(())
         });
     }
-    let child = cmd.spawn().unwrap();
+    let child = Reaped::new(cmd.spawn().unwrap());
     let (mut status, mut ru) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
     // SAFETY: waits for our own child; status and rusage are valid out-parameters.
     let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
     assert_eq!(pid, child.id() as libc::pid_t);
+    let _ = child.reaped_by_hand();
     let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -libc::WTERMSIG(status) };
     let run = Run { code, stdout: fs::read_to_string(&out).unwrap(), stderr: fs::read_to_string(&err).unwrap() };
     (run, ru.ru_maxrss as u64 * 1024)

@@ -165,7 +165,7 @@ fn stale_cgroups_of_dead_harnesses_are_removed() {
     for d in [&dead, &reused, &mine] {
         let _ = fs::create_dir(d);
     }
-    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut sleeper = common::Reaped::new(Command::new("sleep").arg("30").spawn().unwrap());
     fs::write(dead.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
 
     let r = run_contained(quiet("true", &[]), &spec(None)).unwrap();
@@ -235,44 +235,151 @@ fn gpu_without_nvml_is_not_observed() {
     assert!(json.contains("\"authority\""));
 }
 
-/// The v2 checks against a real cgroup2 mount whose cgroup lacks the memory controller (on a
-/// hybrid host the unified hierarchy has none): a one-line error saying what to do, nothing moved.
+/// A cgroup2 filesystem this test mounted (at a temporary directory), unmounted when dropped.
+/// Hosts of cgroup v1 alone (CI's kind) mount no cgroup2, yet the kernel has the unified
+/// hierarchy: mounted, its root offers only the controllers v1 has not bound (no memory).
+struct Cgroup2Mount {
+    dir: tempfile::TempDir,
+}
+
+impl Cgroup2Mount {
+    fn new() -> std::io::Result<Cgroup2Mount> {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir()?;
+        let target = std::ffi::CString::new(dir.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: every pointer is a NUL-terminated string that outlives the call; no data.
+        let rc = unsafe { libc::mount(c"none".as_ptr(), target.as_ptr(), c"cgroup2".as_ptr(), 0, std::ptr::null()) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Cgroup2Mount { dir })
+    }
+}
+
+impl Drop for Cgroup2Mount {
+    fn drop(&mut self) {
+        use std::os::unix::ffi::OsStrExt;
+        let target = std::ffi::CString::new(self.dir.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the calls. A busy mount is detached.
+        let rc = unsafe { libc::umount2(target.as_ptr(), 0) };
+        if rc != 0 && unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+            eprintln!("cannot unmount the test's cgroup2 at {}: {}", self.dir.path().display(), std::io::Error::last_os_error());
+        }
+    }
+}
+
+/// A child cgroup and a grandchild under it, the child distributing no controller (nothing is
+/// ever written to its cgroup.subtree_control), so the grandchild has no memory controller even
+/// where its grandparent has; both removed when dropped.
+struct Undelegated {
+    child: PathBuf,
+    grandchild: PathBuf,
+}
+
+impl Undelegated {
+    const GRANDCHILD: &'static str = "no-memory";
+
+    fn new(parent: &Path) -> std::io::Result<Undelegated> {
+        let child = parent.join(format!("observe-undelegated-{}", std::process::id()));
+        fs::create_dir(&child)?;
+        let g = Undelegated { grandchild: child.join(Self::GRANDCHILD), child };
+        fs::create_dir(&g.grandchild)?;
+        Ok(g)
+    }
+}
+
+impl Drop for Undelegated {
+    fn drop(&mut self) {
+        for d in [&self.grandchild, &self.child] {
+            if let Err(e) = fs::remove_dir(d) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    eprintln!("cannot remove the test's cgroup {}: {e}", d.display());
+                }
+            }
+        }
+    }
+}
+
+/// The v2 checks against a real cgroup2 mount whose cgroup lacks the memory controller: a
+/// one-line error saying what to do, nothing moved. Where no cgroup2 is mounted, the test mounts
+/// one (as root) and unmounts it at its end; on a hybrid or v1 host the unified hierarchy has no
+/// memory controller at all. Where this process's own v2 cgroup has the controller (a v2 host
+/// with delegation), the cgroup under test is a grandchild that was never delegated it.
 #[test]
 fn v2_without_memory_delegation_says_what_to_do() {
+    let test = "v2_without_memory_delegation_says_what_to_do";
+    // The other tests may move this process into a harness leaf (v2) while this one looks.
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let Some(point) = mountinfo.lines().find(|l| l.contains(" - cgroup2 ")).and_then(|l| l.split(' ').nth(4)) else {
-        eprintln!("SKIP v2_without_memory_delegation_says_what_to_do: no cgroup2 mount");
-        return;
+    let existing = mountinfo.lines().find(|l| l.contains(" - cgroup2 ")).map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (PathBuf::from(f[4]), f[3].to_string())
+    });
+    // Declared before `undelegated`, so dropped after it: the cgroups go before the mount.
+    let mut mounted = None;
+    let (point, mount_root) = match existing {
+        Some(m) => m,
+        None => match Cgroup2Mount::new() {
+            Ok(m) => (mounted.insert(m).dir.path().to_path_buf(), "/".to_string()),
+            Err(e) => {
+                common::skip(test, &format!("no cgroup2 is mounted and mounting one failed: {e}"));
+                return;
+            }
+        },
     };
-    let own = cgroup::membership_of(std::process::id(), cgroup::Version::V2).unwrap().unwrap();
-    let located = cgroup::Located {
-        version: cgroup::Version::V2,
-        mountpoint: point.into(),
-        mount_root: "/".into(),
-        own: own.clone(),
+    let controllers = |d: &Path| {
+        let c = fs::read_to_string(d.join("cgroup.controllers")).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        c.split_whitespace().any(|w| w == "memory")
     };
-    let dir = located.fs_path(&own);
-    let has_memory =
-        fs::read_to_string(dir.join("cgroup.controllers")).map(|c| c.split_whitespace().any(|w| w == "memory"));
-    if has_memory.as_ref().map_or(true, |&m| m) {
-        eprintln!("SKIP v2_without_memory_delegation_says_what_to_do: {} has the memory controller ({has_memory:?}); the run tests cover v2 here", dir.display());
-        return;
-    }
+    let own = cgroup::membership_of(std::process::id(), cgroup::Version::V2).unwrap().expect("a cgroup v2 line in /proc/self/cgroup");
+    let mut located =
+        cgroup::Located { version: cgroup::Version::V2, mountpoint: point.clone(), mount_root, own: own.clone() };
+    let own_dir = located.fs_path(&own);
+    assert!(own_dir.is_dir(), "our cgroup {own} is not visible under the cgroup2 at {}", point.display());
+    let mut undelegated = None;
+    let dir = if controllers(&own_dir) {
+        let u = match Undelegated::new(&own_dir) {
+            Ok(u) => undelegated.insert(u),
+            Err(e) => {
+                common::skip(test, &format!("{} has the memory controller and no child cgroup can be made in it: {e}", own_dir.display()));
+                return;
+            }
+        };
+        located.own = format!("{}/{}/{}", own.trim_end_matches('/'), u.child.file_name().unwrap().to_str().unwrap(), Undelegated::GRANDCHILD);
+        assert_eq!(located.fs_path(&located.own), u.grandchild);
+        u.grandchild.clone()
+    } else {
+        own_dir
+    };
+    assert!(!controllers(&dir), "{} must lack the memory controller", dir.display());
+    let root_has_memory = controllers(&point);
+    eprintln!(
+        "cgroup2 at {} ({}), root {} memory; the cgroup under test: {}",
+        point.display(),
+        if mounted.is_some() { "mounted by this test" } else { "the host's" },
+        if root_has_memory { "offers" } else { "lacks" },
+        dir.display()
+    );
+
     let before = fs::read_to_string(dir.join("cgroup.procs")).unwrap();
     let e = cgroup::prepare_at(located).unwrap_err();
     eprintln!("v2 error: {e}");
     assert!(!e.message.contains('\n'), "{}", e.message);
-    let root_has_memory = fs::read_to_string(Path::new(point).join("cgroup.controllers"))
-        .unwrap()
-        .split_whitespace()
-        .any(|w| w == "memory");
     if root_has_memory {
-        assert_eq!(e.kind, cgroup::SetupErrorKind::NotDelegated);
-        assert!(e.message.contains("+memory") && e.message.contains("Delegate=yes"), "{}", e.message);
+        // The controller exists on this hierarchy but was not given to our cgroup: say how.
+        assert_eq!(e.kind, cgroup::SetupErrorKind::NotDelegated, "{}", e.message);
+        assert!(e.message.contains(&format!("not delegated to {}", dir.display())), "{}", e.message);
+        let parent = dir.parent().unwrap().join("cgroup.subtree_control");
+        assert!(e.message.contains(&format!("echo +memory > {}", parent.display())), "{}", e.message);
+        assert!(e.message.contains("Delegate=yes"), "{}", e.message);
     } else {
-        assert_eq!(e.kind, cgroup::SetupErrorKind::NoMemoryController);
+        // The hierarchy has no memory controller at all (bound to v1): say how to free it.
+        assert!(undelegated.is_none(), "a cgroup with memory under a root without it");
+        assert_eq!(e.kind, cgroup::SetupErrorKind::NoMemoryController, "{}", e.message);
+        assert!(e.message.contains(&format!("cgroup2 at {} offers no memory controller", point.display())), "{}", e.message);
         assert!(e.message.contains("cgroup_no_v1=memory"), "{}", e.message);
     }
+    // Nothing moved: no harness leaf made, the cgroup's processes where they were.
     assert!(!dir.join(cgroup::HARNESS_LEAF).exists());
     assert_eq!(fs::read_to_string(dir.join("cgroup.procs")).unwrap().lines().count() > 0, !before.is_empty());
 }

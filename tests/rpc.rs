@@ -8,15 +8,15 @@ mod common;
 use common::*;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const PROMPT: &str = "Experts move from storage into bounded slots; every output byte must match the resident run.";
 const OUTPUTS: u32 = 24;
 
-/// A device server on an ephemeral loopback port, killed when dropped.
+/// A device server on an ephemeral loopback port, killed and reaped when dropped (`Reaped`).
 struct Server {
-    child: Child,
+    child: Reaped,
     endpoint: String,
 }
 
@@ -29,14 +29,16 @@ impl Server {
         // A port the kernel just gave out and took back: free unless another process races us.
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let endpoint = format!("127.0.0.1:{port}");
-        let child = bin()
-            .args(["device", "serve", "--listen", &endpoint, "--threads", "2"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn the device server");
+        let child = Reaped::new(
+            bin()
+                .args(["device", "serve", "--listen", &endpoint, "--threads", "2"])
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect("spawn the device server"),
+        );
         let addr: SocketAddr = endpoint.parse().unwrap();
         let start = Instant::now();
         while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
@@ -56,12 +58,6 @@ impl Server {
         // SAFETY: a signal to our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

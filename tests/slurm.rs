@@ -10,38 +10,138 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// Starts the cluster once for this test binary (idempotent); its SLURM_CONF, or None (skipped).
-fn cluster() -> Option<String> {
-    static CONF: OnceLock<Result<String, String>> = OnceLock::new();
-    let r = CONF.get_or_init(|| {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("starting slurmd needs root".into());
+const DAEMONS: [&str; 3] = ["munged", "slurmctld", "slurmd"];
+
+/// scripts/slurm.sh with `args`; its stdout, or why it failed. What it starts is noted as
+/// started by `tests` (the backstop `make test` ends with stops those).
+fn slurm_sh(args: &[&str]) -> Result<String, String> {
+    let out = Command::new(Path::new(ROOT).join("scripts/slurm.sh"))
+        .args(args)
+        .env("SOVEREIGN_SLURM_STARTED_BY", "tests")
+        .output()
+        .map_err(|e| format!("scripts/slurm.sh: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!("scripts/slurm.sh {} failed: {text}{}", args.join(" "), String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(text)
+}
+
+/// Whether `pid` is that daemon, alive (a zombie has ended; a reused pid is another program).
+fn daemon_alive(name: &str, pid: u32) -> bool {
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_string));
+    comm.trim() == name && state.is_some_and(|s| s != "Z")
+}
+
+/// The cluster this test binary's tests share. libtest runs them on parallel threads, has no
+/// teardown hook and never drops statics, so each test holds a [`Lease`]: the first lease
+/// starts the cluster, and when the last one ends (passed or panicked) the daemons that start
+/// started are stopped. Daemons that were running before (scripts/slurm.sh says which it
+/// started) are left running. (With one test thread the cluster is started for each test.)
+struct Shared {
+    leases: usize,
+    conf: String,
+    /// The daemons this binary's start started, with their pids.
+    started: Vec<(String, u32)>,
+    /// Why there is no cluster here: asked once.
+    refused: Option<String>,
+}
+
+static SHARED: Mutex<Shared> = Mutex::new(Shared { leases: 0, conf: String::new(), started: Vec::new(), refused: None });
+
+fn shared() -> MutexGuard<'static, Shared> {
+    SHARED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts the cluster: its SLURM_CONF and the daemons this call started, with their pids.
+fn start() -> Result<(String, Vec<(String, u32)>), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("starting slurmd needs root".into());
+    }
+    let out = slurm_sh(&["start"])?;
+    let line = slurm_sh(&["env"])?.trim().to_string();
+    let conf = line.strip_prefix("export SLURM_CONF=").expect("slurm.sh env prints the config").to_string();
+    let names = out
+        .lines()
+        .find_map(|l| l.strip_prefix("slurm: started by this call: "))
+        .unwrap_or_else(|| panic!("scripts/slurm.sh start did not say what it started: {out}"));
+    let dir = Path::new(&conf).parent().unwrap().to_path_buf();
+    let started: Vec<(String, u32)> = names
+        .split_whitespace()
+        .filter(|n| *n != "none")
+        .map(|n| {
+            let pid = fs::read_to_string(dir.join(format!("{n}.pid"))).unwrap_or_default();
+            let pid = pid.trim().parse().unwrap_or_else(|_| panic!("{n} was started but {}/{n}.pid holds no pid", dir.display()));
+            eprintln!("slurm: this test binary started {n} (pid {pid})");
+            (n.to_string(), pid)
+        })
+        .collect();
+    Ok((conf, started))
+}
+
+/// A lease on the shared cluster, or None (skipped; a failure under CI=true) where there is none.
+fn cluster() -> Option<Cluster> {
+    let mut s = shared();
+    if s.refused.is_none() && s.leases == 0 {
+        match start() {
+            Ok((conf, started)) => (s.conf, s.started) = (conf, started),
+            Err(why) => s.refused = Some(why),
         }
-        let out = Command::new(Path::new(ROOT).join("scripts/slurm.sh")).arg("start").output().map_err(|e| format!("scripts/slurm.sh: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("scripts/slurm.sh start failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+    }
+    if let Some(why) = s.refused.clone() {
+        drop(s);
+        skip(&test_name(), &why);
+        return None;
+    }
+    s.leases += 1;
+    Some(Cluster { conf: s.conf.clone(), _lease: Some(Lease(())) })
+}
+
+/// One test's hold on the shared cluster; see [`Shared`].
+struct Lease(());
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut s = shared();
+        s.leases -= 1;
+        if s.leases > 0 || s.started.is_empty() {
+            return;
         }
-        let env = Command::new(Path::new(ROOT).join("scripts/slurm.sh")).arg("env").output().unwrap();
-        let line = String::from_utf8_lossy(&env.stdout).trim().to_string();
-        Ok(line.strip_prefix("export SLURM_CONF=").expect("slurm.sh env prints the config").to_string())
-    });
-    match r {
-        Ok(c) => Some(c.clone()),
-        Err(why) => {
-            skip(&test_name(), why);
-            None
+        let started = std::mem::take(&mut s.started);
+        let names: Vec<&str> = started.iter().map(|(n, _)| n.as_str()).collect();
+        // Stopping the controller cancels the cluster's jobs first (a test that failed
+        // mid-campaign leaves some), so no job outlives it either.
+        let stopped = slurm_sh(&[&["stop"], &names[..]].concat());
+        let left: Vec<&(String, u32)> = started.iter().filter(|(n, pid)| daemon_alive(n, *pid)).collect();
+        eprintln!("slurm: this test binary stopped {names:?}");
+        let trouble = match stopped {
+            Err(e) => Some(e),
+            Ok(_) if !left.is_empty() => Some(format!("still running after scripts/slurm.sh stop: {left:?}")),
+            Ok(_) => None,
+        };
+        if let Some(t) = trouble {
+            drop(s);
+            if std::thread::panicking() {
+                eprintln!("{t}");
+            } else {
+                panic!("{t}");
+            }
         }
     }
 }
 
 struct Cluster {
     conf: String,
+    /// None for a configuration no cluster answers.
+    _lease: Option<Lease>,
 }
 
 impl Cluster {
@@ -215,8 +315,7 @@ fn check_finished(c: &Cluster, file: &Path, results: &Path, id: &str, cells: usi
 
 #[test]
 fn shipped_exactness_campaign_as_a_job_array() {
-    let Some(conf) = cluster() else { return };
-    let c = Cluster { conf };
+    let Some(c) = cluster() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let file = shipped(tmp.path(), |t| t);
     let results = tmp.path().join("results");
@@ -254,7 +353,7 @@ fn shipped_exactness_campaign_as_a_job_array() {
     assert_eq!(r["settled_blocks"], serde_json::json!([0, 1, 2, 3]));
     // A cluster that cannot be asked (no controller configuration here): status still shows
     // every cell from the journal and says the cluster could not be asked.
-    let unreachable = Cluster { conf: tmp.path().join("no-such-slurm.conf").display().to_string() };
+    let unreachable = Cluster { conf: tmp.path().join("no-such-slurm.conf").display().to_string(), _lease: None };
     let v: Value = serde_json::from_str(&unreachable.ok(&["campaign", "status", s(&file), "--results", s(&results), "--json"]).stdout).unwrap();
     assert_eq!((&v["finished"], &v["counts"]["sealed"]), (&Value::Bool(true), &serde_json::json!(7)), "{v}");
     assert!(v["cluster_unreachable"].as_str().is_some_and(|w| w.contains("squeue")), "{v}");
@@ -264,8 +363,7 @@ fn shipped_exactness_campaign_as_a_job_array() {
 
 #[test]
 fn a_cancelled_task_leaves_no_half_record_and_resume_reruns_only_its_block() {
-    let Some(conf) = cluster() else { return };
-    let c = Cluster { conf };
+    let Some(c) = cluster() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let id = "exactness-cancel";
     let (file, results) = submit_long(&c, tmp.path(), id);
@@ -312,8 +410,7 @@ fn a_cancelled_task_leaves_no_half_record_and_resume_reruns_only_its_block() {
 
 #[test]
 fn a_requeued_task_reruns_its_cell_as_an_interrupted_attempt_and_its_arm_goes_on() {
-    let Some(conf) = cluster() else { return };
-    let c = Cluster { conf };
+    let Some(c) = cluster() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let id = "exactness-requeue";
     let (file, results) = submit_long(&c, tmp.path(), id);
@@ -339,6 +436,101 @@ fn a_requeued_task_reruns_its_cell_as_an_interrupted_attempt_and_its_arm_goes_on
     assert!(j.iter().all(|e| e["event"] != "cell_skipped" && e["event"] != "cell_abandoned"), "nothing is skipped after a requeue");
     let attempts: Vec<u64> = j.iter().filter(|e| e["event"] == "cell_sealed" && e["cell"] == cell.as_str()).map(|e| e["attempt"].as_u64().unwrap()).collect();
     assert_eq!(attempts, [discards.len() as u64 + 1]);
+}
+
+/// A job given to sbatch runs on the node and completes.
+#[test]
+fn the_cluster_runs_a_job() {
+    let Some(c) = cluster() else { return };
+    let out = c.slurm("sbatch", &["--parsable", "--output=/dev/null", "--wrap", "true"]);
+    let job = out.trim().split(';').next().unwrap().to_string();
+    let mut state = String::new();
+    wait_until("the job to complete", 120, || {
+        state = c.slurm("squeue", &["-h", "-t", "all", "-j", &job, "-o", "%T"]).trim().to_string();
+        !matches!(state.as_str(), "" | "PENDING" | "CONFIGURING" | "RUNNING" | "COMPLETING")
+    });
+    assert_eq!(state, "COMPLETED", "job {job}");
+}
+
+/// The suite stops what it starts: a run of this test binary (one cluster test, in a child
+/// process, with a Slurm directory and ports of its own) leaves none of the daemons it started
+/// running; and where a cluster was running before it, it uses that one and leaves it running.
+#[test]
+fn a_test_run_stops_the_daemons_it_started_and_no_others() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip(&test_name(), "starting slurmd needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("slurm");
+    // Two consecutive ports no one listens on, for slurmctld and slurmd.
+    let port = (0..50)
+        .find_map(|_| {
+            let a = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+            let p = a.local_addr().ok()?.port();
+            let _b = std::net::TcpListener::bind(("127.0.0.1", p.checked_add(1)?)).ok()?;
+            Some(p)
+        })
+        .expect("two free consecutive ports")
+        .to_string();
+    let with_env = |cmd: &mut Command| {
+        cmd.env("SOVEREIGN_SLURM_DIR", &dir).env("SOVEREIGN_SLURM_PORT", &port);
+    };
+    let child_run = || {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "the_cluster_runs_a_job", "--nocapture", "--test-threads", "1"]);
+        with_env(&mut cmd);
+        let out = cmd.output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && text.contains("1 passed"), "the child run failed:\n{text}");
+        let started: Vec<(String, u32)> = text
+            .lines()
+            .filter_map(|l| {
+                let (name, pid) = l.strip_prefix("slurm: this test binary started ")?.split_once(" (pid ")?;
+                Some((name.to_string(), pid.trim_end_matches(')').parse().unwrap()))
+            })
+            .collect();
+        (started, text)
+    };
+    let pid_file = |n: &str| dir.join(format!("{n}.pid"));
+
+    // Nothing running before: the run starts all three and stops them when its test ends.
+    let (started, text) = child_run();
+    assert_eq!(started.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), DAEMONS, "{text}");
+    for (n, pid) in &started {
+        assert!(!daemon_alive(n, *pid), "{n} (pid {pid}) is still running after the run that started it ended:\n{text}");
+        assert!(!pid_file(n).exists() && !dir.join(format!("{n}.started-by")).exists(), "{n}'s files are left");
+    }
+
+    // Running before (started by hand): the run uses the cluster and leaves it running.
+    struct ByHand<'a>(&'a dyn Fn(&mut Command));
+    impl Drop for ByHand<'_> {
+        fn drop(&mut self) {
+            let mut cmd = Command::new(Path::new(ROOT).join("scripts/slurm.sh"));
+            cmd.arg("stop");
+            (self.0)(&mut cmd);
+            let _ = cmd.output();
+        }
+    }
+    let mut cmd = Command::new(Path::new(ROOT).join("scripts/slurm.sh"));
+    cmd.arg("start").env("SOVEREIGN_SLURM_STARTED_BY", "hand");
+    with_env(&mut cmd);
+    let by_hand = ByHand(&with_env);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let before: Vec<(&str, u32)> =
+        DAEMONS.iter().map(|n| (*n, fs::read_to_string(pid_file(n)).unwrap().trim().parse().unwrap())).collect();
+    let (started, text) = child_run();
+    assert!(started.is_empty(), "the run started {started:?} although the cluster was running:\n{text}");
+    for (n, pid) in &before {
+        assert!(daemon_alive(n, *pid), "{n} (pid {pid}), running before the run, was stopped by it:\n{text}");
+        assert_eq!(fs::read_to_string(dir.join(format!("{n}.started-by"))).unwrap().trim(), "hand");
+    }
+    drop(by_hand);
+    for (n, pid) in &before {
+        assert!(!daemon_alive(n, *pid), "scripts/slurm.sh stop left {n} (pid {pid}) running");
+    }
 }
 
 #[test]

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 /// The binary, with its digest cache under target/ unless SOVEREIGN_CACHE says otherwise.
 pub fn bin() -> Command {
@@ -74,6 +74,51 @@ pub fn generate_spec(model: &Path, record: &Path, prompt: &str, n: u32) -> sover
         draft: None,
         record: record.to_path_buf(),
         seal: false,
+    }
+}
+
+/// A process a test started, killed (SIGKILL) and reaped when this is dropped: at the end of the
+/// test and on every path out of it, a failed assertion's unwinding included, so no test leaves a
+/// process running. Every `.spawn()` in tests/ goes through it (tests/architecture.rs checks).
+pub struct Reaped(Option<Child>);
+
+impl Reaped {
+    pub fn new(child: Child) -> Reaped {
+        Reaped(Some(child))
+    }
+
+    /// Waits for the process to end and collects its piped output (it is then reaped).
+    pub fn wait_with_output(mut self) -> std::io::Result<Output> {
+        self.0.take().expect("a process not yet waited for").wait_with_output()
+    }
+
+    /// The process, once the caller has reaped it by other means (`wait4`): it must not be
+    /// signalled again, since its pid may already name another process.
+    pub fn reaped_by_hand(mut self) -> Child {
+        self.0.take().expect("a process not yet waited for")
+    }
+}
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("a process not yet waited for")
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("a process not yet waited for")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            // Both are harmless where the process has already ended or been waited for.
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Cargo's runner for the test binaries of `make test` (the Makefile sets it with --config for
+# that one cargo call): runs BINARY ARGS... with libtest's per-test times on, so each result
+# line ends in its time (`test NAME ... ok <1.234s>`), which scripts/slowest-tests.sh reads.
+#
+# `--report-time` is an unstable libtest option: libtest accepts it on a stable toolchain when
+# RUSTC_BOOTSTRAP is set in the test binary's environment at run time. It is set here, for the
+# test binaries (and what they start; none of it compiles Rust), never for cargo: there it
+# would reach build scripts that probe for nightly features (anyhow, proc-macro2, thiserror)
+# and make them rebuild their crates. It changes no test, only what libtest prints.
+set -euo pipefail
+[ $# -ge 1 ] || { echo "usage: scripts/test-runner.sh BINARY [ARGS...]" >&2; exit 2; }
+exec env RUSTC_BOOTSTRAP=1 "$@" -Z unstable-options --report-time
