@@ -1,8 +1,8 @@
 //! What refuses a campaign before its first cell, asked in one place by every command that
 //! starts one (`campaign check`, `run`, `resume`, the Slurm submission and its block tasks):
 //! its models ([`models::problems`]: presence, recipes, pinned digests), its prompt (a regular
-//! file under the cap, with the pinned digest, in UTF-8) and this build's identity (engine tree
-//! and patch series). The file's own checks (types, bounds, references) come before, from
+//! file under the cap, with the pinned digest, in UTF-8), its work within the model's trained
+//! length, and this build's identity (engine tree and patch series). The file's own checks (types, bounds, references) come before, from
 //! [`super::load`]. Nothing here makes a model or runs anything; what an executor must set up
 //! to run a cell (a memory cgroup) is its `preflight`, which the runner asks after this.
 //!
@@ -20,6 +20,7 @@ use std::path::Path;
 pub fn problems(c: &Loaded, recipes: Recipes) -> Vec<Diagnostic> {
     let mut out = models::problems(&c.spec, &c.base, recipes);
     out.extend(prompt(&c.spec, &c.base));
+    out.extend(context(&c.spec, &c.base));
     out.extend(build(&c.spec));
     out
 }
@@ -49,6 +50,29 @@ fn prompt(c: &Campaign, base: &Path) -> Option<Diagnostic> {
         return Some(Diagnostic::at(&w.prompt_sha256, message));
     }
     crate::bounds::prompt_text(&format!("workload.prompt_file {}", w.prompt_file.value), &bytes).err().map(|e| Diagnostic::at(&w.prompt_file, e.to_string()))
+}
+
+/// A cell's context is its work (`prompt_tokens + outputs`), which must fit the model's trained
+/// length: a campaign cannot pass `--ctx`, so work that does not fit would fail every cell.
+/// Refinement campaigns count `prompt_tokens` over all their prompts, an upper bound of each
+/// one's work: their cells size each context themselves. A model not (yet) readable is the
+/// models' check's to refuse.
+fn context(c: &Campaign, base: &Path) -> Option<Diagnostic> {
+    if c.refine.is_some() {
+        return None;
+    }
+    let g = crate::gguf::Gguf::open_model(&base.join(&*c.model.path)).ok()?;
+    let key = format!("{}.context_length", g.architecture().ok()?);
+    let trained = g.get(&key).and_then(crate::gguf::Value::as_u64).filter(|&n| n > 0)?;
+    let w = &c.workload;
+    let need = u64::from(*w.prompt_tokens) + u64::from(*w.outputs);
+    (need > trained).then(|| {
+        let message = format!(
+            "workload: prompt_tokens {} + outputs {} need a context of {need}, over the model's trained length of {trained} ({key}); a campaign's cells are sized to their work and cannot pass --ctx",
+            *w.prompt_tokens, *w.outputs
+        );
+        Diagnostic::at(&w.outputs, message)
+    })
 }
 
 /// The engine tree and patch series this binary was built from must be the pinned ones.
@@ -119,6 +143,27 @@ mod tests {
         let d = problems(&c, Recipes::Pending);
         assert_eq!(at(&d), [(5, 11)], "{d:?}");
         assert!(d[0].message.starts_with("model.sha256: "), "{d:?}");
+    }
+
+    #[test]
+    fn work_past_the_models_trained_length_is_refused_at_outputs() {
+        let t = tempfile::tempdir().unwrap();
+        let forged = t.path().join("forged.gguf");
+        let dims = crate::forge::Preset::Tiny.dims();
+        crate::forge::forge(crate::forge::Arch::Qwen3moe, dims, 1, &forged).unwrap();
+        let outputs = |n: u64| move |s: String| s.replace("  outputs: 2\n", &format!("  outputs: {n}\n")).replace("  horizon: 2\n", &format!("  horizon: {n}\n"));
+        // 3 prompt tokens: 4093 outputs fit the trained 4096, 4094 do not.
+        for (n, refused) in [(4093, false), (4094, true)] {
+            let c = good(t.path(), outputs(n));
+            std::fs::copy(&forged, t.path().join("m.gguf")).unwrap();
+            let d: Vec<Diagnostic> = problems(&c, Recipes::Made).into_iter().filter(|d| !d.message.starts_with("model.sha256")).collect();
+            if refused {
+                assert_eq!(at(&d), [(10, 12)], "{d:?}");
+                assert!(d[0].message.contains("need a context of 4097, over the model's trained length of 4096 (qwen3moe.context_length)"), "{d:?}");
+            } else {
+                assert_eq!(d, [], "{n} outputs fit");
+            }
+        }
     }
 
     #[test]
