@@ -141,14 +141,16 @@ fn merge(shards: Vec<Gguf>) -> Result<Gguf> {
     let tensors_count = |g: &Gguf| -> Result<u64> {
         g.get(SPLIT_TENSORS_COUNT)
             .and_then(Value::as_u64)
-            .ok_or_else(|| anyhow!("{}: no {SPLIT_TENSORS_COUNT} (an integer), which every shard of a set carries", g.path.display()))
+            .ok_or_else(|| anyhow!("{}: no {SPLIT_TENSORS_COUNT} as an integer, which a set's first shard carries", g.path.display()))
     };
     let want = tensors_count(first)?;
     let arch = first.get("general.architecture").and_then(Value::as_str);
     let mut owner: HashMap<&str, usize> = HashMap::new();
     let mut total = 0u64;
     for (i, g) in shards.iter().enumerate() {
-        let n = tensors_count(g)?;
+        // llama.cpp reads the count from the first shard only; another shard's, where stated,
+        // must agree with it.
+        let n = if i == 0 || g.get(SPLIT_TENSORS_COUNT).is_some() { tensors_count(g)? } else { want };
         if n != want {
             bail!(
                 "{}: {SPLIT_TENSORS_COUNT} is {n}, shard 1 ({}) says {want}: shards of different sets",
@@ -480,5 +482,13 @@ mod tests {
         // The valid set, its other shards naming the same architecture or none.
         let first = hand_set(d, &[&["a", "b"], &["c", "d"]], &[Some("llama"), Some("llama")], 4);
         assert_eq!(Gguf::open_model(&first).unwrap().tensors.len(), 4);
+        // Valid too: a later shard without split.tensors.count (llama.cpp reads the first's).
+        let mut w = GgufWriter::default();
+        w.kv(SPLIT_NO, Value::U16(1)).kv(SPLIT_COUNT, Value::U16(2));
+        w.tensor(TensorSpec::new("c", super::super::GgmlType::F32, &[32])).tensor(TensorSpec::new("d", super::super::GgmlType::F32, &[32]));
+        let second = shard_path(&d.join("h"), 1, 2);
+        std::fs::remove_file(&second).unwrap();
+        w.write(&second, |_, _, b| b.fill(1)).unwrap();
+        assert_eq!(Gguf::open_model(&second).unwrap().tensors.len(), 4);
     }
 }
