@@ -30,7 +30,7 @@ impl SlotPool {
         &self.device
     }
 
-    /// Memory the pool holds: its slots and the engine's idle slot.
+    /// Memory the pool holds: its slots.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
