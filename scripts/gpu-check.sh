@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The device check: CUDA backend module, build identity, exactness matrix, the copy path
-# (asynchronous copies, pinned windows, copy/compute overlap), fault cells through F, and the
-# budget bench, all with the carried release binary. Every step is timed; a failing
-# step is reported and the next one runs. Everything goes to $OUT/gpu-check.log as well.
+# The device check: CUDA backend module, build identity, exactness matrix, a long prefill
+# through many passes, the copy path (asynchronous copies, pinned windows, copy/compute
+# overlap), fault cells through F, and the budget bench, all with the carried release binary.
+# Every step is timed; a failing step is reported and the next one runs. Everything goes to $OUT/gpu-check.log as well.
 #
 #   scripts/gpu-check.sh            on a GPU machine (needs .device/ from scripts/pack-device.sh)
 #   scripts/gpu-check.sh --cpu      dry run here: no CUDA build, --gpu-layers 0
@@ -169,10 +169,37 @@ bench() {
     done
     python3 "$root/scripts/gpu_check_table.py" "$W" "${arms[@]%%|*}" | tee "$OUT/bench-table.txt"
 }
+# Prefill through passes: a long prompt on a wide model, resident and through F at three slot
+# counts (many, some and one pass per ubatch), each bitwise against resident, with its prefill time.
+prefill() {
+    local layers=24 experts=256 words=600
+    [ "$mode" = gpu ] || { layers=4; experts=64; words=250; }
+    S model forge --preset small --seed 3 --layers $layers --experts $experts --context 8192 --out "$W/wide.gguf" || return 1
+    python3 -c "import random; r=random.Random(7); w='the of and to in is was for on that with as by at from his her it an were are which this be or has had not but also'.split(); print(' '.join(r.choice(w) for _ in range($words)))" > "$W/long.txt"
+    local bad=0 ref=""
+    for a in "resident|" "f-16|--experts plan --source f --slots 16" "f-64|--experts plan --source f --slots 64" "f-all|--experts plan --source f --slots $experts"; do
+        local n=${a%%|*} args=${a#*|}
+        S generate --model "$W/wide.gguf" --prompt-file "$W/long.txt" --n-predict 4 --threads $TH --gpu-layers $GL $args \
+            --record "$W/pf-$n.rec" --json > "$W/pf-$n.json" 2> "$W/pf-$n.err" || { echo "FAILED $n: $(tail -1 "$W/pf-$n.err")"; bad=$((bad+1)); continue; }
+        local got=$(logits "pf-$n")
+        [ -n "$ref" ] || ref=$got
+        python3 - "$W/pf-$n.rec/record.json" "$n" "$([ "$got" = "$ref" ] && echo equal || echo DIFFERENT)" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); t = r["timing"]; e = r.get("experts") or {}
+sel = (e.get("selections") or {}).get("layers") or []
+passes = sel[0].get("passes") if sel and isinstance(sel[0], dict) else None
+print(f"{sys.argv[2]:9} prompt {r['counts'].get('prompt_tokens')} tokens  prefill {t['prefill_s']:.3f} s ({t['prefill_tokens_per_s']:.0f} tok/s)  "
+      f"layer-0 passes {passes}  logits {sys.argv[3]}")
+PY
+        [ "$got" = "$ref" ] || bad=$((bad+1))
+    done
+    [ $bad -eq 0 ]
+}
 step build-cuda build_cuda
 step identity identity
 step forge forge
 step exactness matrix
+step prefill prefill
 step copies copies
 step faults faults
 step bench bench

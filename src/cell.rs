@@ -563,18 +563,36 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
 
 /// The engine's own words for an abort in a worker's stderr: the first GGML_ASSERT or
 /// GGML_ABORT line (`file.c:line: message`, printed before any backtrace), or an uncaught
-/// exception's `what()`.
+/// exception's `what()`. A backend's error (`CUDA error`) is followed by what the backend said
+/// just before it: the runtime's message and the function whose call failed.
 pub fn engine_abort(stderr: &str) -> Option<String> {
+    // The path of a source file is this machine's; the file name and line are the engine's.
+    let base = |file: &str| file.rsplit('/').next().unwrap_or(file).to_string();
     let located = |l: &str| -> Option<String> {
         let (loc, rest) = l.split_once(": ")?;
         let (file, line) = loc.rsplit_once(':')?;
         let source = [".c", ".cpp", ".h", ".cu"].iter().any(|x| file.ends_with(x));
         (source && !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) && !file.contains(char::is_whitespace))
-            // The path of the source file is this machine's; the file name and line are the engine's.
-            .then(|| format!("{}:{line}: {rest}", file.rsplit('/').next().unwrap_or(file)))
+            .then(|| format!("{}:{line}: {rest}", base(file)))
     };
-    let lines = || stderr.lines().map(str::trim).filter(|l| !l.is_empty());
-    let text = lines().find_map(located).or_else(|| lines().find(|l| l.contains("what():")).map(str::to_string))?;
+    let lines: Vec<&str> = stderr.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let Some((at, mut text)) = lines.iter().enumerate().find_map(|(i, l)| located(l).map(|t| (i, t))) else {
+        let what = lines.iter().find(|l| l.contains("what():"))?;
+        return Some(what.chars().take(400).collect());
+    };
+    if let Some(backend) = text.strip_suffix(" error").and_then(|t| t.rsplit(": ").next()).filter(|b| !b.is_empty()) {
+        // ggml_cuda_error: "<B> error: <msg>", "current device: N, in function F at FILE:LINE", stmt
+        let before = &lines[at.saturating_sub(3)..at];
+        let said = before.iter().find_map(|l| l.strip_prefix(&format!("{backend} error: ")));
+        let call = before.iter().find_map(|l| {
+            let f = l.split_once("in function ")?.1;
+            let (func, file) = f.split_once(" at ")?;
+            Some(format!("in {func} at {}", base(file)))
+        });
+        if let Some(said) = said {
+            text = format!("{text}: {said}{}", call.map(|c| format!(" ({c})")).unwrap_or_default());
+        }
+    }
     Some(text.chars().take(400).collect())
 }
 
@@ -611,5 +629,16 @@ mod tests {
         let log = "ops.cpp:6355: GGML_ASSERT(n_dims % 2 == 0) failed\n360\t../csu/libc-start.c: No such file or directory.\n";
         assert_eq!(engine_abort(log).unwrap(), "ops.cpp:6355: GGML_ASSERT(n_dims % 2 == 0) failed");
         assert_eq!(engine_abort("360\t../csu/libc-start.c: No such file or directory.\n"), None);
+    }
+
+    #[test]
+    fn a_backend_error_keeps_the_runtimes_message_and_the_failing_call() {
+        let log = "llama_context: graph splits = 9\nCUDA error: an illegal memory access was encountered\n  current device: 0, in function ggml_backend_cuda_synchronize at /tmp/w/src/ggml/src/ggml-cuda/ggml-cuda.cu:2901\n  cudaStreamSynchronize(cuda_ctx->stream())\n/tmp/w/src/ggml/src/ggml-cuda/ggml-cuda.cu:109: CUDA error\n";
+        assert_eq!(
+            engine_abort(log).unwrap(),
+            "ggml-cuda.cu:109: CUDA error: an illegal memory access was encountered (in ggml_backend_cuda_synchronize at ggml-cuda.cu:2901)"
+        );
+        // Without the backend's lines the abort is quoted as it stands.
+        assert_eq!(engine_abort("x\n/a/ggml-cuda.cu:109: CUDA error\n").unwrap(), "ggml-cuda.cu:109: CUDA error");
     }
 }
