@@ -5,7 +5,7 @@
 use crate::engine::{ExpertSource, SlotPool};
 use crate::inventory::Inventory;
 use crate::plan::options::per_pass;
-use crate::plan::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, SourceBound, StepsReport, STEP_FIELDS};
+use crate::plan::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, PrefillReport, SourceBound, StepsReport, STEP_FIELDS};
 use crate::plan::timeline::{self, Timeline};
 use crate::plan::{Coverage, CopyError, Manifest, Plan, PlanOptions, Role, Sizing, SlotState, SlotWriter, SourceKind};
 use crate::source::fault::{FaultCell, FaultySource};
@@ -27,6 +27,12 @@ pub struct PlanSource {
     in_calls: Duration,
     marks: Option<(Mark, Mark, Mark)>,
     per_step: Vec<[f64; 4]>,
+    /// Per finished step, the bytes read and its tokens; the current step's tokens; the
+    /// experts a token selects (to count a step's tokens from its selections).
+    step_bytes: Vec<u64>,
+    step_tokens: Vec<u64>,
+    tokens: u64,
+    n_used: u64,
     /// The backend devices holding the slot pools (where window → slot copies go), and the
     /// bytes of the distinct (buffer, role) pools there.
     devices: BTreeSet<String>,
@@ -101,6 +107,10 @@ impl PlanSource {
             in_calls: Duration::ZERO,
             marks: None,
             per_step: Vec::new(),
+            step_bytes: Vec::new(),
+            step_tokens: Vec::new(),
+            tokens: 0,
+            n_used: u64::from(inv.n_used().unwrap_or(1).max(1)),
             devices: BTreeSet::new(),
             asynchronous: BTreeSet::new(),
             synchronous: BTreeSet::new(),
@@ -128,11 +138,13 @@ impl PlanSource {
 
     fn mark(&self, at: Instant) -> Mark {
         let (read_ns, copy_ns) = self.plan.io_ns();
-        Mark { at, read_ns, copy_ns, wait: self.wait, in_calls: self.in_calls }
+        let read_bytes = self.plan.read_bytes();
+        Mark { at, read_ns, copy_ns, read_bytes, wait: self.wait, in_calls: self.in_calls }
     }
 
-    /// Starts a step at the first MoE layer's first pass: one ubatch through the model.
-    fn step(&mut self, layer: u32, pass: u32, t: Instant) {
+    /// Starts a step at the first MoE layer's first pass: one ubatch (of `n_ids` selections)
+    /// through the model.
+    fn step(&mut self, layer: u32, pass: u32, n_ids: usize, t: Instant) {
         if pass != 0 || self.plan.manifest().layers.first().map(|l| l.layer) != Some(layer) {
             return;
         }
@@ -141,9 +153,12 @@ impl PlanSource {
             None => self.marks = Some((now, now, now)),
             Some((_, step, _)) => {
                 self.per_step.push(step.until(&now));
+                self.step_bytes.push(now.read_bytes - step.read_bytes);
+                self.step_tokens.push(self.tokens);
                 *step = now;
             }
         }
+        self.tokens = (n_ids as u64).div_ceil(self.n_used);
     }
 
     /// Counts the time of an acquire that started at `t`.
@@ -162,6 +177,8 @@ struct Mark {
     at: Instant,
     read_ns: u64,
     copy_ns: u64,
+    /// Logical bytes read so far.
+    read_bytes: u64,
     wait: Duration,
     in_calls: Duration,
 }
@@ -358,7 +375,7 @@ impl PlanSource {
     fn acquire_event(&mut self, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<()> {
         self.coverage.begin(layer, pass, ids).map_err(anyhow::Error::from)?;
         let t = Instant::now();
-        self.step(layer, pass, t);
+        self.step(layer, pass, ids.len(), t);
         let r = self.before_acquire(layer).and_then(|()| Ok(self.plan.acquire(layer, pass, ids, slots)?));
         self.wait += t.elapsed();
         self.acquire_calls += 1;
@@ -436,9 +453,13 @@ impl PlanSource {
         open.map_err(|e| anyhow!("{e}"))?;
         let tel = self.plan.telemetry();
         let mut steps = std::mem::take(&mut self.per_step);
+        let (mut step_bytes, mut step_tokens) = (std::mem::take(&mut self.step_bytes), std::mem::take(&mut self.step_tokens));
         if let Some((_, step, last)) = self.marks {
             steps.push(step.until(&last));
+            step_bytes.push(last.read_bytes - step.read_bytes);
+            step_tokens.push(self.tokens);
         }
+        let prefill = PrefillReport::of(&steps, &step_bytes, &step_tokens);
         let m = self.plan.manifest();
         let windows = self.plan.window_states().len() as u64;
         let meta = std::mem::size_of::<Plan>() as u64;
@@ -468,7 +489,10 @@ impl PlanSource {
                 fields: STEP_FIELDS.iter().map(|f| f.to_string()).collect(),
                 total: self.marks.map(|(first, _, last)| first.until(&last)),
                 per_step: steps,
+                read_bytes: step_bytes,
+                tokens: step_tokens,
             },
+            prefill,
             acquire_calls: self.acquire_calls,
             uring_registered_buffers: self.uring_registered,
             fault: FaultReport {

@@ -118,6 +118,19 @@ fn many_passes_per_layer_fit_the_graph_and_stay_exact() {
     let r = gen(&m, &rec, &["--experts", "plan", "--slots", "2", "--source", "f"]);
     assert_exact(&resident, &rec);
     assert_clean(&r);
+    // The prompt's share of the steps: its ubatch, tokens and bytes; every byte read falls in
+    // some step, and each step after the prompt is one token.
+    let (steps, pre) = (&r["experts"]["steps"], &r["experts"]["prefill"]);
+    let n = |v: &serde_json::Value| v.as_u64().unwrap();
+    let bytes: Vec<u64> = steps["read_bytes"].as_array().unwrap().iter().map(n).collect();
+    let tokens: Vec<u64> = steps["tokens"].as_array().unwrap().iter().map(n).collect();
+    assert_eq!(bytes.len(), steps["per_step"].as_array().unwrap().len());
+    assert_eq!(bytes.iter().sum::<u64>(), n(&r["experts"]["telemetry"]["q_run"]["logical_bytes"]));
+    assert_eq!(n(&pre["tokens"]), n(&r["counts"]["prompt_tokens"]), "{pre}");
+    assert_eq!((n(&pre["steps"]), n(&pre["read_bytes"])), (1, bytes[0]));
+    assert!(bytes[0] > 0 && tokens[0] > 1 && tokens[1..].iter().all(|&t| t == 1), "{tokens:?}");
+    let per_token = pre["bytes_per_token"].as_f64().unwrap();
+    assert_eq!(per_token, bytes[0] as f64 / tokens[0] as f64);
 }
 
 #[test]

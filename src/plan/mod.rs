@@ -589,6 +589,11 @@ impl Plan {
         self.obs.tel.q_run.reads
     }
 
+    /// Logical bytes read so far.
+    pub fn read_bytes(&self) -> u64 {
+        self.obs.tel.q_run.logical_bytes
+    }
+
     /// Time so far in source reads and in window → slot copies, in nanoseconds.
     pub fn io_ns(&self) -> (u64, u64) {
         (self.obs.tel.read_ns, self.obs.tel.copy_ns)

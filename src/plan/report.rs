@@ -81,6 +81,47 @@ pub struct StepsReport {
     pub fields: Vec<String>,
     pub total: Option<[f64; 4]>,
     pub per_step: Vec<[f64; 4]>,
+    /// Per step, the logical bytes read and its tokens (absent in earlier records).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_bytes: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<u64>,
+}
+
+/// The prompt: the leading steps of more than one token, their bytes read, bytes per prompt
+/// token and [read, copy, compute, exposed wait] summed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrefillReport {
+    pub steps: u64,
+    pub tokens: u64,
+    pub read_bytes: u64,
+    pub bytes_per_token: f64,
+    pub read_s: f64,
+    pub copy_s: f64,
+    pub compute_s: f64,
+    pub exposed_wait_s: f64,
+}
+
+impl PrefillReport {
+    /// From the per-step figures; `None` when the run began with a one-token step.
+    pub fn of(per_step: &[[f64; 4]], bytes: &[u64], tokens: &[u64]) -> Option<PrefillReport> {
+        let n = tokens.iter().take_while(|&&t| t > 1).count().min(per_step.len()).min(bytes.len());
+        if n == 0 {
+            return None;
+        }
+        let sum = |i: usize| per_step[..n].iter().map(|s| s[i]).sum::<f64>();
+        let (tokens, read_bytes) = (tokens[..n].iter().sum::<u64>(), bytes[..n].iter().sum::<u64>());
+        Some(PrefillReport {
+            steps: n as u64,
+            tokens,
+            read_bytes,
+            bytes_per_token: read_bytes as f64 / tokens as f64,
+            read_s: sum(0),
+            copy_s: sum(1),
+            compute_s: sum(2),
+            exposed_wait_s: sum(3),
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +158,10 @@ pub struct PlanReport {
     pub exposed_source_wait_s: f64,
     pub copy: CopyReport,
     pub steps: StepsReport,
+    /// The prompt's share of the steps (absent in earlier records and where the run began with
+    /// a one-token step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<PrefillReport>,
     pub acquire_calls: u64,
     pub uring_registered_buffers: Option<bool>,
     pub fault: FaultReport,
@@ -124,4 +169,21 @@ pub struct PlanReport {
     /// Where each decode token's time went (absent in records made before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<TimelineReport>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PrefillReport;
+
+    #[test]
+    fn the_prefill_is_the_leading_steps_of_more_than_one_token() {
+        let steps = [[1.0, 0.5, 2.0, 0.25], [3.0, 0.0, 4.0, 1.0], [9.0, 9.0, 9.0, 9.0], [7.0, 7.0, 7.0, 7.0]];
+        let p = PrefillReport::of(&steps, &[100, 300, 5, 50], &[512, 88, 1, 4]).unwrap();
+        assert_eq!((p.steps, p.tokens, p.read_bytes), (2, 600, 400));
+        assert_eq!((p.read_s, p.copy_s, p.compute_s, p.exposed_wait_s), (4.0, 0.5, 6.0, 1.25));
+        assert_eq!(p.bytes_per_token, 400.0 / 600.0);
+        // A run that begins with one token has no prefill.
+        assert_eq!(PrefillReport::of(&steps, &[1, 2, 3, 4], &[1, 512, 1, 1]), None);
+        assert_eq!(PrefillReport::of(&[], &[], &[]), None);
+    }
 }
