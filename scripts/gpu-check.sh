@@ -179,8 +179,16 @@ prefill() {
     local bad=0 ref=""
     for a in "resident|" "f-16|--experts plan --source f --slots 16" "f-64|--experts plan --source f --slots 64" "f-all|--experts plan --source f --slots $experts"; do
         local n=${a%%|*} args=${a#*|}
-        S generate --model "$W/wide.gguf" --prompt-file "$W/long.txt" --n-predict 4 --threads $TH --gpu-layers $GL $args \
-            --record "$W/pf-$n.rec" --json > "$W/pf-$n.json" 2> "$W/pf-$n.err" || { echo "FAILED $n: $(tail -1 "$W/pf-$n.err")"; bad=$((bad+1)); continue; }
+        if ! S generate --model "$W/wide.gguf" --prompt-file "$W/long.txt" --n-predict 4 --threads $TH --gpu-layers $GL $args \
+            --record "$W/pf-$n.rec" --json > "$W/pf-$n.json" 2> "$W/pf-$n.err"; then
+            echo "FAILED $n: $(tail -1 "$W/pf-$n.err")"; bad=$((bad+1))
+            # Again with synchronous launches, so that a device fault names the kernel that made it.
+            if [ "$mode" = gpu ] && ! CUDA_LAUNCH_BLOCKING=1 S generate --model "$W/wide.gguf" --prompt-file "$W/long.txt" \
+                --n-predict 4 --threads $TH --gpu-layers $GL $args --record "$W/pf-$n-blocking.rec" --json > /dev/null 2> "$W/pf-$n-blocking.err"; then
+                echo "  with CUDA_LAUNCH_BLOCKING=1: $(tail -1 "$W/pf-$n-blocking.err")"
+            fi
+            continue
+        fi
         local got=$(logits "pf-$n")
         [ -n "$ref" ] || ref=$got
         python3 - "$W/pf-$n.rec/record.json" "$n" "$([ "$got" = "$ref" ] && echo equal || echo DIFFERENT)" <<'PY'
