@@ -169,6 +169,32 @@ bench() {
     done
     python3 "$root/scripts/gpu_check_table.py" "$W" "${arms[@]%%|*}" | tee "$OUT/bench-table.txt"
 }
+# errtail FILE: the last lines of a failed run's stderr (the runtime's message and failing call).
+errtail() { grep -v '^[[:space:]]*$' "$1" | tail -n 12 | sed 's/^/  | /'; }
+# probe NAME ARGS: after a failed prefill arm on the GPU, the same arm varied one way at a time,
+# so that the log says which condition the failure needs.
+probe() {
+    local n=$1 args=$2 v
+    local slots=${args##*--slots }
+    for v in "blocking|long|4|$slots|CUDA_LAUNCH_BLOCKING=1" "no-graphs|long|4|$slots|GGML_CUDA_DISABLE_GRAPHS=1" \
+             "one-slot-fewer|long|4|$((slots - 1))|" "short-prompt|short|4|$slots|" "decode-only|short|1|$slots|"; do
+        IFS='|' read -r vn vp vnp vslots venv <<< "$v"
+        local p=(--prompt-file "$W/long.txt"); [ "$vp" = short ] && p=(--prompt "$PROMPT")
+        local e="$W/pf-$n-$vn.err"
+        if env $venv "$BIN" generate --model "$W/wide.gguf" "${p[@]}" --n-predict $vnp --threads $TH --gpu-layers $GL \
+            ${args%--slots*}--slots $vslots --record "$W/pf-$n-$vn.rec" --json > /dev/null 2> "$e"; then
+            echo "  probe $vn: completed" | tee -a "$W/probe-$n.log"
+        else
+            echo "  probe $vn: FAILED" | tee -a "$W/probe-$n.log"; errtail "$e"
+        fi
+    done
+    if grep -q 'probe short-prompt: FAILED' "$W/probe-$n.log" 2>/dev/null && { command -v compute-sanitizer > /dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; }; then
+        local cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+        timeout 90 "$cs" --tool memcheck --print-limit 5 "$BIN" generate --model "$W/wide.gguf" --prompt "$PROMPT" --n-predict 1 \
+            --threads $TH --gpu-layers $GL $args --record "$W/pf-$n-memcheck.rec" --json > "$W/pf-$n-memcheck.out" 2>&1
+        echo "  memcheck (rc $?):"; grep -E 'Invalid|ERROR SUMMARY|at 0x|by thread|Address|kernel|Program hit' "$W/pf-$n-memcheck.out" | head -20 | sed 's/^/  | /'
+    fi
+}
 # Prefill through passes: a long prompt on a wide model, resident and through F at three slot
 # counts (many, some and one pass per ubatch), each bitwise against resident, with its prefill time.
 prefill() {
@@ -181,12 +207,8 @@ prefill() {
         local n=${a%%|*} args=${a#*|}
         if ! S generate --model "$W/wide.gguf" --prompt-file "$W/long.txt" --n-predict 4 --threads $TH --gpu-layers $GL $args \
             --record "$W/pf-$n.rec" --json > "$W/pf-$n.json" 2> "$W/pf-$n.err"; then
-            echo "FAILED $n: $(tail -1 "$W/pf-$n.err")"; bad=$((bad+1))
-            # Again with synchronous launches, so that a device fault names the kernel that made it.
-            if [ "$mode" = gpu ] && ! CUDA_LAUNCH_BLOCKING=1 S generate --model "$W/wide.gguf" --prompt-file "$W/long.txt" \
-                --n-predict 4 --threads $TH --gpu-layers $GL $args --record "$W/pf-$n-blocking.rec" --json > /dev/null 2> "$W/pf-$n-blocking.err"; then
-                echo "  with CUDA_LAUNCH_BLOCKING=1: $(tail -1 "$W/pf-$n-blocking.err")"
-            fi
+            echo "FAILED $n:"; errtail "$W/pf-$n.err"; bad=$((bad+1))
+            [ "$mode" = gpu ] && probe "$n" "$args"
             continue
         fi
         local got=$(logits "pf-$n")
@@ -206,8 +228,8 @@ PY
 step build-cuda build_cuda
 step identity identity
 step forge forge
-step exactness matrix
 step prefill prefill
+step exactness matrix
 step copies copies
 step faults faults
 step bench bench
