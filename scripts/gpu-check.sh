@@ -7,7 +7,7 @@
 #   scripts/gpu-check.sh            on a GPU machine (needs .device/ from scripts/pack-device.sh)
 #   scripts/gpu-check.sh --cpu      dry run here: no CUDA build, --gpu-layers 0
 #
-# Env: SOVEREIGN (binary, default .device/sovereign), OUT (log, build identity, table; default
+# Env: STEPS (a subset of the steps, by name), SOVEREIGN (binary, default .device/sovereign), OUT (log, build identity, table; default
 # .device/out), WORK (models, records, CUDA build; default /tmp/gpu-check-work), BACKEND_DIR
 # (skip the CUDA build and load the modules found there).
 set -u
@@ -203,7 +203,11 @@ prefill() {
     S model forge --preset small --seed 3 --layers $layers --experts $experts --context 8192 --out "$W/wide.gguf" || return 1
     python3 -c "import random; r=random.Random(7); w='the of and to in is was for on that with as by at from his her it an were are which this be or has had not but also'.split(); print(' '.join(r.choice(w) for _ in range($words)))" > "$W/long.txt"
     local bad=0 ref=""
-    for a in "resident|" "f-16|--experts plan --source f --slots 16" "f-64|--experts plan --source f --slots 64" "f-all|--experts plan --source f --slots $experts"; do
+    # Prompt passes: the default (half the slots, from 32 on), one group at a time (0), and
+    # small passes given by flag; each reads the next group while the engine computes one.
+    for a in "resident|" "f-16|--experts plan --source f --slots 16" "f-16-pp8|--experts plan --source f --slots 16 --prompt-pass 8" \
+        "f-64|--experts plan --source f --slots 64" "f-64-pp0|--experts plan --source f --slots 64 --prompt-pass 0" \
+        "f-all|--experts plan --source f --slots $experts" "f-all-pp0|--experts plan --source f --slots $experts --prompt-pass 0"; do
         local n=${a%%|*} args=${a#*|}
         if ! S generate --model "$W/wide.gguf" --prompt-file "$W/long.txt" --n-predict 4 --threads $TH --gpu-layers $GL $args \
             --record "$W/pf-$n.rec" --json > "$W/pf-$n.json" 2> "$W/pf-$n.err"; then
@@ -218,20 +222,26 @@ import json, sys
 r = json.load(open(sys.argv[1])); t = r["timing"]; e = r.get("experts") or {}
 sel = (e.get("selections") or {}).get("layers") or []
 passes = sel[0].get("passes") if sel and isinstance(sel[0], dict) else None
+pf = e.get("prefill") or {}
+pp = ((r.get("params") or {}).get("experts") or {}).get("prompt_pass")
+parts = f"  read {pf['read_s']:.2f} s compute {pf['compute_s']:.2f} s exposed wait {pf['exposed_wait_s']:.2f} s" if pf else ""
 print(f"{sys.argv[2]:9} prompt {r['counts'].get('prompt_tokens')} tokens  prefill {t['prefill_s']:.3f} s ({t['prefill_tokens_per_s']:.0f} tok/s)  "
-      f"layer-0 passes {passes}  logits {sys.argv[3]}")
+      f"prompt pass {pp}  layer-0 passes {passes}{parts}  logits {sys.argv[3]}")
 PY
         [ "$got" = "$ref" ] || bad=$((bad+1))
     done
     [ $bad -eq 0 ]
 }
-step build-cuda build_cuda
-step identity identity
-step forge forge
-step prefill prefill
-step exactness matrix
-step copies copies
-step faults faults
-step bench bench
+# STEPS: the steps to run (default: all), e.g. STEPS="build-cuda identity forge prefill".
+STEPS=${STEPS:-build-cuda identity forge prefill exactness copies faults bench}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+want build-cuda && step build-cuda build_cuda
+want identity && step identity identity
+want forge && step forge forge
+want prefill && step prefill prefill
+want exactness && step exactness matrix
+want copies && step copies copies
+want faults && step faults faults
+want bench && step bench bench
 echo "gpu-check ($mode): $(( $(date +%s) - T0 ))s; failed steps: ${FAILED[*]:-none}"
 [ ${#FAILED[@]} -eq 0 ]

@@ -7,7 +7,7 @@ use crate::inventory::Inventory;
 use crate::plan::options::per_pass;
 use crate::plan::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, PrefillReport, SourceBound, StepsReport, STEP_FIELDS};
 use crate::plan::timeline::{self, Timeline};
-use crate::plan::{Coverage, CopyError, Manifest, Plan, PlanOptions, Role, Sizing, SlotState, SlotWriter, SourceKind};
+use crate::plan::{Coverage, CopyError, Manifest, Passes, Plan, PlanOptions, Role, Sizing, SlotState, SlotWriter, SourceKind};
 use crate::source::fault::{FaultCell, FaultySource};
 use crate::source::{AlignedBuf, BufferedSource, Source, UringSource};
 use anyhow::{anyhow, bail, Result};
@@ -83,16 +83,29 @@ impl PlanSource {
         let timeline = Timeline::new(options.timeline_token, manifest.layers.iter().map(|l| l.layer).collect(), capacity);
         let mut plan = Plan::for_engine(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
         plan.set_timeline(timeline);
+        let n_per_pass = per_pass(plan.manifest(), n_slots);
         if let Some(g) = sizing.token_pass {
-            let n_per_pass = per_pass(plan.manifest(), n_slots);
             if g == 0 || g > n_per_pass {
                 bail!("token pass of {g} experts: expected 1..={n_per_pass} (the unpinned slots of a layer)");
             }
             if options.fault != FaultCell::None {
                 bail!("token passes are not combined with fault cells (cell {:?})", options.fault);
             }
-            let n_used = inv.expert_used_count.ok_or_else(|| anyhow!("the model names no expert_used_count, which token passes need"))?;
-            plan.stream_token_passes(usize::try_from(n_used)?, g);
+        }
+        if let Some(g) = sizing.prompt_pass {
+            if g > n_per_pass {
+                bail!("prompt pass of {g} experts: expected 1..={n_per_pass} (the unpinned slots of a layer; 0: one group at a time)");
+            }
+            if options.fault != FaultCell::None {
+                bail!("prompt passes are not combined with fault cells (cell {:?})", options.fault);
+            }
+            if let Some(t) = sizing.token_pass.filter(|&t| t > g) {
+                bail!("token pass of {t} experts exceeds the prompt pass of {g}: a one-token pass is never the larger");
+            }
+        }
+        if sizing.token_pass.is_some() || sizing.prompt_pass.is_some() {
+            let n_used = inv.expert_used_count.ok_or_else(|| anyhow!("the model names no expert_used_count, which streamed passes need"))?;
+            plan.stream_passes(Passes { n_used: usize::try_from(n_used)?, token: sizing.token_pass, prompt: sizing.prompt_pass });
         }
         // Every extent read is verified against the model's digest manifest.
         let digests = crate::digests::obtain(model, inv, None)?.digests;
@@ -311,7 +324,7 @@ impl ExpertSource for PlanSource {
     /// Pinned slots serve their experts in every pass, so a pass groups only the unpinned
     /// capacity; the layer with the least of it sets the engine's pass count.
     fn n_per_pass(&self) -> u32 {
-        per_pass(self.plan.manifest(), self.n_slots)
+        self.sizing.prompt_pass.unwrap_or_else(|| per_pass(self.plan.manifest(), self.n_slots))
     }
 
     fn n_per_token_pass(&self) -> u32 {
@@ -426,6 +439,7 @@ impl PlanSource {
             depth: if self.options.source == SourceKind::F { Some(self.sizing.depth) } else { None },
             sizing: Some(self.sizing),
             token_pass: self.sizing.token_pass,
+            prompt_pass: self.sizing.prompt_pass,
         }
     }
 

@@ -106,6 +106,7 @@ fn fewer_passes_than_groups_fail_the_decode_closed() {
         layer_buffers: 0,
         timeline_token: None,
         token_pass: None,
+        prompt_pass: None,
         verify: None,
         fault: FaultCell::None,
     };

@@ -134,6 +134,53 @@ fn many_passes_per_layer_fit_the_graph_and_stay_exact() {
 }
 
 #[test]
+fn prompt_passes_read_the_next_group_under_compute_and_stay_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    // 64 experts: the prompt selects far more than the slots hold, so its ubatch runs in
+    // passes, each group read while the one before it computes.
+    let m = forge(dir.path(), "m.gguf", 35, &["--layers", "4", "--experts", "64", "--expert-ff", "64"]);
+    let resident = dir.path().join("resident");
+    gen(&m, &resident, &[]);
+    let n = |v: &serde_json::Value| v.as_u64();
+    let from = |v: &serde_json::Value| v.as_str().map(str::to_string);
+    // (flags, prompt pass, where it came from): the default at 32 slots (half of them), given,
+    // given with LRU, off, and none by default where half the slots is a small pass.
+    let cells: [(&str, &[&str], Option<u64>, Option<&str>); 5] = [
+        ("sized", &["--slots", "32"], Some(16), Some("manifest")),
+        ("given", &["--slots", "8", "--prompt-pass", "3"], Some(3), Some("flags")),
+        ("lru", &["--slots", "8", "--prompt-pass", "4", "--policy", "lru:8"], Some(4), Some("flags")),
+        ("off", &["--slots", "8", "--prompt-pass", "0"], None, Some("flags")),
+        ("small", &["--slots", "8"], None, None),
+    ];
+    let mut passes = Vec::new();
+    for (name, flags, pass, source) in cells {
+        let rec = dir.path().join(name);
+        let mut args = vec!["--experts", "plan", "--source", "f"];
+        args.extend_from_slice(flags);
+        let r = gen(&m, &rec, &args);
+        assert_exact(&resident, &rec);
+        assert_clean(&r);
+        let (p, sizing) = (&r["params"]["experts"], &r["params"]["experts"]["sizing"]);
+        assert_eq!((n(&p["prompt_pass"]), n(&sizing["prompt_pass"]), from(&sizing["prompt_pass_from"]).as_deref()), (pass, pass, source), "{name}: {p}");
+        passes.push(r["experts"]["selections"]["layers"][0]["passes"].as_u64().unwrap());
+        // The timeline sums the prompt: its reads are the prefill's, every pass it acquired was
+        // released, and busy and idle split its wall time exactly.
+        let pt = &r["experts"]["timeline"]["prompt"];
+        assert_eq!(n(&pt["read_bytes"]), n(&r["experts"]["prefill"]["read_bytes"]), "{name}: {pt}");
+        assert!(n(&pt["acquires"]).unwrap() >= 4 && pt["acquires"] == pt["releases"], "{name}: {pt}");
+        assert_eq!(n(&pt["busy_ns"]).unwrap() + n(&pt["idle_ns"]).unwrap(), n(&pt["wall_ns"]).unwrap(), "{name}: {pt}");
+    }
+    // Passes of 3 experts take more engine passes than passes of the 8 slots.
+    assert!(passes[1] > passes[3], "{passes:?}");
+    // A prompt pass over the slots, or beside a fault cell, is refused in one line.
+    let bad = dir.path().join("bad");
+    let r = generate(&m, PROMPT, OUTPUTS, &bad, &["--experts", "plan", "--source", "f", "--slots", "8", "--prompt-pass", "9"]);
+    assert_one_line_error(&r, &["prompt pass of 9"]);
+    let r = generate(&m, PROMPT, OUTPUTS, &bad, &["--experts", "plan", "--source", "f", "--slots", "8", "--prompt-pass", "2", "--fault", "eio"]);
+    assert_one_line_error(&r, &["prompt passes are not combined with fault cells"]);
+}
+
+#[test]
 fn two_shared_layer_buffers_stream_layer_by_layer_and_stay_exact() {
     let dir = tempfile::tempdir().unwrap();
     // Four layers: layers 0 and 2 share buffer 0, layers 1 and 3 buffer 1.

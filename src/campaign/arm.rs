@@ -50,6 +50,7 @@ pub struct PlanArm {
     pub fault: FaultCell,
     pub timeline_token: Option<u32>,
     pub token_pass: Option<u32>,
+    pub prompt_pass: Option<u32>,
     pub verify: Option<crate::digests::Verify>,
 }
 
@@ -198,7 +199,7 @@ impl Arm {
     }
 
     /// Whether a field is set, by its name in the campaign, for each field of the Plan.
-    fn plan_fields(&self) -> [(&'static str, bool); 10] {
+    fn plan_fields(&self) -> [(&'static str, bool); 11] {
         [
             ("slots", self.slots.is_some()),
             ("policy", self.policy.is_some()),
@@ -209,6 +210,7 @@ impl Arm {
             ("layer_buffers", self.layer_buffers.is_some()),
             ("timeline_token", self.timeline_token.is_some()),
             ("token_pass", self.token_pass.is_some()),
+            ("prompt_pass", self.prompt_pass.is_some()),
             ("verify", self.verify.is_some()),
         ]
     }
@@ -231,7 +233,8 @@ impl Arm {
             .and_then(|()| range("depth", self.depth.unwrap_or(1).into(), 1, MAX_DEPTH as u64, "io_uring's maximum of submission entries"))
             .and_then(|()| range("layer_buffers", self.layer_buffers.unwrap_or(0).into(), 0, MAX_LAYER_BUFFERS as u64, "staging buffers per layer"))
             .and_then(|()| range("timeline_token", self.timeline_token.unwrap_or(0).into(), 0, MAX_TIMELINE_TOKEN as u64, "a decode token's index"))
-            .and_then(|()| range("token_pass", self.token_pass.unwrap_or(1).into(), 0, MAX_TOKEN_PASS as u64, "distinct experts per engine pass"));
+            .and_then(|()| range("token_pass", self.token_pass.unwrap_or(1).into(), 0, MAX_TOKEN_PASS as u64, "distinct experts per engine pass"))
+            .and_then(|()| range("prompt_pass", self.prompt_pass.unwrap_or(0).into(), 0, MAX_SLOTS as u64, "distinct experts per engine pass"));
         let mut msgs: Vec<String> = bounds.err().map(|e| e.to_string()).into_iter().collect();
         let required = &self.plan_fields()[..3];
         msgs.extend(required.iter().filter(|(_, set)| !set).map(|(name, _)| format!("`experts: plan` needs `{name}`")));
@@ -248,6 +251,7 @@ impl Arm {
                 fault: self.fault.unwrap_or(FaultCell::None),
                 timeline_token: self.timeline_token,
                 token_pass: self.token_pass,
+                prompt_pass: self.prompt_pass,
                 verify: self.verify,
             }),
             _ => Err(msgs),

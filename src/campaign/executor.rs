@@ -208,6 +208,7 @@ fn plan_options(arm: &PlanArm, fault: FaultCell) -> PlanOptions {
         fault,
         timeline_token: arm.timeline_token,
         token_pass: arm.token_pass,
+        prompt_pass: arm.prompt_pass,
         verify: arm.verify,
     }
 }

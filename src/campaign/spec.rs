@@ -351,6 +351,11 @@ pub struct Arm {
     /// still reads the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_pass: Option<u32>,
+    /// Distinct experts per engine pass when a ubatch has several tokens (absent: half the
+    /// slots for F, so one group is read while the other computes; 0: the slots, one group at
+    /// a time), as `generate --prompt-pass`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_pass: Option<u32>,
     /// How the Plan verifies each read against the digest manifest: `xxh3` (default) or
     /// `blake3`, as `generate --verify`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -51,6 +51,12 @@ pub struct PlanArgs {
     /// all in one pass.
     #[arg(long)]
     token_pass: Option<u32>,
+    /// Distinct experts per engine pass when a ubatch has several tokens, a prompt's (plan).
+    /// Half the slots lets the Plan read one half's group while the engine computes the
+    /// other's. Default for f: half a layer's unpinned slots (none with a fault cell); 0: the
+    /// layer's slots, one group at a time.
+    #[arg(long)]
+    prompt_pass: Option<u32>,
     /// How each read is verified against the model's digest manifest (plan): xxh3 (XXH3-128,
     /// at memory speed) or blake3. Default: xxh3.
     #[arg(long, value_parser = super::choices::parser::<sovereign::digests::Verify>())]
@@ -69,6 +75,7 @@ impl PlanArgs {
             fault,
             timeline_token: self.timeline_token,
             token_pass: self.token_pass,
+            prompt_pass: self.prompt_pass,
             verify: self.verify,
         }
     }

@@ -5,7 +5,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use sovereign::export::{curves_figure, Curve};
 use sovereign::plan::simulate::{self, Row};
-use sovereign::plan::Manifest;
+use sovereign::plan::options::{default_prompt_pass, per_pass};
+use sovereign::plan::{Manifest, Passes};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -69,7 +70,7 @@ struct DraftRow {
 
 /// Decode bytes read per output for K = 0..=max: each replay of the whole record minus the
 /// replay of its prompt alone (the same for every K).
-fn draft_rows(rec: &sovereign::oracle::routes::Recorded, slots: u32, policies: &[String], max: u32, token_pass: Option<(usize, u32)>) -> Result<Vec<DraftRow>> {
+fn draft_rows(rec: &sovereign::oracle::routes::Recorded, slots: u32, policies: &[String], max: u32, passes_at: impl Fn(&Manifest) -> Passes) -> Result<Vec<DraftRow>> {
     let from = rec.decode_from.context("the record decoded no output after its prompt: nothing to draft")?;
     let prompt: Vec<_> = rec.events.iter().filter(|e| e.ubatch < from).cloned().collect();
     let outputs = rec.events.iter().filter(|e| e.ubatch >= from).map(|e| e.ubatch).collect::<std::collections::BTreeSet<_>>().len() as u64;
@@ -77,11 +78,13 @@ fn draft_rows(rec: &sovereign::oracle::routes::Recorded, slots: u32, policies: &
     let mut rows = Vec::new();
     for template in policies {
         let p = simulate::policy_at(template, slots)?;
-        let base = simulate::replay(manifest()?, &p, &prompt, token_pass)?.q_run.physical_bytes;
+        let m = manifest()?;
+        let passes = passes_at(&m);
+        let base = simulate::replay(m, &p, &prompt, passes)?.q_run.physical_bytes;
         let mut one = None;
         for k in 0..=max {
             let events = simulate::drafted(&rec.events, from, k);
-            let t = simulate::replay(manifest()?, &p, &events, token_pass)?;
+            let t = simulate::replay(manifest()?, &p, &events, passes)?;
             let bytes_read = t.q_run.physical_bytes - base;
             let per = bytes_read as f64 / outputs.max(1) as f64;
             let one = *one.get_or_insert(per);
@@ -104,13 +107,22 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
     }
     let rec = sovereign::oracle::routes::load(&a.routes, a.model.as_deref())?;
     let inv = &rec.inventory;
-    // The run's own passes: a one-token ubatch served in token passes requests its groups apart.
-    let token_pass = match a.token_pass {
-        Some(g) => Some((inv.expert_used_count.context("the model names no expert_used_count, which --token-pass needs")? as usize, g)),
-        None => rec.token_pass,
+    // The run's own passes: an event served in passes requests its groups apart. A prompt pass
+    // the run sized from its slots is sized again at each slot count.
+    let mut passes = rec.passes;
+    if let Some(g) = a.token_pass {
+        passes.n_used = inv.expert_used_count.context("the model names no expert_used_count, which --token-pass needs")? as usize;
+        passes.token = Some(g);
+    }
+    let passes_at = |m: &Manifest| {
+        let mut p = passes;
+        if rec.prompt_pass_sized {
+            p.prompt = default_prompt_pass(per_pass(m, 0), p.token);
+        }
+        p
     };
-    let rows = simulate::simulate(|s, pins| Manifest::new(inv, s, pins), &a.slots, &a.policies, &rec.events, token_pass)?;
-    let drafts = a.draft_max.map(|n| draft_rows(&rec, a.slots[0], &a.policies, n, token_pass)).transpose()?;
+    let rows = simulate::simulate(|s, pins| Manifest::new(inv, s, pins), &a.slots, &a.policies, &rec.events, passes_at)?;
+    let drafts = a.draft_max.map(|n| draft_rows(&rec, a.slots[0], &a.policies, n, passes_at)).transpose()?;
     if let Some(path) = &a.csv {
         write_csv(path, &rows).with_context(|| format!("--csv {}", path.display()))?;
     }

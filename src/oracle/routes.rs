@@ -3,6 +3,7 @@
 
 use crate::inventory::Inventory;
 use crate::plan::simulate::{layer_events, LayerEvent};
+use crate::plan::{Passes, SizedFrom};
 use crate::record::format::Outcome;
 use anyhow::{anyhow, bail, Result};
 use std::path::{Path, PathBuf};
@@ -12,9 +13,11 @@ pub struct Recorded {
     pub events: Vec<LayerEvent>,
     pub inventory: Inventory,
     pub model: PathBuf,
-    /// (experts a token selects, experts per pass) where the run served one-token ubatches in
-    /// passes: a replay of its Plan runs the same passes.
-    pub token_pass: Option<(usize, u32)>,
+    /// The passes the run streamed its events in: a replay of its Plan runs the same ones.
+    pub passes: Passes,
+    /// The run's prompt pass was sized from its slots (so a replay at other slot counts sizes
+    /// its own), not given.
+    pub prompt_pass_sized: bool,
     /// The first ubatch that decodes an output (after the prompt's), if the run decoded any.
     pub decode_from: Option<u32>,
 }
@@ -59,8 +62,10 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
             bail!("{}: {ours} bytes of expert objects, record {name}'s Plan managed {}", model.display(), plan.manifest.managed_bytes);
         }
     }
-    let token_pass = rec.params.as_ref().and_then(|p| p.experts.plan()).and_then(|d| d.token_pass).map(|g| (k as usize, g));
-    Ok(Recorded { events, inventory, model, token_pass, decode_from })
+    let plan = rec.params.as_ref().and_then(|p| p.experts.plan());
+    let passes = Passes { n_used: k as usize, token: plan.and_then(|d| d.token_pass), prompt: plan.and_then(|d| d.prompt_pass) };
+    let prompt_pass_sized = plan.and_then(|d| d.sizing).and_then(|s| s.prompt_pass_from) == Some(SizedFrom::Manifest);
+    Ok(Recorded { events, inventory, model, passes, prompt_pass_sized, decode_from })
 }
 
 #[cfg(test)]

@@ -330,9 +330,8 @@ pub struct Plan {
     obs: Observers,
     /// The engine's host slot pools were advised huge pages ([`Plan::advise_engine_pools`]).
     advised: bool,
-    /// (selections of one token, experts per pass): one-token events are streamed in passes
-    /// of that many experts ([`Plan::stream_token_passes`]).
-    token_pass: Option<(usize, u32)>,
+    /// How events are cut into streamed passes ([`Plan::stream_passes`]).
+    passes: Passes,
     /// The streamed event whose later groups are still being read.
     stream: Option<Stream>,
     /// Copies in flight, oldest first.
@@ -363,15 +362,40 @@ struct Prefetch {
     inflight: HashMap<u32, Bundle>,
 }
 
-/// A one-token layer event served in passes while its later groups are still being read: every
-/// miss got its slot and every hit its consumer at pass 0, and the reads run on, in group order,
-/// while the engine computes the earlier passes.
+/// Distinct experts per engine pass where events are streamed ([`Plan::stream_passes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Passes {
+    /// Selections of one token (the model's expert_used_count): an event of that many ids is
+    /// a one-token event.
+    pub n_used: usize,
+    /// Per pass of a one-token event (absent: not streamed).
+    pub token: Option<u32>,
+    /// Per pass of an event of several tokens, a prompt ubatch (absent: not streamed).
+    pub prompt: Option<u32>,
+}
+
+impl Passes {
+    /// The pass size of an event of `n_ids` selections, where it is streamed.
+    pub fn per_pass(&self, n_ids: usize) -> Option<u32> {
+        // The engine runs a one-token ubatch in passes of the prompt pass where no token pass is set.
+        let p = if self.n_used > 0 && n_ids == self.n_used { self.token.or(self.prompt) } else { self.prompt };
+        p.filter(|&p| p > 0)
+    }
+}
+
+/// A layer event served in passes while its later groups are still being read: each group is
+/// claimed (hits take consumers, misses their slots, reads go out in group order) as soon as
+/// the groups still held leave room for it in the layer's unpinned capacity, and the reads run
+/// on while the engine computes the earlier passes.
 struct Stream {
     li: usize,
     layer: u32,
     /// The pass the engine asks for next.
     next: u32,
-    /// Per pass: the consumers its hits took at pass 0, and its loads.
+    /// Per pass: its experts; the first `claimed` groups have their consumers and loads.
+    groups: Vec<Vec<u32>>,
+    claimed: usize,
+    /// Per pass: the consumers its hits took when it was claimed, and its loads.
     hits: Vec<Vec<Hold>>,
     loads: Vec<Vec<(ObjectId, u32, Version)>>,
     pending: VecDeque<(ObjectId, u32, Version)>,
@@ -459,7 +483,7 @@ impl Plan {
             status: Status::Running,
             obs: Observers { tel, tl: Timeline::default(), sem: BTreeSet::new(), sched: BTreeSet::new(), digests: None },
             advised: false,
-            token_pass: None,
+            passes: Passes::default(),
             stream: None,
             copies: VecDeque::new(),
             copies_async: false,
@@ -467,11 +491,22 @@ impl Plan {
     }
 
     /// Streams events of `n_used` selections (one token) in passes of `per_pass` distinct
-    /// experts: the whole selection is claimed and read at pass 0, and each pass returns once
-    /// its own group is published, so the engine computes it while the rest is still read.
-    /// Only where every layer's unpinned capacity holds the selection; otherwise as usual.
+    /// experts ([`Plan::stream_passes`]).
     pub fn stream_token_passes(&mut self, n_used: usize, per_pass: u32) {
-        self.token_pass = (n_used > 0 && per_pass > 0).then_some((n_used, per_pass));
+        self.passes = Passes { n_used, token: Some(per_pass), prompt: None };
+    }
+
+    /// Streams every event with more distinct experts than its pass size (the token pass for a
+    /// one-token event, the prompt pass for others) in passes of that size: each pass returns
+    /// once its own group is published, and the groups after it are claimed and read as far
+    /// ahead as the layer's unpinned capacity allows, so the engine computes a pass while the
+    /// next ones are still read. A one-token selection that fits is claimed whole at pass 0.
+    pub fn stream_passes(&mut self, passes: Passes) {
+        self.passes = passes;
+    }
+
+    pub fn passes(&self) -> Passes {
+        self.passes
     }
 
     pub fn manifest(&self) -> &Manifest {

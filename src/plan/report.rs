@@ -35,6 +35,9 @@ pub struct PlanDescription {
     /// Distinct experts per engine pass of a one-token ubatch, when decode is streamed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_pass: Option<u32>,
+    /// The same for a ubatch of several tokens, when prompts are streamed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_pass: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -40,10 +40,11 @@ impl Plan {
             self.policy.observe(layer, &distinct);
         }
         let pinned = |e: u32| self.manifest.is_pinned(ObjectId { layer, expert: e });
-        if let Some((n_used, per_pass)) = self.token_pass {
+        if let Some(per) = self.passes.per_pass(ids.len()) {
             let unpinned = distinct.iter().filter(|&&e| !pinned(e)).count() as u32;
-            if pass == 0 && ids.len() == n_used && per_pass < unpinned && unpinned <= capacity {
-                let groups = groups(&distinct, per_pass, pinned);
+            let per = per.min(capacity);
+            if pass == 0 && per < unpinned {
+                let groups = groups(&distinct, per, pinned);
                 return self.start_stream(li, layer, groups, ids, slots);
             }
         }

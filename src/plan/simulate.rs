@@ -7,7 +7,7 @@
 //! layer event; the engine runs ceil(min(n_experts, ids) / n_per_pass) passes of it, each an
 //! acquire and, when it served anything, a release.
 
-use super::{groups, LayerPlan, Manifest, Plan, PolicySpec, SlotWriter, Telemetry};
+use super::{groups, LayerPlan, Manifest, Passes, Plan, PolicySpec, SlotWriter, Telemetry};
 use crate::engine::RouteEvent;
 use crate::source::{check_request, Completion, ReadRequest, Source, SourceError, SourceStats};
 use anyhow::{anyhow, bail, Result};
@@ -135,10 +135,9 @@ impl SlotWriter for Discard {
 }
 
 /// Replays `events` through a Plan over `manifest` with `policy`; returns its telemetry.
-/// `token_pass`: (experts a token selects, experts per pass) where the run served one-token
-/// ubatches in passes ([`Plan::stream_token_passes`]).
-pub fn replay(manifest: Manifest, policy: &PolicySpec, events: &[LayerEvent], token_pass: Option<(usize, u32)>) -> Result<Telemetry> {
-    replay_with(manifest, policy, events, WINDOWS, token_pass, None).map(|(t, _)| t)
+/// `passes`: how the run streamed its events in passes ([`Plan::stream_passes`]).
+pub fn replay(manifest: Manifest, policy: &PolicySpec, events: &[LayerEvent], passes: Passes) -> Result<Telemetry> {
+    replay_with(manifest, policy, events, WINDOWS, passes, None).map(|(t, _)| t)
 }
 
 /// The reads the Plan submits for `events`, in submission order: what a run with these
@@ -151,9 +150,9 @@ pub struct ReadTrace {
     pub starts: Vec<usize>,
 }
 
-pub fn reads(manifest: Manifest, policy: &PolicySpec, events: &[LayerEvent], windows: u32, token_pass: Option<(usize, u32)>) -> Result<ReadTrace> {
+pub fn reads(manifest: Manifest, policy: &PolicySpec, events: &[LayerEvent], windows: u32, passes: Passes) -> Result<ReadTrace> {
     let log = Arc::new(Mutex::new(Vec::new()));
-    let (telemetry, starts) = replay_with(manifest, policy, events, windows, token_pass, Some(log.clone()))?;
+    let (telemetry, starts) = replay_with(manifest, policy, events, windows, passes, Some(log.clone()))?;
     let requests = std::mem::take(&mut *log.lock().expect("the read log is never poisoned"));
     Ok(ReadTrace { telemetry, requests, starts })
 }
@@ -163,7 +162,7 @@ fn replay_with(
     policy: &PolicySpec,
     events: &[LayerEvent],
     windows: u32,
-    token_pass: Option<(usize, u32)>,
+    passes: Passes,
     log: Option<Arc<Mutex<Vec<ReadRequest>>>>,
 ) -> Result<(Telemetry, Vec<usize>)> {
     let logged = |log: &Option<Arc<Mutex<Vec<ReadRequest>>>>| log.as_ref().map_or(0, |l| l.lock().expect("the read log is never poisoned").len());
@@ -174,11 +173,11 @@ fn replay_with(
         manifest.layers.iter().flat_map(|l| l.roles.iter().map(move |&(r, b)| (l.layer, r, b, l.n_slots))).collect();
     let source = DrySource::new(&manifest, windows, log.clone());
     let mut plan = Plan::for_engine(manifest, policy, Box::new(source)).map_err(|e| anyhow!("{e}"))?;
-    // As the engine: a one-token ubatch (n_used selections) runs passes of the token pass.
-    let token_pass = token_pass.map(|(n, g)| (n, g.clamp(1, n_per_pass)));
-    if let Some((n_used, g)) = token_pass {
-        plan.stream_token_passes(n_used, g);
-    }
+    // As the engine: a one-token ubatch (n_used selections) runs passes of the token pass,
+    // others of the prompt pass, each at most a layer's unpinned capacity.
+    let clamp = |p: Option<u32>| p.map(|g| g.clamp(1, n_per_pass));
+    let passes = Passes { n_used: passes.n_used, token: clamp(passes.token), prompt: clamp(passes.prompt) };
+    plan.stream_passes(passes);
     for (layer, role, bytes, n_slots) in binds {
         plan.bind(layer, role, bytes, n_slots, Box::new(Discard)).map_err(|e| anyhow!("{e}"))?;
     }
@@ -190,10 +189,7 @@ fn replay_with(
         };
         starts.push(logged(&log));
         slots.resize(ev.ids.len(), -1);
-        let per = match token_pass {
-            Some((n_used, g)) if ev.ids.len() == n_used => g,
-            _ => n_per_pass,
-        };
+        let per = passes.per_pass(ev.ids.len()).unwrap_or(n_per_pass);
         for pass in 0..n_passes(ev.ids.len(), n_experts, per) {
             plan.acquire(ev.layer, pass, &ev.ids, &mut slots).map_err(at)?;
             if slots.iter().any(|&s| s >= 0) {
@@ -349,14 +345,15 @@ pub fn policy_at(template: &str, slots: u32) -> Result<PolicySpec> {
 }
 
 /// Every (slot count, policy) cell and MIN per slot count. `manifest_for` builds the manifest
-/// for a slot count and pins. A policy the Plan refuses at a slot count (lru:K over the
-/// slots, pins filling a layer) becomes a refused row.
+/// for a slot count and pins, `passes_at` the passes a run at that slot count streams. A
+/// policy the Plan refuses at a slot count (lru:K over the slots, pins filling a layer)
+/// becomes a refused row.
 pub fn simulate(
     manifest_for: impl Fn(u32, &[super::ObjectId]) -> Result<Manifest>,
     slots: &[u32],
     policies: &[String],
     events: &[LayerEvent],
-    token_pass: Option<(usize, u32)>,
+    passes_at: impl Fn(&Manifest) -> Passes,
 ) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for &s in slots {
@@ -374,7 +371,8 @@ pub fn simulate(
                 rows.push(Row::refused(name, s, format!("lru:{} exceeds the {} slots of layer {}", p.retain, lp.n_slots, lp.layer)));
                 continue;
             }
-            let t = replay(manifest, &p, events, token_pass)?;
+            let passes = passes_at(&manifest);
+            let t = replay(manifest, &p, events, passes)?;
             rows.push(Row {
                 policy: name,
                 slots: s,
@@ -561,7 +559,7 @@ mod tests {
                     policies.push(p("lru:S"));
                     policies.push(p(&format!("lru:{}+prefetch", slots / 2)));
                 }
-                let rows = simulate(|s, pins| manifest(layers, experts, s, pins), &[slots], &policies, &events, None).unwrap();
+                let rows = simulate(|s, pins| manifest(layers, experts, s, pins), &[slots], &policies, &events, |_| Passes::default()).unwrap();
                 let min = rows.iter().find(|r| r.policy == "MIN").unwrap();
                 for r in rows.iter().filter(|r| r.refused.is_none()) {
                     assert!(min.loads <= r.loads, "case {case} slots {slots}: MIN {} > {} {}", min.loads, r.policy, r.loads);
@@ -577,7 +575,7 @@ mod tests {
     fn lru_with_every_slot_retained_loads_each_object_once() {
         let events = random_events(&mut Rng(7), 2, 8, 2, 30);
         let distinct: BTreeSet<(u32, i32)> = events.iter().flat_map(|e| e.ids.iter().map(move |&i| (e.layer, i))).collect();
-        let rows = simulate(|s, pins| manifest(2, 8, s, pins), &[8], &["lru:S".into()], &events, None).unwrap();
+        let rows = simulate(|s, pins| manifest(2, 8, s, pins), &[8], &["lru:S".into()], &events, |_| Passes::default()).unwrap();
         assert_eq!(rows[0].loads, distinct.len() as u64);
         assert_eq!(rows[1].loads, distinct.len() as u64, "MIN with room for everything");
         assert_eq!(rows[0].bytes_moved, distinct.len() as u64 * 3000);
@@ -586,7 +584,7 @@ mod tests {
     #[test]
     fn lru_above_the_slots_is_a_refused_row() {
         let events = random_events(&mut Rng(9), 2, 8, 2, 3);
-        let rows = simulate(|s, pins| manifest(2, 8, s, pins), &[2], &["lru:4".into()], &events, None).unwrap();
+        let rows = simulate(|s, pins| manifest(2, 8, s, pins), &[2], &["lru:4".into()], &events, |_| Passes::default()).unwrap();
         assert!(rows[0].refused.as_deref().unwrap().contains("lru:4 exceeds the 2 slots"), "{:?}", rows[0]);
         assert_eq!(rows[1].policy, "MIN");
     }

@@ -1,31 +1,66 @@
-//! One-token events served in passes: the whole selection is claimed and read at pass 0, and each pass returns once its own group is published.
+//! Events served in passes while later groups are read: each group is claimed and its reads go out as soon as the layer's capacity holds it beside the groups still in use, and each pass returns once its own group is published.
 
 use super::*;
 
 impl Plan {
-    /// Pass 0 of a streamed event: the hits of every group take their consumers (so no miss can
-    /// evict them), every miss claims its slot and begins loading, the reads go out in group
-    /// order, and the call returns once group 0 is published.
+    /// Pass 0 of a streamed event: the first groups are claimed (as many as the layer's
+    /// unpinned capacity holds), and the call returns once group 0 is published.
     pub(super) fn start_stream(&mut self, li: usize, layer: u32, groups: Vec<Vec<u32>>, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
         let n = groups.len();
-        let mut hits = vec![Vec::new(); n];
-        let mut misses = vec![Vec::new(); n];
-        for (k, group) in groups.iter().enumerate() {
-            for &expert in group {
+        let mut s = Stream {
+            li,
+            layer,
+            next: 0,
+            groups,
+            claimed: 0,
+            hits: vec![Vec::new(); n],
+            loads: vec![Vec::new(); n],
+            pending: VecDeque::new(),
+            inflight: HashMap::new(),
+        };
+        // Prefetch holds of this layer end at its acquire, once the hits of the groups claimed
+        // now have their consumers (so no miss evicts them).
+        let r = self.claim_ahead(&mut s, 0);
+        // The stream exists from here on: what it claimed is dropped with it if this fails.
+        self.stream = Some(s);
+        r?;
+        self.stream_pass(ids, slots)
+    }
+
+    /// Claims groups `s.claimed..` in order while they fit beside the groups `held..` already
+    /// claimed: their hits take consumers (through `taking` until every miss has its slot),
+    /// then their misses claim slots, begin loading and queue their reads.
+    pub(super) fn claim_ahead(&mut self, s: &mut Stream, held: usize) -> Result<(), PlanError> {
+        let (li, layer) = (s.li, s.layer);
+        let capacity = self.manifest.layers[li].capacity();
+        let unpinned = |p: &Plan, g: &[u32]| g.iter().filter(|&&e| !p.manifest.is_pinned(ObjectId { layer, expert: e })).count() as u32;
+        let mut used: u32 = s.groups[held.min(s.claimed)..s.claimed].iter().map(|g| unpinned(self, g)).sum();
+        let mut to = s.claimed;
+        while to < s.groups.len() && used + unpinned(self, &s.groups[to]) <= capacity {
+            used += unpinned(self, &s.groups[to]);
+            to += 1;
+        }
+        if to == s.claimed {
+            return Ok(());
+        }
+        let mut hits = vec![Vec::new(); to - s.claimed];
+        let mut misses = vec![Vec::new(); to - s.claimed];
+        for (k, j) in (s.claimed..to).enumerate() {
+            for &expert in &s.groups[j] {
                 let object = ObjectId { layer, expert };
                 self.obs.tel.object_requests += 1;
-                let Some(slot) = self.table.find(li, expert) else {
-                    misses[k].push(object);
-                    continue;
-                };
-                // Through `taking` until the event is set up: a failure below drops them all.
-                hits[k].push(self.hit(li, slot, object)?);
+                match self.table.find(li, expert) {
+                    Some(slot) => hits[k].push(self.hit(li, slot, object)?),
+                    None => misses[k].push(object),
+                }
             }
         }
-        for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
-            self.drop_consumer(hli, slot, v)?;
+        if s.claimed == 0 {
+            for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
+                self.drop_consumer(hli, slot, v)?;
+            }
         }
-        let mut loads = vec![Vec::new(); n];
+        let mut loads = vec![Vec::new(); to - s.claimed];
         for (k, group) in misses.iter().enumerate() {
             for &object in group {
                 self.obs.tel.misses += 1;
@@ -34,10 +69,15 @@ impl Plan {
                 loads[k].push((object, slot, v));
             }
         }
+        // Every consumer and load is the stream's now.
         self.taking.clear();
-        let pending = loads.iter().flatten().copied().collect();
-        self.stream = Some(Stream { li, layer, next: 0, hits, loads, pending, inflight: HashMap::new() });
-        self.stream_pass(ids, slots)
+        for (k, (h, l)) in hits.into_iter().zip(loads).enumerate() {
+            s.pending.extend(l.iter().copied());
+            s.hits[s.claimed + k] = h;
+            s.loads[s.claimed + k] = l;
+        }
+        s.claimed = to;
+        Ok(())
     }
 
     /// The engine's next pass of the streamed event: reads on until its group is published,
@@ -61,6 +101,8 @@ impl Plan {
         if k > 0 {
             self.obs.tel.acquires += 1;
         }
+        // The groups before k are released: group k (and any after it that now fit) is claimed.
+        self.claim_ahead(s, k)?;
         // Reads on until every load of group k is published; later groups stay in flight.
         let group = &s.loads[k];
         self.read_until(li, &mut s.pending, &mut s.inflight, |p, _, _| {
@@ -77,8 +119,11 @@ impl Plan {
         self.take_loads(li, &s.loads[k])?;
         self.serve_taking(li, layer, k as u32, ids, slots)?;
         s.next += 1;
-        // Later groups' reads that have already landed start their copies now, so that they
-        // run on the copy stream while the engine computes this pass.
+        // While the engine computes group k, the groups that fit beside it are claimed and
+        // their reads go out; later groups' reads that have already landed start their copies
+        // now, so that they run on the copy stream while the engine computes this pass.
+        self.claim_ahead(s, k)?;
+        self.submit_pending(li, &mut s.pending, &mut s.inflight)?;
         self.harvest(li, &mut s.pending, &mut s.inflight)
     }
 

@@ -1127,6 +1127,47 @@ fn a_streamed_event_serves_each_pass_while_later_groups_are_still_read() {
 }
 
 #[test]
+fn a_prompt_event_reads_its_next_group_while_the_engine_computes_this_one() {
+    // Four slots in passes of two: three tokens with six distinct experts run in three passes,
+    // and no more groups are claimed at once than the slots hold.
+    let mut p = streaming_plan("zero", 4, 4, 2);
+    p.stream_passes(Passes { n_used: 4, token: None, prompt: Some(2) });
+    let ids = [9, 2, 14, 6, 9, 2, 3, 5, 14, 6, 3, 5];
+    let loading = |p: &Plan| p.slots(1).unwrap().iter().filter(|c| c.state == SlotState::Loading).count();
+    let s0 = acq(&mut p, 1, 0, &ids).unwrap();
+    assert_served(&p, 1, &ids, &s0, &[9, 2]);
+    // Group 1 is claimed and its reads are out while the engine computes group 0; group 2 waits.
+    assert_eq!(loading(&p), 2);
+    assert!(p.closure().source_outstanding > 0, "{:?}", p.closure());
+    p.release(1, 0).unwrap();
+    let s1 = acq(&mut p, 1, 1, &ids).unwrap();
+    assert_served(&p, 1, &ids, &s1, &[14, 6]);
+    // Group 0's slots, released, now load group 2.
+    assert_eq!(loading(&p), 2);
+    let in_use: Vec<i32> = s1.iter().copied().filter(|&s| s >= 0).collect();
+    p.release(1, 1).unwrap();
+    let s2 = acq(&mut p, 1, 2, &ids).unwrap();
+    assert_served(&p, 1, &ids, &s2, &[3, 5]);
+    assert!(s2.iter().all(|s| !in_use.contains(s) || *s < 0), "{s2:?} reuses {in_use:?}");
+    p.release(1, 2).unwrap();
+    let t = p.telemetry();
+    assert_eq!((t.loads, t.digests.as_ref().unwrap().extents), (6, 18));
+    // A one-token event with no token pass of its own runs in prompt passes too; two distinct
+    // experts fit one pass and are not streamed.
+    let one = [9, 2, 14, 6];
+    let s = acq(&mut p, 2, 0, &one).unwrap();
+    assert_served(&p, 2, &one, &s, &[9, 2]);
+    p.release(2, 0).unwrap();
+    let s = acq(&mut p, 2, 1, &one).unwrap();
+    assert_served(&p, 2, &one, &s, &[14, 6]);
+    p.release(2, 1).unwrap();
+    let s = acq(&mut p, 2, 0, &[3, 5, 3, 5]).unwrap();
+    assert_served(&p, 2, &[3, 5, 3, 5], &s, &[3, 5]);
+    p.release(2, 0).unwrap();
+    assert!(p.shutdown().unwrap().is_clean());
+}
+
+#[test]
 fn a_streamed_event_keeps_its_later_hits_from_the_misses_before_them() {
     // Four slots, all cached after the first event. The second event's first group misses
     // twice; its second group hits 14 and 6, which took their consumers at pass 0, so the

@@ -217,6 +217,11 @@ pub struct TimelineReport {
     pub tokens: u32,
     pub total: Times,
     pub per_token: Vec<TokenTime>,
+    /// The prompt's decode calls (every ubatch of several tokens), summed: their reads, passes
+    /// (acquires and releases), and the time the device was busy or sat idle, split by what
+    /// the engine was doing (absent in earlier records, and where no prompt ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<Times>,
     /// The token whose every event is in the `timeline` surface (None: no decode token ran).
     pub events_token: Option<u32>,
     pub events: u64,
@@ -260,6 +265,8 @@ struct Open {
     times: Times,
     plan_reads: u64,
     keep: bool,
+    /// A call of several tokens (the prompt): summed into the prompt's times, not a token.
+    prompt: bool,
 }
 
 /// The timeline of a Plan. A default one is off and records nothing.
@@ -282,6 +289,7 @@ pub struct Timeline {
     copies_in_flight: u64,
     per_token: Vec<TokenTime>,
     total: Times,
+    prompt: Option<Times>,
 }
 
 impl Timeline {
@@ -308,7 +316,8 @@ impl Timeline {
     }
 
     /// A llama_decode of `n_tokens` starts; `plan_reads` is the Plan's read count now. A call
-    /// of one token is a decode token; longer ones (the prompt) are not summarized.
+    /// of one token is a decode token; longer ones (the prompt) are summed into the prompt's
+    /// times, from the call's start, and keep no events.
     pub fn begin(&mut self, n_tokens: usize, plan_reads: u64) {
         if !self.on {
             return;
@@ -316,6 +325,7 @@ impl Timeline {
         let now = Instant::now();
         self.open = None;
         if n_tokens != 1 {
+            self.open = Some(Open { token: 0, origin: now, last: 0, cpu: Cpu::Compute, times: Times::default(), plan_reads, keep: false, prompt: true });
             return;
         }
         let token = self.next;
@@ -327,7 +337,7 @@ impl Timeline {
             self.events.clear();
             self.dropped = 0;
         }
-        self.open = Some(Open { token, origin, last: 0, cpu: Cpu::Between, times: Times::default(), plan_reads, keep });
+        self.open = Some(Open { token, origin, last: 0, cpu: Cpu::Between, times: Times::default(), plan_reads, keep, prompt: false });
         self.advance(now, Cpu::Compute);
         self.push(now, 0, |e| e, Kind::Begin);
     }
@@ -344,6 +354,10 @@ impl Timeline {
         let Some(mut o) = self.open.take() else { return };
         o.times.plan_reads = plan_reads.saturating_sub(o.plan_reads);
         o.times.stalled_on_reads_ns = o.times.busy.submit_ns + o.times.busy.wait_ns + o.times.idle.submit_ns + o.times.idle.wait_ns;
+        if o.prompt {
+            self.prompt.get_or_insert_with(Times::default).add(&o.times);
+            return;
+        }
         if o.keep {
             self.kept = Some((o.token, o.times));
         }
@@ -545,6 +559,7 @@ impl Timeline {
             tokens: self.per_token.len() as u32,
             total: self.total,
             per_token: self.per_token.clone(),
+            prompt: self.prompt,
             events_token: self.kept.map(|k| k.0),
             events: if self.kept.is_some() { self.events.len() as u64 } else { 0 },
             events_dropped: self.dropped,
