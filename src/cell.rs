@@ -370,9 +370,20 @@ pub fn run(cell: &Cell) -> Result<Done> {
                 Experts::Resident | Experts::Host => None,
             };
             let (model, n_decode) = (g.model.clone(), g.n_predict.saturating_sub(1));
+            let (exec, prompt, n_predict) = (spec.exec, spec.prompt.clone(), spec.n_predict);
             let s = generate::run_with(&spec, move |inv: &Inventory| match plan {
                 None => Ok(None),
-                Some(o) => Ok(Some(Box::new(PlanSource::new(&model, inv, o)?.expecting(n_decode)) as Box<dyn ExpertSource>)),
+                Some(o) => {
+                    // Slots and policy left to the budget: sized by a probe load first.
+                    let (o, sized) = match o.budget {
+                        Some(b) => {
+                            let (o, s) = crate::budget::size(&model, inv, &o, b, exec, &prompt, n_predict)?;
+                            (o, Some(s))
+                        }
+                        None => (o, None),
+                    };
+                    Ok(Some(Box::new(PlanSource::new(&model, inv, o)?.expecting(n_decode).sized_by(sized)) as Box<dyn ExpertSource>))
+                }
             })?;
             Ok(Done::Generate(s))
         }

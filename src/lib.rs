@@ -1,6 +1,7 @@
 //! sovereign: LLM inference beyond full memory residency, with proof of what happened.
 
 pub mod bounds;
+pub mod budget;
 pub mod campaign;
 pub mod cell;
 pub mod certificate;

@@ -52,6 +52,8 @@ pub struct PlanSource {
     fault_fired: u64,
     /// Selections demanded and served per layer: every one exactly once, or the run fails.
     coverage: Coverage,
+    /// Where slots and policy were sized from a budget: every term.
+    budget: Option<crate::budget::BudgetSizing>,
 }
 
 impl PlanSource {
@@ -112,6 +114,7 @@ impl PlanSource {
         plan.expect_digests(&digests, options.verify.unwrap_or_default()).map_err(|e| anyhow!("{e}"))?;
         Ok(PlanSource {
             coverage,
+            budget: None,
             plan,
             options,
             sizing,
@@ -146,6 +149,12 @@ impl PlanSource {
     /// events unless told which).
     pub fn expecting(mut self, n: u32) -> PlanSource {
         self.plan.timeline().expect(n);
+        self
+    }
+
+    /// Notes that its slots and policy were sized from a budget, for the record.
+    pub fn sized_by(mut self, budget: Option<crate::budget::BudgetSizing>) -> PlanSource {
+        self.budget = budget;
         self
     }
 
@@ -440,6 +449,7 @@ impl PlanSource {
             sizing: Some(self.sizing),
             token_pass: self.sizing.token_pass,
             prompt_pass: self.sizing.prompt_pass,
+            budget: self.budget.clone(),
         }
     }
 

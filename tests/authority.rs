@@ -106,6 +106,55 @@ fn p_hits_the_ceiling_while_d_and_f_stay_under_it() {
 }
 
 #[test]
+fn the_budget_sizes_the_plan_and_the_run_stays_under_it() {
+    if !cgroups_usable() {
+        return;
+    }
+    let _turn = turn();
+    let dir = tempfile::tempdir().unwrap();
+    // 4 layers x 32 experts of 768 KiB: a slot in every layer with F's window is about 4 MiB.
+    // The host margin is 256 MiB at these budgets.
+    let m = forge(dir.path(), "m.gguf", 42, &["--layers", "4", "--experts", "32"]);
+    let resident = dir.path().join("resident");
+    assert_eq!(generate(&m, "Bounded memory, exact output.", 12, &resident, &[]).code, 0);
+    let n = |v: &serde_json::Value| v.as_u64().unwrap();
+    for (cap, name) in [(300u64 << 20, "300M"), (448 << 20, "448M")] {
+        let rec = dir.path().join(name);
+        let (code, r) = contained(&m, &rec, name, &["--experts", "plan"]);
+        assert_eq!((code, &r["outcome"]), (0, &serde_json::json!("completed")), "{name}: {}", r["error"]);
+        assert_eq!(r["resources"]["admission"]["admitted"], true, "{name}: {}", r["resources"]["admission"]);
+        let b = &r["params"]["experts"]["budget"];
+        assert_eq!((&b["tier"], n(&b["budget"])), (&serde_json::json!("host"), cap), "{b}");
+        // Every term measured or stated, and the slots are what the budget holds beyond them.
+        assert!(n(&b["weights"]) > 0 && n(&b["compute"]) > 0 && n(&b["context"]) > 0 && n(&b["logits"]) > 0, "{b}");
+        assert_eq!(n(&b["margin"]), (256u64 << 20).max(cap / 16));
+        let need = ["weights", "context", "compute", "logits", "margin"].iter().map(|k| n(&b[k])).sum::<u64>();
+        let slots = ((cap - need) / n(&b["per_slot"])).clamp(1, 32);
+        assert_eq!((n(&b["slots"]), n(&r["params"]["experts"]["slots"])), (slots, slots), "{b}");
+        // 300 MiB holds some of the 32 experts per layer; 448 MiB all of them (no more slots).
+        assert!(if cap == 300 << 20 { slots > 1 && slots < 32 } else { slots == 32 && (cap - need) / n(&b["per_slot"]) > 32 }, "{b}");
+        assert_eq!(r["params"]["experts"]["policy"], format!("lru:{slots}"));
+        assert!(n(&r["resources"]["host"]["kernel_peak"]) < cap);
+        let c = run(&["compare", resident.to_str().unwrap(), rec.to_str().unwrap()]);
+        assert_eq!(c.code, 0, "{name}: {}", c.stdout);
+        // The least budget holds one slot beside the same terms.
+        let least = n(&b["least_budget"]);
+        let least_margin = (256u64 << 20).max(least / 16);
+        assert!(least >= need - n(&b["margin"]) + least_margin + n(&b["per_slot"]), "{b}");
+    }
+    // Given slots are the run's own: no budget on record.
+    let (code, r) = contained(&m, &dir.path().join("given"), "300M", &["--experts", "plan", "--slots", "4"]);
+    assert_eq!((code, r["params"]["experts"]["slots"].as_u64(), r["params"]["experts"].get("budget")), (0, Some(4), None));
+    // A budget that cannot hold one slot per layer is refused in one line naming the least one.
+    let (run, r) = contained_run(&m, &dir.path().join("small"), "260M", &["--experts", "plan"]);
+    assert_eq!((run.code, &r["outcome"]), (1, &serde_json::json!("failed")), "{}", run.stderr);
+    let lines: Vec<&str> = run.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(lines[0].contains("--memory-max 272629760: too small") && lines[0].contains("the least budget that would is"), "{}", lines[0]);
+    no_run_cgroups_left();
+}
+
+#[test]
 fn a_cap_below_the_need_is_an_oom_on_record() {
     if !cgroups_usable() {
         return;

@@ -285,7 +285,7 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
 }
 
 fn plan(policy: &str) -> PlanOptions {
-    PlanOptions { slots: 4, policy: policy.parse().unwrap(), source: SourceKind::F, windows: Some(8), depth: Some(8), layer_buffers: 0, fault: FaultCell::None, timeline_token: None, token_pass: None, prompt_pass: None, verify: None }
+    PlanOptions { slots: 4, policy: policy.parse().unwrap(), source: SourceKind::F, windows: Some(8), depth: Some(8), layer_buffers: 0, fault: FaultCell::None, timeline_token: None, token_pass: None, prompt_pass: None, budget: None, verify: None }
 }
 
 #[test]

@@ -107,6 +107,7 @@ fn fewer_passes_than_groups_fail_the_decode_closed() {
         timeline_token: None,
         token_pass: None,
         prompt_pass: None,
+        budget: None,
         verify: None,
         fault: FaultCell::None,
     };

@@ -209,6 +209,7 @@ fn plan_options(arm: &PlanArm, fault: FaultCell) -> PlanOptions {
         timeline_token: arm.timeline_token,
         token_pass: arm.token_pass,
         prompt_pass: arm.prompt_pass,
+        budget: None,
         verify: arm.verify,
     }
 }

@@ -14,17 +14,23 @@ use sovereign::source::fault::FaultCell;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Slots per layer with neither a budget nor `--slots`.
+const DEFAULT_SLOTS: u32 = 8;
+
 /// How the Plan serves experts from storage.
 #[derive(Args)]
 #[command(next_help_heading = "Plan runs only (with --experts plan)")]
 pub struct PlanArgs {
-    /// Slots per MoE layer (plan).
-    #[arg(long, default_value_t = 8)]
-    slots: u32,
+    /// Slots per MoE layer (plan). Default: with neither --slots nor --policy, sized from the
+    /// budget of the pools' tier (--memory-max for host pools, --gpu-budget for device pools)
+    /// with LRU over every slot; without that budget, 8.
+    #[arg(long)]
+    slots: Option<u32>,
     /// Replacement policy (plan): `zero`, `lru:K`, `pin:L/E,...`, combined with `+`, and
-    /// `+prefetch` for next-layer prefetch.
-    #[arg(long, default_value = "zero")]
-    policy: sovereign::plan::PolicySpec,
+    /// `+prefetch` for next-layer prefetch. Default: `lru:S` over budget-sized slots, else
+    /// `zero`.
+    #[arg(long)]
+    policy: Option<sovereign::plan::PolicySpec>,
     /// How expert bytes are read (plan): p = buffered pread, d = blocking O_DIRECT with one
     /// window, f = io_uring O_DIRECT with --windows windows and --depth reads in flight.
     #[arg(long, value_parser = super::choices::parser::<SourceKind>(), default_value = "f")]
@@ -64,10 +70,12 @@ pub struct PlanArgs {
 }
 
 impl PlanArgs {
-    pub fn options(&self, fault: FaultCell) -> PlanOptions {
+    /// The Plan's options; `budget` sizes slots and policy where neither is given.
+    pub fn options(&self, fault: FaultCell, budget: Option<sovereign::budget::PlanBudget>) -> PlanOptions {
+        let sized = budget.filter(|_| self.slots.is_none() && self.policy.is_none());
         PlanOptions {
-            slots: self.slots,
-            policy: self.policy.clone(),
+            slots: self.slots.unwrap_or(DEFAULT_SLOTS),
+            policy: self.policy.clone().unwrap_or_else(|| "zero".parse().expect("a policy")),
             source: self.source,
             windows: self.windows,
             depth: self.depth,
@@ -76,6 +84,7 @@ impl PlanArgs {
             timeline_token: self.timeline_token,
             token_pass: self.token_pass,
             prompt_pass: self.prompt_pass,
+            budget: sized,
             verify: self.verify,
         }
     }
@@ -207,6 +216,17 @@ pub struct GenerateArgs {
 }
 
 impl GenerateArgs {
+    /// The budget of the slot pools' tier: the device's where layers are offloaded, else the
+    /// host's.
+    fn budget(&self) -> Option<sovereign::budget::PlanBudget> {
+        use sovereign::budget::{PlanBudget, Tier};
+        match (self.gpu_layers != 0, self.contained.gpu_budget, self.contained.memory_max) {
+            (true, Some(bytes), _) => Some(PlanBudget { bytes, tier: Tier::Device }),
+            (false, _, Some(bytes)) => Some(PlanBudget { bytes, tier: Tier::Host }),
+            _ => None,
+        }
+    }
+
     pub fn note_given(&mut self, m: &clap::ArgMatches) {
         // Every flag of PlanArgs, read from its definition so a new one cannot be missed, and
         // the fault cell (a Plan fault).
@@ -234,7 +254,7 @@ impl GenerateArgs {
             experts: match self.experts {
                 ExpertsMode::Resident => Experts::Resident,
                 ExpertsMode::Host => Experts::Host,
-                ExpertsMode::Plan => Experts::Plan(self.plan.options(self.fault)),
+                ExpertsMode::Plan => Experts::Plan(self.plan.options(self.fault, self.budget())),
             },
             gpu_layers: self.gpu_layers,
             gpu_budget: self.contained.gpu_budget,

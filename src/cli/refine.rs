@@ -125,7 +125,7 @@ impl RefineArgs {
     fn cell(&self) -> Result<Cell> {
         let stream = match self.verifier_experts {
             ExpertsMode::Resident => None,
-            ExpertsMode::Plan => Some(self.plan.options(FaultCell::None)),
+            ExpertsMode::Plan => Some(self.plan.options(FaultCell::None, None)),
             ExpertsMode::Host => bail!("--verifier-experts is `resident` or `plan`"),
         };
         Ok(Cell::Refine(RefineCell {

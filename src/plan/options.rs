@@ -52,6 +52,10 @@ pub struct PlanOptions {
     /// layer's unpinned slots, one group at a time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_pass: Option<u32>,
+    /// Slots and policy are sized from this budget before the run loads (`slots` and `policy`
+    /// are then placeholders; [`crate::budget::size`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::budget::PlanBudget>,
     /// How each read is verified against the digest manifest (absent: XXH3-128).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<crate::digests::Verify>,

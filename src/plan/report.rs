@@ -38,6 +38,9 @@ pub struct PlanDescription {
     /// The same for a ubatch of several tokens, when prompts are streamed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_pass: Option<u32>,
+    /// Slots and policy sized from a budget, with every term (absent: given, or the defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::budget::BudgetSizing>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
