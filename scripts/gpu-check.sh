@@ -160,6 +160,7 @@ bench() {
         "plan-D|--memory-max $hostcap --gpu-budget $budget --experts plan --source d --slots 16"
         "plan-F|--memory-max $hostcap --gpu-budget $budget --experts plan --source f --slots 16"
         "plan-F+LRU|--memory-max $hostcap --gpu-budget $budget --experts plan --source f --slots 16 --policy lru:8"
+        "plan-F-budget|--memory-max $hostcap --gpu-budget $budget --experts plan --source f"
     )
     for a in "${arms[@]}"; do
         local n=${a%%|*} args=${a#*|}
@@ -168,6 +169,9 @@ bench() {
         echo "$n exit $? wall $(python3 -c "print(f'{$(date +%s.%N)-$_a0:.2f}')")" | tee "$W/bench-$n.wall"
     done
     python3 "$root/scripts/gpu_check_table.py" "$W" "${arms[@]%%|*}" | tee "$OUT/bench-table.txt"
+    # The budget-sized arm: slots and policy from --gpu-budget, every term.
+    python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['params']['experts']; print('plan-F-budget: slots', e['slots'], e['policy'], json.dumps(e.get('budget')))" \
+        "$W/bench-plan-F-budget.rec/record.json" 2>&1 | tee -a "$OUT/bench-table.txt"
 }
 # errtail FILE: the last lines of a failed run's stderr (the runtime's message and failing call).
 errtail() { grep -v '^[[:space:]]*$' "$1" | tail -n 12 | sed 's/^/  | /'; }

@@ -618,6 +618,34 @@ fn unattended_run_then_verify_replay_tamper_export() {
 /// A campaign pinned to another patch series is refused before anything runs, with the pins
 /// this build would need, ready to paste.
 #[test]
+fn a_plan_arm_may_leave_slots_and_policy_to_its_memory_cap() {
+    if !cgroups_usable() {
+        return;
+    }
+    let st = setup("t-budget", &["[A, B]"], 4);
+    let text = fs::read_to_string(&st.file).unwrap();
+    let arm = "  - id: A\n    experts: plan\n    source: f\n    memory_cap_bytes: 314572800\n    threads: 2\n";
+    fs::write(&st.file, text.replace("  - id: A\n    experts: resident\n    threads: 2\n", arm)).unwrap();
+    let r = ok(&["campaign", "run", s(&st.file), "--results", s(&st.results), "--json"]);
+    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap()["sealed"], 3, "{}", r.stdout);
+    let j = assert_sealed_exactly_once(&st.results, "t-budget", 3);
+    assert!(events(&j, "cell_sealed").iter().filter(|e| !e["exact"].is_null()).all(|e| e["exact"] == Value::Bool(true)));
+    // The capped Plan arm's record: slots and LRU sized from its 300 MiB cap, with every term.
+    let sized: Vec<Value> = record_dirs(&st.results)
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(&fs::read_to_string(d.join("record.json")).unwrap()).unwrap())
+        .filter(|r| r["params"]["experts"]["mode"] == "plan")
+        .collect();
+    assert_eq!(sized.len(), 1);
+    let (e, n) = (&sized[0]["params"]["experts"], |v: &Value| v.as_u64().unwrap());
+    let b = &e["budget"];
+    let need: u64 = ["weights", "context", "compute", "logits", "margin"].iter().map(|k| n(&b[*k])).sum();
+    let slots = ((314572800 - need) / n(&b["per_slot"])).min(16);
+    assert_eq!((&b["tier"], n(&b["budget"])), (&Value::from("host"), 314572800), "{e}");
+    assert_eq!((n(&e["slots"]), e["policy"].as_str()), (slots, Some(format!("lru:{slots}").as_str())), "{e}");
+}
+
+#[test]
 fn another_patch_series_is_refused_with_this_builds_pins() {
     let st = setup("t-pins", &["[A, B]"], 4);
     let (_, patches) = build_identity();

@@ -196,6 +196,41 @@ fn plan_on_the_rpc_device_is_exact_and_copies_every_byte() {
 }
 
 #[test]
+fn the_device_budget_sizes_the_plan_on_the_rpc_device() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    // 4 layers x 32 experts of 768 KiB: a slot in every layer is 3 MiB on the device. The device
+    // margin is 768 MiB at these budgets, so 800 MiB holds some of the 32 experts per layer.
+    let m = forge(dir.path(), "m.gguf", 43, &["--layers", "4", "--experts", "32"]);
+    let resident = dir.path().join("resident");
+    gen_on(&s, &m, &resident, &[]);
+    let rec = dir.path().join("sized");
+    let v = gen_on(&s, &m, &rec, &["--experts", "plan", "--gpu-budget", "800M"]);
+    assert_exact(&resident, &rec);
+    let (e, n) = (&v["params"]["experts"], |v: &serde_json::Value| v.as_u64().unwrap());
+    let b = &e["budget"];
+    assert_eq!((&b["tier"], n(&b["budget"]), n(&b["logits"])), (&serde_json::json!("device"), 800 << 20, 0), "{b}");
+    // The probe measured the device's buffers as the run then held them; the slots are what the
+    // budget holds beyond them and the margin, and the run's pools on the device are those slots.
+    let before = &v["params"]["placement"]["device_before_decode"];
+    let rpc0 = before["buffers"].as_array().unwrap().iter().find(|x| x["device"] == "RPC0").expect("RPC0's buffers");
+    assert_eq!((n(&b["weights"]), n(&b["context"]), n(&b["compute"])), (n(&rpc0["model"]), n(&rpc0["context"]), n(&rpc0["compute"])), "{b} {rpc0}");
+    let need: u64 = ["weights", "context", "compute", "margin"].iter().map(|k| n(&b[*k])).sum();
+    let slots = (n(&b["budget"]) - need) / n(&b["per_slot"]);
+    assert!(slots > 1 && slots < 32, "{b}");
+    assert_eq!((n(&e["slots"]), e["policy"].as_str()), (slots, Some(format!("lru:{slots}").as_str())), "{e}");
+    assert_eq!(n(&rpc0["pools"]), slots * n(&b["per_slot"]), "{rpc0}");
+    // A device budget below one slot per layer: one line naming the least budget, no record.
+    let small = dir.path().join("small");
+    let r = generate(&m, PROMPT, OUTPUTS, &small, &["--rpc", &s.endpoint, "--gpu-layers", "all", "--experts", "plan", "--gpu-budget", "770M"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(lines.len(), 1, "{}", r.stderr);
+    assert!(lines[0].contains("--gpu-budget 807403520: too small") && lines[0].contains(&format!("the least budget that would is {} bytes", n(&b["least_budget"]))), "{}", lines[0]);
+    assert!(!small.exists() && !dir.path().join("small.partial").exists());
+}
+
+#[test]
 fn no_server_and_a_server_killed_mid_run_fail_closed_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let m = forge(dir.path(), "m.gguf", 43, &[]);

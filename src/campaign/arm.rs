@@ -35,12 +35,14 @@ pub enum ArmExperts {
     Plan(PlanArm),
 }
 
-/// An `experts: plan` arm's fields: slots, policy and source named, the rest sized from the
-/// manifest or defaulted.
+/// An `experts: plan` arm's fields: source named, slots and policy named or both left to the
+/// budget of the pools' tier, the rest sized from the manifest or defaulted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanArm {
-    pub slots: u32,
-    pub policy: Policy,
+    /// Both absent: sized from the budget (`memory_cap_bytes` for host pools, the device's
+    /// budget with `gpu_layers`).
+    pub slots: Option<u32>,
+    pub policy: Option<Policy>,
     pub source: SourceKind,
     pub windows: Option<u32>,
     pub depth: Option<u32>,
@@ -236,14 +238,25 @@ impl Arm {
             .and_then(|()| range("token_pass", self.token_pass.unwrap_or(1).into(), 0, MAX_TOKEN_PASS as u64, "distinct experts per engine pass"))
             .and_then(|()| range("prompt_pass", self.prompt_pass.unwrap_or(0).into(), 0, MAX_SLOTS as u64, "distinct experts per engine pass"));
         let mut msgs: Vec<String> = bounds.err().map(|e| e.to_string()).into_iter().collect();
-        let required = &self.plan_fields()[..3];
-        msgs.extend(required.iter().filter(|(_, set)| !set).map(|(name, _)| format!("`experts: plan` needs `{name}`")));
+        if self.source.is_none() {
+            msgs.push("`experts: plan` needs `source`".to_string());
+        }
+        // Slots and policy: both named, or both left to the budget of the pools' tier.
+        let budget = if self.gpu_layers.is_some() { self.gpu_budget.or(self.device_memory_cap_bytes) } else { self.memory_cap_bytes };
+        match (self.slots.is_some(), self.policy.is_some()) {
+            (true, true) => {}
+            (false, false) if budget.is_some() => {}
+            (false, false) => msgs.push(
+                "`experts: plan` needs `slots` and `policy`, or a budget to size them from (`memory_cap_bytes`; with `gpu_layers`, `gpu_budget` or `device_memory_cap_bytes`)".to_string(),
+            ),
+            (set, _) => msgs.push(format!("`experts: plan` names `{}` without `{}`: name both, or neither to size them from the budget", if set { "slots" } else { "policy" }, if set { "policy" } else { "slots" })),
+        }
         let counts = [("slots", self.slots), ("windows", self.windows), ("depth", self.depth), ("token_pass", self.token_pass)];
         msgs.extend(counts.iter().filter(|(_, v)| *v == Some(0)).map(|(name, _)| format!("`{name}` must be at least 1")));
-        match (self.slots, &self.policy, self.source) {
-            (Some(slots), Some(policy), Some(source)) if msgs.is_empty() => Ok(PlanArm {
-                slots,
-                policy: policy.clone(),
+        match self.source {
+            Some(source) if msgs.is_empty() => Ok(PlanArm {
+                slots: self.slots,
+                policy: self.policy.clone(),
                 source,
                 windows: self.windows,
                 depth: self.depth,
@@ -370,7 +383,7 @@ mod tests {
         let ArmKind::Run(d) = arm(&c, "D") else { panic!("D is a run") };
         assert_eq!(d.memory_cap_bytes, Some(16_777_216));
         let plan = d.plan().expect("D streams");
-        assert_eq!((plan.slots, &plan.policy, plan.source, plan.windows, plan.fault), (4, &Policy::Lru { k: 2, prefetch: false }, SourceKind::D, Some(1), FaultCell::None));
+        assert_eq!((plan.slots, &plan.policy, plan.source, plan.windows, plan.fault), (Some(4), &Some(Policy::Lru { k: 2, prefetch: false }), SourceKind::D, Some(1), FaultCell::None));
         let ArmKind::Run(f) = arm(&c, "F") else { panic!("F is a run") };
         assert_eq!(f.plan().map(|p| p.fault), Some(FaultCell::ShortRead));
     }

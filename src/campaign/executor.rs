@@ -158,9 +158,16 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                 .rev()
                 .find(|b| b.arm.id.value == *of)
                 .with_context(|| format!("arm `{id}`: no completed record of arm `{of}` earlier in block {}", cell.block))?;
-            let Some(plan) = source.arm.kind()?.run().and_then(|r| r.plan().cloned()) else {
+            let Some(mut plan) = source.arm.kind()?.run().and_then(|r| r.plan().cloned()) else {
                 anyhow::bail!("arm `{id}`: measure.read_replay.of `{of}` is not a Plan arm")
             };
+            if plan.slots.is_none() {
+                // Sized from its budget: the replay reads as the run did, with the record's slots and policy.
+                let rec = crate::record::load_generate(&source.dir)?;
+                let d = rec.params.as_ref().and_then(|p| p.experts.plan()).with_context(|| format!("arm `{id}`: record of `{of}` names no Plan"))?;
+                plan.slots = Some(d.slots);
+                plan.policy = Some(super::spec::Policy::from_plan(&d.policy).with_context(|| format!("arm `{id}`: the policy `{}` of `{of}`'s record", d.policy))?);
+            }
             let (depth, depth_from) = match r.depth {
                 Some(d) => (d, "fixed".to_string()),
                 None => {
@@ -179,7 +186,7 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                 of: source.dir.clone(),
                 of_arm: of.clone(),
                 of_record: source.digest.clone(),
-                plan: plan_options(&plan, FaultCell::None),
+                plan: plan_options(&plan, FaultCell::None, None),
                 depth,
                 depth_from,
                 record: record.to_path_buf(),
@@ -196,11 +203,22 @@ fn policy_spec(p: &super::spec::Policy) -> PolicySpec {
     }
 }
 
-/// A Plan arm's settings as the run takes them.
-fn plan_options(arm: &PlanArm, fault: FaultCell) -> PlanOptions {
+/// The budget of a run arm's slot pools: the device's with offloaded layers, else the host cap.
+fn arm_budget(arm: &RunArm) -> Option<crate::budget::PlanBudget> {
+    use crate::budget::{PlanBudget, Tier};
+    match arm.device().filter(|d| d.n_gpu_layers() != 0) {
+        Some(d) => d.budget().map(|bytes| PlanBudget { bytes, tier: Tier::Device }),
+        None => arm.memory_cap_bytes.map(|bytes| PlanBudget { bytes, tier: Tier::Host }),
+    }
+}
+
+/// A Plan arm's settings as the run takes them; an arm that names neither slots nor policy
+/// leaves them to `budget` (the run sizes them before it loads).
+fn plan_options(arm: &PlanArm, fault: FaultCell, budget: Option<crate::budget::PlanBudget>) -> PlanOptions {
+    let zero = super::spec::Policy::Zero { prefetch: false };
     PlanOptions {
-        slots: arm.slots,
-        policy: policy_spec(&arm.policy),
+        slots: arm.slots.unwrap_or(8),
+        policy: policy_spec(arm.policy.as_ref().unwrap_or(&zero)),
         source: arm.source,
         windows: arm.windows,
         depth: arm.depth,
@@ -209,7 +227,7 @@ fn plan_options(arm: &PlanArm, fault: FaultCell) -> PlanOptions {
         timeline_token: arm.timeline_token,
         token_pass: arm.token_pass,
         prompt_pass: arm.prompt_pass,
-        budget: None,
+        budget: budget.filter(|_| arm.slots.is_none() && arm.policy.is_none()),
         verify: arm.verify,
     }
 }
@@ -248,7 +266,7 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
             window: *models.window,
             verify_all: ra.verify_all,
             exec: exec(),
-            stream: arm.plan().map(|plan| plan_options(plan, FaultCell::None)),
+            stream: arm.plan().map(|plan| plan_options(plan, FaultCell::None, None)),
             reference_slots: cell::REFERENCE_SLOTS,
             record: p.record.to_path_buf(),
             seal: false,
@@ -262,7 +280,7 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
             experts: match &arm.experts {
                 ArmExperts::Resident { .. } => Experts::Resident,
                 ArmExperts::Host => Experts::Host,
-                ArmExperts::Plan(plan) => Experts::Plan(plan_options(plan, plan.fault)),
+                ArmExperts::Plan(plan) => Experts::Plan(plan_options(plan, plan.fault, arm_budget(arm))),
             },
             gpu_layers: arm.device().map_or(0, DeviceArm::n_gpu_layers),
             gpu_budget: arm.device().and_then(DeviceArm::budget),

@@ -391,7 +391,14 @@ analysis:
         assert_eq!((d[0].line, d[0].column), (42, 13), "{d:?}");
         assert!(d[0].message.contains("`X`"));
         let d = diag(&GOOD.replace("    policy: zero\n", ""));
-        assert!(d.iter().any(|d| d.message.contains("needs `policy`") && d.line == 28), "{d:?}");
+        assert!(d.iter().any(|d| d.message.contains("names `slots` without `policy`") && d.line == 28), "{d:?}");
+        // Neither slots nor policy: sized from the arm's budget, which it must have.
+        let d = diag(&GOOD.replace("    slots: 4\n    policy: zero\n", ""));
+        assert!(d.iter().any(|d| d.message.contains("needs `slots` and `policy`, or a budget") && d.line == 28), "{d:?}");
+        let c = parse(&GOOD.replace("    slots: 4\n    policy: lru:2\n", "")).expect("D sized from its memory cap");
+        let d = c.arms.iter().find(|a| a.id.value == "D").unwrap().kind().unwrap();
+        let plan = d.run().and_then(|r| r.plan()).unwrap();
+        assert_eq!((plan.slots, &plan.policy), (None, &None));
         let d = diag(&GOOD.replace("  lead: [O]\n", ""));
         assert!(d.iter().any(|d| d.message.contains("must be the first cell")), "{d:?}");
         let d = diag(&GOOD.replace("  - id: O\n    experts: resident\n", "  - id: O\n    experts: resident\n    slots: 3\n"));

@@ -40,6 +40,13 @@ impl fmt::Display for Policy {
     }
 }
 
+impl Policy {
+    /// The policy a Plan record names (`zero`, `lru:K`, with `+prefetch`), as a campaign's.
+    pub fn from_plan(s: &str) -> anyhow::Result<Policy> {
+        Policy::deserialize(serde_json::Value::String(s.to_string())).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+}
+
 impl Serialize for Policy {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         s.serialize_str(&self.to_string())
@@ -323,7 +330,9 @@ pub struct Arm {
     /// nothing else but its id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measure: Option<Measure>,
-    /// Expert slots per MoE layer.
+    /// Expert slots per MoE layer. With `policy`, or neither: then both are sized from the
+    /// arm's budget (`memory_cap_bytes` for host pools; with `gpu_layers`, `gpu_budget` or
+    /// `device_memory_cap_bytes`), LRU over every slot, as `generate` does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
