@@ -7,7 +7,7 @@ use crate::inventory::Inventory;
 use crate::plan::options::per_pass;
 use crate::plan::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, PrefillReport, SourceBound, StepsReport, STEP_FIELDS};
 use crate::plan::timeline::{self, Timeline};
-use crate::plan::{Coverage, CopyError, Manifest, Passes, Plan, PlanOptions, Role, Sizing, SlotState, SlotWriter, SourceKind};
+use crate::plan::{Coverage, CopyError, Manifest, Passes, Plan, PlanOptions, Role, SizedFrom, Sizing, SlotState, SlotWriter, SourceKind};
 use crate::source::fault::{FaultCell, FaultySource};
 use crate::source::{AlignedBuf, BufferedSource, Source, UringSource};
 use anyhow::{anyhow, bail, Result};
@@ -154,6 +154,7 @@ impl PlanSource {
 
     /// Notes that its slots and policy were sized from a budget, for the record.
     pub fn sized_by(mut self, budget: Option<crate::budget::BudgetSizing>) -> PlanSource {
+        self.sizing.slots_from = budget.is_some().then_some(SizedFrom::Budget);
         self.budget = budget;
         self
     }

@@ -134,6 +134,7 @@ fn the_budget_sizes_the_plan_and_the_run_stays_under_it() {
         // 300 MiB holds some of the 32 experts per layer; 448 MiB all of them (no more slots).
         assert!(if cap == 300 << 20 { slots > 1 && slots < 32 } else { slots == 32 && (cap - need) / n(&b["per_slot"]) > 32 }, "{b}");
         assert_eq!(r["params"]["experts"]["policy"], format!("lru:{slots}"));
+        assert_eq!(r["params"]["experts"]["sizing"]["slots_from"], "budget");
         assert!(n(&r["resources"]["host"]["kernel_peak"]) < cap);
         let c = run(&["compare", resident.to_str().unwrap(), rec.to_str().unwrap()]);
         assert_eq!(c.code, 0, "{name}: {}", c.stdout);

@@ -90,6 +90,10 @@ pub struct Sizing {
     pub prompt_pass: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_pass_from: Option<SizedFrom>,
+    /// `budget` where slots and policy were sized from a budget (the terms are in the Plan's
+    /// `budget`); absent where they were given or defaulted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots_from: Option<SizedFrom>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -101,6 +105,8 @@ pub enum SizedFrom {
     Manifest,
     /// One given, the other sized.
     Mixed,
+    /// Sized from the run's memory budget ([`crate::budget`]).
+    Budget,
 }
 
 /// Windows of P when none are given (P reads synchronously: more windows only batch).
@@ -165,7 +171,7 @@ impl Sizing {
             },
             None => (None, None),
         };
-        Sizing { from, windows, depth, pass_capacity, extents_per_bundle, token_pass, token_pass_from, prompt_pass, prompt_pass_from }
+        Sizing { from, windows, depth, pass_capacity, extents_per_bundle, token_pass, token_pass_from, prompt_pass, prompt_pass_from, slots_from: None }
     }
 }
 
