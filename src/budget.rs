@@ -129,36 +129,99 @@ pub fn size(model: &Path, inv: &Inventory, options: &PlanOptions, budget: PlanBu
     let page_per_pool = if budget.tier == Tier::Host { 4096 } else { 0 };
     let per_slot = tier_pools.iter().map(|b| b + page_per_pool).sum::<u64>() + window;
     let logits = if budget.tier == Tier::Host { (rows * n_vocab * 4) as u64 } else { 0 };
-    let least = if budget.tier == Tier::Host { HOST_MARGIN } else { DEVICE_MARGIN };
-    let mut s = BudgetSizing {
+    let s = settle(BudgetSizing {
         tier: budget.tier,
         budget: budget.bytes,
         weights,
         context,
         compute,
         logits,
-        margin: least.max(budget.bytes / 16),
+        margin: 0,
         per_slot,
         n_experts,
         slots: 0,
         policy: String::new(),
         least_budget: 0,
-    };
-    // The least budget: the need at that budget (its margin grows with it) plus one slot.
-    let fixed = s.weights + s.context + s.compute + s.logits + per_slot;
-    s.least_budget = (fixed + least).max((fixed * 16).div_ceil(15));
-    if budget.bytes < s.need() + per_slot {
+    })?;
+    let policy = s.policy.parse().map_err(|e| anyhow!("{e}"))?;
+    Ok((PlanOptions { slots: s.slots, policy, budget: None, ..options.clone() }, s))
+}
+
+/// The margin, the least budget, the slots and the policy from the measured terms; refused
+/// where the budget cannot hold one slot per layer beside them.
+fn settle(mut s: BudgetSizing) -> Result<BudgetSizing> {
+    let least = if s.tier == Tier::Host { HOST_MARGIN } else { DEVICE_MARGIN };
+    s.margin = least.max(s.budget / 16);
+    // The least budget: the need at that budget (its margin grows with it) plus one slot. The
+    // need less the budget only falls as the budget grows, so the first that holds is the least.
+    let fixed = s.weights + s.context + s.compute + s.logits + s.per_slot;
+    let holds = |b: u64| b >= fixed + least.max(b / 16);
+    let mut b = if holds(fixed + least) { fixed + least } else { (fixed * 16 / 15).saturating_sub(2) };
+    while !holds(b) {
+        b += 1;
+    }
+    s.least_budget = b;
+    if s.budget < s.need() + s.per_slot {
         bail!(
-            "{} {}: too small to hold one expert per layer beside the run's own memory (weights {weights}, KV/state {context}, compute {compute}, logits {logits}, margin {}, one slot per layer {per_slot} bytes); the least budget that would is {} bytes",
-            budget.tier.flag(),
-            budget.bytes,
+            "{} {}: too small to hold one expert per layer beside the run's own memory (weights {}, KV/state {}, compute {}, logits {}, margin {}, one slot per layer {} bytes); the least budget that would is {} bytes",
+            s.tier.flag(),
+            s.budget,
+            s.weights,
+            s.context,
+            s.compute,
+            s.logits,
             s.margin,
+            s.per_slot,
             s.least_budget
         );
     }
-    s.slots = u32::try_from((budget.bytes - s.need()) / per_slot).unwrap_or(u32::MAX).clamp(1, n_experts);
+    s.slots = u32::try_from((s.budget - s.need()) / s.per_slot).unwrap_or(u32::MAX).clamp(1, s.n_experts);
     s.policy = format!("lru:{}", s.slots);
-    let policy = s.policy.parse().map_err(|e| anyhow!("{e}"))?;
-    Ok((PlanOptions { slots: s.slots, policy, budget: None, ..options.clone() }, s))
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn terms(tier: Tier, budget: u64) -> BudgetSizing {
+        BudgetSizing {
+            tier,
+            budget,
+            weights: 100 << 20,
+            context: 8 << 20,
+            compute: 30 << 20,
+            logits: 2 << 20,
+            margin: 0,
+            per_slot: 36 << 20,
+            n_experts: 128,
+            slots: 0,
+            policy: String::new(),
+            least_budget: 0,
+        }
+    }
+
+    #[test]
+    fn the_least_budget_holds_one_slot_and_a_byte_less_is_refused() {
+        // Measured terms far above the margin: the least budget's margin is its sixteenth.
+        let big = |tier, budget| BudgetSizing { weights: (7 << 30) + 12345, ..terms(tier, budget) };
+        for (t, tier, budget) in [(terms as fn(Tier, u64) -> BudgetSizing, Tier::Host, 1u64 << 30), (terms, Tier::Device, 2 << 30), (terms, Tier::Host, 64 << 30), (big, Tier::Device, 16 << 30)] {
+            let terms = t;
+            let least = settle(terms(tier, budget)).unwrap().least_budget;
+            assert_eq!(settle(terms(tier, least)).unwrap().slots, 1, "{tier:?}");
+            let e = settle(terms(tier, least - 1)).unwrap_err().to_string();
+            assert!(e.contains(&format!("the least budget that would is {least} bytes")) && e.contains(tier.flag()), "{e}");
+        }
+    }
+
+    #[test]
+    fn slots_are_what_the_budget_holds_beyond_the_terms_and_never_more_than_the_experts() {
+        let s = settle(terms(Tier::Host, 2 << 30)).unwrap();
+        // 2 GiB less 140 MiB measured and the 256 MiB margin, in slots of 36 MiB: 45.
+        assert_eq!((s.margin, s.slots, s.policy.as_str()), (256 << 20, 45, "lru:45"));
+        // A sixteenth of a large budget is the margin; every expert fits, and no more slots.
+        let s = settle(terms(Tier::Device, 64 << 30)).unwrap();
+        assert_eq!((s.margin, s.slots), (4 << 30, 128));
+    }
 }
 
