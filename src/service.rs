@@ -53,7 +53,7 @@ pub struct PlanSource {
     /// Selections demanded and served per layer: every one exactly once, or the run fails.
     coverage: Coverage,
     /// Where slots and policy were sized from a budget: every term.
-    budget: Option<crate::budget::BudgetSizing>,
+    budget: Option<crate::plan::budget::BudgetSizing>,
 }
 
 impl PlanSource {
@@ -153,7 +153,7 @@ impl PlanSource {
     }
 
     /// Notes that its slots and policy were sized from a budget, for the record.
-    pub fn sized_by(mut self, budget: Option<crate::budget::BudgetSizing>) -> PlanSource {
+    pub fn sized_by(mut self, budget: Option<crate::plan::budget::BudgetSizing>) -> PlanSource {
         self.sizing.slots_from = budget.is_some().then_some(SizedFrom::Budget);
         self.budget = budget;
         self

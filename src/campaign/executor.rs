@@ -204,8 +204,8 @@ fn policy_spec(p: &super::spec::Policy) -> PolicySpec {
 }
 
 /// The budget of a run arm's slot pools: the device's with offloaded layers, else the host cap.
-fn arm_budget(arm: &RunArm) -> Option<crate::budget::PlanBudget> {
-    use crate::budget::{PlanBudget, Tier};
+fn arm_budget(arm: &RunArm) -> Option<crate::plan::budget::PlanBudget> {
+    use crate::plan::budget::{PlanBudget, Tier};
     match arm.device().filter(|d| d.n_gpu_layers() != 0) {
         Some(d) => d.budget().map(|bytes| PlanBudget { bytes, tier: Tier::Device }),
         None => arm.memory_cap_bytes.map(|bytes| PlanBudget { bytes, tier: Tier::Host }),
@@ -214,7 +214,7 @@ fn arm_budget(arm: &RunArm) -> Option<crate::budget::PlanBudget> {
 
 /// A Plan arm's settings as the run takes them; an arm that names neither slots nor policy
 /// leaves them to `budget` (the run sizes them before it loads).
-fn plan_options(arm: &PlanArm, fault: FaultCell, budget: Option<crate::budget::PlanBudget>) -> PlanOptions {
+fn plan_options(arm: &PlanArm, fault: FaultCell, budget: Option<crate::plan::budget::PlanBudget>) -> PlanOptions {
     let zero = super::spec::Policy::Zero { prefetch: false };
     PlanOptions {
         slots: arm.slots.unwrap_or(8),

@@ -71,7 +71,7 @@ pub struct PlanArgs {
 
 impl PlanArgs {
     /// The Plan's options; `budget` sizes slots and policy where neither is given.
-    pub fn options(&self, fault: FaultCell, budget: Option<sovereign::budget::PlanBudget>) -> PlanOptions {
+    pub fn options(&self, fault: FaultCell, budget: Option<sovereign::plan::budget::PlanBudget>) -> PlanOptions {
         let sized = budget.filter(|_| self.slots.is_none() && self.policy.is_none());
         PlanOptions {
             slots: self.slots.unwrap_or(DEFAULT_SLOTS),
@@ -218,8 +218,8 @@ pub struct GenerateArgs {
 impl GenerateArgs {
     /// The budget of the slot pools' tier: the device's where layers are offloaded, else the
     /// host's.
-    fn budget(&self) -> Option<sovereign::budget::PlanBudget> {
-        use sovereign::budget::{PlanBudget, Tier};
+    fn budget(&self) -> Option<sovereign::plan::budget::PlanBudget> {
+        use sovereign::plan::budget::{PlanBudget, Tier};
         match (self.gpu_layers != 0, self.contained.gpu_budget, self.contained.memory_max) {
             (true, Some(bytes), _) => Some(PlanBudget { bytes, tier: Tier::Device }),
             (false, _, Some(bytes)) => Some(PlanBudget { bytes, tier: Tier::Host }),

@@ -18,6 +18,7 @@
 //! Release and shutdown still work on a failed Plan, so that consumers balance and the source
 //! drains; a failed Plan's interrupted windows are left as they were and reported.
 
+pub mod budget;
 mod coverage;
 mod lifecycle;
 mod manifest;

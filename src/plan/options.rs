@@ -53,9 +53,9 @@ pub struct PlanOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_pass: Option<u32>,
     /// Slots and policy are sized from this budget before the run loads (`slots` and `policy`
-    /// are then placeholders; [`crate::budget::size`]).
+    /// are then placeholders; the `budget` room sizes them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<crate::budget::PlanBudget>,
+    pub budget: Option<super::budget::PlanBudget>,
     /// How each read is verified against the digest manifest (absent: XXH3-128).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<crate::digests::Verify>,

@@ -40,7 +40,7 @@ pub struct PlanDescription {
     pub prompt_pass: Option<u32>,
     /// Slots and policy sized from a budget, with every term (absent: given, or the defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<crate::budget::BudgetSizing>,
+    pub budget: Option<super::budget::BudgetSizing>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
