@@ -215,10 +215,9 @@ fn arm_budget(arm: &RunArm) -> Option<crate::plan::budget::PlanBudget> {
 /// A Plan arm's settings as the run takes them; an arm that names neither slots nor policy
 /// leaves them to `budget` (the run sizes them before it loads).
 fn plan_options(arm: &PlanArm, fault: FaultCell, budget: Option<crate::plan::budget::PlanBudget>) -> PlanOptions {
-    let zero = super::spec::Policy::Zero { prefetch: false };
     PlanOptions {
-        slots: arm.slots.unwrap_or(8),
-        policy: policy_spec(arm.policy.as_ref().unwrap_or(&zero)),
+        slots: arm.slots.unwrap_or(crate::plan::options::DEFAULT_SLOTS),
+        policy: arm.policy.as_ref().map_or_else(PolicySpec::default, policy_spec),
         source: arm.source,
         windows: arm.windows,
         depth: arm.depth,

@@ -14,9 +14,6 @@ use sovereign::source::fault::FaultCell;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Slots per layer with neither a budget nor `--slots`.
-const DEFAULT_SLOTS: u32 = 8;
-
 /// How the Plan serves experts from storage.
 #[derive(Args)]
 #[command(next_help_heading = "Plan runs only (with --experts plan)")]
@@ -74,8 +71,8 @@ impl PlanArgs {
     pub fn options(&self, fault: FaultCell, budget: Option<sovereign::plan::budget::PlanBudget>) -> PlanOptions {
         let sized = budget.filter(|_| self.slots.is_none() && self.policy.is_none());
         PlanOptions {
-            slots: self.slots.unwrap_or(DEFAULT_SLOTS),
-            policy: self.policy.clone().unwrap_or_else(|| "zero".parse().expect("a policy")),
+            slots: self.slots.unwrap_or(sovereign::plan::options::DEFAULT_SLOTS),
+            policy: self.policy.clone().unwrap_or_default(),
             source: self.source,
             windows: self.windows,
             depth: self.depth,

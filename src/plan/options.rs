@@ -109,6 +109,9 @@ pub enum SizedFrom {
     Budget,
 }
 
+/// Slots per layer where a run names none and no budget sizes them.
+pub const DEFAULT_SLOTS: u32 = 8;
+
 /// Windows of P when none are given (P reads synchronously: more windows only batch).
 const P_WINDOWS: u32 = 8;
 

@@ -36,8 +36,8 @@ impl Plan {
         let unpinned = |p: &Plan, g: &[u32]| g.iter().filter(|&&e| !p.manifest.is_pinned(ObjectId { layer, expert: e })).count() as u32;
         let mut used: u32 = s.groups[held.min(s.claimed)..s.claimed].iter().map(|g| unpinned(self, g)).sum();
         let mut to = s.claimed;
-        while to < s.groups.len() && used + unpinned(self, &s.groups[to]) <= capacity {
-            used += unpinned(self, &s.groups[to]);
+        while let Some(g) = s.groups.get(to).map(|g| unpinned(self, g)).filter(|g| used + g <= capacity) {
+            used += g;
             to += 1;
         }
         if to == s.claimed {
