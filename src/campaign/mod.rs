@@ -415,6 +415,27 @@ analysis:
         assert!(d.iter().any(|d| d.message.contains("`token_pass` applies only")), "{d:?}");
     }
 
+    #[test]
+    fn a_prefill_floor_names_plan_arms_a_resident_compute_arm_and_an_envelope() {
+        let env = "  - id: E\n    measure:\n      envelope: { block_bytes: 4096, depths: [1], bytes_per_depth: 4096 }\nschedule:";
+        let with = |floor: &str| GOOD.replacen("schedule:", env, 1).replacen("analysis:\n", &format!("analysis:\n  prefill_floor: {floor}\n"), 1);
+        let c = parse(&with("{ arms: [F, D], compute: O, envelope: E, baseline: O, level: 0.95 }")).expect("a prefill floor");
+        let f = c.analysis.as_ref().and_then(|a| a.prefill_floor.as_ref()).unwrap();
+        assert_eq!((f.arms.len(), f.baseline.as_ref().map(|b| b.value.as_str())), (2, Some("O")));
+        for (floor, needle) in [
+            ("{ arms: [O], compute: O, envelope: E, level: 0.95 }", "analysis.prefill_floor.arms: `O` must be a Plan arm"),
+            ("{ arms: [F], compute: D, envelope: E, level: 0.95 }", "analysis.prefill_floor.compute `D` must be a resident arm"),
+            ("{ arms: [F], compute: O, envelope: D, level: 0.95 }", "analysis.prefill_floor.envelope `D` must be an envelope arm"),
+            ("{ arms: [F], compute: O, envelope: E, baseline: E, level: 0.95 }", "analysis.prefill_floor.baseline `E` must be an arm that runs the workload"),
+            ("{ arms: [], compute: O, envelope: E, level: 0.95 }", "analysis.prefill_floor.arms names no arm"),
+            ("{ arms: [X], compute: O, envelope: E, level: 0.95 }", "analysis.prefill_floor.arms names arm `X`, which is not defined"),
+            ("{ arms: [F], compute: O, envelope: E, level: 1.5 }", "analysis.prefill_floor.level must lie strictly between 0 and 1"),
+        ] {
+            let d = diag(&with(floor));
+            assert!(d.len() == 1 && d[0].message.contains(needle), "{floor}: {d:?}");
+        }
+    }
+
     /// Scalars are what they are written as: the digest of every accepted file is the digest
     /// of what it says, so YAML 1.1 booleans, unknown tags and quoted numbers are refused.
     #[test]

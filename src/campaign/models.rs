@@ -156,7 +156,7 @@ fn dims(f: &ForgeRecipe) -> Result<crate::forge::Dims> {
         expert_ff: f.expert_ff,
         vocab: f.vocab,
         alignment: f.alignment,
-        context: None,
+        context: f.context,
     };
     f.preset.dims().with(&o)
 }
@@ -178,6 +178,7 @@ fn forge_command(f: &ForgeRecipe) -> String {
         ("expert-ff", f.expert_ff),
         ("vocab", f.vocab),
         ("alignment", f.alignment),
+        ("context", f.context),
     ] {
         if let Some(v) = v {
             s += &format!(" --{flag} {v}");

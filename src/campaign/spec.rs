@@ -169,6 +169,9 @@ pub struct ForgeRecipe {
     pub vocab: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alignment: Option<u64>,
+    /// The trained context length in tokens (default: the preset's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<u64>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub f16_router: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -202,6 +205,8 @@ struct ForgeRecipeFile {
     #[serde(default)]
     alignment: Option<u64>,
     #[serde(default)]
+    context: Option<u64>,
+    #[serde(default)]
     f16_router: bool,
     #[serde(default)]
     tied_output: bool,
@@ -222,6 +227,7 @@ impl From<ForgeRecipeFile> for ForgeRecipe {
             expert_ff: f.expert_ff,
             vocab: f.vocab,
             alignment: f.alignment,
+            context: f.context,
             f16_router: f.f16_router,
             tied_output: f.tied_output,
             router_skew: f.router_skew,
@@ -542,6 +548,30 @@ pub struct Analysis {
     /// Complete wall time of arms against a baseline arm (mean over each arm's cells).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall: Option<WallAnalysis>,
+    /// Arms' prefill time against its floor, per block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_floor: Option<PrefillFloorAnalysis>,
+}
+
+/// Per block, the floor of an arm's prefill is max(the `compute` arm's prefill seconds (a
+/// resident arm: the least of the block's cells, else of all its cells), the arm's prefill
+/// bytes read over the envelope's best cell in the campaign), and the ratio is the arm's
+/// prefill seconds over it, with the paired-log t interval over the blocks. With `baseline`
+/// (stock mmap under the same cap, say), each block also gives the baseline's prefill seconds
+/// over the arm's. An arm faster than its floor's compute term, or reading faster than the
+/// envelope, is an invalid measurement: no ratio.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrefillFloorAnalysis {
+    /// Plan arms.
+    pub arms: Vec<At<String>>,
+    /// A resident arm: the compute floor.
+    pub compute: At<String>,
+    /// An `envelope` arm: the device's read ceiling.
+    pub envelope: At<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<At<String>>,
+    pub level: f64,
 }
 
 /// `arms`' mean complete wall time (the runner's, spawn to exit) over `baseline`'s: a speedup
@@ -643,6 +673,9 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     }
     if let Some(f) = c.analysis.as_ref().and_then(|a| a.floor.as_ref()) {
         validate_floor(c, f, &known, &mut out);
+    }
+    if let Some(f) = c.analysis.as_ref().and_then(|a| a.prefill_floor.as_ref()) {
+        validate_prefill_floor(c, f, &known, &mut out);
     }
     if let Some(w) = c.analysis.as_ref().and_then(|a| a.wall.as_ref()) {
         known.all(std::iter::once(&w.baseline), "analysis.wall.baseline", &mut out);
@@ -820,6 +853,37 @@ fn validate_floor(c: &Campaign, f: &FloorAnalysis, known: &Known, out: &mut Vec<
     }
     if !(f.level > 0.0 && f.level < 1.0) {
         out.push(Diagnostic::at(&f.arm, format!("analysis.floor.level must lie strictly between 0 and 1 (got {})", f.level)));
+    }
+}
+
+/// The prefill floor's arms: Plan arms, a resident arm, an envelope arm, any baseline.
+fn validate_prefill_floor(c: &Campaign, f: &PrefillFloorAnalysis, known: &Known, out: &mut Vec<Diagnostic>) {
+    let arm = |r: &At<String>| c.arms.iter().find(|a| a.id.value == r.value);
+    known.all(&f.arms, "analysis.prefill_floor.arms", out);
+    for r in &f.arms {
+        if arm(r).is_some_and(|a| a.experts != Some(ExpertsMode::Plan)) {
+            out.push(Diagnostic::at(r, format!("analysis.prefill_floor.arms: `{}` must be a Plan arm", r.value)));
+        }
+    }
+    known.check(&f.compute, "analysis.prefill_floor.compute", out);
+    if arm(&f.compute).is_some_and(|a| a.experts != Some(ExpertsMode::Resident)) {
+        out.push(Diagnostic::at(&f.compute, format!("analysis.prefill_floor.compute `{}` must be a resident arm", f.compute.value)));
+    }
+    known.check(&f.envelope, "analysis.prefill_floor.envelope", out);
+    if arm(&f.envelope).is_some_and(|a| !matches!(a.measure, Some(Measure::Envelope(_)))) {
+        out.push(Diagnostic::at(&f.envelope, format!("analysis.prefill_floor.envelope `{}` must be an envelope arm", f.envelope.value)));
+    }
+    if let Some(b) = &f.baseline {
+        known.check(b, "analysis.prefill_floor.baseline", out);
+        if arm(b).is_some_and(|a| a.measure.is_some() || a.refine.is_some()) {
+            out.push(Diagnostic::at(b, format!("analysis.prefill_floor.baseline `{}` must be an arm that runs the workload", b.value)));
+        }
+    }
+    if f.arms.is_empty() {
+        out.push(Diagnostic::at(&f.compute, "analysis.prefill_floor.arms names no arm".to_string()));
+    }
+    if !(f.level > 0.0 && f.level < 1.0) {
+        out.push(Diagnostic::at(&f.compute, format!("analysis.prefill_floor.level must lie strictly between 0 and 1 (got {})", f.level)));
     }
 }
 

@@ -111,7 +111,7 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
     let s = export::export(&a.results, campaign, out)?;
     if a.json {
         print_json(&s)?;
-        return Ok(if s.floor_invalid.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) });
+        return Ok(if s.floor_invalid.is_empty() && s.prefill_invalid.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) });
     }
     println!("{}: {} cells ({} sealed), {} pairs", s.campaign, s.cells, s.sealed, s.pairs);
     for f in &s.files {
@@ -158,9 +158,24 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
             w.speedup.map_or("no ratio".to_string(), |x| format!("{x:.2}x faster"))
         );
     }
+    for p in &s.prefill {
+        match &p.ratio_to_floor {
+            Some(r) => println!("prefill of {} over its floor: {}", p.arm, interval(r)),
+            None => println!("prefill of {} over its floor: no ratio", p.arm),
+        }
+        if let (Some(b), Some(r)) = (&p.baseline, &p.baseline_over_arm) {
+            println!("prefill of {b} over {}'s: {}", p.arm, interval(r));
+        }
+    }
+    if !s.prefill_invalid.is_empty() {
+        eprintln!("error: prefill over its floor: invalid measurement ({} blocks): {}", s.prefill_invalid.len(), s.prefill_invalid.join("; "));
+    }
     if !s.floor_invalid.is_empty() {
         // An impossible figure is a failed measurement, not a result.
         eprintln!("error: ratio to floor: invalid measurement ({} blocks): {}", s.floor_invalid.len(), s.floor_invalid.join("; "));
+        return Ok(ExitCode::from(1));
+    }
+    if !s.prefill_invalid.is_empty() {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)

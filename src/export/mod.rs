@@ -19,11 +19,13 @@
 //!   `replay`.
 
 mod figure;
+mod prefill;
 mod refine;
 mod tables;
 pub mod timeline;
 
 pub use figure::envelope as envelope_figure;
+pub use prefill::PrefillSummary;
 pub use figure::{curves as curves_figure, Curve};
 
 use crate::campaign::{histories, read_cell, CellDocument, CellState};
@@ -60,6 +62,11 @@ pub struct ExportSummary {
     pub envelope: Option<PairedRatio>,
     /// `analysis.wall`: each arm's mean complete wall time against the baseline's.
     pub walls: Vec<WallRow>,
+    /// `analysis.prefill_floor`: per arm, its prefill time over its floor (None when a block's
+    /// floor is invalid, see `prefill_invalid`) and the baseline's prefill time over its own.
+    pub prefill: Vec<PrefillSummary>,
+    /// Why a prefill floor is an invalid measurement, by arm, block, cell and term.
+    pub prefill_invalid: Vec<String>,
     /// One row per arm: the bench table.
     pub arms: Vec<ArmRow>,
     pub files: Vec<PathBuf>,
@@ -360,9 +367,20 @@ fn floor_rows<'a>(f: &FloorAnalysis, cells: &'a [CellSpec], sealed: &'a BTreeMap
 /// interval and the statistics it came from.
 fn write_summary(path: &Path, names: &[(&str, &String)], ratio: &str, pr: &PairedRatio) -> Result<()> {
     let mut w = csv::Writer::from_path(path)?;
-    let stats = ["n", "df", "level", ratio, "lo", "hi", "mean_log", "sd_log", "t"];
-    w.write_record(names.iter().map(|(n, _)| *n).chain(stats))?;
-    let values = [
+    w.write_record(names.iter().map(|(n, _)| *n).chain(summary_columns(ratio)))?;
+    w.write_record(names.iter().map(|(_, v)| v.to_string()).chain(summary_values(pr)))?;
+    w.flush()?;
+    Ok(())
+}
+
+/// The columns of a paired ratio in a summary table, the ratio named `ratio`.
+fn summary_columns(ratio: &str) -> [&str; 9] {
+    ["n", "df", "level", ratio, "lo", "hi", "mean_log", "sd_log", "t"]
+}
+
+/// A paired ratio's values under [`summary_columns`].
+fn summary_values(pr: &PairedRatio) -> [String; 9] {
+    [
         pr.n.to_string(),
         pr.df.to_string(),
         pr.level.to_string(),
@@ -372,10 +390,7 @@ fn write_summary(path: &Path, names: &[(&str, &String)], ratio: &str, pr: &Paire
         pr.mean_log.to_string(),
         opt(pr.sd_log),
         opt(pr.t),
-    ];
-    w.write_record(names.iter().map(|(_, v)| v.to_string()).chain(values))?;
-    w.flush()?;
-    Ok(())
+    ]
 }
 
 /// One sealed cell, loaded and verified.
@@ -634,6 +649,10 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
         Some(f) => write_floor(out, f, &cells, &sealed, &mut files)?,
         None => FloorResult::default(),
     };
+    let prefill = match analysis.and_then(|a| a.prefill_floor.as_ref()) {
+        Some(f) => prefill::write(out, f, &cells, &sealed, &mut files)?,
+        None => prefill::PrefillResult::default(),
+    };
     let walls = analysis.and_then(|a| a.wall.as_ref()).map(|w| wall_rows(w, &cells, &sealed)).unwrap_or_default();
     if analysis.is_some_and(|a| a.wall.is_some()) {
         let path = out.join("wall.csv");
@@ -669,6 +688,8 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
         floor_invalid: floor.invalid,
         envelope: floor.envelope,
         walls,
+        prefill: prefill.arms,
+        prefill_invalid: prefill.invalid,
         arms,
         files,
         claims,

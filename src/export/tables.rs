@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// Floats as Rust prints them (`1`, `0.0000001`): the csv crate's own form (`1.0`, `1e-7`)
 /// would change the tables' bytes.
-mod shown {
+pub(super) mod shown {
     use serde::Serializer;
 
     pub fn f64<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
