@@ -59,7 +59,10 @@ test: deps
 # The shipped bench campaign (campaigns/bench.yaml) on the several-GiB bench model: stock, P,
 # D, F and F+LRU under one hard host cap against the resident oracle, with the envelope, a
 # warm resident run and a replay of F's own reads in every block; then the bench table, F/D,
-# F's ratio to its floor and to the envelope, wall time against stock; then the same bench
+# F's ratio to its floor and to the envelope, wall time against stock; then a 4,244-token
+# prefill on a 24 x 256-expert model under a third of its size (campaigns/bench-prefill.yaml):
+# F's prefill over its floor, stock's over F's, budget-sized against hand-sized decode
+# (BENCH_PREFILL=0 leaves it out); then the same bench
 # model with skewed routing (campaigns/bench-skew.yaml): F and F+LRU against stock; then F
 # with proposers (campaigns/bench-draft.yaml, BENCH_DRAFT=0 leaves it out) against plain F
 # (BENCH_OUTPUTS, BENCH_BLOCKS scale the first down; BENCH_SKEW=0 leaves the second out).

@@ -2,7 +2,9 @@
 # `make bench`: the shipped bench campaign (campaigns/bench.yaml) unattended: forge the bench
 # model if it is missing, run the campaign (a rerun resumes), export its tables, then the
 # paired F/D ratio, F's ratio to its floor and its bytes per second over the envelope with
-# their intervals; then the skewed-routing bench (campaigns/bench-skew.yaml, its model made
+# their intervals; then the prefill bench (campaigns/bench-prefill.yaml: a 4,244-token prompt on
+# a 24 x 256-expert model under a third of its size; BENCH_PREFILL=0 leaves it out), then the
+# skewed-routing bench (campaigns/bench-skew.yaml, its model made
 # from its recipe; BENCH_SKEW=0 leaves it out), then temporal amortization
 # (campaigns/bench-draft.yaml; BENCH_DRAFT=0 leaves it out).
 #
@@ -77,6 +79,16 @@ echo "== F's replay plus its device idle per token (no read in flight, its timel
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a floor_s_per_token --b idle_bound_s_per_token
 echo "== The replay of F's reads, bytes per second over the envelope's best cell: the most F's reads allow"
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a envelope_mib_per_s --b replay_mib_per_s
+
+if [ "${BENCH_PREFILL:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; then
+  echo "== campaign bench-prefill-1 (campaigns/bench-prefill.yaml)"
+  "$BIN" campaign run campaigns/bench-prefill.yaml --results "$RESULTS"
+  # export prints each arm's prefill over its floor and stock's prefill over the arm's, with
+  # their intervals, and fails closed on a floor an arm beat.
+  "$BIN" export --campaign bench-prefill-1 --results "$RESULTS" --out "$RESULTS/export-bench-prefill-1"
+  echo "== F-budget/F decode time, paired (the budget's sizing against the hand-sized flags)"
+  "$BIN" stats pairs --csv "$RESULTS/export-bench-prefill-1/pairs.csv" --a a --b b
+fi
 
 if [ "${BENCH_SKEW:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; then
   echo "== campaign bench-skew-2 (campaigns/bench-skew.yaml)"

@@ -61,6 +61,17 @@ fn scaled_bench(outputs: u32) -> (tempfile::TempDir, PathBuf) {
         text = text.replacen(from, &to, 1);
     }
     text = text.lines().filter(|l| !l.trim_start().starts_with("memory_cap_bytes:")).collect::<Vec<_>>().join("\n") + "\n";
+    let text = with_this_build(&text);
+    let c = dir.join("campaigns");
+    fs::create_dir_all(c.join("prompts")).unwrap();
+    fs::copy(root().join("campaigns/prompts/demo.txt"), c.join("prompts/demo.txt")).unwrap();
+    let file = c.join("bench.yaml");
+    fs::write(&file, text).unwrap();
+    (t, file)
+}
+
+/// A campaign's text with its `build:` block naming this build's engine tree and patches.
+fn with_this_build(text: &str) -> String {
     let v: Value = serde_json::from_str(&ok(&["build-info", "--json"]).stdout).unwrap();
     let e = &v["engine"];
     let mut build = format!("build:\n  engine_tree_sha256: {}\n  patches:", e["tree_sha256"].as_str().unwrap());
@@ -68,13 +79,7 @@ fn scaled_bench(outputs: u32) -> (tempfile::TempDir, PathBuf) {
         build += &format!("\n    - {{ name: {}, sha256: {} }}", p["name"].as_str().unwrap(), p["sha256"].as_str().unwrap());
     }
     let (start, end) = (text.find("\nbuild:\n").unwrap() + 1, text.find("\narms:\n").unwrap());
-    let text = format!("{}{build}{}", &text[..start], &text[end..]);
-    let c = dir.join("campaigns");
-    fs::create_dir_all(c.join("prompts")).unwrap();
-    fs::copy(root().join("campaigns/prompts/demo.txt"), c.join("prompts/demo.txt")).unwrap();
-    let file = c.join("bench.yaml");
-    fs::write(&file, text).unwrap();
-    (t, file)
+    format!("{}{build}{}", &text[..start], &text[end..])
 }
 
 /// Decode seconds per decode token of a generate record.
@@ -375,4 +380,119 @@ fn measurement_arms_are_checked_in_one_line() {
             assert_eq!(lines.len(), 1, "{to}: {}", r.stderr);
         }
     }
+}
+
+/// `DIR/campaigns/bench-prefill.yaml`: the shipped prefill bench on a forged tiny model, its
+/// 181-token demo prompt, 4 slots, a 300 MiB cap (the tiny model's budget sizes all of it),
+/// small envelope reads, its first two blocks and this build's identity.
+fn scaled_prefill() -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let models = t.path().join("models");
+    fs::create_dir_all(&models).unwrap();
+    let model = &forge(&models, "wide.gguf", 3, &["--alignment", "4096"]);
+    let mut text = fs::read_to_string(root().join("campaigns/bench-prefill.yaml")).unwrap();
+    let subs = [
+        ("4f9bfdfc0aedb65c6f94eee3f70c4adf7658c606a074cc7000186419988a8b49", sovereign::util::sha256_file(model).unwrap()),
+        ("  forge: { preset: small, seed: 3, layers: 24, experts: 256, expert_ff: 128, context: 8192 }\n", String::new()),
+        ("prompt_file: prompts/long.txt", "prompt_file: prompts/demo.txt".into()),
+        ("5ae4fcc41b3bd6469130a18df5b2c920047350aaed63a9ea107c7beecc86e6b6", "50aea977f3e69bc7dd10066229a42b9a6aa124647907f1a09b7ccaa524456eb2".into()),
+        ("prompt_tokens: 4244", "prompt_tokens: 181".into()),
+        ("outputs: 16", "outputs: 4".into()),
+        ("horizon: 16", "horizon: 4".into()),
+        ("block_bytes: 1048576", "block_bytes: 262144".into()),
+        ("bytes_per_depth: 268435456", "bytes_per_depth: 4194304".into()),
+        ("      - [envelope, compute, F, stock, F-budget]\n      - [envelope, compute, F-budget, stock, F]\n", String::new()),
+        ("id: bench-prefill-1", "id: bench-prefill-tiny".into()),
+    ];
+    for (from, to) in subs {
+        assert!(text.contains(from), "campaigns/bench-prefill.yaml no longer holds {from:?}");
+        text = text.replacen(from, &to, 1);
+    }
+    text = text.replace("slots: 32", "slots: 4").replace("\"lru:32\"", "\"lru:4\"").replace("838860800", "314572800");
+    let text = with_this_build(&text);
+    let c = t.path().join("campaigns");
+    fs::create_dir_all(c.join("prompts")).unwrap();
+    fs::copy(root().join("campaigns/prompts/demo.txt"), c.join("prompts/demo.txt")).unwrap();
+    let file = c.join("bench-prefill.yaml");
+    fs::write(&file, text).unwrap();
+    (t, file)
+}
+
+#[test]
+fn the_prefill_bench_gives_each_arms_prefill_over_its_floor_and_stock_over_it() {
+    // The prefill bench caps every arm but the oracle in a memory cgroup.
+    if !cgroups_usable() {
+        return;
+    }
+    let (t, file) = scaled_prefill();
+    let results = t.path().join("results");
+    ok(&["campaign", "run", s(&file), "--results", s(&results), "--no-progress"]);
+    let out = t.path().join("export");
+    let r = run(&["export", "--campaign", "bench-prefill-tiny", "--results", s(&results), "--out", s(&out)]);
+    // A tiny model's resident prefill can be slower than F's on a shared machine, and reads just
+    // made can come back faster than the envelope: then the floor was mismeasured and the
+    // analysis says so instead of giving a ratio.
+    let valid = match r.code {
+        0 => true,
+        1 => {
+            assert!(r.stderr.contains("prefill over its floor: invalid measurement"), "{}", r.stderr);
+            false
+        }
+        c => panic!("export exited {c}: {}{}", r.stdout, r.stderr),
+    };
+    let cells: Vec<csv::StringRecord> = csv::Reader::from_path(out.join("cells.csv")).unwrap().records().map(Result::unwrap).collect();
+    let h = csv::Reader::from_path(out.join("cells.csv")).unwrap().headers().unwrap().clone();
+    let col = |n: &str| h.iter().position(|c| c == n).unwrap();
+    assert_eq!(cells.len(), 3 + 2 * 5);
+    let record = |key: &str| -> Value {
+        let row = cells.iter().find(|r| &r[col("cell")] == key).unwrap_or_else(|| panic!("no cell {key}"));
+        assert_eq!(&row[col("status")], "completed", "{key}: {}", &row[col("error")]);
+        json(&results.join(&row[col("record")]).join("record.json"))
+    };
+    // The budget sized F-budget: no Plan flag, slots and LRU from the cap.
+    let b = record("b01-p4-F-budget");
+    assert_eq!(b["params"]["experts"]["sizing"]["slots_from"], "budget", "{}", b["params"]["experts"]);
+
+    // Every row recomputed from the records: floor = max(least resident prefill of the block,
+    // prefill bytes / the campaign's best envelope cell).
+    let env_best = ["b01-p0-envelope", "b02-p0-envelope"]
+        .iter()
+        .map(|k| {
+            let e = record(k);
+            e["best"]["mib_per_s"].as_f64().unwrap_or_else(|| panic!("{k}: {e}")) * 1048576.0
+        })
+        .fold(0.0, f64::max);
+    let rows: Vec<csv::StringRecord> = csv::Reader::from_path(out.join("prefill_floor.csv")).unwrap().records().map(Result::unwrap).collect();
+    let fh = csv::Reader::from_path(out.join("prefill_floor.csv")).unwrap().headers().unwrap().clone();
+    let f = |row: &csv::StringRecord, n: &str| row[fh.iter().position(|c| c == n).unwrap_or_else(|| panic!("prefill_floor.csv has no {n}"))].to_string();
+    assert_eq!(rows.len(), 4, "two arms in two blocks");
+    for row in &rows {
+        let arm = record(&f(row, "arm_cell"));
+        let compute = record(&f(row, "compute_cell"));
+        let stock = record(&f(row, "baseline_cell"));
+        let arm_s = arm["timing"]["prefill_s"].as_f64().unwrap();
+        let bytes = arm["experts"]["prefill"]["read_bytes"].as_u64().unwrap();
+        assert_eq!(f(row, "read_bytes"), bytes.to_string());
+        assert!(bytes > 0, "{row:?}");
+        let floor = compute["timing"]["prefill_s"].as_f64().unwrap().max(bytes as f64 / env_best);
+        assert!(close(f(row, "floor_s").parse().unwrap(), floor), "{row:?} against {floor}");
+        let base = stock["timing"]["prefill_s"].as_f64().unwrap();
+        assert!(close(f(row, "baseline_over_arm").parse().unwrap(), base / arm_s), "{row:?}");
+        match f(row, "valid").as_str() {
+            "yes" => assert!(close(f(row, "ratio_to_floor").parse().unwrap(), arm_s / floor), "{row:?}"),
+            why => {
+                assert!(!valid && f(row, "ratio_to_floor").is_empty(), "{row:?}");
+                assert!(why.contains("faster than"), "{why}");
+            }
+        }
+    }
+    let summary = fs::read_to_string(out.join("prefill_floor_summary.csv")).unwrap();
+    for arm in ["F-budget", "F"] {
+        assert!(summary.lines().any(|l| l.starts_with(&format!("{arm},baseline_over_arm,2,"))), "{summary}");
+        assert_eq!(summary.lines().any(|l| l.starts_with(&format!("{arm},ratio_to_floor,2,"))), valid, "{summary}");
+        assert!(r.stdout.contains(&format!("prefill of {arm} over its floor: ")), "{}", r.stdout);
+    }
+    // The decode pair: F-budget over the hand-sized F, in both blocks.
+    let pairs: Vec<csv::StringRecord> = csv::Reader::from_path(out.join("pairs.csv")).unwrap().records().map(Result::unwrap).collect();
+    assert_eq!(pairs.len(), 2);
 }
