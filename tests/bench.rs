@@ -178,9 +178,14 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         let best = env["cells"].as_array().unwrap().iter().max_by(|a, b| a["mib_per_s"].as_f64().unwrap().total_cmp(&b["mib_per_s"].as_f64().unwrap())).unwrap();
         assert_eq!(rep["params"]["depth"], best["depth"]);
         assert_eq!(env["best"]["depth"], best["depth"]);
-        assert_eq!(env["cells"].as_array().unwrap().len(), 5);
-        for c in env["cells"].as_array().unwrap() {
-            assert_eq!(c["bytes"], 4194304u64, "{c}");
+        // Each depth's region read twice: the second read a cell of its own, marked.
+        let cells = env["cells"].as_array().unwrap();
+        assert_eq!(cells.len(), 10);
+        for pair in cells.chunks(2) {
+            assert_eq!((pair[0]["depth"].clone(), pair[0].get("reread"), &pair[1]["reread"]), (pair[1]["depth"].clone(), None, &Value::Bool(true)));
+            for c in pair {
+                assert_eq!(c["bytes"], 4194304u64, "{c}");
+            }
         }
         // The replayed sequence is F's own reads: count and bytes of its Plan's q_run, prefill
         // and decode together, and one decode step per decode token.
