@@ -5,7 +5,7 @@ BIN     := target/release/sovereign
 MODELS  := models
 RESULTS := results
 
-.PHONY: deps build demo campaign tau-sweep test bench bench-big clean
+.PHONY: deps build demo campaign tau-sweep lint test bench bench-big clean
 
 deps:
 	@scripts/deps.sh
@@ -38,6 +38,11 @@ tau-sweep: build
 	$(BIN) campaign run campaigns/tau-sweep.yaml
 	$(BIN) export --campaign tau-sweep-small-4 --out $(RESULTS)/export-tau-sweep
 
+# The tree as rustfmt.toml formats it, and no clippy warning in any target (part of `make test`).
+lint: deps
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets --locked -- -D warnings
+
 # The whole suite: every test binary runs (--no-fail-fast), failures are reported as cargo
 # reports them and fail the target. Each test's time is printed with its result
 # (scripts/test-runner.sh, the runner of the test binaries only), and the ten slowest close the
@@ -46,7 +51,7 @@ tau-sweep: build
 # was running before the suite is left alone: the tests note what they start).
 # `make test TEST_ARGS='--test rpc'` runs a part of the suite the same way.
 TEST_ARGS ?=
-test: deps
+test: deps lint
 	@mkdir -p target
 	@set -o pipefail; \
 	$(CARGO) test --locked --no-fail-fast $(TEST_ARGS) --config "target.'cfg(all())'.runner = '$(CURDIR)/scripts/test-runner.sh'" 2>&1 \

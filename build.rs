@@ -55,17 +55,14 @@ fn run() -> Result<(), String> {
     }
     println!("cargo:rerun-if-env-changed=SOVEREIGN_ENGINE_CACHE");
 
-    let pin_text = fs::read_to_string(root.join("vendor/llama.cpp.pin"))
-        .map_err(|e| format!("vendor/llama.cpp.pin: {e}"))?;
+    let pin_text = fs::read_to_string(root.join("vendor/llama.cpp.pin")).map_err(|e| format!("vendor/llama.cpp.pin: {e}"))?;
     let pin = pin::Pin::parse(&pin_text).map_err(|e| format!("vendor/llama.cpp.pin: {e}"))?;
     check_lockfile(&root, &pin)?;
 
     let patches = patch_series(&root)?;
     let key = cache_key(&pin_text, &patches);
-    let cache = env::var_os("SOVEREIGN_ENGINE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| target_dir(&out_dir).join("llama"))
-        .join(&key[..16]);
+    let cache =
+        env::var_os("SOVEREIGN_ENGINE_CACHE").map(PathBuf::from).unwrap_or_else(|| target_dir(&out_dir).join("llama")).join(&key[..16]);
     let install = cache.join("install");
     // Builds of other profiles (or trees sharing SOVEREIGN_ENGINE_CACHE) may run this at the
     // same time: one builds the engine, the others wait for it instead of removing its tree.
@@ -140,15 +137,10 @@ fn target_dir(out_dir: &Path) -> PathBuf {
 fn check_lockfile(root: &Path, pin: &pin::Pin) -> Result<(), String> {
     let lock = fs::read_to_string(root.join("Cargo.lock")).map_err(|e| format!("Cargo.lock: {e}"))?;
     let needle = format!("name = \"{}\"\nversion = \"{}\"\n", pin.package, pin.version);
-    let at = lock
-        .find(&needle)
-        .ok_or_else(|| format!("Cargo.lock has no {} {}", pin.package, pin.version))?;
+    let at = lock.find(&needle).ok_or_else(|| format!("Cargo.lock has no {} {}", pin.package, pin.version))?;
     let entry = &lock[at..lock[at..].find("\n\n").map(|e| at + e).unwrap_or(lock.len())];
     if !entry.contains(&format!("checksum = \"{}\"", pin.checksum)) {
-        return Err(format!(
-            "Cargo.lock checksum of {} {} differs from vendor/llama.cpp.pin",
-            pin.package, pin.version
-        ));
+        return Err(format!("Cargo.lock checksum of {} {} differs from vendor/llama.cpp.pin", pin.package, pin.version));
     }
     Ok(())
 }
@@ -236,11 +228,7 @@ fn apply_patch(src: &Path, patch: &Path) -> Result<(), String> {
         .output()
         .map_err(|e| format!("running patch (is it installed?): {e}"))?;
     if !out.status.success() {
-        return Err(format!(
-            "does not apply:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        return Err(format!("does not apply:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
     }
     Ok(())
 }
@@ -283,10 +271,7 @@ fn build_rpc_module(install: &Path) -> Result<(), String> {
 
 fn bindings(include: &Path, out_dir: &Path) -> Result<(), String> {
     let b = bindgen::Builder::default()
-        .header_contents(
-            "sovereign_engine.h",
-            "#include <llama.h>\n#include <gguf.h>\n#include <ggml-backend.h>\n#include <ggml-rpc.h>\n",
-        )
+        .header_contents("sovereign_engine.h", "#include <llama.h>\n#include <gguf.h>\n#include <ggml-backend.h>\n#include <ggml-rpc.h>\n")
         .clang_arg(format!("-I{}", include.display()))
         .allowlist_function("(llama|ggml|gguf)_.*")
         .allowlist_type("(llama|ggml|gguf)_.*")

@@ -12,6 +12,10 @@ if ! ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/x86_64-linux-gnu/libclang*.so*
   missing+=(libclang-dev)
 fi
 command -v cargo >/dev/null 2>&1 || { echo "error: cargo is not installed (https://rustup.rs)" >&2; exit 1; }
+for tool in fmt clippy; do
+  cargo "$tool" --version >/dev/null 2>&1 \
+    || { echo "error: cargo $tool is missing (make test checks the tree with it): rustup component add $([ $tool = fmt ] && echo rustfmt || echo clippy)" >&2; exit 1; }
+done
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -151,7 +151,9 @@ pub fn context(asked: Option<u32>, prompt: &str, prompt_tokens: usize, n_predict
             None => bail!("{work}, over --ctx {c} (the model states no trained length)"),
         },
         (Some(c), _) => Ok(c),
-        (None, Some(t)) if need > t.tokens => bail!("{work}, over the model's trained length of {} ({}); pass --ctx to set it", t.tokens, t.key),
+        (None, Some(t)) if need > t.tokens => {
+            bail!("{work}, over the model's trained length of {} ({}); pass --ctx to set it", t.tokens, t.key)
+        }
         (None, _) if need > u64::from(MAX_CTX) => bail!("{work}, over {MAX_CTX} tokens, the most --ctx takes"),
         (None, _) => Ok(need as u32),
     }
@@ -359,7 +361,10 @@ mod tests {
         assert!(PlanParams { slots: 8, windows: u32::MAX, depth: 8, layer_buffers: 0 }.check().is_err());
         assert_eq!(parse_bytes("512M"), Ok(512 << 20));
         assert!(parse_memory_max("1").is_err());
-        assert_eq!(parse_memory_max("1").unwrap_err().to_string(), "memory limit 1 is out of range 1048576..=1125899906842624 (1 MiB up to 1 PiB)");
+        assert_eq!(
+            parse_memory_max("1").unwrap_err().to_string(),
+            "memory limit 1 is out of range 1048576..=1125899906842624 (1 MiB up to 1 PiB)"
+        );
         assert_eq!(parse_bytes("3X").unwrap_err().to_string(), "`3X`: unknown size suffix `X` (use K, M, G or T, binary)");
         assert_eq!(parse_bytes("GiB").unwrap_err().to_string(), "`GiB` is not a byte count");
         assert!(prompt_text("p", b"\xf7\x8f\xbc\xbf").is_err());
@@ -400,7 +405,8 @@ mod tests {
         let cores = cores();
         assert_eq!(default_threads(false), cores);
         assert_eq!(default_threads(true), (cores - 1).max(1));
-        let within = |t: u32| RunParams { threads: t.into(), threads_batch: Some(t.into()), ctx: Some(4096), batch: 512, n_predict: 64 }.check();
+        let within =
+            |t: u32| RunParams { threads: t.into(), threads_batch: Some(t.into()), ctx: Some(4096), batch: 512, n_predict: 64 }.check();
         assert!(within(default_threads(false)).is_ok() && within(default_threads(true)).is_ok());
         // Batches take every core unless the run names threads; decoding leaves the reads one.
         let (streamed, all) = (i64::from(default_threads(true)), i64::from(cores));
@@ -409,7 +415,8 @@ mod tests {
         assert_eq!(threads(Some(3), None, true), (3, 3));
         assert_eq!(threads(Some(3), Some(5), true), (3, 5));
         assert_eq!(threads(None, Some(5), true), (streamed, 5));
-        let e = RunParams { threads: 1, threads_batch: Some(0), ctx: Some(4096), batch: 512, n_predict: 64 }.check().unwrap_err().to_string();
+        let e =
+            RunParams { threads: 1, threads_batch: Some(0), ctx: Some(4096), batch: 512, n_predict: 64 }.check().unwrap_err().to_string();
         assert!(e.starts_with("--threads-batch 0 is out of range 1..="), "{e}");
     }
 }

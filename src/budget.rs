@@ -43,7 +43,15 @@ impl ExpertSource for Probe {
 
 /// Sizes `options` (slots and an LRU policy over them) from `budget` by a probe load of
 /// `model` with the run's context (`exec`, the prompt and `n_predict` outputs).
-pub fn size(model: &Path, inv: &Inventory, options: &PlanOptions, budget: PlanBudget, exec: ExecRequest, prompt: &[u8], n_predict: u32) -> Result<(PlanOptions, BudgetSizing)> {
+pub fn size(
+    model: &Path,
+    inv: &Inventory,
+    options: &PlanOptions,
+    budget: PlanBudget,
+    exec: ExecRequest,
+    prompt: &[u8],
+    n_predict: u32,
+) -> Result<(PlanOptions, BudgetSizing)> {
     let n_experts = inv.moe_layers.iter().map(|l| l.experts).max().ok_or_else(|| anyhow!("{}: no MoE layer to size", model.display()))?;
     let pools = Arc::new(Mutex::new(Vec::new()));
     let (buffers, rows, n_vocab) = {
@@ -61,7 +69,11 @@ pub fn size(model: &Path, inv: &Inventory, options: &PlanOptions, budget: PlanBu
     let tier_pools: Vec<u64> = pools.iter().filter(|(d, _)| on_tier(d)).map(|&(_, b)| b).collect();
     if tier_pools.is_empty() {
         let devices: Vec<&str> = pools.iter().map(|(d, _)| d.as_str()).collect();
-        bail!("{} sizes slot pools on the {}, but the engine placed them on {devices:?}", budget.tier.flag(), if budget.tier == Tier::Host { "host" } else { "device" });
+        bail!(
+            "{} sizes slot pools on the {}, but the engine placed them on {devices:?}",
+            budget.tier.flag(),
+            if budget.tier == Tier::Host { "host" } else { "device" }
+        );
     }
     let window = if budget.tier == Tier::Host && options.source == SourceKind::F { Manifest::new(inv, 1, &[])?.window_size } else { 0 };
     let page_per_pool = if budget.tier == Tier::Host { 4096 } else { 0 };

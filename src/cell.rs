@@ -6,15 +6,15 @@
 use crate::bounds;
 use crate::engine::{self, ExecRequest, ExpertSource};
 use crate::generate::{self, GenerateSpec};
-pub use crate::measure::{EnvelopeCell, ReadReplayCell};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
+pub use crate::measure::{EnvelopeCell, ReadReplayCell};
 use crate::observe::{self, ContainSpec, RunStatus};
 use crate::plan::PlanOptions;
-use crate::service::PlanSource;
 use crate::record::format::{self, TypedRecord};
 use crate::record::Staging;
 use crate::refine::{self, Mode, RefineSpec};
+use crate::service::PlanSource;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -178,7 +178,9 @@ impl Cell {
     pub fn models(&self) -> Vec<&Path> {
         match self {
             Cell::Generate(g) => std::iter::once(g.model.as_path()).chain(g.draft.as_ref().map(|d| d.model.as_path())).collect(),
-            Cell::Refine(r) => [Some(&r.base), Some(&r.verifier), r.reference.as_ref()].into_iter().flatten().map(PathBuf::as_path).collect(),
+            Cell::Refine(r) => {
+                [Some(&r.base), Some(&r.verifier), r.reference.as_ref()].into_iter().flatten().map(PathBuf::as_path).collect()
+            }
             Cell::Envelope(e) => vec![e.model.as_path()],
             Cell::ReadReplay(r) => vec![r.model.as_path()],
         }
@@ -246,7 +248,13 @@ impl Cell {
                 bounds::regular_file("--model", &g.model)?;
                 if let Some(d) = &g.draft {
                     bounds::regular_file("--draft", &d.model)?;
-                    bounds::range("--draft-max", d.max as u64, 1, bounds::MAX_DRAFT.min(g.exec.n_ubatch.saturating_sub(1)).max(1) as u64, "drafts one traversal checks, below the ubatch")?;
+                    bounds::range(
+                        "--draft-max",
+                        d.max as u64,
+                        1,
+                        bounds::MAX_DRAFT.min(g.exec.n_ubatch.saturating_sub(1)).max(1) as u64,
+                        "drafts one traversal checks, below the ubatch",
+                    )?;
                 }
                 if let Prompt::File(f) = &g.prompt {
                     bounds::regular_file("--prompt-file", f)?;
@@ -278,11 +286,9 @@ impl Cell {
     /// Where the engine puts the model's layers, as this cell asks.
     pub fn placement(&self) -> engine::Placement {
         match self {
-            Cell::Generate(g) => engine::Placement {
-                gpu_layers: g.gpu_layers,
-                experts_host: g.experts == Experts::Host,
-                gpu_budget: g.gpu_budget,
-            },
+            Cell::Generate(g) => {
+                engine::Placement { gpu_layers: g.gpu_layers, experts_host: g.experts == Experts::Host, gpu_budget: g.gpu_budget }
+            }
             Cell::Refine(_) | Cell::Envelope(_) | Cell::ReadReplay(_) => engine::Placement::default(),
         }
     }
@@ -290,7 +296,14 @@ impl Cell {
 
 /// Checks a run's execution parameters against [`bounds::RunParams`].
 pub fn run_params(exec: &ExecRequest, n_predict: u32) -> Result<()> {
-    bounds::RunParams { threads: exec.threads as i64, threads_batch: exec.threads_batch.map(i64::from), ctx: exec.n_ctx, batch: exec.n_batch, n_predict }.check()
+    bounds::RunParams {
+        threads: exec.threads as i64,
+        threads_batch: exec.threads_batch.map(i64::from),
+        ctx: exec.n_ctx,
+        batch: exec.n_batch,
+        n_predict,
+    }
+    .check()
 }
 
 fn check_plan(p: &PlanOptions) -> Result<()> {
@@ -337,8 +350,9 @@ pub fn run(cell: &Cell) -> Result<Done> {
             for e in &g.rpc {
                 // ggml-rpc aborts when it cannot connect: ask first, and say how to fix it.
                 let addr: std::net::SocketAddr = e.parse().map_err(|err| anyhow::anyhow!("--rpc {e:?}: not HOST:PORT ({err})"))?;
-                std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))
-                    .map_err(|err| anyhow::anyhow!("--rpc {e}: no RPC server answers ({err}); start one with `sovereign device serve --listen {e}`"))?;
+                std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)).map_err(|err| {
+                    anyhow::anyhow!("--rpc {e}: no RPC server answers ({err}); start one with `sovereign device serve --listen {e}`")
+                })?;
                 engine::backends::rpc_add_server(e).map_err(|e| anyhow::anyhow!(e))?;
             }
             let placed = engine::placement_report();
@@ -408,8 +422,8 @@ pub fn run(cell: &Cell) -> Result<Done> {
             };
             Ok(Done::Refine(refine::run(&spec)?))
         }
-        Cell::Envelope(e) => Ok(Done::Measure(crate::measure::Summary::Envelope(crate::measure::run_envelope(e)?))),
-        Cell::ReadReplay(r) => Ok(Done::Measure(crate::measure::Summary::ReadReplay(crate::measure::run_read_replay(r)?))),
+        Cell::Envelope(e) => Ok(Done::Measure(crate::measure::Summary::Envelope(Box::new(crate::measure::run_envelope(e)?)))),
+        Cell::ReadReplay(r) => Ok(Done::Measure(crate::measure::Summary::ReadReplay(Box::new(crate::measure::run_read_replay(r)?)))),
     }
 }
 
@@ -492,7 +506,13 @@ pub enum WorkerOutput {
 
 /// `EXE cell SPEC ARGS...` (EXE: this executable unless given): the one place a worker's command
 /// is built, for every way a cell runs in a process of its own.
-pub fn worker_command(exe: Option<&Path>, cell: &Cell, spec: SpecFrom, output: WorkerOutput, args: &[&str]) -> Result<std::process::Command> {
+pub fn worker_command(
+    exe: Option<&Path>,
+    cell: &Cell,
+    spec: SpecFrom,
+    output: WorkerOutput,
+    args: &[&str],
+) -> Result<std::process::Command> {
     use std::process::Stdio;
     let exe = match exe {
         Some(e) => e.to_path_buf(),
@@ -564,7 +584,9 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     partial.push(".partial");
     let _ = std::fs::remove_dir_all(record.with_file_name(partial));
     let error = match engine_abort(&stderr) {
-        Some(quote) => format!("{}: llama.cpp aborted: {quote} ({})", cell.models()[0].display(), observe::worker_failure(&status, None, "")),
+        Some(quote) => {
+            format!("{}: llama.cpp aborted: {quote} ({})", cell.models()[0].display(), observe::worker_failure(&status, None, ""))
+        }
         None => observe::worker_failure(&status, None, &stderr),
     };
     let rec = TypedRecord::failed(cell.format(), error.clone(), build_identity()?)?;
@@ -612,7 +634,8 @@ pub fn engine_abort(stderr: &str) -> Option<String> {
 pub fn worker(spec: &Path) -> Result<Done> {
     let text = if spec == Path::new("-") {
         let mut t = String::new();
-        std::io::Read::read_to_string(&mut std::io::Read::take(std::io::stdin(), bounds::MAX_CELL_SPEC_BYTES), &mut t).context("reading the cell spec from stdin")?;
+        std::io::Read::read_to_string(&mut std::io::Read::take(std::io::stdin(), bounds::MAX_CELL_SPEC_BYTES), &mut t)
+            .context("reading the cell spec from stdin")?;
         t
     } else {
         bounds::regular_file("cell spec", spec)?;

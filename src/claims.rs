@@ -171,9 +171,7 @@ pub fn load_ledger_sealed(path: &Path) -> Result<(Ledger, Option<String>)> {
     };
     let digest = match &sealed_dir {
         Some(d) => Some(
-            crate::record::verify_record(d)
-                .with_context(|| format!("{}: the ledger was changed after it was sealed", d.display()))?
-                .digest,
+            crate::record::verify_record(d).with_context(|| format!("{}: the ledger was changed after it was sealed", d.display()))?.digest,
         ),
         None => None,
     };
@@ -238,7 +236,9 @@ impl Claim {
                 Check::Approx { value, tolerance } if wide(*value, *tolerance) => {
                     return Some(format!("{} {}{}: tolerance {tolerance} admits any value near {value}", a.record, a.file, a.pointer));
                 }
-                Check::Gt(y) | Check::Ge(y) if !y.is_finite() => return Some(format!("{} {}{}: bound {y} is not finite", a.record, a.file, a.pointer)),
+                Check::Gt(y) | Check::Ge(y) if !y.is_finite() => {
+                    return Some(format!("{} {}{}: bound {y} is not finite", a.record, a.file, a.pointer))
+                }
                 _ => {}
             }
         }
@@ -468,7 +468,11 @@ pub fn paired(recs: &mut Records, pairs: &[[String; 2]], metric: &Operand, level
             let (nx, ny) = (recs.node(x), recs.node(y));
             if nx != ny {
                 let show = |n: &Option<String>| n.as_deref().map_or("not recorded".to_string(), |n| n[..12.min(n.len())].to_string());
-                bail!("pair {x}/{y}: records from different nodes ({} and {}); --allow-mixed-nodes pairs them anyway", show(&nx), show(&ny));
+                bail!(
+                    "pair {x}/{y}: records from different nodes ({} and {}); --allow-mixed-nodes pairs them anyway",
+                    show(&nx),
+                    show(&ny)
+                );
             }
         }
         labels.push(format!("{x}/{y}"));
@@ -490,7 +494,11 @@ fn integrity(r: &mut Report, recs: &mut Records) {
 fn verify_records(r: &mut Report, recs: &Records) {
     for (alias, digest) in &recs.claim.records {
         match record_dir(&recs.results, digest).and_then(|d| verify_record(&d)) {
-            Ok(s) => r.push(format!("record {alias}"), true, format!("{digest}: {} files, {} bytes verified", s.manifest.files.len(), s.manifest.total_bytes())),
+            Ok(s) => r.push(
+                format!("record {alias}"),
+                true,
+                format!("{digest}: {} files, {} bytes verified", s.manifest.files.len(), s.manifest.total_bytes()),
+            ),
             Err(e) => r.push(format!("record {alias}"), false, format!("{e:#}")),
         }
     }
@@ -721,9 +729,14 @@ pub fn replay(ledger_path: &Path, id: &str, results: &Path, how: Checking) -> Re
             Replay::Exactness { oracle, candidates, expect } => {
                 for cand in candidates {
                     let what = format!("exactness {cand} vs {oracle}");
-                    match recs.dir(oracle).and_then(|o| Ok((o, recs.dir(cand)?))).and_then(|(o, d)| exactness(Relation::AllSurfaces, &o, &d)) {
+                    match recs
+                        .dir(oracle)
+                        .and_then(|o| Ok((o, recs.dir(cand)?)))
+                        .and_then(|(o, d)| exactness(Relation::AllSurfaces, &o, &d))
+                    {
                         Ok((exact, differing)) => {
-                            let detail = if exact { "all surfaces exact".to_string() } else { format!("differs in {}", differing.join(", ")) };
+                            let detail =
+                                if exact { "all surfaces exact".to_string() } else { format!("differs in {}", differing.join(", ")) };
                             r.push(what, exact == *expect, format!("{detail} (stated {})", if *expect { "exact" } else { "not exact" }));
                         }
                         Err(e) => r.push(what, false, format!("{e:#}")),

@@ -195,7 +195,10 @@ impl ModelDigests {
         for (shard, f) in files.iter().enumerate() {
             for e in &f.body.experts {
                 let what = || format!("extent {}/{} {}", e.layer, e.expert, e.role);
-                let xxh3 = u128::from_str_radix(&e.xxh3, 16).ok().filter(|_| e.xxh3.len() == 32).with_context(|| format!("{}: XXH3 {:?} is not 32 hex digits", what(), e.xxh3))?;
+                let xxh3 = u128::from_str_radix(&e.xxh3, 16)
+                    .ok()
+                    .filter(|_| e.xxh3.len() == 32)
+                    .with_context(|| format!("{}: XXH3 {:?} is not 32 hex digits", what(), e.xxh3))?;
                 let at = crate::source::position(shard as u32, e.offset);
                 by_position.insert(at, (e.len, ExtentHashes { blake3: parse_hex(&e.blake3).with_context(what)?, xxh3 }));
             }
@@ -307,7 +310,8 @@ static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
 pub fn obtain(path: &Path, inv: &Inventory, pin: Option<&str>) -> Result<Obtained> {
     let n = inv.shards.len().max(1);
     let mut files = Vec::with_capacity(n);
-    let mut provenance = Provenance { manifest_sha256: String::new(), reused: true, build_s: None, rebuilt_because: None, load_check: None };
+    let mut provenance =
+        Provenance { manifest_sha256: String::new(), reused: true, build_s: None, rebuilt_because: None, load_check: None };
     let mut cache_file = PathBuf::new();
     let mut why = Vec::new();
     for shard in 0..n {
@@ -347,7 +351,13 @@ fn obtain_file(path: &Path, inv: &Inventory, shard: usize, pin: Option<&str>) ->
     let why = match read_cache(&cache_file, inv, shard) {
         Ok(c) if c.key == key => {
             let d = Arc::new(FileDigests::new(c.body)?);
-            let provenance = Provenance { manifest_sha256: d.manifest_sha256.clone(), reused: true, build_s: None, rebuilt_because: None, load_check: None };
+            let provenance = Provenance {
+                manifest_sha256: d.manifest_sha256.clone(),
+                reused: true,
+                build_s: None,
+                rebuilt_because: None,
+                load_check: None,
+            };
             hold(&canonical, key, &d, &provenance)?;
             return Ok((d, provenance, cache_file));
         }
@@ -371,14 +381,17 @@ fn obtain_file(path: &Path, inv: &Inventory, shard: usize, pin: Option<&str>) ->
     if let Some(p) = pin.filter(|p| *p != d.body.sha256) {
         bail!("{}: sha256 {}, but {p} is pinned; refused (its digest manifest was not cached)", path.display(), d.body.sha256);
     }
-    let cached = write_cache(&cache_file, &CacheFile {
-        format: FORMAT.into(),
-        path: canonical.display().to_string(),
-        key,
-        build_s,
-        manifest_sha256: d.manifest_sha256.clone(),
-        body: d.body.clone(),
-    });
+    let cached = write_cache(
+        &cache_file,
+        &CacheFile {
+            format: FORMAT.into(),
+            path: canonical.display().to_string(),
+            key,
+            build_s,
+            manifest_sha256: d.manifest_sha256.clone(),
+            body: d.body.clone(),
+        },
+    );
     // The manifest holds for this run either way; only the next run pays the pass again.
     if let Err(e) = cached {
         log::warn!("digest manifest of {} not cached: {e:#}", path.display());
@@ -436,7 +449,8 @@ fn read_cache(file: &Path, inv: &Inventory, shard: usize) -> Result<CacheFile> {
     }
     let mut bytes = Vec::new();
     // Bounded even if the file grows after the stat above.
-    std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::open(file).context("cannot open")?, max + 1), &mut bytes).context("cannot read")?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::open(file).context("cannot open")?, max + 1), &mut bytes)
+        .context("cannot read")?;
     if bytes.len() as u64 > max {
         bail!("more than the {max} bytes this model's manifest may take");
     }
@@ -452,9 +466,15 @@ fn read_cache(file: &Path, inv: &Inventory, shard: usize) -> Result<CacheFile> {
     Ok(c)
 }
 
+/// An expert object's extent: (layer, expert, role).
+type ExpertRole = (u32, u32, String);
+
+/// A range the manifest covers: its name, extent and expert object, if any.
+type Range = (String, Extent, Option<ExpertRole>);
+
 /// The ranges of file `shard` of the model the manifest must cover, from the inventory, at
 /// their offsets in that file: (name, extent, expert object).
-fn ranges(inv: &Inventory, shard: usize) -> Vec<(String, Extent, Option<(u32, u32, String)>)> {
+fn ranges(inv: &Inventory, shard: usize) -> Vec<Range> {
     let data_offset = inv.shards.get(shard).map_or(inv.data_offset, |s| s.data_offset);
     let mut out = vec![("header".to_string(), Extent { offset: 0, len: data_offset }, None)];
     let expert_tensors: std::collections::BTreeSet<&str> =
@@ -466,7 +486,11 @@ fn ranges(inv: &Inventory, shard: usize) -> Vec<(String, Extent, Option<(u32, u3
         for (role, e) in &o.extents {
             let (s, offset) = e.shard_offset();
             if s == shard {
-                out.push((format!("{}/{}/{role}", o.layer, o.expert), Extent { offset, len: e.len }, Some((o.layer, o.expert, role.clone()))));
+                out.push((
+                    format!("{}/{}/{role}", o.layer, o.expert),
+                    Extent { offset, len: e.len },
+                    Some((o.layer, o.expert, role.clone())),
+                ));
             }
         }
     }
@@ -481,13 +505,13 @@ fn consistent(b: &Body, inv: &Inventory, shard: usize) -> Result<()> {
     }
     parse_hex(&b.sha256).context("whole-file sha256")?;
     let want = ranges(inv, shard);
-    let mut got: Vec<(String, Extent, Option<(u32, u32, String)>)> = Vec::with_capacity(want.len());
+    let mut got: Vec<Range> = Vec::with_capacity(want.len());
     got.push((b.header.name.clone(), Extent { offset: b.header.offset, len: b.header.len }, None));
     got.extend(b.tensors.iter().map(|t| (t.name.clone(), Extent { offset: t.offset, len: t.len }, None)));
     got.extend(b.experts.iter().map(|e| {
         (format!("{}/{}/{}", e.layer, e.expert, e.role), Extent { offset: e.offset, len: e.len }, Some((e.layer, e.expert, e.role.clone())))
     }));
-    let key = |v: &mut Vec<(String, Extent, Option<(u32, u32, String)>)>| v.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+    let key = |v: &mut Vec<Range>| v.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
     let mut want = want;
     key(&mut want);
     key(&mut got);
@@ -559,7 +583,8 @@ pub fn build_body(path: &Path, inv: &Inventory, shard: usize) -> Result<Body> {
                 let Ok(mut buf) = free_rx.recv() else { return Ok(()) };
                 let mut n = 0usize;
                 while n < BLOCK && off + (n as u64) < len {
-                    let got = file.read_at(&mut buf.as_mut_slice()[n..BLOCK], off + n as u64)
+                    let got = file
+                        .read_at(&mut buf.as_mut_slice()[n..BLOCK], off + n as u64)
                         .with_context(|| format!("{}: read at {}", path.display(), off + n as u64))?;
                     if got == 0 {
                         bail!("{}: unexpected end of file at {}", path.display(), off + n as u64);
@@ -627,6 +652,12 @@ pub fn build_body(path: &Path, inv: &Inventory, shard: usize) -> Result<Body> {
         }
         Ok((out, whole))
     })?;
+    Ok(assemble(len, whole, rs, digests))
+}
+
+/// The manifest body of a file of `len` bytes with SHA-256 `whole`: each range with its
+/// (BLAKE3, XXH3-128) digests, by kind.
+fn assemble(len: u64, whole: String, rs: Vec<Range>, digests: Vec<(String, String)>) -> Body {
     let mut body = Body {
         format: FORMAT.into(),
         file_bytes: len,
@@ -637,12 +668,14 @@ pub fn build_body(path: &Path, inv: &Inventory, shard: usize) -> Result<Body> {
     };
     for ((name, e, obj), (blake3, xxh3)) in rs.into_iter().zip(digests) {
         match obj {
-            Some((layer, expert, role)) => body.experts.push(ExtentDigest { layer, expert, role, offset: e.offset, len: e.len, blake3, xxh3 }),
+            Some((layer, expert, role)) => {
+                body.experts.push(ExtentDigest { layer, expert, role, offset: e.offset, len: e.len, blake3, xxh3 })
+            }
             None if name == "header" && e.offset == 0 => body.header = RangeDigest { name, offset: 0, len: e.len, blake3 },
             None => body.tensors.push(RangeDigest { name, offset: e.offset, len: e.len, blake3 }),
         }
     }
-    Ok(body)
+    body
 }
 
 /// Which ranges llama.cpp loads itself.
@@ -687,7 +720,11 @@ pub fn check_load(inv: &Inventory, d: &ModelDigests, loads: Loads) -> Result<Loa
             }
             let got = h.finalize().to_hex().to_string();
             if got != want {
-                bail!("{}: {name} (bytes {offset}..{}) hashes to {got}, its digest manifest says {want}; refused", path.display(), offset + len);
+                bail!(
+                    "{}: {name} (bytes {offset}..{}) hashes to {got}, its digest manifest says {want}; refused",
+                    path.display(),
+                    offset + len
+                );
             }
             bytes += len;
         }
@@ -727,7 +764,11 @@ pub fn check(path: &Path, inv: &Inventory) -> Result<Check> {
         let cached = match read_cache(&cache_file, inv, shard) {
             Ok(c) if c.key == key => Some(c),
             Ok(c) => {
-                log::info!("{} changed since its digest manifest was built ({}); nothing cached to compare", path.display(), c.key.changes(&key));
+                log::info!(
+                    "{} changed since its digest manifest was built ({}); nothing cached to compare",
+                    path.display(),
+                    c.key.changes(&key)
+                );
                 None
             }
             Err(e) => {
@@ -762,14 +803,17 @@ pub fn check(path: &Path, inv: &Inventory) -> Result<Check> {
         }
         let d = FileDigests::new(body)?;
         // The fresh pass is the file's truth under this identity: it replaces what was cached.
-        write_cache(&cache_file, &CacheFile {
-            format: FORMAT.into(),
-            path: canonical.display().to_string(),
-            key,
-            build_s: secs,
-            manifest_sha256: d.manifest_sha256.clone(),
-            body: d.body.clone(),
-        })?;
+        write_cache(
+            &cache_file,
+            &CacheFile {
+                format: FORMAT.into(),
+                path: canonical.display().to_string(),
+                key,
+                build_s: secs,
+                manifest_sha256: d.manifest_sha256.clone(),
+                body: d.body.clone(),
+            },
+        )?;
         cached_all.push(cached.map(|c| Arc::new(FileDigests { body: c.body, manifest_sha256: c.manifest_sha256 })));
         fresh.push(Arc::new(d));
     }

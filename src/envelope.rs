@@ -117,11 +117,7 @@ pub fn measure_envelope(path: &Path, bytes_per_cell: u64, blocks: &[usize], dept
             start += bytes_per_cell;
         }
     }
-    let ceiling = cells
-        .iter()
-        .max_by(|a, b| a.mib_per_s.total_cmp(&b.mib_per_s))
-        .cloned()
-        .context("no cells")?;
+    let ceiling = cells.iter().max_by(|a, b| a.mib_per_s.total_cmp(&b.mib_per_s)).cloned().context("no cells")?;
     Ok(Envelope { file_bytes: file_len, bytes_per_cell, cells, ceiling })
 }
 

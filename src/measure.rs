@@ -13,8 +13,8 @@
 use crate::envelope;
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
-use crate::plan::PlanOptions;
 use crate::plan::simulate::{self, LayerEvent};
+use crate::plan::PlanOptions;
 use crate::plan::{Manifest, Traffic};
 use crate::record::format::{EnvelopeBest, EnvelopeParams, ModelIdentity, Outcome, ReadReplayParams, ReplayCheck, ReplayPhase};
 use crate::record::{EnvelopeRecord, ReadReplayRecord, Staging, ENVELOPE_FORMAT, READ_REPLAY_FORMAT};
@@ -66,7 +66,7 @@ pub fn check_envelope(block_bytes: u64, depths: &[u32], bytes_per_depth: u64) ->
     if depths.is_empty() || depths.len() > 16 {
         bail!("envelope: give 1 to 16 depths (got {})", depths.len());
     }
-    if block_bytes < crate::source::ALIGN || block_bytes > MAX_BLOCK_BYTES || block_bytes % crate::source::ALIGN != 0 {
+    if !(crate::source::ALIGN..=MAX_BLOCK_BYTES).contains(&block_bytes) || !block_bytes.is_multiple_of(crate::source::ALIGN) {
         bail!("envelope: block_bytes {block_bytes} must be a multiple of 4096 from 4096 to {MAX_BLOCK_BYTES}");
     }
     for &d in depths {
@@ -90,8 +90,8 @@ fn check_depth(depth: u32, read_bytes: u64) -> Result<()> {
 
 /// What a measurement cell put on record, for the command line.
 pub enum Summary {
-    Envelope(EnvelopeRecord),
-    ReadReplay(ReadReplayRecord),
+    Envelope(Box<EnvelopeRecord>),
+    ReadReplay(Box<ReadReplayRecord>),
 }
 
 /// Runs an envelope cell and writes its record.

@@ -22,10 +22,10 @@
 //! - value assertions: the ledger's check, applied to the reproduced record.
 
 use crate::campaign::journal::Journal;
-use crate::campaign::{histories, read_cell, CellDocument, CellState, CellStatus};
 use crate::campaign::{self, CampaignDir, Loaded, ProcessExecutor, RunMode, RunOptions};
-use crate::oracle::Outcome;
+use crate::campaign::{histories, read_cell, CellDocument, CellState, CellStatus};
 use crate::claims::{self, Claim, Records, Replay};
+use crate::oracle::Outcome;
 use crate::record::{prepare_seal, verify_record};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -145,18 +145,28 @@ fn check_build(o: &Original, ours: &Value, warnings: &mut BTreeSet<String>) -> R
     let cpu = serde_json::to_value(crate::engine::cpu_features())?;
     let recorded = serde_json::to_value(&build.cpu_features)?;
     if recorded != cpu {
-        warnings.insert(format!("CPU features differ from the records' ({} here, {} recorded): kernels may differ", compact(&cpu), compact(&recorded)));
+        warnings.insert(format!(
+            "CPU features differ from the records' ({} here, {} recorded): kernels may differ",
+            compact(&cpu),
+            compact(&recorded)
+        ));
     }
     // Free memory changes between runs; the device itself does not.
     let devices = |v: &Value| -> Vec<Value> {
         v.as_array()
-            .map(|a| a.iter().map(|d| serde_json::json!([d["name"], d["description"], d["kind"], d["memory_total"], d["device_id"]])).collect())
+            .map(|a| {
+                a.iter().map(|d| serde_json::json!([d["name"], d["description"], d["kind"], d["memory_total"], d["device_id"]])).collect()
+            })
             .unwrap_or_default()
     };
     let here = devices(&serde_json::to_value(crate::engine::backends::devices())?);
     let there = devices(&serde_json::to_value(&build.devices)?);
     if here != there {
-        warnings.insert(format!("devices differ from the records' ({} here, {} recorded): kernels may differ", compact(&Value::from(here)), compact(&Value::from(there))));
+        warnings.insert(format!(
+            "devices differ from the records' ({} here, {} recorded): kernels may differ",
+            compact(&Value::from(here)),
+            compact(&Value::from(there))
+        ));
     }
     Ok(())
 }
@@ -222,7 +232,10 @@ fn find_campaign(id: &str, sha: &str, given: Option<&Loaded>, results: &Path, al
 /// Every input a campaign names: (what, campaign path, digest).
 fn needed(c: &Loaded) -> Vec<(&'static str, String, String)> {
     let s = &c.spec;
-    let mut v = vec![("model", s.model.path.value.clone(), s.model.sha256.0.clone()), ("prompt", s.workload.prompt_file.value.clone(), s.workload.prompt_sha256.0.clone())];
+    let mut v = vec![
+        ("model", s.model.path.value.clone(), s.model.sha256.0.clone()),
+        ("prompt", s.workload.prompt_file.value.clone(), s.workload.prompt_sha256.0.clone()),
+    ];
     if let Some(r) = &s.refine {
         v.push(("model", r.verifier.path.value.clone(), r.verifier.sha256.0.clone()));
         v.push(("model", r.reference.path.value.clone(), r.reference.sha256.0.clone()));
@@ -253,7 +266,13 @@ fn inside(root: &Path, base: &Path, rel: &str) -> Option<PathBuf> {
 /// campaign file), refuses a missing file or another digest, and lays the inputs out under
 /// `farm` at the campaign's relative paths, so the runner and executor find them unchanged.
 /// Returns the directory to use as the campaign's base.
-fn lay_out_inputs(c: &Loaded, opts: &Options, beside: Option<&Path>, farm: &Path, hashed: &mut BTreeMap<PathBuf, String>) -> Result<PathBuf> {
+fn lay_out_inputs(
+    c: &Loaded,
+    opts: &Options,
+    beside: Option<&Path>,
+    farm: &Path,
+    hashed: &mut BTreeMap<PathBuf, String>,
+) -> Result<PathBuf> {
     let inputs = needed(c);
     let depth = inputs
         .iter()
@@ -441,7 +460,11 @@ fn lay_out_campaigns(opts: &Options, originals: &[Original]) -> Result<Vec<Loade
 fn rerun(opts: &Options, laid: &[Loaded]) -> Result<()> {
     for c in laid {
         let exec = ProcessExecutor::current(&c.base)?;
-        let s = campaign::run(c, &exec, &RunOptions { results: opts.out.clone(), mode: RunMode::Run, progress: opts.progress.clone(), block: None })?;
+        let s = campaign::run(
+            c,
+            &exec,
+            &RunOptions { results: opts.out.clone(), mode: RunMode::Run, progress: opts.progress.clone(), block: None },
+        )?;
         log::info!("campaign {}: {} cells, {} ran now, {} sealed", s.campaign, s.cells, s.ran, s.sealed);
     }
     Ok(())
@@ -507,7 +530,13 @@ fn compare_surfaces(original: &Path, reproduced: &Path, shown: &mut BTreeMap<Str
     let absent = |s: &crate::oracle::SurfaceComparison| matches!(s.outcome, Outcome::Missing { in_a: false, in_b: false });
     for s in &cmp {
         let v = serde_json::to_value(&s.outcome)?;
-        let how = if s.is_exact() { "exact".into() } else if absent(s) { "absent in both".into() } else { compact(&v) };
+        let how = if s.is_exact() {
+            "exact".into()
+        } else if absent(s) {
+            "absent in both".into()
+        } else {
+            compact(&v)
+        };
         shown.insert(s.surface.clone(), how);
     }
     let differing: Vec<&str> = cmp.iter().filter(|s| !s.is_exact() && !absent(s)).map(|s| s.surface.as_str()).collect();
@@ -560,7 +589,11 @@ fn judge_replay(rp: &Replay, old: &mut Records, new: &mut Records) -> Vec<Judged
                 .map(|i| Judged {
                     kind: "fault",
                     what: i.what,
-                    original: if expect.passed { "validated".into() } else { format!("not validated: {}", compact(&serde_json::to_value(expect).unwrap_or_default())) },
+                    original: if expect.passed {
+                        "validated".into()
+                    } else {
+                        format!("not validated: {}", compact(&serde_json::to_value(expect).unwrap_or_default()))
+                    },
                     reproduced: i.detail,
                     holds: i.ok,
                 })
@@ -570,9 +603,7 @@ fn judge_replay(rp: &Replay, old: &mut Records, new: &mut Records) -> Vec<Judged
             let what = format!("paired ratio {}{} over {} pairs", metric.file, metric.pointer, pairs.len());
             let original = format!("{:.6} {}", expect.ratio, interval(expect.lo, expect.hi));
             let (holds, reproduced) = match claims::paired(new, pairs, metric, *level) {
-                Ok(p) => {
-                    (overlap((expect.lo, expect.hi), (p.lo, p.hi)), format!("{:.6} {}", p.ratio, interval(p.lo, p.hi)))
-                }
+                Ok(p) => (overlap((expect.lo, expect.hi), (p.lo, p.hi)), format!("{:.6} {}", p.ratio, interval(p.lo, p.hi))),
                 Err(e) => (false, format!("{e:#}")),
             };
             vec![Judged { kind: "timing", what, original, reproduced, holds }]

@@ -48,7 +48,9 @@ impl fmt::Display for RoutesError {
             RoutesError::Row { event, ubatch, layer, row, expected } => {
                 write!(f, "event {event}: row {row} of ubatch {ubatch} layer {layer}, expected row {expected}")
             }
-            RoutesError::Order { event, ubatch, layer, row } => write!(f, "event {event}: ubatch {ubatch} layer {layer} row {row} is out of order"),
+            RoutesError::Order { event, ubatch, layer, row } => {
+                write!(f, "event {event}: ubatch {ubatch} layer {layer} row {row} is out of order")
+            }
         }
     }
 }
@@ -62,7 +64,7 @@ pub fn decode(bytes: &[u8], k: usize) -> Result<Vec<RouteEvent>, RoutesError> {
         return Err(RoutesError::K(k));
     }
     let unit = unit_bytes(k) as usize;
-    if bytes.len() % unit != 0 {
+    if !bytes.len().is_multiple_of(unit) {
         return Err(RoutesError::Partial { bytes: bytes.len(), unit, k });
     }
     let u32_at = |b: &[u8], i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().expect("4 bytes"));

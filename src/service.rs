@@ -5,15 +5,28 @@
 use crate::engine::{ExpertSource, SlotPool};
 use crate::inventory::Inventory;
 use crate::plan::options::per_pass;
-use crate::plan::report::{CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, PrefillReport, SourceBound, StepsReport, STEP_FIELDS};
+use crate::plan::report::{
+    CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, PrefillReport, SourceBound, StepsReport, STEP_FIELDS,
+};
 use crate::plan::timeline::{self, Timeline};
-use crate::plan::{Coverage, CopyError, Manifest, Passes, Plan, PlanOptions, Role, SizedFrom, Sizing, SlotState, SlotWriter, SourceKind};
+use crate::plan::{CopyError, Coverage, Manifest, Passes, Plan, PlanOptions, Role, SizedFrom, Sizing, SlotState, SlotWriter, SourceKind};
 use crate::source::fault::{FaultCell, FaultySource};
 use crate::source::{AlignedBuf, BufferedSource, Source, UringSource};
 use anyhow::{anyhow, bail, Result};
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+/// A slot and the generation it held.
+type SlotGeneration = (u32, u64);
+
+/// The consumer the held_consumer cell keeps past its release point: its layer and pass, and
+/// the slots it held then.
+struct HeldConsumer {
+    layer: u32,
+    pass: u32,
+    slots: Vec<SlotGeneration>,
+}
 
 pub struct PlanSource {
     plan: Plan,
@@ -46,7 +59,7 @@ pub struct PlanSource {
     /// Where the windows live, as the record says it.
     windows_memory: String,
     /// held_consumer: the deferred release and what was seen of its slots while it was held.
-    held: Option<(u32, u32, Vec<(u32, u64)>)>,
+    held: Option<HeldConsumer>,
     /// Evidence of the ownership-level cells, for their validators.
     fault_log: Vec<String>,
     fault_fired: u64,
@@ -106,7 +119,8 @@ impl PlanSource {
             }
         }
         if sizing.token_pass.is_some() || sizing.prompt_pass.is_some() {
-            let n_used = inv.expert_used_count.ok_or_else(|| anyhow!("the model names no expert_used_count, which streamed passes need"))?;
+            let n_used =
+                inv.expert_used_count.ok_or_else(|| anyhow!("the model names no expert_used_count, which streamed passes need"))?;
             plan.stream_passes(Passes { n_used: usize::try_from(n_used)?, token: sizing.token_pass, prompt: sizing.prompt_pass });
         }
         // Every extent read is verified against the model's digest manifest.
@@ -224,7 +238,9 @@ impl Mark {
 /// device's host buffer type (pinned: its copies are DMA the host need not stage) when layers
 /// are offloaded and the device offers one, else aligned mappings.
 fn window_memory() -> (Box<dyn FnMut(u64) -> Result<AlignedBuf>>, String) {
-    let aligned = |why: String| -> (Box<dyn FnMut(u64) -> Result<AlignedBuf>>, String) { (Box::new(AlignedBuf::new), format!("aligned mapping ({why})")) };
+    let aligned = |why: String| -> (Box<dyn FnMut(u64) -> Result<AlignedBuf>>, String) {
+        (Box::new(AlignedBuf::new), format!("aligned mapping ({why})"))
+    };
     let p = crate::engine::placement();
     if p.gpu_layers == 0 {
         return aligned("every layer on the CPU".into());
@@ -271,7 +287,7 @@ fn copy_error(e: anyhow::Error) -> CopyError {
 
 impl PlanSource {
     /// (slot, generation) of every InUse slot of `layer`.
-    fn in_use(&self, layer: u32) -> Vec<(u32, u64)> {
+    fn in_use(&self, layer: u32) -> Vec<SlotGeneration> {
         self.plan
             .slots(layer)
             .unwrap_or_default()
@@ -284,7 +300,7 @@ impl PlanSource {
 
     /// Ownership-level fault cells act between events.
     fn before_acquire(&mut self, layer: u32) -> Result<()> {
-        if let Some((held_layer, pass, slots)) = self.held.take() {
+        if let Some(HeldConsumer { layer: held_layer, pass, slots }) = self.held.take() {
             if held_layer != layer {
                 // Another layer ran while the consumer was held: its slots must not have moved.
                 let now = self.in_use(held_layer);
@@ -313,7 +329,6 @@ impl PlanSource {
         }
         Ok(())
     }
-
 }
 
 fn role_of(name: &str) -> Result<Role> {
@@ -411,11 +426,10 @@ impl PlanSource {
     fn release_event(&mut self, layer: u32, pass: u32) -> Result<()> {
         // The graph sizes its passes for the worst case; a pass past the last group took no
         // consumer, so the Plan holds no event for it.
-        if self.plan.holds_event(layer, pass) && self.held.as_ref().is_none_or(|h| (h.0, h.1) != (layer, pass)) {
+        if self.plan.holds_event(layer, pass) && self.held.as_ref().is_none_or(|h| (h.layer, h.pass) != (layer, pass)) {
             if self.options.fault == FaultCell::HeldConsumer && self.fault_fired == 0 {
                 // The consumer of this first event keeps its slots past its release point.
-                let held = self.in_use(layer);
-                self.held = Some((layer, pass, held));
+                self.held = Some(HeldConsumer { layer, pass, slots: self.in_use(layer) });
                 return Ok(());
             }
             self.plan.release(layer, pass)?;
@@ -456,7 +470,7 @@ impl PlanSource {
 
     /// Closes the Plan after the run: its telemetry and closure.
     pub fn report(&mut self) -> Result<PlanReport> {
-        if let Some((layer, pass, _)) = self.held.take() {
+        if let Some(HeldConsumer { layer, pass, .. }) = self.held.take() {
             self.plan.release(layer, pass)?;
         }
         if self.options.fault == FaultCell::ShutdownLiveConsumer && self.plan.failure().is_none() {

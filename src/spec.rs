@@ -95,9 +95,7 @@ impl<'de> Deserialize<'de> for Sha256Hex {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            return Err(serde::de::Error::custom(format!(
-                "expected a SHA-256 digest (64 lowercase hexadecimal digits), got {s:?}"
-            )));
+            return Err(serde::de::Error::custom(format!("expected a SHA-256 digest (64 lowercase hexadecimal digits), got {s:?}")));
         }
         Ok(Sha256Hex(s))
     }
@@ -290,8 +288,12 @@ fn walk_quoted(json: &serde_json::Value, yaml: &serde_saphyr::Spanned<Node>, pat
                 walk_quoted(j, y, &format!("{path}[{i}]"), out);
             }
         }
-        (J::Number(_), Node::Str(s)) if plain_is_typed(s) => out.push(at(format!("{path}: expected a number, got the string {s:?} (numbers are written without quotes)"))),
-        (J::Bool(_), Node::Str(s)) if plain_is_typed(s) => out.push(at(format!("{path}: expected true or false, got the string {s:?} (booleans are written without quotes)"))),
+        (J::Number(_), Node::Str(s)) if plain_is_typed(s) => {
+            out.push(at(format!("{path}: expected a number, got the string {s:?} (numbers are written without quotes)")))
+        }
+        (J::Bool(_), Node::Str(s)) if plain_is_typed(s) => {
+            out.push(at(format!("{path}: expected true or false, got the string {s:?} (booleans are written without quotes)")))
+        }
         _ => {}
     }
 }

@@ -105,7 +105,11 @@ fn main_only_parses_and_dispatches() {
     let main = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/main.rs")).unwrap();
     assert!(main.lines().count() <= 40, "src/main.rs has {} lines", main.lines().count());
     // Only the one-line error of a failed command is printed there.
-    assert_eq!(main.matches("println!").count(), main.matches("eprintln!").count(), "src/main.rs prints: printing belongs to the command in src/cli/");
+    assert_eq!(
+        main.matches("println!").count(),
+        main.matches("eprintln!").count(),
+        "src/main.rs prints: printing belongs to the command in src/cli/"
+    );
 }
 
 #[test]
@@ -176,9 +180,16 @@ fn the_code_map_lists_rooms_in_the_order_they_import_each_other() {
     assert!(errors.is_empty(), "ARCHITECTURE.md's code map is not the import order:\n{}", errors.join("\n"));
     // The check can fail: a room listed below what imports it is reported.
     let mut swapped = order.clone();
-    let (a, b) = (swapped.iter().position(|e| e.contains(&"source".to_string())).unwrap(), swapped.iter().position(|e| e.contains(&"plan".to_string())).unwrap());
+    let (a, b) = (
+        swapped.iter().position(|e| e.contains(&"source".to_string())).unwrap(),
+        swapped.iter().position(|e| e.contains(&"plan".to_string())).unwrap(),
+    );
     swapped.swap(a, b);
-    assert!(layering_errors(&swapped, &g).iter().any(|e| e.contains("`plan` imports `source`, which the code map lists after it")), "{:?}", layering_errors(&swapped, &g));
+    assert!(
+        layering_errors(&swapped, &g).iter().any(|e| e.contains("`plan` imports `source`, which the code map lists after it")),
+        "{:?}",
+        layering_errors(&swapped, &g)
+    );
 }
 
 /// The library never prints and never sees the command line: its rooms report through `log`

@@ -81,7 +81,7 @@ fn p_hits_the_ceiling_while_d_and_f_stay_under_it() {
         let res = &r["resources"];
         assert_eq!(res["host"]["limit"], cap, "{source}");
         assert_eq!(res["authority"]["host"]["grade"]["grade"], "hard_limit", "{source}: {}", res["authority"]);
-        assert_eq!(res["authority"]["gpu"]["grade"]["grade"].as_str().is_some(), true);
+        assert!(res["authority"]["gpu"]["grade"]["grade"].as_str().is_some());
         assert!(r["cache_protocol"].as_str().unwrap().starts_with("cold"));
         let events = res["host"]["limit_events"].as_u64().unwrap();
         let margin = res["authority"]["host"]["margin"].as_i64().unwrap();
@@ -171,7 +171,8 @@ fn a_cap_below_the_need_is_an_oom_on_record() {
     let said = "the cgroup's 4 MiB limit killed the worker: the kernel's OOM killer sent it signal 9 (SIGKILL)";
     assert!(run.stderr.contains(&format!("error: {said}")), "{}", run.stderr);
     assert_eq!(r["error"], said);
-    let exit = r["resources"]["admission"]["conjuncts"].as_array().unwrap().iter().find(|c| c["name"] == "worker exited 0").unwrap().clone();
+    let exit =
+        r["resources"]["admission"]["conjuncts"].as_array().unwrap().iter().find(|c| c["name"] == "worker exited 0").unwrap().clone();
     assert_eq!((exit["passed"].clone(), exit["value"].clone()), (false.into(), said.into()));
     no_debug_text("stdout", &run.stdout);
     no_debug_text("stderr", &run.stderr);
@@ -302,7 +303,11 @@ fn a_group_kill_leaves_no_run_cgroup() {
     let m = forge(dir.path(), "m.gguf", 44, &[]);
     let mut l = long_contained(&m, &dir.path().join("r"), true);
     let pgid = l.harness.id() as i32;
-    assert_eq!(nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(l.worker as i32))).unwrap().as_raw(), pgid, "the worker is in the harness's group");
+    assert_eq!(
+        nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(l.worker as i32))).unwrap().as_raw(),
+        pgid,
+        "the worker is in the harness's group"
+    );
     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL).unwrap();
     l.harness.wait().unwrap();
     reaped(&l);

@@ -140,8 +140,15 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
     // the comparison arms keep theirs.
     let experts = |key: &str| json(&dir_of(key).join("record.json"))["params"]["experts"].clone();
     let f = experts("b01-p3-F");
-    assert_eq!((&f["token_pass"], &f["sizing"]["token_pass_from"], &f["sizing"]["from"]), (&Value::from(1), &Value::from("manifest"), &Value::from("manifest")), "{f}");
-    assert_eq!((experts("b00-p4-F-deep")["token_pass"].clone(), experts("b00-p5-F-tuned")["token_pass"].clone()), (Value::from(4), Value::from(2)));
+    assert_eq!(
+        (&f["token_pass"], &f["sizing"]["token_pass_from"], &f["sizing"]["from"]),
+        (&Value::from(1), &Value::from("manifest"), &Value::from("manifest")),
+        "{f}"
+    );
+    assert_eq!(
+        (experts("b00-p4-F-deep")["token_pass"].clone(), experts("b00-p5-F-tuned")["token_pass"].clone()),
+        (Value::from(4), Value::from(2))
+    );
     // Nor threads: F decodes on the streamed default of the machine that ran it (every core
     // but one) and takes its prompt on every core; the warm resident compute takes every core
     // for both, F-tuned the two it names.
@@ -158,9 +165,10 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
     let model_bytes = fs::metadata(t.path().join("models/bench.gguf")).unwrap().len();
     let mut envelope_best = 0.0f64;
     let (mut ratios, mut reads, mut rates, mut idles) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (block, f_key, replay_key, env_key, compute_key) in
-        [(1, "b01-p3-F", "b01-p4-replay-F", "b01-p0-envelope", "b01-p1-compute"), (2, "b02-p2-F", "b02-p3-replay-F", "b02-p0-envelope", "b02-p1-compute")]
-    {
+    for (block, f_key, replay_key, env_key, compute_key) in [
+        (1, "b01-p3-F", "b01-p4-replay-F", "b01-p0-envelope", "b01-p1-compute"),
+        (2, "b02-p2-F", "b02-p3-replay-F", "b02-p0-envelope", "b02-p1-compute"),
+    ] {
         let warm = json(&dir_of(compute_key).join("cell.json"));
         assert_eq!(warm["outcome"]["warmed_bytes"], model_bytes, "{warm}");
         let compute = s_per_token(&json(&dir_of(compute_key).join("record.json")));
@@ -175,14 +183,22 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         assert_eq!(rep["params"]["of_arm"], "F");
         let env_digest = dir_of(env_key).file_name().unwrap().to_str().unwrap().to_string();
         assert_eq!(rep["params"]["depth_from"], format!("envelope {env_digest}"));
-        let best = env["cells"].as_array().unwrap().iter().max_by(|a, b| a["mib_per_s"].as_f64().unwrap().total_cmp(&b["mib_per_s"].as_f64().unwrap())).unwrap();
+        let best = env["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .max_by(|a, b| a["mib_per_s"].as_f64().unwrap().total_cmp(&b["mib_per_s"].as_f64().unwrap()))
+            .unwrap();
         assert_eq!(rep["params"]["depth"], best["depth"]);
         assert_eq!(env["best"]["depth"], best["depth"]);
         // Each depth's region read twice: the second read a cell of its own, marked.
         let cells = env["cells"].as_array().unwrap();
         assert_eq!(cells.len(), 10);
         for pair in cells.chunks(2) {
-            assert_eq!((pair[0]["depth"].clone(), pair[0].get("reread"), &pair[1]["reread"]), (pair[1]["depth"].clone(), None, &Value::Bool(true)));
+            assert_eq!(
+                (pair[0]["depth"].clone(), pair[0].get("reread"), &pair[1]["reread"]),
+                (pair[1]["depth"].clone(), None, &Value::Bool(true))
+            );
             for c in pair {
                 assert_eq!(c["bytes"], 4194304u64, "{c}");
             }
@@ -239,7 +255,11 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         assert!(close(row[20].parse::<f64>().unwrap() * 1048576.0, envelope_best), "{row:?}");
         // A block is invalid exactly when its arm beat a term of its floor or its replay plus
         // its idle, or a rate beat the envelope's best cell, and then has no ratio.
-        let beaten = *arm < *compute || *arm < row[9].parse::<f64>().unwrap() || *arm < *bound || *arm_rate > envelope_best || *replay_rate > envelope_best;
+        let beaten = *arm < *compute
+            || *arm < row[9].parse::<f64>().unwrap()
+            || *arm < *bound
+            || *arm_rate > envelope_best
+            || *replay_rate > envelope_best;
         assert_eq!(&row[15] == "true", !beaten, "{row:?}");
         if beaten {
             assert_eq!((&row[13], &row[21]), ("", ""), "{row:?}");
@@ -260,7 +280,9 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
     }
 
     // Complete wall time against stock mmap, from the cells' own wall times.
-    let j: Value = serde_json::from_str(&run(&["export", "--campaign", "bench-tiny", "--results", s(&results), "--out", s(&out), "--json"]).stdout).unwrap();
+    let j: Value =
+        serde_json::from_str(&run(&["export", "--campaign", "bench-tiny", "--results", s(&results), "--out", s(&out), "--json"]).stdout)
+            .unwrap();
     {
         let wall = |key: &str| json(&dir_of(key).join("cell.json"))["outcome"]["wall_s"].as_f64().unwrap();
         let walls = j["walls"].as_array().unwrap();
@@ -295,7 +317,20 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
 }
 
 fn plan(policy: &str) -> PlanOptions {
-    PlanOptions { slots: 4, policy: policy.parse().unwrap(), source: SourceKind::F, windows: Some(8), depth: Some(8), layer_buffers: 0, fault: FaultCell::None, timeline_token: None, token_pass: None, prompt_pass: None, budget: None, verify: None }
+    PlanOptions {
+        slots: 4,
+        policy: policy.parse().unwrap(),
+        source: SourceKind::F,
+        windows: Some(8),
+        depth: Some(8),
+        layer_buffers: 0,
+        fault: FaultCell::None,
+        timeline_token: None,
+        token_pass: None,
+        prompt_pass: None,
+        budget: None,
+        verify: None,
+    }
 }
 
 #[test]
@@ -366,7 +401,11 @@ fn measurement_arms_are_checked_in_one_line() {
         ("depths: [1, 4, 8, 16, 32]", "depths: [1, 4, 100000]", "depth 100000"),
         ("  - id: replay-F\n", "  - id: replay-F\n    threads: 2\n", "`threads` does not apply"),
         ("      - [envelope, compute, D, F, replay-F]\n", "      - [compute, D, F, replay-F]\n", "runs none before it"),
-        ("      - [envelope, compute, D, F, replay-F]\n", "      - [envelope, compute, D, replay-F, F]\n", "where `F` does not run before it"),
+        (
+            "      - [envelope, compute, D, F, replay-F]\n",
+            "      - [envelope, compute, D, replay-F, F]\n",
+            "where `F` does not run before it",
+        ),
         ("    warm: true\n", "    warm: true\n    memory_cap_bytes: 2147483648\n", "`warm` applies to resident generate arms"),
         ("    envelope: envelope\n", "    envelope: D\n", "must be an envelope arm"),
     ];
@@ -400,7 +439,10 @@ fn scaled_prefill() -> (tempfile::TempDir, PathBuf) {
         ("4f9bfdfc0aedb65c6f94eee3f70c4adf7658c606a074cc7000186419988a8b49", sovereign::util::sha256_file(model).unwrap()),
         ("  forge: { preset: small, seed: 3, layers: 24, experts: 256, expert_ff: 128, context: 8192 }\n", String::new()),
         ("prompt_file: prompts/long.txt", "prompt_file: prompts/demo.txt".into()),
-        ("5ae4fcc41b3bd6469130a18df5b2c920047350aaed63a9ea107c7beecc86e6b6", "50aea977f3e69bc7dd10066229a42b9a6aa124647907f1a09b7ccaa524456eb2".into()),
+        (
+            "5ae4fcc41b3bd6469130a18df5b2c920047350aaed63a9ea107c7beecc86e6b6",
+            "50aea977f3e69bc7dd10066229a42b9a6aa124647907f1a09b7ccaa524456eb2".into(),
+        ),
         ("prompt_tokens: 4244", "prompt_tokens: 181".into()),
         ("outputs: 16", "outputs: 4".into()),
         ("horizon: 16", "horizon: 4".into()),
@@ -467,9 +509,12 @@ fn the_prefill_bench_gives_each_arms_prefill_over_its_floor_and_stock_over_it() 
             e["best"]["mib_per_s"].as_f64().unwrap_or_else(|| panic!("{k}: {e}")) * 1048576.0
         })
         .fold(0.0, f64::max);
-    let rows: Vec<csv::StringRecord> = csv::Reader::from_path(out.join("prefill_floor.csv")).unwrap().records().map(Result::unwrap).collect();
+    let rows: Vec<csv::StringRecord> =
+        csv::Reader::from_path(out.join("prefill_floor.csv")).unwrap().records().map(Result::unwrap).collect();
     let fh = csv::Reader::from_path(out.join("prefill_floor.csv")).unwrap().headers().unwrap().clone();
-    let f = |row: &csv::StringRecord, n: &str| row[fh.iter().position(|c| c == n).unwrap_or_else(|| panic!("prefill_floor.csv has no {n}"))].to_string();
+    let f = |row: &csv::StringRecord, n: &str| {
+        row[fh.iter().position(|c| c == n).unwrap_or_else(|| panic!("prefill_floor.csv has no {n}"))].to_string()
+    };
     assert_eq!(rows.len(), 4, "two arms in two blocks");
     for row in &rows {
         let arm = record(&f(row, "arm_cell"));

@@ -70,12 +70,8 @@ fn events<'a>(j: &'a [Value], kind: &str) -> Vec<&'a Value> {
 }
 
 fn record_dirs(results: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = fs::read_dir(results)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.file_name().unwrap().len() == 64)
-        .collect();
+    let mut v: Vec<PathBuf> =
+        fs::read_dir(results).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().len() == 64).collect();
     v.sort();
     v
 }
@@ -117,7 +113,8 @@ fn shipped_prompts(dir: &Path) -> PathBuf {
 }
 
 /// Every campaign the repository ships.
-const SHIPPED: [&str; 7] = ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml", "bench-skew.yaml", "bench-draft.yaml"];
+const SHIPPED: [&str; 7] =
+    ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml", "bench-skew.yaml", "bench-draft.yaml"];
 
 #[test]
 fn check_reports_line_and_column_and_shipped_campaigns_pass() {
@@ -142,7 +139,11 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     fs::write(&bad, bench.replacen("  forge: { preset: bench, seed: 1 }\n", "", 1)).unwrap();
     let r = run(&["campaign", "check", s(&bad)]);
     assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
-    assert!(r.stderr.contains("model.path is missing") && r.stderr.contains("gives no recipe") && r.stderr.lines().count() == 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("model.path is missing") && r.stderr.contains("gives no recipe") && r.stderr.lines().count() == 1,
+        "{}",
+        r.stderr
+    );
     // A model present is checked against its recipe and its pin.
     fs::create_dir_all(&models).unwrap();
     forge(&models, "tiny.gguf", 1, &[]);
@@ -154,21 +155,42 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     assert!(r.stderr.contains("has seed 1, but model.forge says 2") && r.stderr.lines().count() == 1, "{}", r.stderr);
     // `run` makes what `check` only names; a recipe that does not make the pinned bytes leaves
     // nothing behind.
-    fs::write(&bad, exact.replacen("forge: { preset: tiny, seed: 1 }", "forge: { preset: tiny, seed: 2 }", 1).replacen("../models/tiny.gguf", "../models/other.gguf", 1)).unwrap();
+    fs::write(
+        &bad,
+        exact.replacen("forge: { preset: tiny, seed: 1 }", "forge: { preset: tiny, seed: 2 }", 1).replacen(
+            "../models/tiny.gguf",
+            "../models/other.gguf",
+            1,
+        ),
+    )
+    .unwrap();
     ok(&["campaign", "check", s(&bad)]);
     let r = run(&["campaign", "run", s(&bad), "--results", s(&t.path().join("results"))]);
     assert_one_line_error(&r, &["does not make the pinned model"]);
-    assert!(r.stderr.starts_with(&format!("error: {}:", bad.display())) && r.stderr.matches(&*bad.display().to_string()).count() == 1, "{}", r.stderr);
-    let left: Vec<String> = fs::read_dir(&models).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains("other")).collect();
+    assert!(
+        r.stderr.starts_with(&format!("error: {}:", bad.display())) && r.stderr.matches(&*bad.display().to_string()).count() == 1,
+        "{}",
+        r.stderr
+    );
+    let left: Vec<String> = fs::read_dir(&models)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("other"))
+        .collect();
     assert!(left.is_empty(), "{left:?}");
     // Both recipes at once is a problem of the file.
-    fs::write(&bad, exact.replacen("forge: { preset: tiny, seed: 1 }", "forge: { preset: tiny, seed: 1 }\n  quantize: { from: x.gguf, type: q8_0 }", 1)).unwrap();
+    fs::write(
+        &bad,
+        exact.replacen("forge: { preset: tiny, seed: 1 }", "forge: { preset: tiny, seed: 1 }\n  quantize: { from: x.gguf, type: q8_0 }", 1),
+    )
+    .unwrap();
     let r = run(&["campaign", "check", s(&bad)]);
     assert!(r.code == 1 && r.stderr.contains("give `forge` or `quantize`, not both"), "{}", r.stderr);
     fs::remove_file(&bad).unwrap();
     // `check --make-models` makes them as `run` would (forged ones first, so a quantized
     // model's source can be one of them), once.
-    for (f, made) in [("exactness.yaml", &[][..]), ("pdf-pairs.yaml", &["pdf"]), ("tau-sweep.yaml", &["tau-f32", "tau-q4_k_m", "tau-q8_0"])] {
+    for (f, made) in [("exactness.yaml", &[][..]), ("pdf-pairs.yaml", &["pdf"]), ("tau-sweep.yaml", &["tau-f32", "tau-q4_k_m", "tau-q8_0"])]
+    {
         let r = ok(&["campaign", "check", "--make-models", s(&shipped.join(f))]);
         assert_eq!(r.stdout.lines().filter(|l| l.starts_with("made ")).count(), made.len(), "{f}: {}", r.stdout);
         assert!(!r.stdout.contains("is missing"), "{f}: {}", r.stdout);
@@ -215,34 +237,52 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     assert!(r.stderr.starts_with(&want), "got {:?}, want {want:?}", r.stderr);
 
     {
-    // Semantic checks have positions too, and quote the value as given: each at its own line.
-    for (what, from, to, at) in [
-        ("outputs 0", "  outputs: 16", "  outputs: 0", "  outputs: 16"),
-        ("an empty block", "      - [resident-t1, resident]", "      - []", "[resident-t1, resident]"),
-        ("max_interrupted_attempts 0", "  max_interrupted_attempts: 3", "  max_interrupted_attempts: 0", "max_interrupted_attempts"),
-        ("seeded_random count 0", "    preordered:\n      - [resident, resident-t1]\n      - [resident-t1, resident]\n      - [resident, resident-t1]\n", "    seeded_random: { seed: 1, arms: [resident, resident-t1],\n      count: 0 }\n", "    preordered:"),
-        ("seeded_random count 10^6", "    preordered:\n      - [resident, resident-t1]\n      - [resident-t1, resident]\n      - [resident, resident-t1]\n", "    seeded_random: { seed: 1, arms: [resident, resident-t1],\n      count: 1000000 }\n", "    preordered:"),
-    ] {
-        let bad = t.path().join("semantic.yaml");
-        let edited = text.replacen(from, to, 1);
-        assert_ne!(edited, text, "{what}: the edit applied");
-        fs::write(&bad, &edited).unwrap();
+        // Semantic checks have positions too, and quote the value as given: each at its own line.
+        for (what, from, to, at) in [
+            ("outputs 0", "  outputs: 16", "  outputs: 0", "  outputs: 16"),
+            ("an empty block", "      - [resident-t1, resident]", "      - []", "[resident-t1, resident]"),
+            ("max_interrupted_attempts 0", "  max_interrupted_attempts: 3", "  max_interrupted_attempts: 0", "max_interrupted_attempts"),
+            (
+                "seeded_random count 0",
+                "    preordered:\n      - [resident, resident-t1]\n      - [resident-t1, resident]\n      - [resident, resident-t1]\n",
+                "    seeded_random: { seed: 1, arms: [resident, resident-t1],\n      count: 0 }\n",
+                "    preordered:",
+            ),
+            (
+                "seeded_random count 10^6",
+                "    preordered:\n      - [resident, resident-t1]\n      - [resident-t1, resident]\n      - [resident, resident-t1]\n",
+                "    seeded_random: { seed: 1, arms: [resident, resident-t1],\n      count: 1000000 }\n",
+                "    preordered:",
+            ),
+        ] {
+            let bad = t.path().join("semantic.yaml");
+            let edited = text.replacen(from, to, 1);
+            assert_ne!(edited, text, "{what}: the edit applied");
+            fs::write(&bad, &edited).unwrap();
+            let r = run(&["campaign", "check", s(&bad)]);
+            assert_eq!(r.code, 1, "{what}: {}{}", r.stdout, r.stderr);
+            let line = line_of(at) + usize::from(what.starts_with("seeded_random"));
+            let want = format!("{}:{line}:", bad.display());
+            assert!(r.stderr.starts_with(&want), "{what}: got {:?}, want {want:?}", r.stderr);
+            let value = what.rsplit(' ').next().unwrap().replace("10^6", "1000000");
+            assert!(what == "an empty block" || r.stderr.contains(&value), "{what}: the value as given: {}", r.stderr);
+        }
+        // A missing model with no recipe: at model.path, with the fix (beside the prompts).
+        let bad = shipped.join("absent.yaml");
+        fs::write(
+            &bad,
+            text.replacen("../models/tiny.gguf", "../models/absent.gguf", 1).replacen("  forge: { preset: tiny, seed: 1 }\n", "", 1),
+        )
+        .unwrap();
         let r = run(&["campaign", "check", s(&bad)]);
-        assert_eq!(r.code, 1, "{what}: {}{}", r.stdout, r.stderr);
-        let line = line_of(at) + usize::from(what.starts_with("seeded_random"));
-        let want = format!("{}:{line}:", bad.display());
-        assert!(r.stderr.starts_with(&want), "{what}: got {:?}, want {want:?}", r.stderr);
-        let value = what.rsplit(' ').next().unwrap().replace("10^6", "1000000");
-        assert!(what == "an empty block" || r.stderr.contains(&value), "{what}: the value as given: {}", r.stderr);
-    }
-    // A missing model with no recipe: at model.path, with the fix (beside the prompts).
-    let bad = shipped.join("absent.yaml");
-    fs::write(&bad, text.replacen("../models/tiny.gguf", "../models/absent.gguf", 1).replacen("  forge: { preset: tiny, seed: 1 }\n", "", 1)).unwrap();
-    let r = run(&["campaign", "check", s(&bad)]);
-    let want = format!("{}:{}:9: ", bad.display(), line_of("../models/tiny.gguf"));
-    assert!(r.stderr.starts_with(&want) && r.stderr.contains("gives no recipe") && r.stderr.lines().count() == 1, "got {:?}, want {want:?}", r.stderr);
-    let r = run(&["campaign", "run", s(&bad), "--results", s(&t.path().join("results"))]);
-    assert_eq!(r.stderr, format!("error: {}", run(&["campaign", "check", s(&bad)]).stderr));
+        let want = format!("{}:{}:9: ", bad.display(), line_of("../models/tiny.gguf"));
+        assert!(
+            r.stderr.starts_with(&want) && r.stderr.contains("gives no recipe") && r.stderr.lines().count() == 1,
+            "got {:?}, want {want:?}",
+            r.stderr
+        );
+        let r = run(&["campaign", "run", s(&bad), "--results", s(&t.path().join("results"))]);
+        assert_eq!(r.stderr, format!("error: {}", run(&["campaign", "check", s(&bad)]).stderr));
     }
     // `run` refuses the same file with the same one line, and freezes nothing.
     let res = t.path().join("results");
@@ -268,17 +308,53 @@ fn check_and_run_refuse_the_same_files_with_the_same_line() {
     };
     // Read where it may be (as root), and then refused by its digest; else refused unread.
     let readable = fs::read("/etc/shadow").is_ok();
-    let shadow = |path: &'static str| if readable { ("prompt_sha256", prompt_sha.clone(), "has sha256") } else { ("prompt_file", path.to_string(), "cannot read workload.prompt_file") };
+    let shadow = |path: &'static str| {
+        if readable {
+            ("prompt_sha256", prompt_sha.clone(), "has sha256")
+        } else {
+            ("prompt_file", path.to_string(), "cannot read workload.prompt_file")
+        }
+    };
     let (up, abs) = (shadow("../../../../etc/shadow"), shadow("/etc/shadow"));
     let cases: Vec<(&str, String, (&str, &str), &str)> = vec![
-        ("a wrong prompt digest", text.replacen(&prompt_sha, &"1".repeat(64), 1), ("prompt_sha256", "1111"), "workload.prompt_sha256: prompt.txt has sha256"),
-        ("a prompt outside the directory", text.replacen("prompt_file: prompt.txt", "prompt_file: ../../../../etc/shadow", 1), (up.0, &up.1), up.2),
+        (
+            "a wrong prompt digest",
+            text.replacen(&prompt_sha, &"1".repeat(64), 1),
+            ("prompt_sha256", "1111"),
+            "workload.prompt_sha256: prompt.txt has sha256",
+        ),
+        (
+            "a prompt outside the directory",
+            text.replacen("prompt_file: prompt.txt", "prompt_file: ../../../../etc/shadow", 1),
+            (up.0, &up.1),
+            up.2,
+        ),
         ("an absolute prompt path", text.replacen("prompt_file: prompt.txt", "prompt_file: /etc/shadow", 1), (abs.0, &abs.1), abs.2),
-        ("another patch series", text.replacen(&first_patch_sha, &"0".repeat(64), 1), ("- { name:", "- { name:"), "build.patches: this build's patch series"),
-        ("a YAML 1.1 boolean", text.replacen("ignore_eos: true", "ignore_eos: yes", 1), ("ignore_eos", "yes"), "invalid boolean (strict mode expects true/false)"),
+        (
+            "another patch series",
+            text.replacen(&first_patch_sha, &"0".repeat(64), 1),
+            ("- { name:", "- { name:"),
+            "build.patches: this build's patch series",
+        ),
+        (
+            "a YAML 1.1 boolean",
+            text.replacen("ignore_eos: true", "ignore_eos: yes", 1),
+            ("ignore_eos", "yes"),
+            "invalid boolean (strict mode expects true/false)",
+        ),
         ("a custom tag", text.replacen("threads: 2", "threads: !custom 1", 1), ("!custom", "1"), "unsupported tag `!custom`"),
-        ("a quoted number", text.replacen("threads: 2", "threads: \"1\"", 1), ("threads: \"1\"", "\"1\""), "arms[0].threads: expected a number, got the string \"1\""),
-        ("an unbounded count", text.replacen("max_interrupted_attempts: 3", "max_interrupted_attempts: 4294967295", 1), ("max_interrupted_attempts", "4294967295"), "repetition.max_interrupted_attempts 4294967295: expected 1..=100"),
+        (
+            "a quoted number",
+            text.replacen("threads: 2", "threads: \"1\"", 1),
+            ("threads: \"1\"", "\"1\""),
+            "arms[0].threads: expected a number, got the string \"1\"",
+        ),
+        (
+            "an unbounded count",
+            text.replacen("max_interrupted_attempts: 3", "max_interrupted_attempts: 4294967295", 1),
+            ("max_interrupted_attempts", "4294967295"),
+            "repetition.max_interrupted_attempts 4294967295: expected 1..=100",
+        ),
     ];
     for (what, edited, (needle, value), message) in cases {
         assert_ne!(edited, text, "{what}: the edit applied");
@@ -306,7 +382,11 @@ fn check_and_run_refuse_the_same_files_with_the_same_line() {
     assert_eq!(digest(&text.replacen("id: t-alike", "id: \"t-alike\"", 1).replacen("# test campaign", "# a comment", 1)), base);
     let model = st.dir.join("../tiny.gguf").canonicalize().unwrap();
     let prompt = st.dir.join("prompt.txt").canonicalize().unwrap();
-    let abs = text.replacen("path: ../tiny.gguf", &format!("path: {}", model.display()), 1).replacen("prompt_file: prompt.txt", &format!("prompt_file: {}", prompt.display()), 1);
+    let abs = text.replacen("path: ../tiny.gguf", &format!("path: {}", model.display()), 1).replacen(
+        "prompt_file: prompt.txt",
+        &format!("prompt_file: {}", prompt.display()),
+        1,
+    );
     assert_ne!(digest(&abs), base);
 }
 
@@ -328,7 +408,10 @@ fn every_shipped_campaign_runs_by_its_own_command_from_a_clean_directory() {
             .replacen(&format!("  outputs: {outputs}"), &format!("  outputs: {reduced}"), 1)
             .replacen(&format!("  horizon: {outputs}"), &format!("  horizon: {reduced}"), 1)
             .replacen("  window: 16\n", &format!("  window: {reduced}\n"), 1);
-        assert!(scaled.contains(&format!("  outputs: {reduced}")) && scaled.contains(&format!("  horizon: {reduced}")), "{f}: outputs and horizon scaled");
+        assert!(
+            scaled.contains(&format!("  outputs: {reduced}")) && scaled.contains(&format!("  horizon: {reduced}")),
+            "{f}: outputs and horizon scaled"
+        );
         let file = shipped.join(f);
         fs::write(&file, scaled).unwrap();
         let results = t.path().join(format!("results-{f}"));
@@ -391,7 +474,12 @@ fn unattended_run_then_verify_replay_tamper_export() {
     let out = st.dir.join("export");
     let exported = ok(&["export", "--campaign", "t-run", "--results", s(&st.results), "--out", s(&out)]);
     // Each drafted claim is printed with its digest.
-    let anchored = exported.stdout.lines().find_map(|l| l.strip_prefix("claim t-run@")).map(|d| format!("t-run@{d}")).expect("export prints the claim's digest");
+    let anchored = exported
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("claim t-run@"))
+        .map(|d| format!("t-run@{d}"))
+        .expect("export prints the claim's digest");
     let mut rd = csv::Reader::from_path(out.join("cells.csv")).unwrap();
     let h = rd.headers().unwrap().clone();
     let rows: Vec<csv::StringRecord> = rd.records().map(Result::unwrap).collect();
@@ -427,7 +515,11 @@ fn unattended_run_then_verify_replay_tamper_export() {
     // asked for by --unanchored...
     let ledger = out.join("claims.json");
     for verb in ["verify", "replay"] {
-        let line = exported.stdout.lines().find(|l| l.contains(&format!(" {verb} --claim {anchored} --ledger "))).expect("export prints the command");
+        let line = exported
+            .stdout
+            .lines()
+            .find(|l| l.contains(&format!(" {verb} --claim {anchored} --ledger ")))
+            .expect("export prints the command");
         assert!(line.ends_with(&format!("--ledger {} --results {}", ledger.display(), st.results.display())), "{line}");
         let r = run(&[verb, "--claim", "t-run", "--ledger", s(&ledger), "--results", s(&st.results)]);
         assert_one_line_error(&r, &["is not anchored", &anchored, "--unanchored"]);
@@ -455,10 +547,13 @@ fn unattended_run_then_verify_replay_tamper_export() {
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("changed after it was published"), "{}", r.stderr);
     for (name, edit) in [
-        ("empty.json", &(|c: &mut Value| {
-            c["assertions"] = Value::Array(vec![]);
-            c["replay"] = Value::Array(vec![]);
-        }) as &dyn Fn(&mut Value)),
+        (
+            "empty.json",
+            &(|c: &mut Value| {
+                c["assertions"] = Value::Array(vec![]);
+                c["replay"] = Value::Array(vec![]);
+            }) as &dyn Fn(&mut Value),
+        ),
         ("wide.json", &|c: &mut Value| {
             let pr = c["replay"].as_array_mut().unwrap().iter_mut().find(|x| x.get("paired_ratio").is_some()).unwrap();
             pr["paired_ratio"]["expect"]["tolerance"] = 10.0.into();
@@ -468,7 +563,11 @@ fn unattended_run_then_verify_replay_tamper_export() {
         for claim in ["t-run", anchored.as_str()] {
             let r = run(&["verify", "--claim", claim, "--unanchored", "--ledger", s(&p), "--results", s(&st.results)]);
             assert_ne!(r.code, 0, "{name} {claim}");
-            assert!(r.stderr.contains(if claim == "t-run" { "is vacuous" } else { "changed after it was published" }), "{name} {claim}: {}", r.stderr);
+            assert!(
+                r.stderr.contains(if claim == "t-run" { "is vacuous" } else { "changed after it was published" }),
+                "{name} {claim}: {}",
+                r.stderr
+            );
         }
     }
     // ...the frozen preregistration, both files of it, must still hash to the digest every
@@ -506,11 +605,19 @@ fn unattended_run_then_verify_replay_tamper_export() {
     assert!(r.stderr.contains("paired ratio"), "{}", r.stderr);
 
     // ...the ledger export sealed is refused once a byte of it differs from its seal...
-    let sealed_ledger = PathBuf::from(exported.stdout.lines().find_map(|l| l.strip_prefix("ledger ")?.strip_suffix(" (sealed)")).expect("export prints the sealed ledger"));
+    let sealed_ledger = PathBuf::from(
+        exported
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("ledger ")?.strip_suffix(" (sealed)"))
+            .expect("export prints the sealed ledger"),
+    );
     assert_eq!(sealed_ledger.parent().unwrap(), st.results.join("ledgers"));
     let r = ok(&["verify", "--claim", &anchored, "--ledger", s(&sealed_ledger), "--results", s(&st.results), "--json"]);
     let items: Value = serde_json::from_str(&r.stdout).unwrap();
-    let item = |v: &Value, what: &str| v["items"].as_array().unwrap().iter().find(|i| i["what"] == what).cloned().unwrap_or_else(|| panic!("no {what} item: {v}"));
+    let item = |v: &Value, what: &str| {
+        v["items"].as_array().unwrap().iter().find(|i| i["what"] == what).cloned().unwrap_or_else(|| panic!("no {what} item: {v}"))
+    };
     assert!(item(&items, "ledger")["detail"].as_str().unwrap().contains(sealed_ledger.file_name().unwrap().to_str().unwrap()));
     assert_eq!(item(&items, "campaign t-run journal")["ok"], true);
     {
@@ -533,7 +640,8 @@ fn unattended_run_then_verify_replay_tamper_export() {
     let jpath = st.results.join("campaigns/t-run/journal.jsonl");
     let jtext = fs::read_to_string(&jpath).unwrap();
     let digest3 = events(&j, "cell_sealed")[3]["digest"].as_str().unwrap().to_string();
-    let zeroed = jtext.replacen(&format!("\"digest\":\"{digest3}\",\"status\""), &format!("\"digest\":\"{}\",\"status\"", "0".repeat(64)), 1);
+    let zeroed =
+        jtext.replacen(&format!("\"digest\":\"{digest3}\",\"status\""), &format!("\"digest\":\"{}\",\"status\"", "0".repeat(64)), 1);
     assert_ne!(zeroed, jtext, "the edit applied");
     for (name, edit) in [("zeroed", Some(zeroed)), ("deleted", None)] {
         match edit {
@@ -568,7 +676,8 @@ fn unattended_run_then_verify_replay_tamper_export() {
     }
     fs::write(staging.join("cell.json"), serde_json::to_string(&cell).unwrap()).unwrap();
     let forged = sovereign::record::seal(&staging, &st.results).unwrap();
-    let repointed = jtext.replace(&digest3, &forged.digest).replacen(&format!("\"wall_s\":{wall}"), &format!("\"wall_s\":{}", wall * 3.0), 1);
+    let repointed =
+        jtext.replace(&digest3, &forged.digest).replacen(&format!("\"wall_s\":{wall}"), &format!("\"wall_s\":{}", wall * 3.0), 1);
     assert!(repointed.contains(&format!("\"wall_s\":{}", wall * 3.0)) && !repointed.contains(&digest3), "the edit applied");
     fs::write(&jpath, &repointed).unwrap();
     let r = run(&["export", "--campaign", "t-run", "--results", s(&st.results), "--out", s(&st.dir.join("export-2"))]);
@@ -723,7 +832,8 @@ fn sigkill_midway_then_resume_seals_every_cell_exactly_once() {
         let again = sealed.iter().find(|e| e["cell"] == in_flight.as_str()).unwrap();
         assert_eq!(again["attempt"], 2);
         let cell: Value =
-            serde_json::from_str(&fs::read_to_string(st.results.join(again["digest"].as_str().unwrap()).join("cell.json")).unwrap()).unwrap();
+            serde_json::from_str(&fs::read_to_string(st.results.join(again["digest"].as_str().unwrap()).join("cell.json")).unwrap())
+                .unwrap();
         assert_eq!(cell["attempt"], 2);
         assert!(cell["cell"]["key"] == in_flight.as_str());
     } else {
@@ -762,7 +872,8 @@ fn a_worker_killed_from_outside_is_counted_by_the_summary_as_status_counts_it() 
             let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
             let ppid: u32 = stat[stat.rfind(')')? + 4..].split(' ').next()?.parse().ok()?;
             let cmdline = fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?;
-            (ppid == runner && fs::read_link(format!("/proc/{pid}/exe")).ok()? == exe && cmdline.split('\0').nth(1) == Some("cell")).then_some(pid)
+            (ppid == runner && fs::read_link(format!("/proc/{pid}/exe")).ok()? == exe && cmdline.split('\0').nth(1) == Some("cell"))
+                .then_some(pid)
         });
         if let Some(w) = found {
             break w;
@@ -866,7 +977,9 @@ fn racing_runners_leave_one_journal_that_resumes_and_exports() {
                 let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
                 assert_eq!(lines.len(), 1, "round {round}: a runner that lost the race said:\n{err}");
                 assert!(
-                    ["being run by another process", "being run by a local runner", "is not preregistered", "are not settled yet"].iter().any(|w| lines[0].contains(w)),
+                    ["being run by another process", "being run by a local runner", "is not preregistered", "are not settled yet"]
+                        .iter()
+                        .any(|w| lines[0].contains(w)),
                     "round {round}: {}",
                     lines[0]
                 );

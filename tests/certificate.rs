@@ -57,11 +57,20 @@ fn certificate_check_reports_insufficient_evidence_and_positions() {
     assert!(r.stderr.contains("c.yaml:12:3: ") && r.stderr.contains("u_schd_bytes"), "{}", r.stderr);
 }
 
-
 fn show(rec: &Path, oracle: &Path) -> Value {
     json(&ok(&[
-        "certificate", "show", rec.to_str().unwrap(), "--oracle", oracle.to_str().unwrap(),
-        "--r-policy", "0", "--g-decl", "0", "--g-phys", "0", "--json",
+        "certificate",
+        "show",
+        rec.to_str().unwrap(),
+        "--oracle",
+        oracle.to_str().unwrap(),
+        "--r-policy",
+        "0",
+        "--g-decl",
+        "0",
+        "--g-phys",
+        "0",
+        "--json",
     ]))
 }
 
@@ -144,11 +153,8 @@ fn certificate_show_takes_a_claim_id() {
     std::fs::create_dir_all(&results).unwrap();
     assert_eq!(generate(&m, "claim", 4, &results.join("rec-a"), &["--experts", "plan", "--slots", "4"]).code, 0);
     let ledger = dir.path().join("ledger.json");
-    std::fs::write(
-        &ledger,
-        r#"{"format":"sovereign.claims/1","claims":{"c-1":{"statement":"one plan run","records":{"a":"rec-a"}}}}"#,
-    )
-    .unwrap();
+    std::fs::write(&ledger, r#"{"format":"sovereign.claims/1","claims":{"c-1":{"statement":"one plan run","records":{"a":"rec-a"}}}}"#)
+        .unwrap();
     let r = run(&["certificate", "show", "c-1", "--ledger", ledger.to_str().unwrap(), "--results", results.to_str().unwrap(), "--json"]);
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let v = json(&r);

@@ -48,7 +48,10 @@ fn work_past_the_trained_length_or_a_given_ctx_is_refused_naming_ctx() {
     let m = forge(t.path(), "m.gguf", 7, &[]);
     let rec = t.path().join("r");
     let r = generate(&m, &text(4200), 4, &rec, &[]);
-    assert_one_line_error(&r, &["needs a context of 4204", "over the model's trained length of 4096 (qwen3moe.context_length)", "pass --ctx"]);
+    assert_one_line_error(
+        &r,
+        &["needs a context of 4204", "over the model's trained length of 4096 (qwen3moe.context_length)", "pass --ctx"],
+    );
     assert!(!rec.exists());
     // An explicit context the work does not fit: refused, naming it and the trained length.
     let r = generate(&m, "a short prompt", 4, &rec, &["--ctx", "8"]);
@@ -67,9 +70,28 @@ fn refine_sizes_the_context_to_its_longest_prompt() {
     let prompts = t.path().join("prompts.txt");
     fs::write(&prompts, format!("a short prompt\n{}\n", text(4200))).unwrap();
     let rec = t.path().join("r");
-    let refine = |m: &Path| run(&["refine", "--mode", "base", "--n-predict", "2", "--base", s(m), "--verifier", s(m), "--prompts", s(&prompts), "--record", s(&rec)]);
+    let refine = |m: &Path| {
+        run(&[
+            "refine",
+            "--mode",
+            "base",
+            "--n-predict",
+            "2",
+            "--base",
+            s(m),
+            "--verifier",
+            s(m),
+            "--prompts",
+            s(&prompts),
+            "--record",
+            s(&rec),
+        ])
+    };
     let r = refine(&short);
-    assert_one_line_error(&r, &["prompt 2 (4200 tokens) + --n-predict 2 needs a context of 4202", "trained length of 4096 (qwen3moe.context_length)", "--ctx"]);
+    assert_one_line_error(
+        &r,
+        &["prompt 2 (4200 tokens) + --n-predict 2 needs a context of 4202", "trained length of 4096 (qwen3moe.context_length)", "--ctx"],
+    );
     assert!(!rec.exists());
     let r = refine(&long);
     assert_eq!(r.code, 0, "{}", r.stderr);

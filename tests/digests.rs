@@ -28,7 +28,11 @@ fn digests_json(cache: &Path, model: &Path) -> (Value, String) {
 
 /// The one cache file of `cache`.
 fn cache_file(cache: &Path) -> PathBuf {
-    let files: Vec<PathBuf> = fs::read_dir(cache.join("digests")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+    let files: Vec<PathBuf> = fs::read_dir(cache.join("digests"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     files[0].clone()
 }
@@ -70,8 +74,28 @@ fn built_once_reused_while_the_identity_holds_rebuilt_when_it_changes() {
 
     // A run names the manifest, checks what llama.cpp loads and verifies every extent it reads.
     let rec = t.path().join("run");
-    let r = sov(&cache, &["generate", "--model", m.to_str().unwrap(), "--prompt", "Digests cost what is read.", "--n-predict", "4", "--threads", "2",
-        "--record", rec.to_str().unwrap(), "--experts", "plan", "--slots", "4", "--source", "f"]);
+    let r = sov(
+        &cache,
+        &[
+            "generate",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt",
+            "Digests cost what is read.",
+            "--n-predict",
+            "4",
+            "--threads",
+            "2",
+            "--record",
+            rec.to_str().unwrap(),
+            "--experts",
+            "plan",
+            "--slots",
+            "4",
+            "--source",
+            "f",
+        ],
+    );
     assert_eq!(r.code, 0, "{}", r.stderr);
     let record: Value = serde_json::from_str(&fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
     let d = &record["model"]["digests"];
@@ -117,21 +141,28 @@ fn a_corrupt_or_hostile_cache_file_is_rebuilt_with_one_line() {
     let good = fs::read(&file).unwrap();
     let mut doc: Value = serde_json::from_slice(&good).unwrap();
     doc["body"]["experts"][3]["blake3"] = "0".repeat(64).into();
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
+    type Damage<'a> = Box<dyn Fn(&Path) + 'a>;
+    let cases: Vec<(&str, Damage)> = vec![
         ("not a digest manifest", Box::new(|p: &Path| fs::write(p, b"\x00\xffnot json at all").unwrap())),
         ("not a digest manifest", Box::new(|p: &Path| fs::write(p, &good[..good.len() / 2]).unwrap())),
         ("(corrupt)", Box::new(move |p: &Path| fs::write(p, serde_json::to_vec(&doc).unwrap()).unwrap())),
         ("more than the", Box::new(|p: &Path| fs::File::create(p).unwrap().set_len(1 << 30).unwrap())),
-        ("not a regular file", Box::new(|p: &Path| {
-            fs::remove_file(p).unwrap();
-            fs::create_dir(p).unwrap();
-        })),
+        (
+            "not a regular file",
+            Box::new(|p: &Path| {
+                fs::remove_file(p).unwrap();
+                fs::create_dir(p).unwrap();
+            }),
+        ),
     ];
     for (needle, spoil) in cases {
         spoil(&file);
         let (v, err) = digests_json(&cache, &m);
         let l = lines(&err);
-        assert!(l[0].contains("digest cache") && l[0].contains(needle) && l[0].ends_with("rebuilding its digest manifest"), "{needle}: {err}");
+        assert!(
+            l[0].contains("digest cache") && l[0].contains(needle) && l[0].ends_with("rebuilding its digest manifest"),
+            "{needle}: {err}"
+        );
         assert_eq!((v["manifest_sha256"].as_str(), v["provenance"]["reused"].as_bool()), (Some(manifest.as_str()), Some(false)));
         if file.is_dir() {
             // The directory stays in the way: the run goes on with the rebuilt manifest, uncached.
@@ -169,8 +200,25 @@ fn a_cached_digest_that_lies_is_caught_by_check_and_by_the_run() {
     // Whatever layer 0 reads first is rejected, by the default XXH3 and by BLAKE3 alike.
     for (name, verify) in [("run", None), ("run-blake3", Some("blake3"))] {
         let rec = t.path().join(name);
-        let mut args = vec!["generate", "--model", m.to_str().unwrap(), "--prompt", "Digests that lie are caught.", "--n-predict", "2",
-            "--threads", "2", "--record", rec.to_str().unwrap(), "--experts", "plan", "--slots", "4", "--source", "p"];
+        let mut args = vec![
+            "generate",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt",
+            "Digests that lie are caught.",
+            "--n-predict",
+            "2",
+            "--threads",
+            "2",
+            "--record",
+            rec.to_str().unwrap(),
+            "--experts",
+            "plan",
+            "--slots",
+            "4",
+            "--source",
+            "p",
+        ];
         if let Some(v) = verify {
             args.extend_from_slice(&["--verify", v]);
         }

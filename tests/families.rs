@@ -85,7 +85,12 @@ fn family_is_exact(dir: &Path, arch: &str, model: &Path, arms: &[(String, Vec<St
         assert_eq!(recurrent, HYBRID.contains(&arch), "{tag} {name}: compared {compared:?}");
         if recurrent {
             let states = r["surfaces"]["recurrent"]["bytes"].as_u64().unwrap() / 32;
-            assert_eq!(states, u64::from(OUTPUTS), "{tag} {name}: one state after prefill and after each of the {} decode steps", OUTPUTS - 1);
+            assert_eq!(
+                states,
+                u64::from(OUTPUTS),
+                "{tag} {name}: one state after prefill and after each of the {} decode steps",
+                OUTPUTS - 1
+            );
         }
         let e = &r["experts"];
         assert_eq!(e["clean_closure"], true, "{tag} {name}: {}", e["closure"]);
@@ -118,7 +123,10 @@ fn quantized_families_are_exact() {
             let q = dir.path().join(format!("{arch}-{ty}.gguf"));
             ok(&["model", "quantize", "--type", ty, model.to_str().unwrap(), q.to_str().unwrap()]);
             let arms = vec![
-                ("f-lru3-prefetch".to_string(), ["--experts", "plan", "--slots", SLOTS, "--policy", "lru:3+prefetch"].map(String::from).to_vec()),
+                (
+                    "f-lru3-prefetch".to_string(),
+                    ["--experts", "plan", "--slots", SLOTS, "--policy", "lru:3+prefetch"].map(String::from).to_vec(),
+                ),
                 ("d-zero".to_string(), ["--experts", "plan", "--slots", SLOTS, "--source", "d"].map(String::from).to_vec()),
             ];
             family_is_exact(dir.path(), arch, &q, &arms);
@@ -163,7 +171,8 @@ fn valid_variants_of_every_family_are_accepted() {
         variants.push((format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])));
     }
     let qkv_bias = |n: &str| n.ends_with("attn_q.bias") || n.ends_with("attn_k.bias") || n.ends_with("attn_v.bias");
-    let edits: Vec<(&str, &str, Box<dyn Fn(&Gguf) -> Rewrite>)> = vec![
+    type Edit = Box<dyn Fn(&Gguf) -> Rewrite>;
+    let edits: Vec<(&str, &str, Edit)> = vec![
         ("deepseek2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
         ("gpt-oss", "no q/k/v biases", Box::new(without(qkv_bias))),
         ("glm4moe", "no q/k/v biases", Box::new(without(qkv_bias))),
@@ -196,10 +205,15 @@ fn valid_variants_of_every_family_are_accepted() {
 fn an_engine_abort_is_one_line_and_a_failed_record() {
     let dir = tempfile::tempdir().unwrap();
     let base = forge_arch(dir.path(), "deepseek2", &[]);
-    let bad = rewrite(&base, &dir.path().join("bad.gguf"), |m| {
-        let rot = m.iter_mut().find(|(k, _)| k == "deepseek2.rope.dimension_count").unwrap();
-        rot.1 = Value::U32(160);
-    }, |g| g.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), vec![t.name.clone()])).collect());
+    let bad = rewrite(
+        &base,
+        &dir.path().join("bad.gguf"),
+        |m| {
+            let rot = m.iter_mut().find(|(k, _)| k == "deepseek2.rope.dimension_count").unwrap();
+            rot.1 = Value::U32(160);
+        },
+        |g| g.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), vec![t.name.clone()])).collect(),
+    );
     assert_eq!(run(&["inventory", bad.to_str().unwrap()]).code, 0, "the file passes the checks that are ours");
     let rec = dir.path().join("rec");
     let r = generate(&bad, PROMPT, 4, &rec, &[]);
@@ -330,27 +344,50 @@ fn seed_scale_f_with_lru_under_a_cap_is_exact_and_admitted() {
     let cache = d.join("cache");
     let sov = |args: &[&str]| -> Run {
         let out = bin().env("SOVEREIGN_CACHE", &cache).args(args).output().expect("spawn sovereign");
-        let r = Run { code: out.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::from_utf8_lossy(&out.stderr).into() };
+        let r = Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into(),
+            stderr: String::from_utf8_lossy(&out.stderr).into(),
+        };
         assert_eq!(r.code, 0, "sovereign {args:?}:\n{}{}", r.stdout, r.stderr);
         r
     };
     let model = d.join("seed.gguf");
     let m = model.to_str().unwrap();
-    let forged: serde_json::Value = serde_json::from_str(&sov(&["model", "forge", "--preset", "seed", "--seed", "11", "--out", m, "--json"]).stdout).unwrap();
-    assert_eq!((forged["arch"].as_str(), forged["dims"]["layers"].as_u64(), forged["dims"]["experts"].as_u64(), forged["dims"]["top_k"].as_u64()), (Some("qwen3next"), Some(48), Some(512), Some(10)));
+    let forged: serde_json::Value =
+        serde_json::from_str(&sov(&["model", "forge", "--preset", "seed", "--seed", "11", "--out", m, "--json"]).stdout).unwrap();
+    assert_eq!(
+        (forged["arch"].as_str(), forged["dims"]["layers"].as_u64(), forged["dims"]["experts"].as_u64(), forged["dims"]["top_k"].as_u64()),
+        (Some("qwen3next"), Some(48), Some(512), Some(10))
+    );
     let bytes = forged["bytes"].as_u64().unwrap();
     assert!((1 << 30..3 << 29).contains(&bytes), "the seed preset is about 1.2 GiB, not {bytes} bytes");
     let g = Gguf::open(&model).unwrap();
     assert_eq!(g.arch_u64("full_attention_interval"), Some(4));
     let inv: serde_json::Value = serde_json::from_str(&sov(&["inventory", m, "--json"]).stdout).unwrap();
-    assert_eq!((inv["moe_layers"].as_array().unwrap().len(), inv["objects"].as_array().unwrap().len(), inv["expert_used_count"].as_u64()), (48, 24_576, Some(10)));
+    assert_eq!(
+        (inv["moe_layers"].as_array().unwrap().len(), inv["objects"].as_array().unwrap().len(), inv["expert_used_count"].as_u64()),
+        (48, 24_576, Some(10))
+    );
 
     let prompt = d.join("prompt.txt");
     std::fs::write(&prompt, long_prompt(3_100)).unwrap();
     // One thread: on two shared cores OpenMP's spinning barriers made two threads several times
     // slower; both runs take the same flags, so the comparison is the same either way.
     let run_with = |rec: &Path, extra: &[&str]| -> serde_json::Value {
-        let mut args = vec!["generate", "--model", m, "--prompt-file", prompt.to_str().unwrap(), "--n-predict", "8", "--threads", "1", "--record", rec.to_str().unwrap()];
+        let mut args = vec![
+            "generate",
+            "--model",
+            m,
+            "--prompt-file",
+            prompt.to_str().unwrap(),
+            "--n-predict",
+            "8",
+            "--threads",
+            "1",
+            "--record",
+            rec.to_str().unwrap(),
+        ];
         args.extend_from_slice(extra);
         sov(&args);
         serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
@@ -379,7 +416,8 @@ fn seed_scale_f_with_lru_under_a_cap_is_exact_and_admitted() {
     let cmp = sov(&["compare", resident.to_str().unwrap(), f.to_str().unwrap(), "--json"]);
     let v: serde_json::Value = serde_json::from_str(&cmp.stdout).unwrap();
     assert_eq!(v["exact"], true, "{v}");
-    let surfaces: Vec<(&str, &str)> = v["surfaces"].as_array().unwrap().iter().map(|s| (s["surface"].as_str().unwrap(), s["status"].as_str().unwrap())).collect();
+    let surfaces: Vec<(&str, &str)> =
+        v["surfaces"].as_array().unwrap().iter().map(|s| (s["surface"].as_str().unwrap(), s["status"].as_str().unwrap())).collect();
     let every = ["tokens", "logits", "response", "routes", "recurrent", "recurrent_state"];
     assert_eq!(surfaces, every.map(|s| (s, "exact")).to_vec());
 }

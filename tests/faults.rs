@@ -163,7 +163,8 @@ fn the_shipped_fault_campaign_carries_every_cells_validation_into_its_claim() {
 
     // verify re-hashes the records' models in full on demand: the campaign's model agrees
     // (21 records, one model); a same-named copy with one byte flipped does not.
-    let r = ok(&["verify", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--rehash-models", s(&t.path().join("models"))]);
+    let r =
+        ok(&["verify", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--rehash-models", s(&t.path().join("models"))]);
     assert_eq!(r.stdout.matches("  ok   model b").count(), 1 + 2 * CELLS.len(), "{}", r.stdout);
     let bad = t.path().join("bad");
     fs::create_dir_all(&bad).unwrap();
@@ -179,7 +180,15 @@ fn the_shipped_fault_campaign_carries_every_cells_validation_into_its_claim() {
     // A stated validation the records do not give is refused, and so is another control.
     let stated = serde_json::json!({"passed": false, "failed": ["fault fired"]});
     refused_with(&l, id, "b01-p1-short-read", "expect", stated, &results, &["fault b01-p1-short-read (short_read)", "the ledger states"]);
-    refused_with(&l, id, "b03-p1-out-of-order", "control", "b00-p0-oracle".into(), &results, &["fault b03-p1-out-of-order", "not the control named here"]);
+    refused_with(
+        &l,
+        id,
+        "b03-p1-out-of-order",
+        "control",
+        "b00-p0-oracle".into(),
+        &results,
+        &["fault b03-p1-out-of-order", "not the control named here"],
+    );
     // Leaving a cell's validation out is refused too.
     let mut bad = l.clone();
     bad["claims"][id]["replay"].as_array_mut().unwrap().retain(|r| r["fault"]["record"] != "b05-p1-wrong-object");
@@ -224,7 +233,10 @@ fn the_shipped_fault_campaign_carries_every_cells_validation_into_its_claim() {
     // verify names the failing checks beside the journal, which never sealed the re-sealed
     // record; replay recomputes nothing from a campaign whose journal disagrees.
     let journal = "but the journal never sealed it";
-    for (verb, needles) in [("verify", &["fault b01-p1-short-read (short_read)", "zero tokens accepted", "no output surfaces", journal][..]), ("replay", &[journal][..])] {
+    for (verb, needles) in [
+        ("verify", &["fault b01-p1-short-read (short_read)", "zero tokens accepted", "no output surfaces", journal][..]),
+        ("replay", &[journal][..]),
+    ] {
         let r = run(&[verb, "--claim", id, "--unanchored", "--ledger", s(&path), "--results", s(&results)]);
         assert_eq!(r.code, 1, "{verb} accepted the claim:\n{}{}", r.stdout, r.stderr);
         for n in needles {
@@ -254,7 +266,11 @@ fn a_fault_cell_that_never_fires_fails_the_campaign_claim() {
     });
     let results = t.path().join("results");
     let r = ok(&["campaign", "run", s(&file), "--results", s(&results), "--no-progress"]);
-    assert!(r.stderr.contains("b01-p1-held-consumer completed") && r.stderr.contains("FAILED its validation (fault fired)"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("b01-p1-held-consumer completed") && r.stderr.contains("FAILED its validation (fault fired)"),
+        "{}",
+        r.stderr
+    );
     let id = "faults-one-layer";
     let (ledger, l) = ledger_of(&results, id, &t.path().join("out"));
     let statement = l["claims"][id]["statement"].as_str().unwrap();
@@ -268,5 +284,13 @@ fn a_fault_cell_that_never_fires_fails_the_campaign_claim() {
     refused_with(&l, id, "b01-p1-held-consumer", "expect", stated, &results, &["fault fired (0)", "the ledger states"]);
     // The validator of one cell run on another cell's record fails too.
     let other = "reset_outstanding".into();
-    refused_with(&l, id, "b01-p1-held-consumer", "cell", other, &results, &["fault b01-p1-held-consumer (reset_outstanding)", "not reset_outstanding"]);
+    refused_with(
+        &l,
+        id,
+        "b01-p1-held-consumer",
+        "cell",
+        other,
+        &results,
+        &["fault b01-p1-held-consumer (reset_outstanding)", "not reset_outstanding"],
+    );
 }

@@ -12,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use sovereign::gguf::{GgmlType, Gguf, GgufWriter, TensorSpec, Value};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use sovereign::gguf::{GgmlType, Gguf, GgufWriter, TensorSpec, Value};
 
 const SEED: [u8; 32] = *b"sovereign gguf fuzz, fixed seed!";
 const CASES: u32 = 150;
@@ -23,14 +23,39 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Debug, Clone)]
 enum Field {
     /// A scalar metadata value: key, type id, offset of the type id, offset and width of the value.
-    Scalar { key: String, ty: u32, ty_off: usize, off: usize, width: usize },
+    Scalar {
+        key: String,
+        ty: u32,
+        ty_off: usize,
+        off: usize,
+        width: usize,
+    },
     /// A string metadata value or array: the length/count field.
-    Count { key: String, ty_off: usize, off: usize },
+    Count {
+        key: String,
+        ty_off: usize,
+        off: usize,
+    },
     /// A string element of an array: offset of its length field, its bytes.
-    Elem { key: String, index: u64, len_off: usize, len: usize },
-    TensorDims { name: String, ndims_off: usize, dims: Vec<usize> },
-    TensorType { name: String, off: usize },
-    TensorOffset { name: String, off: usize },
+    Elem {
+        key: String,
+        index: u64,
+        len_off: usize,
+        len: usize,
+    },
+    TensorDims {
+        name: String,
+        ndims_off: usize,
+        dims: Vec<usize>,
+    },
+    TensorType {
+        name: String,
+        off: usize,
+    },
+    TensorOffset {
+        name: String,
+        off: usize,
+    },
 }
 
 struct Layout {
@@ -132,7 +157,7 @@ fn mutate(orig: &[u8], lay: &Layout, kind: u8, a: u64, b: u64) -> (String, Vec<u
     };
     let desc = match kind {
         // A scalar metadata value set to a hostile integer, or a float to NaN/inf/0/-1.
-        0 | 1 | 2 => match pick(&|f| matches!(f, Field::Scalar { .. })) {
+        0..=2 => match pick(&|f| matches!(f, Field::Scalar { .. })) {
             Field::Scalar { key, ty, off, width, .. } if ty == 6 || ty == 12 => {
                 let vals = [f64::NAN, f64::INFINITY, 0.0, -1.0, 1e30];
                 let v = vals[(b % vals.len() as u64) as usize];
@@ -200,7 +225,7 @@ fn mutate(orig: &[u8], lay: &Layout, kind: u8, a: u64, b: u64) -> (String, Vec<u
         // A tensor dimension or dimension count changed.
         6 | 7 => match pick(&|f| matches!(f, Field::TensorDims { .. })) {
             Field::TensorDims { name, ndims_off, dims } => {
-                if b % 5 == 0 {
+                if b.is_multiple_of(5) {
                     let nd = [0u64, 1, 5, u32::MAX as u64][(b / 5 % 4) as usize];
                     put(&mut m, ndims_off, 4, nd);
                     format!("tensor `{name}` n_dims = {nd}")
@@ -261,7 +286,7 @@ fn mutate(orig: &[u8], lay: &Layout, kind: u8, a: u64, b: u64) -> (String, Vec<u
         }
         // Truncation: mostly inside the header, sometimes inside the data.
         _ => {
-            let at = if b % 3 == 0 { (a % m.len() as u64) as usize } else { (a % lay.header_end as u64) as usize };
+            let at = if b.is_multiple_of(3) { (a % m.len() as u64) as usize } else { (a % lay.header_end as u64) as usize };
             m.truncate(at);
             format!("truncated to {at} bytes")
         }
@@ -348,10 +373,7 @@ fn exercise(dir: &Path, n: usize, bytes: &[u8]) -> Result<Verdict, String> {
         }
         let rec = dir.join(format!("rec{n}"));
         let r = rec.to_str().unwrap();
-        let g = run_bounded(
-            dir,
-            &["generate", "--model", f, "--prompt", "hi", "--n-predict", "2", "--threads", "1", "--record", r],
-        )?;
+        let g = run_bounded(dir, &["generate", "--model", f, "--prompt", "hi", "--n-predict", "2", "--threads", "1", "--record", r])?;
         // A refusal names the file; a run that fails closed names its record.
         let accepted = judge("generate", &[&file, &rec], &g)?;
         let partial = PathBuf::from(format!("{r}.partial"));
@@ -486,8 +508,7 @@ fn rope_freq_base_nan_is_refused_by_inventory() {
 fn rewritten(model: &Path, out: &Path, meta: impl Fn(&mut Vec<(String, Value)>), retype: impl Fn(&str) -> Option<GgmlType>) -> PathBuf {
     let g = Gguf::open(model).unwrap();
     let bytes = std::fs::read(model).unwrap();
-    let mut w = GgufWriter::default();
-    w.metadata = g.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut w = GgufWriter { metadata: g.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(), ..Default::default() };
     meta(&mut w.metadata);
     for t in &g.tensors {
         w.tensor(TensorSpec::new(t.name.clone(), retype(&t.name).unwrap_or(t.ggml_type), &t.dims));
@@ -606,7 +627,11 @@ fn alignments_ggml_buffers_cannot_take_are_refused_and_the_rest_generate() {
             assert_eq!(g.alignment, u64::from(a));
             match g.tensors.iter().find(|t| t.offset % 32 != 0) {
                 Some(t) if !off => {
-                    refused_everywhere(d, &m, &[&format!("general.alignment is {a}: tensor `{}` starts at byte {}", t.name, t.offset), "TENSOR_ALIGNMENT (32)"]);
+                    refused_everywhere(
+                        d,
+                        &m,
+                        &[&format!("general.alignment is {a}: tensor `{}` starts at byte {}", t.name, t.offset), "TENSOR_ALIGNMENT (32)"],
+                    );
                     off = true;
                 }
                 None if !on => {
@@ -659,9 +684,16 @@ fn weights_the_cpu_cannot_multiply_are_refused_and_float_routers_generate() {
     let d = dir.path();
     let base = common::forge(d, "base.gguf", 7, &[]);
     let router = |n: &str| n.ends_with("ffn_gate_inp.weight");
-    for (ty, which, first) in [(26u32, "router", "blk.0.ffn_gate_inp.weight"), (28, "router", "blk.0.ffn_gate_inp.weight"), (26, "attn_q", "blk.0.attn_q.weight")] {
+    for (ty, which, first) in
+        [(26u32, "router", "blk.0.ffn_gate_inp.weight"), (28, "router", "blk.0.ffn_gate_inp.weight"), (26, "attn_q", "blk.0.attn_q.weight")]
+    {
         let ty = GgmlType(ty);
-        let bad = rewritten(&base, &d.join(format!("{which}-{ty}.gguf")), |_| {}, |n| (if which == "router" { router(n) } else { n.ends_with("attn_q.weight") }).then_some(ty));
+        let bad = rewritten(
+            &base,
+            &d.join(format!("{which}-{ty}.gguf")),
+            |_| {},
+            |n| (if which == "router" { router(n) } else { n.ends_with("attn_q.weight") }).then_some(ty),
+        );
         refused_everywhere(d, &bad, &[&format!("tensor `{first}` is {ty}: ggml's CPU backend has no matrix product")]);
     }
     let f16 = common::forge(d, "f16.gguf", 7, &["--f16-router"]);

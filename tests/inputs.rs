@@ -36,9 +36,8 @@ fn tmp(name: &str) -> Tmp {
 
 /// Runs with a wall-clock bound; a hang fails the test instead of the suite.
 fn run_bounded(args: &[&std::ffi::OsStr], secs: u64) -> Run {
-    let mut child = Reaped::new(
-        bin().args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(),
-    );
+    let mut child =
+        Reaped::new(bin().args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap());
     let t = Instant::now();
     loop {
         if child.try_wait().unwrap().is_some() {
@@ -75,9 +74,20 @@ fn invalid_utf8_prompt_is_refused_not_aborted() {
     let pf = d.join("p.txt");
     fs::write(&pf, bad).unwrap();
     let rec = d.join("r1");
-    let r = run(&["generate", "--model", m.to_str().unwrap(), "--prompt-file", pf.to_str().unwrap(), "--n-predict", "2", "--record", rec.to_str().unwrap()]);
+    let r = run(&[
+        "generate",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-file",
+        pf.to_str().unwrap(),
+        "--n-predict",
+        "2",
+        "--record",
+        rec.to_str().unwrap(),
+    ]);
     assert_one_line_error(&r, &["--prompt-file", "UTF-8"]);
-    let mut a = os(&["generate", "--model", m.to_str().unwrap(), "--n-predict", "2", "--record", d.join("r2").to_str().unwrap(), "--prompt"]);
+    let mut a =
+        os(&["generate", "--model", m.to_str().unwrap(), "--n-predict", "2", "--record", d.join("r2").to_str().unwrap(), "--prompt"]);
     a.push(std::ffi::OsStr::from_bytes(bad).into());
     let r = run_bounded(&refs(&a), 60);
     assert!(r.code == 2 && !r.stderr.contains("invalid codepoint"), "{}{}", r.stdout, r.stderr);
@@ -175,7 +185,11 @@ fn campaign_with(d: &std::path::Path, edit: impl Fn(String) -> String) -> Run {
             .args(["campaign", "check", f.to_str().unwrap()])
             .output()
             .unwrap();
-        Run { code: out.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::from_utf8_lossy(&out.stderr).into() }
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into(),
+            stderr: String::from_utf8_lossy(&out.stderr).into(),
+        }
     };
     assert!(t.elapsed() < Duration::from_secs(10));
     r
@@ -238,7 +252,9 @@ fn files_read_whole_are_bounded_and_named() {
         assert!(!results.exists());
     }
 
-    for (id, needle) in [("a".repeat(129), "1 to 128 bytes"), ("ok/../x".to_string(), "found '/'"), (".hidden".to_string(), "may not start with `.`")] {
+    for (id, needle) in
+        [("a".repeat(129), "1 to 128 bytes"), ("ok/../x".to_string(), "found '/'"), (".hidden".to_string(), "may not start with `.`")]
+    {
         let r = campaign_with(&d, |t| {
             let at = t.find("\nid: ").map(|i| i + 1).unwrap_or_else(|| if t.starts_with("id: ") { 0 } else { panic!("no id line") });
             let end = at + t[at..].find('\n').unwrap();
@@ -307,6 +323,7 @@ fn run_in_little_memory(args: &[&str]) -> (Run, u64) {
     // SAFETY: waits for our own child; status and rusage are valid out-parameters.
     let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
     assert_eq!(pid, child.id() as libc::pid_t);
+    #[allow(clippy::zombie_processes, reason = "wait4 above reaped it")]
     let _ = child.reaped_by_hand();
     let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -libc::WTERMSIG(status) };
     let run = Run { code, stdout: fs::read_to_string(&out).unwrap(), stderr: fs::read_to_string(&err).unwrap() };
@@ -321,24 +338,34 @@ fn absurd_counts_and_shapes_are_refused_in_little_memory() {
     // Experts counted only by their shapes: no expert_count, no routers, each expert tensor
     // [1, 1, 2^20] in the bytes of the real one (a million experts per layer).
     let shapes = d.join("shapes.gguf");
-    rewrite(&m, &shapes, |k| !k.contains("expert_"), |g| {
-        g.tensors
-            .iter()
-            .filter(|t| !t.name.contains("ffn_gate_inp"))
-            .map(|t| if expert(&t.name) { TensorSpec::new(t.name.clone(), t.ggml_type, &[1, 1, 1 << 20]) } else { spec_of(t) })
-            .collect()
-    });
+    rewrite(
+        &m,
+        &shapes,
+        |k| !k.contains("expert_"),
+        |g| {
+            g.tensors
+                .iter()
+                .filter(|t| !t.name.contains("ffn_gate_inp"))
+                .map(|t| if expert(&t.name) { TensorSpec::new(t.name.clone(), t.ggml_type, &[1, 1, 1 << 20]) } else { spec_of(t) })
+                .collect()
+        },
+    );
     // One merged gate_up tensor per layer, [1, 1, 3 x 2^20], in place of gate, up and down.
     let gate_up = d.join("gate_up.gguf");
-    rewrite(&m, &gate_up, |_| true, |g| {
-        g.tensors
-            .iter()
-            .filter_map(|t| match t.name.strip_suffix("ffn_gate_exps.weight") {
-                Some(blk) => Some(TensorSpec::new(format!("{blk}ffn_gate_up_exps.weight"), t.ggml_type, &[1, 1, 3 << 20])),
-                None => (!expert(&t.name)).then(|| spec_of(t)),
-            })
-            .collect()
-    });
+    rewrite(
+        &m,
+        &gate_up,
+        |_| true,
+        |g| {
+            g.tensors
+                .iter()
+                .filter_map(|t| match t.name.strip_suffix("ffn_gate_exps.weight") {
+                    Some(blk) => Some(TensorSpec::new(format!("{blk}ffn_gate_up_exps.weight"), t.ggml_type, &[1, 1, 3 << 20])),
+                    None => (!expert(&t.name)).then(|| spec_of(t)),
+                })
+                .collect()
+        },
+    );
     // A metadata array of 2^25 one-byte values: every element is in the file.
     let array = d.join("array.gguf");
     {
@@ -415,7 +442,10 @@ fn every_verb_teaches_with_an_example() {
     for v in verbs {
         let help = ok(&[v, "--help"]).stdout;
         let example = help.rsplit("Example").next().unwrap_or_default();
-        assert!(help.contains("Example") && example.contains(&format!("sovereign {}", if v == "refine" { "campaign" } else { v })), "{v}: {help}");
+        assert!(
+            help.contains("Example") && example.contains(&format!("sovereign {}", if v == "refine" { "campaign" } else { v })),
+            "{v}: {help}"
+        );
         // Each subcommand's help ends with an example of that very subcommand.
         for sub in commands(&help) {
             let help = ok(&[v, &sub, "--help"]).stdout;

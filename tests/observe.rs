@@ -24,8 +24,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// The lock, or None (after printing why) where run cgroups cannot be made.
 fn cgroups(test: &str) -> Option<MutexGuard<'static, ()>> {
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let made =
-        cgroup::prepare().map_err(|e| e.to_string()).and_then(|h| RunCgroup::create(&h).map_err(|e| e.to_string()));
+    let made = cgroup::prepare().map_err(|e| e.to_string()).and_then(|h| RunCgroup::create(&h).map_err(|e| e.to_string()));
     match made {
         Ok(_probe) => Some(guard),
         Err(e) => {
@@ -70,9 +69,22 @@ fn show(what: &str, r: &ContainedRun) {
     eprintln!(
         "{what}: status {:?} wall {:.3}s limit {:?} kernel_peak {:?} sampled_peak {} limit_events {} ({:?}) oom_kills {} \
          stat_at_peak {:?} stat_end {:?} read_bytes {} rchar {} rss_hwm {:?} margin {:?} admitted {} failed {:?}",
-        r.status, r.wall_s, h.limit, h.kernel_peak, h.sampled_peak, h.limit_events, h.limit_event_files, h.oom_kills,
-        h.stat_at_peak, h.stat_end, r.procs.read_bytes, r.procs.rchar, r.procs.rss_hwm, r.authority.host.margin,
-        r.admission.admitted, r.admission.failed()
+        r.status,
+        r.wall_s,
+        h.limit,
+        h.kernel_peak,
+        h.sampled_peak,
+        h.limit_events,
+        h.limit_event_files,
+        h.oom_kills,
+        h.stat_at_peak,
+        h.stat_end,
+        r.procs.read_bytes,
+        r.procs.rchar,
+        r.procs.rss_hwm,
+        r.authority.host.margin,
+        r.admission.admitted,
+        r.admission.failed()
     );
 }
 
@@ -112,8 +124,7 @@ fn page_cache_hits_the_limit_direct_io_does_not() {
     assert_gone(&p);
 
     drop_cache(&file);
-    let d =
-        run_contained(quiet("dd", &[&input, "of=/dev/null", "bs=1M", "iflag=direct"]), &spec(Some(64 * MIB))).unwrap();
+    let d = run_contained(quiet("dd", &[&input, "of=/dev/null", "bs=1M", "iflag=direct"]), &spec(Some(64 * MIB))).unwrap();
     show("D (O_DIRECT)", &d);
     assert!(d.status.success(), "{:?}", d.status);
     assert_eq!(d.host.limit_events, 0);
@@ -128,8 +139,7 @@ fn page_cache_hits_the_limit_direct_io_does_not() {
 fn anon_beyond_the_limit_is_oom_killed_and_recorded() {
     let Some(_g) = cgroups("anon_beyond_the_limit_is_oom_killed_and_recorded") else { return };
     // dd allocates its 256 MiB block and fills it from /dev/zero: all anonymous memory.
-    let r = run_contained(quiet("dd", &["if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"]), &spec(Some(64 * MIB)))
-        .unwrap();
+    let r = run_contained(quiet("dd", &["if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"]), &spec(Some(64 * MIB))).unwrap();
     show("OOM", &r);
     assert!(matches!(r.status, RunStatus::Signaled { signal: libc::SIGKILL, .. }), "{:?}", r.status);
     assert!(r.host.oom_kills >= 1, "{:?}", r.host);
@@ -217,13 +227,8 @@ fn gpu_without_nvml_is_not_observed() {
             assert_eq!((r.authority.gpu.boundary, r.authority.gpu.peak), (None, None));
             assert!(r.admission.admitted, "{:?}", r.admission.failed());
             // Declaring a GPU allowance that cannot be audited is not admitted.
-            let d = run_contained(quiet("true", &[]), &ContainSpec { gpu_declared: Some(MIB), ..spec(Some(64 * MIB)) })
-                .unwrap();
-            assert!(
-                d.admission.failing().any(|c| c.name == "gpu margin" && c.value.starts_with("not observed")),
-                "{:?}",
-                d.admission
-            );
+            let d = run_contained(quiet("true", &[]), &ContainSpec { gpu_declared: Some(MIB), ..spec(Some(64 * MIB)) }).unwrap();
+            assert!(d.admission.failing().any(|c| c.name == "gpu margin" && c.value.starts_with("not observed")), "{:?}", d.admission);
         }
         (None, GpuAudit::Observed(o)) => {
             eprintln!("NVML present: {} board(s), {} bytes", o.boards.len(), o.total);
@@ -332,8 +337,7 @@ fn v2_without_memory_delegation_says_what_to_do() {
         c.split_whitespace().any(|w| w == "memory")
     };
     let own = cgroup::membership_of(std::process::id(), cgroup::Version::V2).unwrap().expect("a cgroup v2 line in /proc/self/cgroup");
-    let mut located =
-        cgroup::Located { version: cgroup::Version::V2, mountpoint: point.clone(), mount_root, own: own.clone() };
+    let mut located = cgroup::Located { version: cgroup::Version::V2, mountpoint: point.clone(), mount_root, own: own.clone() };
     let own_dir = located.fs_path(&own);
     assert!(own_dir.is_dir(), "our cgroup {own} is not visible under the cgroup2 at {}", point.display());
     let mut undelegated = None;
@@ -345,7 +349,8 @@ fn v2_without_memory_delegation_says_what_to_do() {
                 return;
             }
         };
-        located.own = format!("{}/{}/{}", own.trim_end_matches('/'), u.child.file_name().unwrap().to_str().unwrap(), Undelegated::GRANDCHILD);
+        located.own =
+            format!("{}/{}/{}", own.trim_end_matches('/'), u.child.file_name().unwrap().to_str().unwrap(), Undelegated::GRANDCHILD);
         assert_eq!(located.fs_path(&located.own), u.grandchild);
         u.grandchild.clone()
     } else {
@@ -386,8 +391,6 @@ fn v2_without_memory_delegation_says_what_to_do() {
 
 #[test]
 fn zero_sample_interval_is_refused() {
-    let e =
-        run_contained(quiet("true", &[]), &ContainSpec { sample_interval: Duration::ZERO, ..ContainSpec::default() })
-            .unwrap_err();
+    let e = run_contained(quiet("true", &[]), &ContainSpec { sample_interval: Duration::ZERO, ..ContainSpec::default() }).unwrap_err();
     assert!(e.to_string().contains("sample interval"));
 }

@@ -77,31 +77,31 @@ fn cases() -> impl Strategy<Value = Case> {
     (0..SHAPES.len(), 0..PROMPTS.len(), 0..BATCHES.len()).prop_flat_map(|(shape, prompt, batch)| {
         let [layers, experts, ..] = SHAPES[shape];
         (1..=experts).prop_flat_map(move |slots| {
-        (
-            Just(slots),
-            prop::collection::vec((0..layers, 0..experts), 0..=3),
-            // LRU sizes up to one past the slots (refused).
-            prop::option::weighted(0.5, 0..=slots + 1),
-            any::<bool>(),
-            prop::sample::select(vec![0u32, 0, 0, 2]),
-            1u32..=4,
-            1u32..=8,
-            prop::sample::select(vec!["p", "d", "f"]),
-        )
-            .prop_map(move |(slots, pins, lru, prefetch, layer_buffers, windows, depth, source)| Case {
-                shape,
-                prompt,
-                batch,
-                slots,
-                // Pins only where they leave a slot to spare, most of the time.
-                pins: if layer_buffers == 0 { pins.into_iter().filter(|_| slots > 3).collect() } else { pins },
-                lru,
-                prefetch,
-                layer_buffers,
-                windows,
-                depth,
-                source,
-            })
+            (
+                Just(slots),
+                prop::collection::vec((0..layers, 0..experts), 0..=3),
+                // LRU sizes up to one past the slots (refused).
+                prop::option::weighted(0.5, 0..=slots + 1),
+                any::<bool>(),
+                prop::sample::select(vec![0u32, 0, 0, 2]),
+                1u32..=4,
+                1u32..=8,
+                prop::sample::select(vec!["p", "d", "f"]),
+            )
+                .prop_map(move |(slots, pins, lru, prefetch, layer_buffers, windows, depth, source)| Case {
+                    shape,
+                    prompt,
+                    batch,
+                    slots,
+                    // Pins only where they leave a slot to spare, most of the time.
+                    pins: if layer_buffers == 0 { pins.into_iter().filter(|_| slots > 3).collect() } else { pins },
+                    lru,
+                    prefetch,
+                    layer_buffers,
+                    windows,
+                    depth,
+                    source,
+                })
         })
     })
 }
@@ -183,7 +183,11 @@ fn every_plan_configuration_is_exact_or_fails_closed() {
     let result = runner.run(&cases(), |c| {
         let exact = check(&fx, &c, runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst))?;
         let mut t = tally.lock().unwrap();
-        if exact { t.0 += 1 } else { t.1 += 1 }
+        if exact {
+            t.0 += 1
+        } else {
+            t.1 += 1
+        }
         Ok(())
     });
     if let Err(e) = result {

@@ -145,7 +145,8 @@ fn prompt_passes_read_the_next_group_under_compute_and_stay_exact() {
     let from = |v: &serde_json::Value| v.as_str().map(str::to_string);
     // (flags, prompt pass, where it came from): the default at 32 slots (half of them), given,
     // given with LRU, off, and none by default where half the slots is a small pass.
-    let cells: [(&str, &[&str], Option<u64>, Option<&str>); 5] = [
+    type PassCell<'a> = (&'a str, &'a [&'a str], Option<u64>, Option<&'a str>);
+    let cells: [PassCell; 5] = [
         ("sized", &["--slots", "32"], Some(16), Some("manifest")),
         ("given", &["--slots", "8", "--prompt-pass", "3"], Some(3), Some("flags")),
         ("lru", &["--slots", "8", "--prompt-pass", "4", "--policy", "lru:8"], Some(4), Some("flags")),
@@ -161,7 +162,11 @@ fn prompt_passes_read_the_next_group_under_compute_and_stay_exact() {
         assert_exact(&resident, &rec);
         assert_clean(&r);
         let (p, sizing) = (&r["params"]["experts"], &r["params"]["experts"]["sizing"]);
-        assert_eq!((n(&p["prompt_pass"]), n(&sizing["prompt_pass"]), from(&sizing["prompt_pass_from"]).as_deref()), (pass, pass, source), "{name}: {p}");
+        assert_eq!(
+            (n(&p["prompt_pass"]), n(&sizing["prompt_pass"]), from(&sizing["prompt_pass_from"]).as_deref()),
+            (pass, pass, source),
+            "{name}: {p}"
+        );
         passes.push(r["experts"]["selections"]["layers"][0]["passes"].as_u64().unwrap());
         // The timeline sums the prompt: its reads are the prefill's, every pass it acquired was
         // released, and busy and idle split its wall time exactly.
@@ -176,7 +181,13 @@ fn prompt_passes_read_the_next_group_under_compute_and_stay_exact() {
     let bad = dir.path().join("bad");
     let r = generate(&m, PROMPT, OUTPUTS, &bad, &["--experts", "plan", "--source", "f", "--slots", "8", "--prompt-pass", "9"]);
     assert_one_line_error(&r, &["prompt pass of 9"]);
-    let r = generate(&m, PROMPT, OUTPUTS, &bad, &["--experts", "plan", "--source", "f", "--slots", "8", "--prompt-pass", "2", "--fault", "eio"]);
+    let r = generate(
+        &m,
+        PROMPT,
+        OUTPUTS,
+        &bad,
+        &["--experts", "plan", "--source", "f", "--slots", "8", "--prompt-pass", "2", "--fault", "eio"],
+    );
     assert_one_line_error(&r, &["prompt passes are not combined with fault cells"]);
 }
 
@@ -252,10 +263,18 @@ fn manifest_sized_f_with_coalesced_and_direct_reads_is_exact() {
             // The CPU's pools are plain host memory: copies are synchronous, and the record says so.
             let c = &r["experts"]["copy"];
             assert_eq!(r["experts"]["m_source_bound"]["windows_memory"], "aligned mapping (every layer on the CPU)");
-            assert_eq!((&c["synchronous"], &c["asynchronous"], &c["async_copies"]), (&serde_json::json!(["CPU"]), &serde_json::Value::Null, &serde_json::Value::Null), "{c}");
+            assert_eq!(
+                (&c["synchronous"], &c["asynchronous"], &c["async_copies"]),
+                (&serde_json::json!(["CPU"]), &serde_json::Value::Null, &serde_json::Value::Null),
+                "{c}"
+            );
             if source == "d" {
                 // D stays the one-window synchronous baseline: one read per extent, via its window.
-                assert_eq!((n(&sizing["windows"]), n(&mv["sqes"]), n(&mv["coalesced_sqes"]), n(&mv["direct_bytes"])), (1, n(&t["q_run"]["reads"]), 0, 0), "{mv}");
+                assert_eq!(
+                    (n(&sizing["windows"]), n(&mv["sqes"]), n(&mv["coalesced_sqes"]), n(&mv["direct_bytes"])),
+                    (1, n(&t["q_run"]["reads"]), 0, 0),
+                    "{mv}"
+                );
                 continue;
             }
             // Sized from the manifest: one window per slot (a pass's misses), one bundle's 3
@@ -263,13 +282,20 @@ fn manifest_sized_f_with_coalesced_and_direct_reads_is_exact() {
             assert_eq!(sizing["from"], "manifest", "{sizing}");
             assert_eq!((n(&sizing["windows"]), n(&sizing["depth"])), (5, 3), "{sizing}");
             assert_eq!((n(&sizing["token_pass"]), &sizing["token_pass_from"]), (1, &serde_json::json!("manifest")), "{sizing}");
-            assert_eq!((&r["params"]["experts"]["depth"], &r["params"]["experts"]["token_pass"]), (&serde_json::json!(3), &serde_json::json!(1)));
+            assert_eq!(
+                (&r["params"]["experts"]["depth"], &r["params"]["experts"]["token_pass"]),
+                (&serde_json::json!(3), &serde_json::json!(1))
+            );
             assert_eq!(r["experts"]["m_source_bound"]["n_windows"], 5);
             assert_eq!(n(&mv["direct_bytes"]) + n(&mv["window_bytes"]), n(&t["q_run"]["logical_bytes"]), "{mv}");
             if name == "odd" {
                 assert_eq!((n(&mv["direct_bytes"]), n(&mv["host_pools_direct"]), n(&mv["host_pools_windowed"])), (0, 0, 9), "{mv}");
             } else {
-                assert_eq!((n(&mv["window_bytes"]), n(&r["experts"]["copy"]["bytes"])), (0, 0), "every extent went straight to its slot: {mv}");
+                assert_eq!(
+                    (n(&mv["window_bytes"]), n(&r["experts"]["copy"]["bytes"])),
+                    (0, 0),
+                    "every extent went straight to its slot: {mv}"
+                );
                 assert_eq!((n(&mv["host_pools_direct"]), n(&mv["host_pools_windowed"])), (9, 0), "{mv}");
             }
         }
@@ -277,7 +303,11 @@ fn manifest_sized_f_with_coalesced_and_direct_reads_is_exact() {
     // Flags still win, and the record says so; with a whole token in one pass and a layer's
     // reads in flight together, neighbours in a tensor go out as one read.
     let rec = dir.path().join("flags");
-    let r = gen(&aligned, &rec, &["--experts", "plan", "--slots", "5", "--source", "f", "--windows", "5", "--depth", "15", "--token-pass", "4"]);
+    let r = gen(
+        &aligned,
+        &rec,
+        &["--experts", "plan", "--slots", "5", "--source", "f", "--windows", "5", "--depth", "15", "--token-pass", "4"],
+    );
     let sizing = &r["params"]["experts"]["sizing"];
     assert_eq!((&sizing["from"], &sizing["token_pass_from"]), (&serde_json::json!("flags"), &serde_json::json!("flags")), "{sizing}");
     assert_eq!((r["params"]["experts"]["windows"].as_u64(), r["params"]["experts"]["depth"].as_u64()), (Some(5), Some(15)));
@@ -298,7 +328,11 @@ fn token_passes_stream_a_layer_in_groups_and_stay_exact() {
     // later groups read while the engine computes the first ones.
     for (pass, source, policy) in [("1", "f", "zero"), ("2", "f", "lru:5"), ("2", "d", "zero")] {
         let rec = dir.path().join(format!("t{pass}-{source}-{}", policy.replace(':', "")));
-        let r = gen(&m, &rec, &["--experts", "plan", "--slots", "5", "--source", source, "--depth", "3", "--token-pass", pass, "--policy", policy]);
+        let r = gen(
+            &m,
+            &rec,
+            &["--experts", "plan", "--slots", "5", "--source", source, "--depth", "3", "--token-pass", pass, "--policy", policy],
+        );
         assert_exact(&resident, &rec);
         assert_clean(&r);
         assert_eq!(r["params"]["experts"]["token_pass"], pass.parse::<u32>().unwrap());
@@ -324,11 +358,13 @@ fn default_threads_decode_streamed_on_every_core_but_one_and_stay_exact() {
     // No --threads: what each run decodes and takes its prompt on, as its record names them.
     let bare = |name: &str, extra: &[&str]| {
         let rec = dir.path().join(name);
-        let mut args = vec!["generate", "--model", m.to_str().unwrap(), "--prompt", PROMPT, "--n-predict", "16", "--record", rec.to_str().unwrap()];
+        let mut args =
+            vec!["generate", "--model", m.to_str().unwrap(), "--prompt", PROMPT, "--n-predict", "16", "--record", rec.to_str().unwrap()];
         args.extend_from_slice(extra);
         let r = run(&args);
         assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
-        let p = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()["params"].clone();
+        let p = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()["params"]
+            .clone();
         let decode = p["threads"].as_u64().unwrap();
         (rec, decode, p.get("threads_batch").map(|b| b.as_u64().unwrap()))
     };
@@ -346,7 +382,17 @@ fn default_threads_decode_streamed_on_every_core_but_one_and_stay_exact() {
     let (apart, t, b) = bare("apart", &[&plan[..], &["--threads", "1", "--threads-batch", "2"]].concat());
     assert_eq!((t, b), (1, Some(2)));
     assert_exact(&resident, &apart);
-    let r = run(&["generate", "--model", m.to_str().unwrap(), "--prompt", PROMPT, "--threads-batch", "0", "--record", dir.path().join("bad").to_str().unwrap()]);
+    let r = run(&[
+        "generate",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        PROMPT,
+        "--threads-batch",
+        "0",
+        "--record",
+        dir.path().join("bad").to_str().unwrap(),
+    ]);
     assert_one_line_error(&r, &["--threads-batch 0 is out of range"]);
 }
 
@@ -370,7 +416,18 @@ fn a_shard_set_is_exact_against_its_one_file() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let cases: [(&str, &str, &str, &[&[&str]]); 5] = [
-        ("qwen3moe", "32", "f32", &[&["--source", "p"], &["--source", "d", "--policy", "lru:3"], &["--source", "f", "--policy", "lru:5"], &["--source", "f", "--policy", "zero+prefetch"], &["--source", "f", "--token-pass", "2"]]),
+        (
+            "qwen3moe",
+            "32",
+            "f32",
+            &[
+                &["--source", "p"],
+                &["--source", "d", "--policy", "lru:3"],
+                &["--source", "f", "--policy", "lru:5"],
+                &["--source", "f", "--policy", "zero+prefetch"],
+                &["--source", "f", "--token-pass", "2"],
+            ],
+        ),
         ("qwen3next", "32", "q8_0", &[&["--source", "f"], &["--source", "p", "--policy", "lru:3"]]),
         ("gemma4", "4096", "f32", &[&["--source", "f"], &["--source", "d"]]),
         ("deepseek2", "32", "q4_k_m", &[&["--source", "f", "--policy", "lru:5"]]),
@@ -390,7 +447,8 @@ fn a_shard_set_is_exact_against_its_one_file() {
             let rec = d.join(format!("{name}-set-resident-{tag}"));
             let v = gen_n(&model, &rec, SET_OUTPUTS, &[]);
             assert_exact(&one, &rec);
-            let shards = v["model"]["shards"].as_array().unwrap_or_else(|| panic!("{name}: the record names the set's shards: {}", v["model"]));
+            let shards =
+                v["model"]["shards"].as_array().unwrap_or_else(|| panic!("{name}: the record names the set's shards: {}", v["model"]));
             assert!(shards.len() >= 3 && shards.iter().all(|s| s["sha256"].as_str().is_some_and(|h| h.len() == 64)), "{name}: {shards:?}");
             assert_ne!(v["model"]["sha256"], v1["model"]["sha256"], "a set is named by its own digest");
             assert_eq!(v["model"]["file"], first.file_name().unwrap().to_str().unwrap(), "{name}: named by its first file");

@@ -57,7 +57,10 @@ fn simulate_writes_csv_and_figure_and_refuses_bad_input() {
     let (csv, svg, png) = (dir.path().join("sim.csv"), dir.path().join("sim.svg"), dir.path().join("sim.png"));
     let rec_s = rec.to_str().unwrap();
     let m_s = m.to_str().unwrap();
-    let base = ["plan", "simulate", "--routes", rec_s, "--model", m_s, "--slots", "2,4,8,16", "--policy", "zero", "--policy", "lru:4", "--policy", "lru:S"];
+    let base = [
+        "plan", "simulate", "--routes", rec_s, "--model", m_s, "--slots", "2,4,8,16", "--policy", "zero", "--policy", "lru:4", "--policy",
+        "lru:S",
+    ];
     let out = ok(&[&base[..], &["--csv", csv.to_str().unwrap(), "--figure", svg.to_str().unwrap()]].concat());
     assert!(out.stdout.contains("MIN"), "{}", out.stdout);
     assert!(out.stdout.contains("refused: lru:4 exceeds the 2 slots"), "{}", out.stdout);

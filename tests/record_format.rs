@@ -118,7 +118,10 @@ fn new_records_round_trip_byte_for_byte() {
     let t = tempfile::tempdir().unwrap();
     let m = forge(t.path(), "m.gguf", 5, &[]);
     let plan = t.path().join("plan");
-    assert_eq!(generate(&m, "typed", 3, &plan, &["--experts", "plan", "--slots", "4", "--source", "f", "--windows", "2", "--depth", "2"]).code, 0);
+    assert_eq!(
+        generate(&m, "typed", 3, &plan, &["--experts", "plan", "--slots", "4", "--source", "f", "--windows", "2", "--depth", "2"]).code,
+        0
+    );
     let resident = t.path().join("resident");
     assert_eq!(generate(&m, "typed", 3, &resident, &[]).code, 0);
     let fatal = t.path().join("fatal");
@@ -128,8 +131,28 @@ fn new_records_round_trip_byte_for_byte() {
     let refine = t.path().join("refine");
     let ms = m.to_str().unwrap();
     ok(&[
-        "refine", "--base", ms, "--verifier", ms, "--reference", ms, "--prompts", prompts.to_str().unwrap(), "--n-predict", "3",
-        "--tau", "0.5", "--window", "2", "--verifier-experts", "plan", "--slots", "4", "--source", "p", "--record",
+        "refine",
+        "--base",
+        ms,
+        "--verifier",
+        ms,
+        "--reference",
+        ms,
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--n-predict",
+        "3",
+        "--tau",
+        "0.5",
+        "--window",
+        "2",
+        "--verifier-experts",
+        "plan",
+        "--slots",
+        "4",
+        "--source",
+        "p",
+        "--record",
         refine.to_str().unwrap(),
     ]);
     for dir in [&plan, &resident, &fatal, &refine] {

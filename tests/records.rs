@@ -20,7 +20,8 @@ fn a_stale_partial_is_moved_aside_and_the_run_proceeds() {
     let lines: Vec<&str> = r.stderr.lines().filter(|l| l.contains("r.partial")).collect();
     assert_eq!(lines.len(), 1, "{}", r.stderr);
     assert!(lines[0].contains("left by a run that died") && lines[0].contains("r.abandoned-"), "{}", lines[0]);
-    let aside: Vec<_> = fs::read_dir(t.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("r.abandoned-")).collect();
+    let aside: Vec<_> =
+        fs::read_dir(t.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("r.abandoned-")).collect();
     assert_eq!(aside.len(), 1);
     assert_eq!(fs::read(aside[0].path().join("other")).unwrap(), b"not ours", "the abandoned staging is kept, not deleted");
     assert!(rec.join("record.json").exists() && !t.path().join("r.partial").exists());

@@ -42,8 +42,21 @@ fn s(p: &Path) -> &str {
 fn refine(m: &Models, name: &str, extra: &[&str]) -> (Value, PathBuf) {
     let rec = m.dir.join(name);
     let mut args = vec![
-        "refine", "--base", s(&m.q4), "--verifier", s(&m.q8), "--reference", s(&m.f32), "--prompts", s(&m.prompts),
-        "--n-predict", "24", "--window", "8", "--record", s(&rec),
+        "refine",
+        "--base",
+        s(&m.q4),
+        "--verifier",
+        s(&m.q8),
+        "--reference",
+        s(&m.f32),
+        "--prompts",
+        s(&m.prompts),
+        "--n-predict",
+        "24",
+        "--window",
+        "8",
+        "--record",
+        s(&rec),
     ];
     args.extend_from_slice(extra);
     ok(&args);
@@ -65,7 +78,20 @@ fn floats(p: &Path) -> Vec<f32> {
 fn margins_predict_disagreement_and_write_every_position() {
     let m = models();
     let csv = m.dir.join("m.csv");
-    let r = ok(&["margins", "--reference", s(&m.f32), "--candidate", s(&m.q4), "--prompts", s(&m.prompts), "--n-predict", "32", "--csv", s(&csv), "--json"]);
+    let r = ok(&[
+        "margins",
+        "--reference",
+        s(&m.f32),
+        "--candidate",
+        s(&m.q4),
+        "--prompts",
+        s(&m.prompts),
+        "--n-predict",
+        "32",
+        "--csv",
+        s(&csv),
+        "--json",
+    ]);
     let v: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["positions"], 6 * 32);
     let agreement = v["agreement"].as_f64().unwrap();
@@ -326,8 +352,22 @@ fn nan_logits_of_base_verifier_or_reference_fail_the_run() {
     ] {
         let rec = dir.join(name);
         let r = run(&[
-            "refine", "--base", s(base), "--verifier", s(verifier), "--reference", s(reference), "--prompts", s(&prompts),
-            "--n-predict", "6", "--window", "3", "--verify-all", "--record", s(&rec),
+            "refine",
+            "--base",
+            s(base),
+            "--verifier",
+            s(verifier),
+            "--reference",
+            s(reference),
+            "--prompts",
+            s(&prompts),
+            "--n-predict",
+            "6",
+            "--window",
+            "3",
+            "--verify-all",
+            "--record",
+            s(&rec),
         ]);
         assert_ne!(r.code, 0, "{name}: {}{}", r.stdout, r.stderr);
         assert!(r.stderr.contains(needle) && r.stderr.contains("logits row 0 is not finite"), "{name}: {}", r.stderr);

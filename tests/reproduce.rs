@@ -59,7 +59,8 @@ fn run_and_export(dir: &Path, file: &Path, id: &str) -> (PathBuf, PathBuf) {
     ok(&["campaign", "run", s(file), "--results", s(&results), "--no-progress"]);
     let export = dir.join("export");
     let r = ok(&["export", "--campaign", id, "--results", s(&results), "--out", s(&export)]);
-    let sealed = r.stdout.lines().find_map(|l| l.strip_prefix("ledger ")?.strip_suffix(" (sealed)")).expect("export prints the sealed ledger");
+    let sealed =
+        r.stdout.lines().find_map(|l| l.strip_prefix("ledger ")?.strip_suffix(" (sealed)")).expect("export prints the sealed ledger");
     (results, PathBuf::from(sealed).join("ledger.json"))
 }
 
@@ -122,13 +123,40 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     assert!(report["timing_rule"].as_str().unwrap().contains("overlaps"));
 
     // A rerun resumes: nothing runs again and the same report is the same sealed record.
-    let r = ok(&["reproduce", "--claim", id, "--unanchored", "--ledger", s(&ledger), "--results", s(&results), "--out", s(&out), "--campaign", s(&file), "--json"]);
+    let r = ok(&[
+        "reproduce",
+        "--claim",
+        id,
+        "--unanchored",
+        "--ledger",
+        s(&ledger),
+        "--results",
+        s(&results),
+        "--out",
+        s(&out),
+        "--campaign",
+        s(&file),
+        "--json",
+    ]);
     let again: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(again["sealed"], v["sealed"]);
     assert!(r.stderr.contains("0 ran now"), "{}", r.stderr);
 
     // The text form prints original, reproduced and the verdict per assertion.
-    let r = ok(&["reproduce", "--claim", id, "--unanchored", "--ledger", s(&ledger), "--results", s(&results), "--out", s(&out), "--campaign", s(&file)]);
+    let r = ok(&[
+        "reproduce",
+        "--claim",
+        id,
+        "--unanchored",
+        "--ledger",
+        s(&ledger),
+        "--results",
+        s(&results),
+        "--out",
+        s(&out),
+        "--campaign",
+        s(&file),
+    ]);
     assert!(r.stdout.contains("holds timing") && r.stdout.contains("original") && r.stdout.contains("reproduced"), "{}", r.stdout);
     assert!(r.stdout.contains("reproduction holds"), "{}", r.stdout);
 
@@ -142,7 +170,20 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
         fs::write(&f, &bytes).unwrap();
         r["surfaces"]["logits"]["sha256"] = sovereign::util::sha256(&bytes).into();
     });
-    let r = run(&["reproduce", "--claim", id, "--unanchored", "--ledger", s(&forged), "--results", s(&forged_results), "--out", s(&out), "--campaign", s(&file)]);
+    let r = run(&[
+        "reproduce",
+        "--claim",
+        id,
+        "--unanchored",
+        "--ledger",
+        s(&forged),
+        "--results",
+        s(&forged_results),
+        "--out",
+        s(&out),
+        "--campaign",
+        s(&file),
+    ]);
     assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("FAILS surfaces   record b02-p1-resident: ") && r.stdout.contains("differs in logits"), "{}", r.stdout);
     assert!(r.stdout.contains("holds timing") && r.stdout.contains("reproduction FAILED"), "{}", r.stdout);
@@ -186,7 +227,20 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
     refused_in(&["--campaign", s(&file)], &other, &other_results, &[alias, "engine tree digest", &"0".repeat(64)]);
 
     // The originals' own directory is not a place for a reproduction.
-    let r = run(&["reproduce", "--claim", id, "--unanchored", "--ledger", s(&ledger), "--results", s(&results), "--out", s(&results), "--campaign", s(&file)]);
+    let r = run(&[
+        "reproduce",
+        "--claim",
+        id,
+        "--unanchored",
+        "--ledger",
+        s(&ledger),
+        "--results",
+        s(&results),
+        "--out",
+        s(&results),
+        "--campaign",
+        s(&file),
+    ]);
     assert_one_line_error(&r, &["--out"]);
 
     // Nor is a claim whose own records no longer verify.
@@ -204,7 +258,15 @@ fn exactness_claim_reproduces_bitwise_and_what_differs_is_refused() {
 /// edited by `edit` (its record.json, and the directory) and sealed again, the original gone
 /// and the journal pointed at the new one: a consistent history that verifies (only the
 /// claim's published digest tells it apart). Returns the ledger and the results.
-fn altered(dir: &Path, results: &Path, ledger: &Path, id: &str, alias: &str, name: &str, edit: impl FnOnce(&mut Value, &Path)) -> (PathBuf, PathBuf) {
+fn altered(
+    dir: &Path,
+    results: &Path,
+    ledger: &Path,
+    id: &str,
+    alias: &str,
+    name: &str,
+    edit: impl FnOnce(&mut Value, &Path),
+) -> (PathBuf, PathBuf) {
     let copy = dir.join(format!("{name}.results"));
     copy_writable(results, &copy);
     let mut l: Value = serde_json::from_str(&fs::read_to_string(ledger).unwrap()).unwrap();
@@ -301,7 +363,8 @@ fn paired_ratio_claim_of_pdf_pairs_reproduces_under_its_cap() {
     assert!(timing[0]["what"].as_str().unwrap().contains("over 2 pairs"), "{}", timing[0]);
     // The same cap: every reproduced cell ran under it.
     for p in report["records"].as_array().unwrap() {
-        let cell: Value = serde_json::from_str(&fs::read_to_string(out.join(p["reproduced"].as_str().unwrap()).join("cell.json")).unwrap()).unwrap();
+        let cell: Value =
+            serde_json::from_str(&fs::read_to_string(out.join(p["reproduced"].as_str().unwrap()).join("cell.json")).unwrap()).unwrap();
         if cell["cell"]["arm"]["id"] != "oracle" {
             assert_eq!(cell["cell"]["arm"]["memory_cap_bytes"], 67108864);
             assert_eq!(cell["admission"]["passed"], true, "{cell:#}");
@@ -335,9 +398,14 @@ fn a_campaign_on_a_shard_set_runs_verifies_and_reproduces() {
     fs::write(&file, &text).unwrap();
     let (results, ledger) = run_and_export(t.path(), &file, id);
     let journal = fs::read_to_string(results.join("campaigns").join(id).join("journal.jsonl")).unwrap();
-    let sealed = journal.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).find(|e| e["event"] == "cell_sealed" && e["cell"].as_str().unwrap().ends_with("resident-t1")).unwrap();
+    let sealed = journal
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["event"] == "cell_sealed" && e["cell"].as_str().unwrap().ends_with("resident-t1"))
+        .unwrap();
     assert_eq!(sealed["exact"], true, "{sealed}");
-    let rec: Value = serde_json::from_str(&fs::read_to_string(results.join(sealed["digest"].as_str().unwrap()).join("record.json")).unwrap()).unwrap();
+    let rec: Value =
+        serde_json::from_str(&fs::read_to_string(results.join(sealed["digest"].as_str().unwrap()).join("record.json")).unwrap()).unwrap();
     assert!(rec["experts"]["telemetry"]["q_run"]["reads"].as_u64().unwrap() > 0, "the arm read the set through the Plan");
     assert_eq!(rec["model"]["sha256"], digest.as_str(), "{}", rec["model"]);
     assert_eq!(rec["model"]["shards"].as_array().map(Vec::len), Some(4));
@@ -359,7 +427,21 @@ fn a_campaign_on_a_shard_set_runs_verifies_and_reproduces() {
     let n = bytes.len();
     bytes[n - 1] ^= 1;
     fs::write(&third, bytes).unwrap();
-    let r = run(&["reproduce", "--claim", id, "--ledger", s(&ledger), "--results", s(&results), "--out", s(&t.path().join("refused")), "--campaign", s(&file), "--model", &given]);
+    let r = run(&[
+        "reproduce",
+        "--claim",
+        id,
+        "--ledger",
+        s(&ledger),
+        "--results",
+        s(&results),
+        "--out",
+        s(&t.path().join("refused")),
+        "--campaign",
+        s(&file),
+        "--model",
+        &given,
+    ]);
     // (A line before it says why the altered shard's manifest is built again.)
     assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
     let last = r.stderr.lines().last().unwrap();

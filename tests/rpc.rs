@@ -214,7 +214,11 @@ fn the_device_budget_sizes_the_plan_on_the_rpc_device() {
     // budget holds beyond them and the margin, and the run's pools on the device are those slots.
     let before = &v["params"]["placement"]["device_before_decode"];
     let rpc0 = before["buffers"].as_array().unwrap().iter().find(|x| x["device"] == "RPC0").expect("RPC0's buffers");
-    assert_eq!((n(&b["weights"]), n(&b["context"]), n(&b["compute"])), (n(&rpc0["model"]), n(&rpc0["context"]), n(&rpc0["compute"])), "{b} {rpc0}");
+    assert_eq!(
+        (n(&b["weights"]), n(&b["context"]), n(&b["compute"])),
+        (n(&rpc0["model"]), n(&rpc0["context"]), n(&rpc0["compute"])),
+        "{b} {rpc0}"
+    );
     let need: u64 = ["weights", "context", "compute", "margin"].iter().map(|k| n(&b[*k])).sum();
     let slots = (n(&b["budget"]) - need) / n(&b["per_slot"]);
     assert!(slots > 1 && slots < 32, "{b}");
@@ -222,11 +226,17 @@ fn the_device_budget_sizes_the_plan_on_the_rpc_device() {
     assert_eq!(n(&rpc0["pools"]), slots * n(&b["per_slot"]), "{rpc0}");
     // A device budget below one slot per layer: one line naming the least budget, no record.
     let small = dir.path().join("small");
-    let r = generate(&m, PROMPT, OUTPUTS, &small, &["--rpc", &s.endpoint, "--gpu-layers", "all", "--experts", "plan", "--gpu-budget", "770M"]);
+    let r =
+        generate(&m, PROMPT, OUTPUTS, &small, &["--rpc", &s.endpoint, "--gpu-layers", "all", "--experts", "plan", "--gpu-budget", "770M"]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     let lines: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("error")).collect();
     assert_eq!(lines.len(), 1, "{}", r.stderr);
-    assert!(lines[0].contains("--gpu-budget 807403520: too small") && lines[0].contains(&format!("the least budget that would is {} bytes", n(&b["least_budget"]))), "{}", lines[0]);
+    assert!(
+        lines[0].contains("--gpu-budget 807403520: too small")
+            && lines[0].contains(&format!("the least budget that would is {} bytes", n(&b["least_budget"]))),
+        "{}",
+        lines[0]
+    );
     assert!(!small.exists() && !dir.path().join("small.partial").exists());
 }
 
@@ -257,7 +267,15 @@ fn no_server_and_a_server_killed_mid_run_fail_closed_with_one_line() {
     let endpoint = s.endpoint.clone();
     let run = std::thread::spawn({
         let (m, rec) = (m.clone(), rec.clone());
-        move || generate(&m, PROMPT, 3000, &rec, &["--rpc", &endpoint, "--gpu-layers", "all", "--experts", "plan", "--slots", "5", "--ignore-eos"])
+        move || {
+            generate(
+                &m,
+                PROMPT,
+                3000,
+                &rec,
+                &["--rpc", &endpoint, "--gpu-layers", "all", "--experts", "plan", "--slots", "5", "--ignore-eos"],
+            )
+        }
     });
     std::thread::sleep(Duration::from_millis(1500));
     s.kill();
@@ -402,7 +420,8 @@ repetition:
     assert_eq!(rows.len(), 5);
     for r in rows.iter().filter(|r| r[col("arm")].starts_with("device-F")) {
         assert_eq!((&r[col("status")], &r[col("exact")]), ("completed", "true"), "{r:?}");
-        let rec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(results.join(&r[col("record")]).join("record.json")).unwrap()).unwrap();
+        let rec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(results.join(&r[col("record")]).join("record.json")).unwrap()).unwrap();
         let p = &rec["params"]["placement"];
         assert_eq!(p["gpu_devices"], serde_json::json!(["RPC0"]), "{p}");
         assert_eq!(rec["experts"]["copy"]["devices"], serde_json::json!(["RPC0"]));
@@ -429,8 +448,17 @@ repetition:
     assert!(r.stderr.contains("`rpc` needs `gpu_layers`"), "{}", r.stderr);
     // A device cap needs a device server to cap.
     let bad = dir.join("bad-cap.yaml");
-    std::fs::write(&bad, text.replacen("    rpc: local
-    device_memory_cap_bytes", "    device_memory_cap_bytes", 1).replace("id: rpc-local-1", "id: rpc-local-bad-cap")).unwrap();
+    std::fs::write(
+        &bad,
+        text.replacen(
+            "    rpc: local
+    device_memory_cap_bytes",
+            "    device_memory_cap_bytes",
+            1,
+        )
+        .replace("id: rpc-local-1", "id: rpc-local-bad-cap"),
+    )
+    .unwrap();
     let r = run(&["campaign", "check", bad.to_str().unwrap()]);
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("`device_memory_cap_bytes` caps the `rpc: local` device server"), "{}", r.stderr);
@@ -459,7 +487,8 @@ fn a_capped_device_bounds_its_memory_and_a_cap_too_small_fails_the_run_closed() 
         let log = dir.path().join(format!("server-{cap}-{}.log", rec.file_name().unwrap().to_str().unwrap()));
         let mut s = Server::start_with(&["--memory-max", cap], Stdio::from(std::fs::File::create(&log).unwrap()));
         let started = std::fs::read_to_string(&log).unwrap();
-        let cgroup = started.split("--device-cgroup ").nth(1).map(|t| t.trim().to_string()).unwrap_or_else(|| panic!("no cgroup in {started}"));
+        let cgroup =
+            started.split("--device-cgroup ").nth(1).map(|t| t.trim().to_string()).unwrap_or_else(|| panic!("no cgroup in {started}"));
         let mut args = vec!["--rpc", s.endpoint.as_str(), "--gpu-layers", "all"];
         args.extend_from_slice(&plan);
         if let Some(budget) = audit {

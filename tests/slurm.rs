@@ -205,7 +205,10 @@ fn journals(results: &Path, id: &str) -> Vec<Value> {
     if let Ok(rd) = fs::read_dir(root.join("journals")) {
         files.extend(rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "jsonl")));
     }
-    files.iter().flat_map(|f| fs::read_to_string(f).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect::<Vec<Value>>()).collect()
+    files
+        .iter()
+        .flat_map(|f| fs::read_to_string(f).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect::<Vec<Value>>())
+        .collect()
 }
 
 fn count(j: &[Value], kind: &str) -> BTreeMap<String, usize> {
@@ -236,7 +239,11 @@ fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 /// The shipped exactness campaign under its own id, with cells long enough to be ended
 /// mid-run, submitted to the cluster; returns the campaign file and the results root.
 fn submit_long(c: &Cluster, tmp: &Path, id: &str) -> (PathBuf, PathBuf) {
-    let file = shipped(tmp, |t| t.replace("id: exactness-resident-1", &format!("id: {id}")).replace("outputs: 16", "outputs: 400").replace("horizon: 16", "horizon: 400"));
+    let file = shipped(tmp, |t| {
+        t.replace("id: exactness-resident-1", &format!("id: {id}"))
+            .replace("outputs: 16", "outputs: 400")
+            .replace("horizon: 16", "horizon: 400")
+    });
     let results = tmp.join("results");
     c.ok(&["campaign", "run", s(&file), "--executor", "slurm", "--results", s(&results), "--time", "20"]);
     (file, results)
@@ -263,7 +270,11 @@ fn first_cell_started(results: &Path, id: &str) -> (usize, String) {
 }
 
 fn idle(v: &Value) -> bool {
-    v["blocks"].as_array().unwrap().iter().all(|b| !matches!(b["slurm"].as_str().unwrap(), "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING"))
+    v["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|b| !matches!(b["slurm"].as_str().unwrap(), "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING"))
 }
 
 /// Every cell sealed exactly once, every record verifies, nothing left in staging; then
@@ -329,7 +340,9 @@ fn shipped_exactness_campaign_as_a_job_array() {
     assert_eq!(jobs[1]["blocks"], serde_json::json!([1, 2, 3]));
     assert_eq!(jobs[1]["after"], jobs[0]["job"]);
     // Submitting again while the tasks are queued submits nothing.
-    let again: Value = serde_json::from_str(&c.ok(&["campaign", "run", s(&file), "--executor", "slurm", "--results", s(&results), "--json"]).stdout).unwrap();
+    let again: Value =
+        serde_json::from_str(&c.ok(&["campaign", "run", s(&file), "--executor", "slurm", "--results", s(&results), "--json"]).stdout)
+            .unwrap();
     assert!(again["submitted"].as_array().unwrap().is_empty(), "{again}");
 
     wait_until("the campaign to finish", 600, || {
@@ -348,13 +361,16 @@ fn shipped_exactness_campaign_as_a_job_array() {
     let text = c.ok(&["campaign", "status", s(&file), "--results", s(&results)]).stdout;
     assert!(text.contains("blocks on Slurm:") && text.contains("COMPLETED"), "{text}");
     // Resume finds nothing to submit: no sealed cell runs again.
-    let r: Value = serde_json::from_str(&c.ok(&["campaign", "resume", s(&file), "--executor", "slurm", "--results", s(&results), "--json"]).stdout).unwrap();
+    let r: Value =
+        serde_json::from_str(&c.ok(&["campaign", "resume", s(&file), "--executor", "slurm", "--results", s(&results), "--json"]).stdout)
+            .unwrap();
     assert!(r["submitted"].as_array().unwrap().is_empty(), "{r}");
     assert_eq!(r["settled_blocks"], serde_json::json!([0, 1, 2, 3]));
     // A cluster that cannot be asked (no controller configuration here): status still shows
     // every cell from the journal and says the cluster could not be asked.
     let unreachable = Cluster { conf: tmp.path().join("no-such-slurm.conf").display().to_string(), _lease: None };
-    let v: Value = serde_json::from_str(&unreachable.ok(&["campaign", "status", s(&file), "--results", s(&results), "--json"]).stdout).unwrap();
+    let v: Value =
+        serde_json::from_str(&unreachable.ok(&["campaign", "status", s(&file), "--results", s(&results), "--json"]).stdout).unwrap();
     assert_eq!((&v["finished"], &v["counts"]["sealed"]), (&Value::Bool(true), &serde_json::json!(7)), "{v}");
     assert!(v["cluster_unreachable"].as_str().is_some_and(|w| w.contains("squeue")), "{v}");
     let text = unreachable.ok(&["campaign", "status", s(&file), "--results", s(&results)]).stdout;
@@ -394,7 +410,9 @@ fn a_cancelled_task_leaves_no_half_record_and_resume_reruns_only_its_block() {
     assert!(text.contains("CANCELLED"), "{text}");
 
     // Resume submits that block only, and its cell runs again after the discarded attempt.
-    let r: Value = serde_json::from_str(&c.ok(&["campaign", "resume", s(&file), "--executor", "slurm", "--results", s(&results), "--json"]).stdout).unwrap();
+    let r: Value =
+        serde_json::from_str(&c.ok(&["campaign", "resume", s(&file), "--executor", "slurm", "--results", s(&results), "--json"]).stdout)
+            .unwrap();
     let sub = r["submitted"].as_array().unwrap();
     assert_eq!(sub.len(), 1, "{r}");
     assert_eq!(sub[0]["blocks"], serde_json::json!([block]), "{r}");
@@ -404,7 +422,8 @@ fn a_cancelled_task_leaves_no_half_record_and_resume_reruns_only_its_block() {
     });
     let j = check_finished(&c, &file, &results, id, 7);
     assert_eq!(count(&j, "cell_discarded").get(&cell), Some(&1), "the cancelled attempt is discarded once");
-    let attempts: Vec<u64> = j.iter().filter(|e| e["event"] == "cell_sealed" && e["cell"] == cell.as_str()).map(|e| e["attempt"].as_u64().unwrap()).collect();
+    let attempts: Vec<u64> =
+        j.iter().filter(|e| e["event"] == "cell_sealed" && e["cell"] == cell.as_str()).map(|e| e["attempt"].as_u64().unwrap()).collect();
     assert_eq!(attempts, [2]);
 }
 
@@ -434,7 +453,8 @@ fn a_requeued_task_reruns_its_cell_as_an_interrupted_attempt_and_its_arm_goes_on
     assert!(!discards.is_empty() && discards.len() <= 2, "{discards:?}");
     assert!(discards.iter().any(|d| d["reason"].as_str().unwrap().contains("preempted or requeued")), "{discards:?}");
     assert!(j.iter().all(|e| e["event"] != "cell_skipped" && e["event"] != "cell_abandoned"), "nothing is skipped after a requeue");
-    let attempts: Vec<u64> = j.iter().filter(|e| e["event"] == "cell_sealed" && e["cell"] == cell.as_str()).map(|e| e["attempt"].as_u64().unwrap()).collect();
+    let attempts: Vec<u64> =
+        j.iter().filter(|e| e["event"] == "cell_sealed" && e["cell"] == cell.as_str()).map(|e| e["attempt"].as_u64().unwrap()).collect();
     assert_eq!(attempts, [discards.len() as u64 + 1]);
 }
 
@@ -519,8 +539,7 @@ fn a_test_run_stops_the_daemons_it_started_and_no_others() {
     let by_hand = ByHand(&with_env);
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let before: Vec<(&str, u32)> =
-        DAEMONS.iter().map(|n| (*n, fs::read_to_string(pid_file(n)).unwrap().trim().parse().unwrap())).collect();
+    let before: Vec<(&str, u32)> = DAEMONS.iter().map(|n| (*n, fs::read_to_string(pid_file(n)).unwrap().trim().parse().unwrap())).collect();
     let (started, text) = child_run();
     assert!(started.is_empty(), "the run started {started:?} although the cluster was running:\n{text}");
     for (n, pid) in &before {

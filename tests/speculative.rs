@@ -212,7 +212,21 @@ fn plan_simulate_estimates_a_drafted_targets_bytes_from_one_token_routes() {
     let drafted = d.join("drafted");
     let r = gen(&target, &drafted, &["--draft", target.to_str().unwrap(), "--draft-max", "4", "--experts", "plan", "--slots", "8"]);
     let s = &r["speculative"];
-    let r = ok(&["plan", "simulate", "--routes", plain.to_str().unwrap(), "--model", target.to_str().unwrap(), "--slots", "8", "--policy", "zero", "--draft-max", "4", "--json"]);
+    let r = ok(&[
+        "plan",
+        "simulate",
+        "--routes",
+        plain.to_str().unwrap(),
+        "--model",
+        target.to_str().unwrap(),
+        "--slots",
+        "8",
+        "--policy",
+        "zero",
+        "--draft-max",
+        "4",
+        "--json",
+    ]);
     let v: Value = serde_json::from_str(&r.stdout).unwrap();
     let rows = v["drafted"].as_array().unwrap();
     assert_eq!(rows.len(), 5, "K = 0..=4");
@@ -275,8 +289,14 @@ repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n",
     let tokens = text.replacen("relation: all_surfaces", "relation: tokens", 1);
     for (edit, needle) in [
         (text.replacen("schedule:", &format!("{plain}schedule:"), 1), "`relation: all_surfaces` cannot hold"),
-        (tokens.replacen("draft: base, draft_max: 3 }\n  - { id: F-draft", "draft: other, draft_max: 3 }\n  - { id: F-draft", 1), "proposer `other`"),
-        (tokens.replacen("draft: base, draft_max: 3 }\n  - { id: F-draft", "draft_max: 3 }\n  - { id: F-draft", 1), "`draft_max` needs `draft`"),
+        (
+            tokens.replacen("draft: base, draft_max: 3 }\n  - { id: F-draft", "draft: other, draft_max: 3 }\n  - { id: F-draft", 1),
+            "proposer `other`",
+        ),
+        (
+            tokens.replacen("draft: base, draft_max: 3 }\n  - { id: F-draft", "draft_max: 3 }\n  - { id: F-draft", 1),
+            "`draft_max` needs `draft`",
+        ),
     ] {
         assert_ne!(edit, text);
         fs::write(&file, &edit).unwrap();
@@ -322,7 +342,20 @@ repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n",
     // The claim reproduces from its pinned inputs, the proposer found by its digest.
     let repro = t.path().join("repro");
     let ledger = out.join("claims.json");
-    let r = ok(&["reproduce", "--claim", &claim, "--ledger", &s(&ledger), "--results", &s(&results), "--out", &s(&repro), "--campaign", &s(&file), "--json"]);
+    let r = ok(&[
+        "reproduce",
+        "--claim",
+        &claim,
+        "--ledger",
+        &s(&ledger),
+        "--results",
+        &s(&results),
+        "--out",
+        &s(&repro),
+        "--campaign",
+        &s(&file),
+        "--json",
+    ]);
     let v: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["report"]["holds"], true, "{:#}", v["report"]);
     assert_eq!(v["report"]["records"].as_array().unwrap().len(), 2);

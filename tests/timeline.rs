@@ -116,7 +116,7 @@ fn decode_tokens_have_their_time_and_one_bar_per_read() {
         assert_round_trip(rec);
         ok(&["compare", resident.to_str().unwrap(), rec.to_str().unwrap()]);
     }
-    assert!(load_generate(&resident).unwrap().surfaces.get("timeline").is_none(), "a resident run has no timeline");
+    assert!(!load_generate(&resident).unwrap().surfaces.contains_key("timeline"), "a resident run has no timeline");
 
     let svg = dir.path().join("f.svg");
     let out = ok(&["export", "timeline", "--record", f_rec.to_str().unwrap(), "--out", svg.to_str().unwrap()]);

@@ -86,7 +86,14 @@ mod tests {
     fn predicate_cases() {
         let rule = Admission { require_exact: true, min_headroom_bytes: 10, max_limit_events: 0 };
         let t = Telemetry::default();
-        let base = Operands { status: CellStatus::Completed, valid: true, is_oracle: false, exact: Some(true), memory_cap_bytes: None, telemetry: &t };
+        let base = Operands {
+            status: CellStatus::Completed,
+            valid: true,
+            is_oracle: false,
+            exact: Some(true),
+            memory_cap_bytes: None,
+            telemetry: &t,
+        };
         assert_eq!(evaluate(&rule, &base).passed, Some(true));
         assert_eq!(evaluate(&rule, &Operands { exact: Some(false), ..base }).passed, Some(false));
         assert_eq!(evaluate(&rule, &Operands { exact: None, ..base }).passed, None);

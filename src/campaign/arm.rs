@@ -30,7 +30,9 @@ pub struct RunArm {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ArmExperts {
     /// `warm`: the runner reads the model through the page cache before the cell.
-    Resident { warm: bool },
+    Resident {
+        warm: bool,
+    },
     Host,
     Plan(PlanArm),
 }
@@ -161,7 +163,9 @@ impl Arm {
         };
         let parts = (self.bounded_threads(), self.held_experts(mode), self.program(), self.memory_cap());
         match parts {
-            (Ok(()), Ok(experts), Ok(program), Ok(memory_cap_bytes)) => Ok(ArmKind::Run(RunArm { threads: self.threads, memory_cap_bytes, experts, program })),
+            (Ok(()), Ok(experts), Ok(program), Ok(memory_cap_bytes)) => {
+                Ok(ArmKind::Run(RunArm { threads: self.threads, memory_cap_bytes, experts, program }))
+            }
             (t, e, p, m) => {
                 let fields = [t.err(), e.err(), p.err(), m.err()].into_iter().flatten().flatten();
                 Err(ArmError(fields.map(|m| format!("arm `{id}`: {m}")).collect()))
@@ -171,7 +175,8 @@ impl Arm {
 
     fn bounded_threads(&self) -> Result<(), Vec<String>> {
         match self.threads {
-            Some(t) => range("threads", t.into(), 1, crate::bounds::MAX_THREADS as u64, "the run refuses more than 4 x its cores").map_err(|e| vec![e.to_string()]),
+            Some(t) => range("threads", t.into(), 1, crate::bounds::MAX_THREADS as u64, "the run refuses more than 4 x its cores")
+                .map_err(|e| vec![e.to_string()]),
             None => Ok(()),
         }
     }
@@ -179,7 +184,9 @@ impl Arm {
     fn memory_cap(&self) -> Result<Option<u64>, Vec<String>> {
         use crate::bounds::{MAX_MEMORY_MAX, MIN_MEMORY_MAX};
         match self.memory_cap_bytes {
-            Some(m) => range("memory_cap_bytes", m, MIN_MEMORY_MAX, MAX_MEMORY_MAX, "1 MiB up to 1 PiB").map(|()| Some(m)).map_err(|e| vec![e.to_string()]),
+            Some(m) => range("memory_cap_bytes", m, MIN_MEMORY_MAX, MAX_MEMORY_MAX, "1 MiB up to 1 PiB")
+                .map(|()| Some(m))
+                .map_err(|e| vec![e.to_string()]),
             None => Ok(None),
         }
     }
@@ -218,7 +225,12 @@ impl Arm {
     }
 
     fn no_plan_fields(&self) -> Result<(), Vec<String>> {
-        let set: Vec<String> = self.plan_fields().iter().filter(|(_, set)| *set).map(|(name, _)| format!("`{name}` applies only to `experts: plan`")).collect();
+        let set: Vec<String> = self
+            .plan_fields()
+            .iter()
+            .filter(|(_, set)| *set)
+            .map(|(name, _)| format!("`{name}` applies only to `experts: plan`"))
+            .collect();
         if set.is_empty() {
             Ok(())
         } else {
@@ -233,10 +245,18 @@ impl Arm {
         let bounds = range("slots", self.slots.unwrap_or(1).into(), 1, MAX_SLOTS as u64, "expert slots per layer")
             .and_then(|()| range("windows", self.windows.unwrap_or(1).into(), 1, MAX_WINDOWS as u64, "registered staging windows"))
             .and_then(|()| range("depth", self.depth.unwrap_or(1).into(), 1, MAX_DEPTH as u64, "io_uring's maximum of submission entries"))
-            .and_then(|()| range("layer_buffers", self.layer_buffers.unwrap_or(0).into(), 0, MAX_LAYER_BUFFERS as u64, "staging buffers per layer"))
-            .and_then(|()| range("timeline_token", self.timeline_token.unwrap_or(0).into(), 0, MAX_TIMELINE_TOKEN as u64, "a decode token's index"))
-            .and_then(|()| range("token_pass", self.token_pass.unwrap_or(1).into(), 0, MAX_TOKEN_PASS as u64, "distinct experts per engine pass"))
-            .and_then(|()| range("prompt_pass", self.prompt_pass.unwrap_or(0).into(), 0, MAX_SLOTS as u64, "distinct experts per engine pass"));
+            .and_then(|()| {
+                range("layer_buffers", self.layer_buffers.unwrap_or(0).into(), 0, MAX_LAYER_BUFFERS as u64, "staging buffers per layer")
+            })
+            .and_then(|()| {
+                range("timeline_token", self.timeline_token.unwrap_or(0).into(), 0, MAX_TIMELINE_TOKEN as u64, "a decode token's index")
+            })
+            .and_then(|()| {
+                range("token_pass", self.token_pass.unwrap_or(1).into(), 0, MAX_TOKEN_PASS as u64, "distinct experts per engine pass")
+            })
+            .and_then(|()| {
+                range("prompt_pass", self.prompt_pass.unwrap_or(0).into(), 0, MAX_SLOTS as u64, "distinct experts per engine pass")
+            });
         let mut msgs: Vec<String> = bounds.err().map(|e| e.to_string()).into_iter().collect();
         if self.source.is_none() {
             msgs.push("`experts: plan` needs `source`".to_string());
@@ -284,13 +304,20 @@ impl Arm {
         if self.device_memory_cap_bytes.is_some() && self.rpc.is_none() {
             msgs.push("`device_memory_cap_bytes` caps the `rpc: local` device server; this arm has no `rpc`".to_string());
         }
-        if let Some(c) = self.device_memory_cap_bytes.filter(|&c| !(crate::bounds::MIN_MEMORY_MAX..=crate::bounds::MAX_MEMORY_MAX).contains(&c)) {
+        if let Some(c) =
+            self.device_memory_cap_bytes.filter(|&c| !(crate::bounds::MIN_MEMORY_MAX..=crate::bounds::MAX_MEMORY_MAX).contains(&c))
+        {
             msgs.push(format!("`device_memory_cap_bytes` {c} is out of range (1 MiB up to 1 PiB)"));
         }
         msgs.extend(self.draft_problems());
         if self.refine.is_some() {
             // A refine cell runs on the CPU: device fields would be silently ignored.
-            let fields = [("rpc", self.rpc.is_some()), ("gpu_layers", self.gpu_layers.is_some()), ("gpu_budget", self.gpu_budget.is_some()), ("draft", self.draft.is_some())];
+            let fields = [
+                ("rpc", self.rpc.is_some()),
+                ("gpu_layers", self.gpu_layers.is_some()),
+                ("gpu_budget", self.gpu_budget.is_some()),
+                ("draft", self.draft.is_some()),
+            ];
             for (field, set) in fields {
                 if set {
                     msgs.push(format!("`{field}` applies to generate arms, not `refine`"));
@@ -326,7 +353,11 @@ impl Arm {
             (None, Some(_)) => vec!["`draft_max` needs `draft` (the proposer)".to_string()],
             (Some(_), Some(k)) => {
                 let max = crate::bounds::MAX_DRAFT.min(crate::cell::BATCH - 1);
-                range("draft_max", k.into(), 1, max.into(), "drafts one traversal checks, below the ubatch").err().map(|e| e.to_string()).into_iter().collect()
+                range("draft_max", k.into(), 1, max.into(), "drafts one traversal checks, below the ubatch")
+                    .err()
+                    .map(|e| e.to_string())
+                    .into_iter()
+                    .collect()
             }
         }
     }
@@ -383,7 +414,10 @@ mod tests {
         let ArmKind::Run(d) = arm(&c, "D") else { panic!("D is a run") };
         assert_eq!(d.memory_cap_bytes, Some(16_777_216));
         let plan = d.plan().expect("D streams");
-        assert_eq!((plan.slots, &plan.policy, plan.source, plan.windows, plan.fault), (Some(4), &Some(Policy::Lru { k: 2, prefetch: false }), SourceKind::D, Some(1), FaultCell::None));
+        assert_eq!(
+            (plan.slots, &plan.policy, plan.source, plan.windows, plan.fault),
+            (Some(4), &Some(Policy::Lru { k: 2, prefetch: false }), SourceKind::D, Some(1), FaultCell::None)
+        );
         let ArmKind::Run(f) = arm(&c, "F") else { panic!("F is a run") };
         assert_eq!(f.plan().map(|p| p.fault), Some(FaultCell::ShortRead));
     }
@@ -408,7 +442,10 @@ mod tests {
         let c = parse(&text).unwrap();
         let ArmKind::Run(o) = arm(&c, "O") else { panic!("O is a run") };
         let device = o.device().expect("O places layers on a device");
-        assert_eq!((device.n_gpu_layers(), device.rpc, device.budget()), (-1, Some(LocalDevice { memory_cap_bytes: Some(2_097_152) }), Some(2_097_152)));
+        assert_eq!(
+            (device.n_gpu_layers(), device.rpc, device.budget()),
+            (-1, Some(LocalDevice { memory_cap_bytes: Some(2_097_152) }), Some(2_097_152))
+        );
     }
 
     #[test]
@@ -443,7 +480,11 @@ mod tests {
         // A measurement arm names nothing of a run, the Plan's fields included.
         let mut m = o.clone();
         (m.experts, m.slots, m.threads, m.timeline_token) = (None, None, None, Some(1));
-        m.measure = Some(Measure::Envelope(crate::campaign::spec::EnvelopeMeasure { block_bytes: 1 << 20, depths: vec![1], bytes_per_depth: 1 << 20 }));
+        m.measure = Some(Measure::Envelope(crate::campaign::spec::EnvelopeMeasure {
+            block_bytes: 1 << 20,
+            depths: vec![1],
+            bytes_per_depth: 1 << 20,
+        }));
         assert_eq!(m.kind().unwrap_err().0, ["arm `O`: `timeline_token` does not apply to a `measure` arm"]);
     }
 }

@@ -10,14 +10,14 @@ use super::expand::CellSpec;
 use super::spec::Measure;
 use crate::cell::{self, Cell, Experts, GenerateCell, Prompt, RefineCell};
 use crate::engine::ExecParams;
+use crate::observe::RunStatus;
 use crate::plan::PlanOptions;
 use crate::plan::PolicySpec;
-use crate::observe::RunStatus;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use crate::refine;
 use crate::source::fault::FaultCell;
 use anyhow::{Context, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::Write;
@@ -164,9 +164,16 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
             if plan.slots.is_none() {
                 // Sized from its budget: the replay reads as the run did, with the record's slots and policy.
                 let rec = crate::record::load_generate(&source.dir)?;
-                let d = rec.params.as_ref().and_then(|p| p.experts.plan()).with_context(|| format!("arm `{id}`: record of `{of}` names no Plan"))?;
+                let d = rec
+                    .params
+                    .as_ref()
+                    .and_then(|p| p.experts.plan())
+                    .with_context(|| format!("arm `{id}`: record of `{of}` names no Plan"))?;
                 plan.slots = Some(d.slots);
-                plan.policy = Some(super::spec::Policy::from_plan(&d.policy).with_context(|| format!("arm `{id}`: the policy `{}` of `{of}`'s record", d.policy))?);
+                plan.policy = Some(
+                    super::spec::Policy::from_plan(&d.policy)
+                        .with_context(|| format!("arm `{id}`: the policy `{}` of `{of}`'s record", d.policy))?,
+                );
             }
             let (depth, depth_from) = match r.depth {
                 Some(d) => (d, "fixed".to_string()),
@@ -176,8 +183,12 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                         .iter()
                         .rev()
                         .find(|b| matches!(b.arm.kind(), Ok(ArmKind::Measure(Measure::Envelope(_)))))
-                        .with_context(|| format!("arm `{id}`: no completed envelope record earlier in block {} to take the depth from", cell.block))?;
-                    let best = crate::record::load_envelope(&env.dir)?.best.with_context(|| format!("envelope record {} names no best depth", env.digest))?;
+                        .with_context(|| {
+                            format!("arm `{id}`: no completed envelope record earlier in block {} to take the depth from", cell.block)
+                        })?;
+                    let best = crate::record::load_envelope(&env.dir)?
+                        .best
+                        .with_context(|| format!("envelope record {} names no best depth", env.digest))?;
                     (best.depth, format!("envelope {}", env.digest))
                 }
             };
@@ -361,7 +372,10 @@ impl DeviceServer {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let endpoint = format!("127.0.0.1:{port}");
         let mut cmd = std::process::Command::new(exe);
-        cmd.args(["device", "serve", "--listen", &endpoint]).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        cmd.args(["device", "serve", "--listen", &endpoint])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
         let mut server = match memory_max {
             Some(max) => Server::Capped(Some(crate::observe::Capped::start(cmd, max).context("starting the capped device server")?)),
             None => {
@@ -477,7 +491,18 @@ impl CellExecutor for ProcessExecutor {
         let telemetry = resource_telemetry(staging, end.maxrss);
         let interrupted = if status == CellStatus::Failed { interruption(end.signal(), oom_before, oom_after, &telemetry) } else { None };
         let (exit_code, signal) = (end.code(), end.signal());
-        Ok(CellOutcome { status, exit_code, signal, error, wall_s, command: Vec::new(), worker: Some(shown), telemetry, interrupted, warmed_bytes })
+        Ok(CellOutcome {
+            status,
+            exit_code,
+            signal,
+            error,
+            wall_s,
+            command: Vec::new(),
+            worker: Some(shown),
+            telemetry,
+            interrupted,
+            warmed_bytes,
+        })
     }
 }
 
@@ -634,11 +659,11 @@ impl ProcessExecutor {
     /// `sovereign cell SPEC` with no cgroup, its output into the cell's log.
     fn run_plain(&self, worker: &Cell, log: &Path, out: &File) -> Result<WorkerExit> {
         let spec = log.with_extension("cell.json");
-        let cmd = cell::worker_command(Some(&self.exe), worker, cell::SpecFrom::File(&spec), cell::WorkerOutput::Log(out.try_clone()?), &[])?;
+        let cmd =
+            cell::worker_command(Some(&self.exe), worker, cell::SpecFrom::File(&spec), cell::WorkerOutput::Log(out.try_clone()?), &[])?;
         let ran = crate::observe::run_plain(cmd);
         let _ = std::fs::remove_file(&spec);
         let (status, maxrss) = ran?;
         Ok(WorkerExit { status: Some(status), maxrss })
     }
 }
-

@@ -46,10 +46,13 @@ fn prompt(c: &Campaign, base: &Path) -> Option<Diagnostic> {
     };
     let got = crate::util::sha256(&bytes);
     if got != w.prompt_sha256.0 {
-        let message = format!("workload.prompt_sha256: {} has sha256 {got}, but the campaign pins {}", w.prompt_file.value, w.prompt_sha256.0);
+        let message =
+            format!("workload.prompt_sha256: {} has sha256 {got}, but the campaign pins {}", w.prompt_file.value, w.prompt_sha256.0);
         return Some(Diagnostic::at(&w.prompt_sha256, message));
     }
-    crate::bounds::prompt_text(&format!("workload.prompt_file {}", w.prompt_file.value), &bytes).err().map(|e| Diagnostic::at(&w.prompt_file, e.to_string()))
+    crate::bounds::prompt_text(&format!("workload.prompt_file {}", w.prompt_file.value), &bytes)
+        .err()
+        .map(|e| Diagnostic::at(&w.prompt_file, e.to_string()))
 }
 
 /// A cell's context is its work (`prompt_tokens + outputs`), which must fit the model's trained
@@ -80,7 +83,10 @@ fn build(c: &Campaign) -> Vec<Diagnostic> {
     let (e, b) = (crate::engine::identity(), &c.build);
     let mut out = Vec::new();
     if e.tree_sha256 != b.engine_tree_sha256.0 {
-        let message = format!("build.engine_tree_sha256: this build's engine tree is {}, but the campaign expects {}", e.tree_sha256, b.engine_tree_sha256.0);
+        let message = format!(
+            "build.engine_tree_sha256: this build's engine tree is {}, but the campaign expects {}",
+            e.tree_sha256, b.engine_tree_sha256.0
+        );
         out.push(Diagnostic::at(&b.engine_tree_sha256, message));
     }
     let have: Vec<(&str, &str)> = e.patches.iter().map(|p| (&*p.name, &*p.sha256)).collect();
@@ -151,7 +157,11 @@ mod tests {
         let forged = t.path().join("forged.gguf");
         let dims = crate::forge::Preset::Tiny.dims();
         crate::forge::forge(crate::forge::Arch::Qwen3moe, dims, 1, &forged).unwrap();
-        let outputs = |n: u64| move |s: String| s.replace("  outputs: 2\n", &format!("  outputs: {n}\n")).replace("  horizon: 2\n", &format!("  horizon: {n}\n"));
+        let outputs = |n: u64| {
+            move |s: String| {
+                s.replace("  outputs: 2\n", &format!("  outputs: {n}\n")).replace("  horizon: 2\n", &format!("  horizon: {n}\n"))
+            }
+        };
         // 3 prompt tokens: 4093 outputs fit the trained 4096, 4094 do not.
         for (n, refused) in [(4093, false), (4094, true)] {
             let c = good(t.path(), outputs(n));
@@ -159,7 +169,10 @@ mod tests {
             let d: Vec<Diagnostic> = problems(&c, Recipes::Made).into_iter().filter(|d| !d.message.starts_with("model.sha256")).collect();
             if refused {
                 assert_eq!(at(&d), [(10, 12)], "{d:?}");
-                assert!(d[0].message.contains("need a context of 4097, over the model's trained length of 4096 (qwen3moe.context_length)"), "{d:?}");
+                assert!(
+                    d[0].message.contains("need a context of 4097, over the model's trained length of 4096 (qwen3moe.context_length)"),
+                    "{d:?}"
+                );
             } else {
                 assert_eq!(d, [], "{n} outputs fit");
             }
@@ -169,12 +182,27 @@ mod tests {
     #[test]
     fn another_build_is_refused_at_build() {
         let t = tempfile::tempdir().unwrap();
-        let c = good(t.path(), |s| s.replacen("  patches:", "  patches:\n    - { name: extra.patch, sha256: \"0000000000000000000000000000000000000000000000000000000000000000\" }", 1));
+        let c = good(t.path(), |s| {
+            s.replacen(
+                "  patches:",
+                "  patches:\n    - { name: extra.patch, sha256: \"0000000000000000000000000000000000000000000000000000000000000000\" }",
+                1,
+            )
+        });
         let d = problems(&c, Recipes::Pending);
         assert_eq!(d.len(), 1, "{d:?}");
         assert_eq!(d[0].line, 15, "{d:?}");
-        assert!(d[0].message.starts_with("build.patches: this build's patch series") && d[0].message.contains("set `build.patches` to ["), "{d:?}");
-        let c = good(t.path(), |s| s.replacen("  engine_tree_sha256: ", "  engine_tree_sha256: \"1111111111111111111111111111111111111111111111111111111111111111\"\n  #", 1));
+        assert!(
+            d[0].message.starts_with("build.patches: this build's patch series") && d[0].message.contains("set `build.patches` to ["),
+            "{d:?}"
+        );
+        let c = good(t.path(), |s| {
+            s.replacen(
+                "  engine_tree_sha256: ",
+                "  engine_tree_sha256: \"1111111111111111111111111111111111111111111111111111111111111111\"\n  #",
+                1,
+            )
+        });
         let d = problems(&c, Recipes::Pending);
         assert_eq!(at(&d), [(13, 23)], "{d:?}");
     }
@@ -203,7 +231,13 @@ mod tests {
     fn absolute_paths_are_taken_as_written() {
         let t = tempfile::tempdir().unwrap();
         let abs = t.path().canonicalize().unwrap();
-        let c = good(t.path(), |s| s.replacen("path: m.gguf", &format!("path: {}", abs.join("m.gguf").display()), 1).replacen("prompt_file: p.txt", &format!("prompt_file: {}", abs.join("p.txt").display()), 1));
+        let c = good(t.path(), |s| {
+            s.replacen("path: m.gguf", &format!("path: {}", abs.join("m.gguf").display()), 1).replacen(
+                "prompt_file: p.txt",
+                &format!("prompt_file: {}", abs.join("p.txt").display()),
+                1,
+            )
+        });
         assert_eq!(problems(&c, Recipes::Made), []);
     }
 }

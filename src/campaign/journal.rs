@@ -41,11 +41,31 @@ pub struct Entry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    Preregistered { campaign_sha256: String },
-    RunnerStarted { pid: u32, mode: RunMode, binary_sha256: String, cells: usize },
-    CellStarted { cell: String, index: usize, attempt: u32, staging: String },
-    CellDiscarded { cell: String, attempt: u32, reason: String },
-    CellSealing { cell: String, attempt: u32, digest: String },
+    Preregistered {
+        campaign_sha256: String,
+    },
+    RunnerStarted {
+        pid: u32,
+        mode: RunMode,
+        binary_sha256: String,
+        cells: usize,
+    },
+    CellStarted {
+        cell: String,
+        index: usize,
+        attempt: u32,
+        staging: String,
+    },
+    CellDiscarded {
+        cell: String,
+        attempt: u32,
+        reason: String,
+    },
+    CellSealing {
+        cell: String,
+        attempt: u32,
+        digest: String,
+    },
     CellSealed {
         cell: String,
         attempt: u32,
@@ -57,10 +77,23 @@ pub enum Event {
         wall_s: f64,
         recovered: bool,
     },
-    CellSkipped { cell: String, reason: String },
-    CellAbandoned { cell: String, attempts: u32, reason: String },
-    RunnerFinished { sealed: usize, skipped: usize, abandoned: usize },
-    JournalRepaired { dropped_bytes: u64 },
+    CellSkipped {
+        cell: String,
+        reason: String,
+    },
+    CellAbandoned {
+        cell: String,
+        attempts: u32,
+        reason: String,
+    },
+    RunnerFinished {
+        sealed: usize,
+        skipped: usize,
+        abandoned: usize,
+    },
+    JournalRepaired {
+        dropped_bytes: u64,
+    },
 }
 
 impl Event {
@@ -140,11 +173,8 @@ impl Journal {
     /// Opens (creating) a journal for appending and returns what it already holds; a torn last
     /// line is cut off and the repair itself journaled.
     pub fn open(path: &Path) -> Result<(Journal, Vec<Entry>)> {
-        let text = if path.exists() {
-            crate::bounds::read_text("the journal", path, crate::bounds::MAX_JOURNAL_BYTES)?
-        } else {
-            String::new()
-        };
+        let text =
+            if path.exists() { crate::bounds::read_text("the journal", path, crate::bounds::MAX_JOURNAL_BYTES)? } else { String::new() };
         let (entries, torn) = parse(path, &text)?;
         let file = OpenOptions::new()
             .create(true)
@@ -260,7 +290,9 @@ mod tests {
         // Two writers' journals merge by time, each file in its own order.
         let q = t.path().join("other.jsonl");
         let line = |seq: u64, ms: u64, cell: &str| {
-            serde_json::to_string(&Entry { seq, unix_ms: ms, event: Event::CellSkipped { cell: cell.into(), reason: String::new() } }).unwrap() + "\n"
+            serde_json::to_string(&Entry { seq, unix_ms: ms, event: Event::CellSkipped { cell: cell.into(), reason: String::new() } })
+                .unwrap()
+                + "\n"
         };
         std::fs::write(&q, [line(0, 1, "x"), line(1, u64::MAX, "y")].concat()).unwrap();
         let merged = Journal::read_all(&[p.clone(), q]).unwrap();

@@ -33,7 +33,9 @@ pub mod spec;
 
 pub use arm::{ArmError, ArmExperts, ArmKind, DeviceArm, PlanArm, Program, RunArm};
 pub use document::{read_cell, CellDocument, CELL_FILE};
-pub use executor::{measure_cell, worker_cell, BlockRecord, CellExecutor, CellInputs, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry};
+pub use executor::{
+    measure_cell, worker_cell, BlockRecord, CellExecutor, CellInputs, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry,
+};
 pub use expand::{expand, CellSpec};
 pub use journal::{histories, CellHistory, CellState};
 pub use runner::{run, status, Progress, Quiet, RunMode, RunOptions, RunSummary, StatusReport};
@@ -67,9 +69,8 @@ impl Loaded {
 /// Reads and checks a campaign file; errors are `FILE:line:column: message`, one per line.
 pub fn load(file: &Path) -> Result<Loaded> {
     let source = crate::bounds::read_text("the campaign file", file, crate::bounds::MAX_CAMPAIGN_FILE_BYTES)?;
-    let spec = parse(&source).map_err(|d| {
-        anyhow::anyhow!(d.iter().map(|d| d.render(&file.display().to_string())).collect::<Vec<_>>().join("\n"))
-    })?;
+    let spec = parse(&source)
+        .map_err(|d| anyhow::anyhow!(d.iter().map(|d| d.render(&file.display().to_string())).collect::<Vec<_>>().join("\n")))?;
     let (canonical, digest) = spec::canonical(&spec)?;
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
     let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
@@ -114,8 +115,7 @@ impl CampaignDir {
         let mut files = vec![self.root.join("journal.jsonl")];
         let dir = self.root.join("journals");
         if let Ok(rd) = std::fs::read_dir(&dir) {
-            let mut more: Vec<PathBuf> =
-                rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "jsonl")).collect();
+            let mut more: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "jsonl")).collect();
             more.sort();
             files.extend(more);
         }
@@ -170,7 +170,11 @@ pub fn frozen_yaml_agrees(results: &Path, id: &str, digest: &str) -> Result<()> 
     let yaml = CampaignDir::new(results, id).campaign_yaml();
     let source = load(&yaml).with_context(|| format!("{}: the frozen campaign file no longer parses", yaml.display()))?;
     if source.digest != digest {
-        bail!("{}: the frozen campaign file hashes to {}, not the campaign digest {digest}: it was changed after it was frozen", yaml.display(), source.digest);
+        bail!(
+            "{}: the frozen campaign file hashes to {}, not the campaign digest {digest}: it was changed after it was frozen",
+            yaml.display(),
+            source.digest
+        );
     }
     Ok(())
 }
@@ -181,12 +185,8 @@ pub(crate) fn flock(path: &Path, arg: FlockArg, busy: impl FnOnce() -> String) -
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("{}", path.display()))?;
+    let f =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).with_context(|| format!("{}", path.display()))?;
     Flock::lock(f, arg).map_err(|_| anyhow::anyhow!("{}", busy()))
 }
 
@@ -408,7 +408,8 @@ analysis:
         let d = diag(&GOOD.replace("  - id: O\n    experts: resident\n", "  - id: O\n    experts: resident\n    depth: 3\n"));
         assert!(d.iter().any(|d| d.message.contains("`depth` applies only")), "{d:?}");
         // Token passes: a Plan arm's, at least one.
-        parse(&GOOD.replace("    windows: 8\n    depth: 8\n", "    windows: 8\n    depth: 8\n    token_pass: 2\n")).expect("F in token passes");
+        parse(&GOOD.replace("    windows: 8\n    depth: 8\n", "    windows: 8\n    depth: 8\n    token_pass: 2\n"))
+            .expect("F in token passes");
         let d = diag(&GOOD.replace("    windows: 8\n    depth: 8\n", "    windows: 8\n    depth: 8\n    token_pass: 0\n"));
         assert!(d.iter().any(|d| d.message.contains("`token_pass` must be at least 1")), "{d:?}");
         let d = diag(&GOOD.replace("  - id: O\n    experts: resident\n", "  - id: O\n    experts: resident\n    token_pass: 2\n"));
@@ -418,7 +419,8 @@ analysis:
     #[test]
     fn a_prefill_floor_names_plan_arms_a_resident_compute_arm_and_an_envelope() {
         let env = "  - id: E\n    measure:\n      envelope: { block_bytes: 4096, depths: [1], bytes_per_depth: 4096 }\nschedule:";
-        let with = |floor: &str| GOOD.replacen("schedule:", env, 1).replacen("analysis:\n", &format!("analysis:\n  prefill_floor: {floor}\n"), 1);
+        let with =
+            |floor: &str| GOOD.replacen("schedule:", env, 1).replacen("analysis:\n", &format!("analysis:\n  prefill_floor: {floor}\n"), 1);
         let c = parse(&with("{ arms: [F, D], compute: O, envelope: E, baseline: O, level: 0.95 }")).expect("a prefill floor");
         let f = c.analysis.as_ref().and_then(|a| a.prefill_floor.as_ref()).unwrap();
         assert_eq!((f.arms.len(), f.baseline.as_ref().map(|b| b.value.as_str())), (2, Some("O")));
@@ -426,7 +428,10 @@ analysis:
             ("{ arms: [O], compute: O, envelope: E, level: 0.95 }", "analysis.prefill_floor.arms: `O` must be a Plan arm"),
             ("{ arms: [F], compute: D, envelope: E, level: 0.95 }", "analysis.prefill_floor.compute `D` must be a resident arm"),
             ("{ arms: [F], compute: O, envelope: D, level: 0.95 }", "analysis.prefill_floor.envelope `D` must be an envelope arm"),
-            ("{ arms: [F], compute: O, envelope: E, baseline: E, level: 0.95 }", "analysis.prefill_floor.baseline `E` must be an arm that runs the workload"),
+            (
+                "{ arms: [F], compute: O, envelope: E, baseline: E, level: 0.95 }",
+                "analysis.prefill_floor.baseline `E` must be an arm that runs the workload",
+            ),
             ("{ arms: [], compute: O, envelope: E, level: 0.95 }", "analysis.prefill_floor.arms names no arm"),
             ("{ arms: [X], compute: O, envelope: E, level: 0.95 }", "analysis.prefill_floor.arms names arm `X`, which is not defined"),
             ("{ arms: [F], compute: O, envelope: E, level: 1.5 }", "analysis.prefill_floor.level must lie strictly between 0 and 1"),
@@ -446,10 +451,25 @@ analysis:
             ("  ignore_eos: true", "  ignore_eos: yes", (11, 15), "invalid boolean (strict mode expects true/false)"),
             ("  ignore_eos: true", "  ignore_eos: off", (11, 15), "invalid boolean (strict mode expects true/false)"),
             ("    threads: 1\n  - id: D", "    threads: !custom 1\n  - id: D", (18, 22), "unsupported tag `!custom`"),
-            ("    threads: 1\n  - id: D", "    threads: \"1\"\n  - id: D", (18, 14), "arms[0].threads: expected a number, got the string \"1\" (numbers are written without quotes)"),
-            ("  ignore_eos: true", "  ignore_eos: 'true'", (11, 15), "workload.ignore_eos: expected true or false, got the string \"true\" (booleans are written without quotes)"),
+            (
+                "    threads: 1\n  - id: D",
+                "    threads: \"1\"\n  - id: D",
+                (18, 14),
+                "arms[0].threads: expected a number, got the string \"1\" (numbers are written without quotes)",
+            ),
+            (
+                "  ignore_eos: true",
+                "  ignore_eos: 'true'",
+                (11, 15),
+                "workload.ignore_eos: expected true or false, got the string \"true\" (booleans are written without quotes)",
+            ),
             ("  outputs: 2", "  outputs: !!str 2", (10, 18), "invalid u32"),
-            ("    level: 0.95", "    level: \"0.95\"", (62, 12), "analysis.pairs.level: expected a number, got the string \"0.95\" (numbers are written without quotes)"),
+            (
+                "    level: 0.95",
+                "    level: \"0.95\"",
+                (62, 12),
+                "analysis.pairs.level: expected a number, got the string \"0.95\" (numbers are written without quotes)",
+            ),
         ] {
             let text = GOOD.replacen(from, to, 1);
             assert_ne!(text, GOOD, "{to}");
@@ -459,7 +479,12 @@ analysis:
         }
         // What is genuinely a string may be quoted, booleans are true or false in any case, and
         // neither changes the digest.
-        for (from, to) in [("id: t\n", "id: \"t\"\n"), ("  ignore_eos: true", "  ignore_eos: True"), ("    source: d\n", "    source: 'd'\n"), ("policy: lru:2", "policy: \"lru:2\"")] {
+        for (from, to) in [
+            ("id: t\n", "id: \"t\"\n"),
+            ("  ignore_eos: true", "  ignore_eos: True"),
+            ("    source: d\n", "    source: 'd'\n"),
+            ("policy: lru:2", "policy: \"lru:2\""),
+        ] {
             let text = GOOD.replacen(from, to, 1);
             assert_ne!(text, GOOD, "{to}");
             assert_eq!(digest(&text), base, "{to}");
@@ -470,10 +495,25 @@ analysis:
     #[test]
     fn counts_are_bounded() {
         for (from, to, line, needle) in [
-            ("  max_interrupted_attempts: 3", "  max_interrupted_attempts: 4294967295", 56, "repetition.max_interrupted_attempts 4294967295: expected 1..=100"),
+            (
+                "  max_interrupted_attempts: 3",
+                "  max_interrupted_attempts: 4294967295",
+                56,
+                "repetition.max_interrupted_attempts 4294967295: expected 1..=100",
+            ),
             ("  prompt_tokens: 3", "  prompt_tokens: 4294967295", 9, "workload.prompt_tokens 4294967295: expected 1..=1048576"),
-            ("    fault: short_read\n", "    fault: short_read\n    timeline_token: 4294967295\n", 28, "timeline_token 4294967295 is out of range 0..=1048576"),
-            ("    fault: short_read\n", "    fault: short_read\n    token_pass: 4294967295\n", 28, "token_pass 4294967295 is out of range 0..=65536"),
+            (
+                "    fault: short_read\n",
+                "    fault: short_read\n    timeline_token: 4294967295\n",
+                28,
+                "timeline_token 4294967295 is out of range 0..=1048576",
+            ),
+            (
+                "    fault: short_read\n",
+                "    fault: short_read\n    token_pass: 4294967295\n",
+                28,
+                "token_pass 4294967295 is out of range 0..=65536",
+            ),
         ] {
             let text = GOOD.replacen(from, to, 1);
             assert_ne!(text, GOOD, "{to}");
@@ -489,7 +529,8 @@ analysis:
 
     #[test]
     fn seeded_random_blocks_are_fixed_by_the_seed() {
-        let text = GOOD.replace("    preordered:\n      - [D, F]\n      - [F, D]\n", "    seeded_random: { seed: 42, count: 8, arms: [D, F] }\n");
+        let text =
+            GOOD.replace("    preordered:\n      - [D, F]\n      - [F, D]\n", "    seeded_random: { seed: 42, count: 8, arms: [D, F] }\n");
         let a = expand(&parse(&text).unwrap());
         let b = expand(&parse(&text).unwrap());
         assert_eq!(a, b);
@@ -505,10 +546,6 @@ analysis:
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/campaign.schema.json");
         let want = schema_json();
         let have = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            have == want,
-            "{} is stale: regenerate with `cargo run -- campaign schema > schemas/campaign.schema.json`",
-            path.display()
-        );
+        assert!(have == want, "{} is stale: regenerate with `cargo run -- campaign schema > schemas/campaign.schema.json`", path.display());
     }
 }

@@ -65,7 +65,9 @@ pub fn problems(c: &Campaign, base: &Path, recipes: Recipes) -> Vec<Diagnostic> 
             continue;
         }
         let present = crate::bounds::regular_file(&format!("{field}.path"), &path)
-            .and_then(|()| crate::bounds::open_regular(&path).map(drop).with_context(|| format!("{}: cannot read {field}.path", path.display())))
+            .and_then(|()| {
+                crate::bounds::open_regular(&path).map(drop).with_context(|| format!("{}: cannot read {field}.path", path.display()))
+            })
             .and_then(|()| check_recipe(field, m, &path));
         if let Err(e) = present {
             out.push(Diagnostic::at(&m.path, format!("{e:#}")));
@@ -115,7 +117,11 @@ fn missing(field: &str, m: &ModelSpec, path: &Path, base: &Path, specs: &[(Strin
 /// The missing models `campaign run` will make, by field and path.
 pub fn pending(c: &Campaign, base: &Path) -> Vec<(String, PathBuf)> {
     let made = |m: &ModelSpec| m.forge.is_some() || m.quantize.is_some();
-    c.models().into_iter().filter(|(_, m)| made(m) && base.join(&*m.path).symlink_metadata().is_err()).map(|(f, m)| (f, base.join(&*m.path))).collect()
+    c.models()
+        .into_iter()
+        .filter(|(_, m)| made(m) && base.join(&*m.path).symlink_metadata().is_err())
+        .map(|(f, m)| (f, base.join(&*m.path)))
+        .collect()
 }
 
 /// Runs `build` into a temporary beside `path`; renames it into place only if its sha256 is
@@ -241,7 +247,13 @@ fn check_recipe(field: &str, m: &ModelSpec, path: &Path) -> Result<()> {
     if let Some(q) = &m.quantize {
         let have = g.get("general.file_type").and_then(|v| v.as_u64());
         if have != Some(u64::from(q.ty.file_type())) {
-            bail!("{field}: {} has general.file_type {}, but {field}.quantize says {} ({}): {fix}", path.display(), opt(have), q.ty.name(), q.ty.file_type());
+            bail!(
+                "{field}: {} has general.file_type {}, but {field}.quantize says {} ({}): {fix}",
+                path.display(),
+                opt(have),
+                q.ty.name(),
+                q.ty.file_type()
+            );
         }
     }
     Ok(())

@@ -9,18 +9,18 @@
 //! the cell runs again. Cells that ran and failed are outcomes and are sealed, never rerun.
 
 use super::admission::{self, Operands};
+use super::document::{read_cell, CampaignRef, CellDocument, FaultRef, OracleRef, Validity, CELL_FILE, CELL_FORMAT};
 use super::executor::{BlockRecord, CellExecutor, CellInputs, CellOutcome, CellStatus};
 use super::expand::{block_control, expand, CellSpec};
-use super::document::{read_cell, CampaignRef, CellDocument, FaultRef, OracleRef, Validity, CELL_FILE, CELL_FORMAT};
 use super::journal::{histories, CellHistory, CellState, Entry, Event, Journal};
 use super::spec::Campaign;
 use super::{preregister, CampaignDir, Loaded};
 use crate::record::{self, prepare_seal, verify_record};
 use anyhow::{bail, Context, Result};
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
-use nix::fcntl::{Flock, FlockArg};
 use std::path::{Path, PathBuf};
 
 /// Journaled as `run` or `resume`.
@@ -99,7 +99,9 @@ fn lock(c: &Loaded, dir: &CampaignDir, results: &Path) -> Result<(bool, Vec<Floc
         }
         Some(b) => {
             let (now, shared) = super::preregister_shared(c, results)?;
-            let block = super::flock(&dir.lock(), FlockArg::LockExclusiveNonblock, || format!("block {b} of campaign `{}` is being run by another process", c.id()))?;
+            let block = super::flock(&dir.lock(), FlockArg::LockExclusiveNonblock, || {
+                format!("block {b} of campaign `{}` is being run by another process", c.id())
+            })?;
             Ok((now, vec![shared, block]))
         }
     }
@@ -215,7 +217,7 @@ impl Ctx<'_> {
     /// The oracle's sealed record, if it completed.
     fn oracle_record(&self) -> Option<String> {
         self.cells.iter().filter(|c| c.is_oracle).find_map(|c| match self.state(&c.key) {
-            CellState::Sealed { digest, status, .. } if status == CellStatus::Completed => Some(digest),
+            CellState::Sealed { digest, status: CellStatus::Completed, .. } => Some(digest),
             _ => None,
         })
     }
@@ -279,7 +281,8 @@ fn recover(ctx: &mut Ctx, summary: &mut RunSummary) -> Result<()> {
                 let target = ctx.results.join(&digest);
                 let staging = ctx.dir.staging().join(format!("{}.a{attempt}", cell.key));
                 if target.exists() {
-                    let r = verify_record(&target).with_context(|| format!("cell {}: its sealed record does not verify; refusing to continue", cell.key))?;
+                    let r = verify_record(&target)
+                        .with_context(|| format!("cell {}: its sealed record does not verify; refusing to continue", cell.key))?;
                     record::finish_modes(&r.dir)?;
                     let doc = read_cell(&r.dir)?;
                     ctx.append(sealed_event(&cell.key, attempt, &digest, &doc, true))?;
@@ -298,7 +301,8 @@ fn recover(ctx: &mut Ctx, summary: &mut RunSummary) -> Result<()> {
                 ctx.append(Event::CellDiscarded {
                     cell: cell.key.clone(),
                     attempt,
-                    reason: "interrupted while sealing and the staged record no longer matches its journaled digest; staging deleted".into(),
+                    reason: "interrupted while sealing and the staged record no longer matches its journaled digest; staging deleted"
+                        .into(),
                 })?;
                 summary.discarded_now += 1;
             }
@@ -362,7 +366,7 @@ fn block_inputs(ctx: &Ctx, cell: &CellSpec) -> CellInputs {
         .iter()
         .filter(|c| c.block == cell.block && c.position < cell.position)
         .filter_map(|c| match ctx.state(&c.key) {
-            CellState::Sealed { digest, status, .. } if status == CellStatus::Completed => {
+            CellState::Sealed { digest, status: CellStatus::Completed, .. } => {
                 Some(BlockRecord { arm: c.arm.clone(), dir: ctx.results.join(&digest), digest })
             }
             _ => None,
@@ -671,7 +675,18 @@ pub fn status(c: &Loaded, results: &Path) -> Result<StatusReport> {
         });
     }
     let finished = cells.iter().all(|r| matches!(r.state.as_str(), "sealed" | "skipped" | "abandoned"));
-    Ok(StatusReport { campaign: c.id().to_string(), digest, preregistered, file_changed, runner_active: active, finished, counts, cells, blocks: Vec::new(), cluster_unreachable: None })
+    Ok(StatusReport {
+        campaign: c.id().to_string(),
+        digest,
+        preregistered,
+        file_changed,
+        runner_active: active,
+        finished,
+        counts,
+        cells,
+        blocks: Vec::new(),
+        cluster_unreachable: None,
+    })
 }
 
 impl StatusReport {
@@ -680,7 +695,13 @@ impl StatusReport {
             "campaign {} ({}){}{}\n",
             self.campaign,
             self.digest,
-            if !self.preregistered { ", not preregistered yet" } else if self.runner_active { ", runner active" } else { "" },
+            if !self.preregistered {
+                ", not preregistered yet"
+            } else if self.runner_active {
+                ", runner active"
+            } else {
+                ""
+            },
             if self.file_changed { ", WARNING: the file no longer matches the frozen campaign" } else { "" }
         );
         for r in &self.cells {
@@ -728,7 +749,11 @@ mod tests {
     impl CellExecutor for Fake {
         fn run(&self, cell: &CellSpec, _inputs: &CellInputs, staging: &Path, _log: &Path) -> Result<CellOutcome> {
             if let Some((arm, left)) = &self.interrupt {
-                if *arm == cell.arm.id.value && left.fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                if *arm == cell.arm.id.value
+                    && left
+                        .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok()
+                {
                     return Ok(CellOutcome {
                         status: CellStatus::Failed,
                         exit_code: None,

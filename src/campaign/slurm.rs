@@ -12,8 +12,8 @@
 //! Stop rules see the cells settled when a task reaches them (other blocks may still run).
 
 use super::expand::expand;
-use super::journal::{now_ms, Journal};
 use super::journal::{histories, CellHistory, CellState};
+use super::journal::{now_ms, Journal};
 use super::runner::{self, RunMode, RunOptions, RunSummary};
 use super::{flock, preregister_shared, CampaignDir, Loaded, ProcessExecutor};
 use anyhow::{bail, Context, Result};
@@ -87,8 +87,18 @@ fn settled(h: Option<&CellHistory>) -> bool {
 fn ended(state: &str) -> bool {
     matches!(
         state,
-        "COMPLETED" | "CANCELLED" | "FAILED" | "TIMEOUT" | "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" | "DEADLINE" | "OUT_OF_MEMORY"
-            | "SPECIAL_EXIT" | "REVOKED" | "unknown"
+        "COMPLETED"
+            | "CANCELLED"
+            | "FAILED"
+            | "TIMEOUT"
+            | "NODE_FAIL"
+            | "PREEMPTED"
+            | "BOOT_FAIL"
+            | "DEADLINE"
+            | "OUT_OF_MEMORY"
+            | "SPECIAL_EXIT"
+            | "REVOKED"
+            | "unknown"
     )
 }
 
@@ -97,10 +107,7 @@ pub fn submissions(dir: &CampaignDir) -> Result<Vec<Submission>> {
     if !path.exists() {
         return Ok(Vec::new());
     }
-    let text = match crate::bounds::read_text("the submissions file", &path, crate::bounds::MAX_JOURNAL_BYTES) {
-        Ok(t) => t,
-        Err(e) => return Err(e),
-    };
+    let text = crate::bounds::read_text("the submissions file", &path, crate::bounds::MAX_JOURNAL_BYTES)?;
     text.lines()
         .enumerate()
         .map(|(n, l)| serde_json::from_str(l).with_context(|| format!("{}:{}: not a submission", path.display(), n + 1)))
@@ -124,9 +131,12 @@ fn slurm_command(name: &str) -> Command {
     c
 }
 
+/// Each task's Slurm state and the command that told it (`squeue` or `sacct`), by task id.
+type TaskStates = BTreeMap<String, (String, &'static str)>;
+
 /// Slurm's state of each task of these jobs, from `squeue` (jobs the controller still holds),
 /// then `sacct`. Returns the states and whether `sacct` could be asked.
-fn states(jobs: &BTreeSet<String>) -> Result<(BTreeMap<String, (String, &'static str)>, bool)> {
+fn states(jobs: &BTreeSet<String>) -> Result<(TaskStates, bool)> {
     let mut out = BTreeMap::new();
     let mut sacct_ok = true;
     for job in jobs {
@@ -231,7 +241,8 @@ pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Re
     runner::check_identities(c)?;
     // Held shared: no local runner beside the blocks' tasks.
     let (preregistered_now, _no_local) = preregister_shared(c, results)?;
-    let _submitting = flock(&dir.root.join("slurm.lock"), FlockArg::LockExclusiveNonblock, || "another submission of this campaign is under way".into())?;
+    let _submitting =
+        flock(&dir.root.join("slurm.lock"), FlockArg::LockExclusiveNonblock, || "another submission of this campaign is under way".into())?;
 
     let cells = expand(&c.spec);
     let hist = histories(&Journal::read_all(&dir.journal_files()?)?);
@@ -332,7 +343,13 @@ pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Re
 }
 
 /// `campaign run-block`: one array task. Blocks after the lead wait for the oracle's record.
-pub fn run_block(c: &Loaded, results: &Path, block: usize, binary_sha256: Option<&str>, progress: std::sync::Arc<dyn runner::Progress>) -> Result<RunSummary> {
+pub fn run_block(
+    c: &Loaded,
+    results: &Path,
+    block: usize,
+    binary_sha256: Option<&str>,
+    progress: std::sync::Arc<dyn runner::Progress>,
+) -> Result<RunSummary> {
     if let Some(want) = binary_sha256 {
         let have = crate::identity::build_identity()?.binary_sha256;
         if have != want {

@@ -688,7 +688,10 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     }
     let attempts = &c.repetition.max_interrupted_attempts;
     if attempts.value == 0 || attempts.value > crate::bounds::MAX_INTERRUPTED_ATTEMPTS {
-        out.push(Diagnostic::at(attempts, format!("repetition.max_interrupted_attempts {}: expected 1..={}", attempts.value, crate::bounds::MAX_INTERRUPTED_ATTEMPTS)));
+        out.push(Diagnostic::at(
+            attempts,
+            format!("repetition.max_interrupted_attempts {}: expected 1..={}", attempts.value, crate::bounds::MAX_INTERRUPTED_ATTEMPTS),
+        ));
     }
     out
 }
@@ -705,7 +708,10 @@ fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
     }
     let prompt_tokens = &c.workload.prompt_tokens;
     if prompt_tokens.value == 0 || prompt_tokens.value > crate::bounds::MAX_PROMPT_TOKENS {
-        out.push(Diagnostic::at(prompt_tokens, format!("workload.prompt_tokens {}: expected 1..={}", prompt_tokens.value, crate::bounds::MAX_PROMPT_TOKENS)));
+        out.push(Diagnostic::at(
+            prompt_tokens,
+            format!("workload.prompt_tokens {}: expected 1..={}", prompt_tokens.value, crate::bounds::MAX_PROMPT_TOKENS),
+        ));
     }
     if c.arms.is_empty() {
         out.push(Diagnostic::at(&c.id, "a campaign needs at least one arm (`arms:` is empty)"));
@@ -716,7 +722,10 @@ fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
         }
         if let Some(f) = &m.forge {
             if !(f.router_skew.is_finite() && (0.0..=crate::forge::MAX_ROUTER_SKEW).contains(&f.router_skew)) {
-                out.push(Diagnostic::at(&m.path, format!("{field}.forge.router_skew {}: expected 0..={}", f.router_skew, crate::forge::MAX_ROUTER_SKEW)));
+                out.push(Diagnostic::at(
+                    &m.path,
+                    format!("{field}.forge.router_skew {}: expected 0..={}", f.router_skew, crate::forge::MAX_ROUTER_SKEW),
+                ));
             }
         }
     }
@@ -766,7 +775,14 @@ fn validate_schedule(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
         Blocks::Preordered(blocks) => {
             let cells = c.schedule.lead.len() as u64 + blocks.iter().map(|b| b.len() as u64).sum::<u64>();
             if let Some(b) = blocks.first().filter(|_| cells > crate::bounds::MAX_CELLS) {
-                out.push(Diagnostic::at(b, format!("schedule.blocks.preordered: {} blocks and the lead are {cells} cells, more than {}", blocks.len(), crate::bounds::MAX_CELLS)));
+                out.push(Diagnostic::at(
+                    b,
+                    format!(
+                        "schedule.blocks.preordered: {} blocks and the lead are {cells} cells, more than {}",
+                        blocks.len(),
+                        crate::bounds::MAX_CELLS
+                    ),
+                ));
             }
             for b in blocks {
                 if b.is_empty() {
@@ -777,11 +793,22 @@ fn validate_schedule(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
         }
         Blocks::SeededRandom { arms, count, .. } => {
             if arms.is_empty() || count.value == 0 {
-                out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} with {} arms: needs arms and count >= 1", count.value, arms.len())));
+                out.push(Diagnostic::at(
+                    count,
+                    format!("schedule.blocks.seeded_random: count {} with {} arms: needs arms and count >= 1", count.value, arms.len()),
+                ));
             }
             let cells = u64::from(count.value) * arms.len() as u64 + c.schedule.lead.len() as u64;
             if cells > crate::bounds::MAX_CELLS {
-                out.push(Diagnostic::at(count, format!("schedule.blocks.seeded_random: count {} x {} arms and the lead are {cells} cells, more than {}", count.value, arms.len(), crate::bounds::MAX_CELLS)));
+                out.push(Diagnostic::at(
+                    count,
+                    format!(
+                        "schedule.blocks.seeded_random: count {} x {} arms and the lead are {cells} cells, more than {}",
+                        count.value,
+                        arms.len(),
+                        crate::bounds::MAX_CELLS
+                    ),
+                ));
             }
             known.block(arms, "schedule.blocks.seeded_random.arms", out);
         }
@@ -793,7 +820,10 @@ fn validate_schedule(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
 fn validate_oracle(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
     known.check(&c.oracle.arm, "oracle.arm", out);
     if c.arms.iter().any(|a| a.id.value == c.oracle.arm.value && a.measure.is_some()) {
-        out.push(Diagnostic::at(&c.oracle.arm, format!("oracle.arm `{}` is a measurement arm; the oracle must be a run", c.oracle.arm.value)));
+        out.push(Diagnostic::at(
+            &c.oracle.arm,
+            format!("oracle.arm `{}` is a measurement arm; the oracle must be a run", c.oracle.arm.value),
+        ));
     }
     if out.is_empty() {
         out.extend(validate_measure_schedule(c));
@@ -805,11 +835,17 @@ fn validate_oracle(c: &Campaign, known: &Known, out: &mut Vec<Diagnostic>) {
             Blocks::SeededRandom { .. } => None,
         });
         if first != Some(&c.oracle.arm.value) {
-            out.push(Diagnostic::at(&c.oracle.arm, format!("the oracle arm `{}` must be the first cell scheduled (put it first in schedule.lead)", c.oracle.arm.value)));
+            out.push(Diagnostic::at(
+                &c.oracle.arm,
+                format!("the oracle arm `{}` must be the first cell scheduled (put it first in schedule.lead)", c.oracle.arm.value),
+            ));
         }
     }
     if c.oracle.horizon != *c.workload.outputs {
-        out.push(Diagnostic::at(&c.oracle.arm, format!("oracle.horizon {} must equal workload.outputs {}", c.oracle.horizon, c.workload.outputs)));
+        out.push(Diagnostic::at(
+            &c.oracle.arm,
+            format!("oracle.horizon {} must equal workload.outputs {}", c.oracle.horizon, c.workload.outputs),
+        ));
     }
 }
 
@@ -842,7 +878,10 @@ fn validate_floor(c: &Campaign, f: &FloorAnalysis, known: &Known, out: &mut Vec<
     match arm(&f.replay).and_then(|a| a.measure.as_ref()) {
         Some(Measure::ReadReplay(m)) if m.of.value == f.arm.value => {}
         _ if arm(&f.replay).is_none() => {}
-        _ => out.push(Diagnostic::at(&f.replay, format!("analysis.floor.replay `{}` must be a read_replay arm of `{}`", f.replay.value, f.arm.value))),
+        _ => out.push(Diagnostic::at(
+            &f.replay,
+            format!("analysis.floor.replay `{}` must be a read_replay arm of `{}`", f.replay.value, f.arm.value),
+        )),
     }
     if arm(&f.compute).is_some_and(|a| a.experts != Some(ExpertsMode::Resident)) {
         out.push(Diagnostic::at(&f.compute, format!("analysis.floor.compute `{}` must be a resident arm", f.compute.value)));
@@ -901,11 +940,17 @@ fn validate_measure_schedule(c: &Campaign) -> Vec<Diagnostic> {
         let id = &a.id.value;
         match arm(&r.of.value) {
             None => {
-                out.push(Diagnostic::at(&r.of, format!("arm `{id}`: measure.read_replay.of names arm `{}`, which is not defined", r.of.value)));
+                out.push(Diagnostic::at(
+                    &r.of,
+                    format!("arm `{id}`: measure.read_replay.of names arm `{}`, which is not defined", r.of.value),
+                ));
                 continue;
             }
             Some(of) if of.experts != Some(ExpertsMode::Plan) || of.fault.is_some_and(|f| f != FaultCell::None) => {
-                out.push(Diagnostic::at(&r.of, format!("arm `{id}`: measure.read_replay.of `{}` must be a Plan arm without a fault", r.of.value)));
+                out.push(Diagnostic::at(
+                    &r.of,
+                    format!("arm `{id}`: measure.read_replay.of `{}` must be a Plan arm without a fault", r.of.value),
+                ));
                 continue;
             }
             Some(_) => {}
@@ -913,7 +958,10 @@ fn validate_measure_schedule(c: &Campaign) -> Vec<Diagnostic> {
         for b in blocks.iter().filter(|b| b.contains(id)) {
             let before = &b[..b.iter().position(|x| x == id).expect("contains")];
             if !before.contains(&r.of.value) {
-                out.push(Diagnostic::at(&r.of, format!("arm `{id}` runs in a block ({}) where `{}` does not run before it", b.join(", "), r.of.value)));
+                out.push(Diagnostic::at(
+                    &r.of,
+                    format!("arm `{id}` runs in a block ({}) where `{}` does not run before it", b.join(", "), r.of.value),
+                ));
             }
             let envelope = before.iter().any(|x| arm(x).is_some_and(|a| matches!(a.measure, Some(Measure::Envelope(_)))));
             if r.depth.is_none() && !envelope {
@@ -936,7 +984,10 @@ fn validate_proposers(c: &Campaign) -> Vec<Diagnostic> {
     for a in &c.arms {
         if let Some(d) = a.draft.as_ref().filter(|d| !c.proposers.contains_key(*d)) {
             let names = c.proposers.keys().cloned().collect::<Vec<_>>().join(", ");
-            out.push(Diagnostic::at(&a.id, format!("arm `{}`: `draft` names proposer `{d}`, which `proposers` does not define (proposers: {names})", a.id.value)));
+            out.push(Diagnostic::at(
+                &a.id,
+                format!("arm `{}`: `draft` names proposer `{d}`, which `proposers` does not define (proposers: {names})", a.id.value),
+            ));
         }
     }
     // A traversal of K + 1 rows takes other matrix kernels than one row (llamafile's sgemm
@@ -945,7 +996,9 @@ fn validate_proposers(c: &Campaign) -> Vec<Diagnostic> {
     let oracle = c.arms.iter().find(|a| a.id.value == c.oracle.arm.value);
     if let (Relation::AllSurfaces, Some(o)) = (c.oracle.relation, oracle) {
         for a in c.arms.iter().filter(|a| a.measure.is_none() && (&a.draft, a.draft_max) != (&o.draft, o.draft_max)) {
-            let how = |d: &Option<String>, k: Option<u32>| d.as_ref().map_or("one token per traversal".to_string(), |d| format!("proposer `{d}`, draft_max {}", k.unwrap_or(0)));
+            let how = |d: &Option<String>, k: Option<u32>| {
+                d.as_ref().map_or("one token per traversal".to_string(), |d| format!("proposer `{d}`, draft_max {}", k.unwrap_or(0)))
+            };
             out.push(Diagnostic::at(
                 &a.id,
                 format!(
@@ -971,32 +1024,47 @@ fn validate_refine(c: &Campaign) -> Vec<Diagnostic> {
         }
         Some(r) => {
             if r.window.value == 0 || r.window.value > crate::bounds::MAX_REFINE_WINDOW {
-                out.push(Diagnostic::at(&r.window, format!("refine.window {}: expected 1..={}", r.window.value, crate::bounds::MAX_REFINE_WINDOW)));
+                out.push(Diagnostic::at(
+                    &r.window,
+                    format!("refine.window {}: expected 1..={}", r.window.value, crate::bounds::MAX_REFINE_WINDOW),
+                ));
             }
             if c.oracle.relation != Relation::Tokens {
                 out.push(Diagnostic::at(&c.oracle.arm, "a refinement campaign records no logits rows: use `relation: tokens`"));
             }
             if !c.workload.ignore_eos {
-                out.push(Diagnostic::at(&c.workload.outputs, "refinement always decodes workload.outputs tokens: set workload.ignore_eos: true"));
+                out.push(Diagnostic::at(
+                    &c.workload.outputs,
+                    "refinement always decodes workload.outputs tokens: set workload.ignore_eos: true",
+                ));
             }
             for a in &c.arms {
                 match &a.refine {
-                    None => out.push(Diagnostic::at(&a.id, format!("arm `{}`: every arm of a refinement campaign needs `refine`", a.id.value))),
+                    None => {
+                        out.push(Diagnostic::at(&a.id, format!("arm `{}`: every arm of a refinement campaign needs `refine`", a.id.value)))
+                    }
                     Some(ra) => {
                         if a.fault.is_some() {
                             out.push(Diagnostic::at(&a.id, format!("arm `{}`: fault cells do not apply to refinement", a.id.value)));
                         }
                         if a.experts == Some(ExpertsMode::Host) {
-                            out.push(Diagnostic::at(&a.id, format!("arm `{}`: a refinement arm's verifier is `resident` or streamed (`plan`)", a.id.value)));
+                            out.push(Diagnostic::at(
+                                &a.id,
+                                format!("arm `{}`: a refinement arm's verifier is `resident` or streamed (`plan`)", a.id.value),
+                            ));
                         }
                         match (ra.mode, ra.tau, ra.verify_all) {
-                            (RefineMode::Refine, None, false) => out.push(Diagnostic::at(&a.id, format!("arm `{}`: mode refine needs `tau` or `verify_all: true`", a.id.value))),
+                            (RefineMode::Refine, None, false) => out.push(Diagnostic::at(
+                                &a.id,
+                                format!("arm `{}`: mode refine needs `tau` or `verify_all: true`", a.id.value),
+                            )),
                             (RefineMode::Refine, Some(t), _) if !(t.is_finite() && t >= 0.0) => {
                                 out.push(Diagnostic::at(&a.id, format!("arm `{}`: tau must be a finite number at least 0", a.id.value)))
                             }
-                            (RefineMode::Base | RefineMode::Verifier, t, v) if t.is_some() || v => {
-                                out.push(Diagnostic::at(&a.id, format!("arm `{}`: `tau` and `verify_all` apply only to mode refine", a.id.value)))
-                            }
+                            (RefineMode::Base | RefineMode::Verifier, t, v) if t.is_some() || v => out.push(Diagnostic::at(
+                                &a.id,
+                                format!("arm `{}`: `tau` and `verify_all` apply only to mode refine", a.id.value),
+                            )),
                             _ => {}
                         }
                     }
@@ -1040,6 +1108,8 @@ mod tests {
         assert_eq!(recipe("{ preset: seed, arch: qwen3moe }").arch, Arch::Qwen3moe);
         let frozen = serde_json::to_value(recipe("{ preset: tiny }")).unwrap();
         assert_eq!(frozen["arch"], "qwen3moe");
-        assert!(from_yaml::<ModelSpec>(&format!("path: m.gguf\nsha256: {}\nforge: {{ preset: seed, layer: 3 }}\n", "0".repeat(64))).is_err());
+        assert!(
+            from_yaml::<ModelSpec>(&format!("path: m.gguf\nsha256: {}\nforge: {{ preset: seed, layer: 3 }}\n", "0".repeat(64))).is_err()
+        );
     }
 }

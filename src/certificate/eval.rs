@@ -230,15 +230,12 @@ fn predicates(c: &Certificate) -> [Predicate; 4] {
 /// E[relation, h]: the compared surfaces are exact against a named oracle.
 fn exactness_class(c: &Certificate) -> Class {
     let x = &c.exactness;
-    let e_name = format!(
-        "E[{}, {}]",
-        x.relation.value().map_or("?", String::as_str),
-        x.horizon.value().map_or("?".to_string(), u64::to_string)
-    );
+    let e_name =
+        format!("E[{}, {}]", x.relation.value().map_or("?", String::as_str), x.horizon.value().map_or("?".to_string(), u64::to_string));
     let e_verdict = match (x.relation.value(), x.horizon.value(), x.surfaces.value(), x.result.value()) {
-        (_, _, _, Some(ExactResult::Differs)) => Verdict::Fails {
-            reason: x.detail.clone().unwrap_or_else(|| "the compared surfaces differ".into()),
-        },
+        (_, _, _, Some(ExactResult::Differs)) => {
+            Verdict::Fails { reason: x.detail.clone().unwrap_or_else(|| "the compared surfaces differ".into()) }
+        }
         (None, ..) => gap("exactness.relation"),
         (_, None, ..) => gap("exactness.horizon"),
         (_, _, None, _) => gap("exactness.surfaces"),
@@ -263,14 +260,10 @@ fn lifecycle_class(c: &Certificate) -> Class {
         (None, None) => "?".into(),
     };
     let l_verdict = match (l.clean_closure.value(), l.transitions.value()) {
-        (Some(false), _) => Verdict::Fails {
-            reason: l.detail.clone().unwrap_or_else(|| "lifecycle closure is not clean".into()),
-        },
+        (Some(false), _) => Verdict::Fails { reason: l.detail.clone().unwrap_or_else(|| "lifecycle closure is not clean".into()) },
         (None, _) => gap("lifecycle.clean_closure"),
         (Some(true), None) => gap("lifecycle.transitions"),
-        (Some(true), Some(t)) if t.is_empty() => {
-            Verdict::InsufficientEvidence { reason: "no lifecycle transition was exercised".into() }
-        }
+        (Some(true), Some(t)) if t.is_empty() => Verdict::InsufficientEvidence { reason: "no lifecycle transition was exercised".into() },
         (Some(true), Some(_)) => Verdict::Holds,
     };
     Class { class: format!("L[{f}]"), verdict: l_verdict }
@@ -300,9 +293,7 @@ fn resource_verdict(c: &Certificate) -> Verdict {
 fn sovereign_execution(c: &Certificate, r: &Class, w: &Class, resource: &Verdict, e: &Class, l: &Class) -> Verdict {
     let r_or_w = match (&r.verdict, &w.verdict) {
         (Verdict::Holds, _) | (_, Verdict::Holds) => Verdict::Holds,
-        (Verdict::Fails { reason: a }, Verdict::Fails { reason: b }) => {
-            Verdict::Fails { reason: format!("neither R ({a}) nor W ({b})") }
-        }
+        (Verdict::Fails { reason: a }, Verdict::Fails { reason: b }) => Verdict::Fails { reason: format!("neither R ({a}) nor W ({b})") },
         (Verdict::InsufficientEvidence { reason }, _) | (_, Verdict::InsufficientEvidence { reason }) => {
             Verdict::InsufficientEvidence { reason: reason.clone() }
         }
@@ -338,25 +329,50 @@ pub fn to_text(c: &Certificate, e: &Evaluation) -> String {
     for src in &c.sources {
         let _ = writeln!(s, "  source: {src}");
     }
-    let _ = writeln!(s, "I  T_repr {} | U_sem^LB {} | U_sched {} | Q_run {} logical, {} physical | S {}", ev_bytes(&i.t_repr_bytes), ev_bytes(&i.u_sem_lb_bytes), ev_bytes(&i.u_sched_bytes), ev_bytes(&i.q_run_logical_bytes), ev_bytes(&i.q_run_physical_bytes), ev_bytes(&i.managed_bytes));
+    let _ = writeln!(
+        s,
+        "I  T_repr {} | U_sem^LB {} | U_sched {} | Q_run {} logical, {} physical | S {}",
+        ev_bytes(&i.t_repr_bytes),
+        ev_bytes(&i.u_sem_lb_bytes),
+        ev_bytes(&i.u_sched_bytes),
+        ev_bytes(&i.q_run_logical_bytes),
+        ev_bytes(&i.q_run_physical_bytes),
+        ev_bytes(&i.managed_bytes)
+    );
     let _ = writeln!(s, "   inclusion: {}", ev(&i.inclusion_rules));
     let _ = writeln!(s, "   model {} | binary {} | executable {}", ev(&*i.model_sha256), ev(&*i.binary_sha256), ev(&i.executable));
     let grade = |g: &Evidence<Grade>| g.value().map_or(INSUFFICIENT.to_string(), |g| g.name().to_string());
-    let _ = writeln!(s, "B,A host {} bytes ({}) | gpu {} bytes ({}) | gpu physical {} | R_policy {}", ev_bytes(&b.host.bytes), grade(&b.host.grade), ev_bytes(&b.gpu.bytes), grade(&b.gpu.grade), ev_bytes(&b.gpu_physical_bytes), ev_bytes(&b.r_policy_bytes));
+    let _ = writeln!(
+        s,
+        "B,A host {} bytes ({}) | gpu {} bytes ({}) | gpu physical {} | R_policy {}",
+        ev_bytes(&b.host.bytes),
+        grade(&b.host.grade),
+        ev_bytes(&b.gpu.bytes),
+        grade(&b.gpu.grade),
+        ev_bytes(&b.gpu_physical_bytes),
+        ev_bytes(&b.r_policy_bytes)
+    );
     let x = &c.exactness;
     let surfaces = x.surfaces.value().map_or(INSUFFICIENT.to_string(), |v| v.join(", "));
     let result = x.result.value().map_or(INSUFFICIENT.to_string(), |r| format!("{r:?}").to_lowercase());
-    let _ = writeln!(s, "E  {} over [{surfaces}] against {} (same build: {}): {result}", ev(&x.relation), ev(&x.oracle), ev(&*x.same_build));
+    let _ =
+        writeln!(s, "E  {} over [{surfaces}] against {} (same build: {}): {result}", ev(&x.relation), ev(&x.oracle), ev(&*x.same_build));
     if let Some(d) = &x.detail {
         let _ = writeln!(s, "   {d}");
     }
     let l = &c.lifecycle;
     let list = |v: &Evidence<Vec<String>>| v.value().map_or(INSUFFICIENT.to_string(), |v| v.join(", "));
-    let _ = writeln!(s, "L  invariants [{}] | transitions [{}] | clean closure {} | fault cell {}", list(&l.invariants), list(&l.transitions), ev(&l.clean_closure), ev(&l.fault_cell));
+    let _ = writeln!(
+        s,
+        "L  invariants [{}] | transitions [{}] | clean closure {} | fault cell {}",
+        list(&l.invariants),
+        list(&l.transitions),
+        ev(&l.clean_closure),
+        ev(&l.fault_cell)
+    );
     let _ = writeln!(s, "predicates:");
     for p in &e.predicates {
-        let ops: Vec<String> =
-            p.operands.iter().map(|o| format!("{}={}", o.name, o.bytes.map_or("?".into(), |b| b.to_string()))).collect();
+        let ops: Vec<String> = p.operands.iter().map(|o| format!("{}={}", o.name, o.bytes.map_or("?".into(), |b| b.to_string()))).collect();
         let margin = p.margin.map_or(String::new(), |m| format!(" margin {m}"));
         let _ = writeln!(s, "  {} {:<26} {}{margin}: {}", p.id, p.statement, ops.join(" "), p.verdict.text());
     }

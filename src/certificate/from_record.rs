@@ -5,7 +5,7 @@
 //! (`--r-policy`, `--g-decl`, `--g-phys`) may fill the operand, and the authority vector still
 //! says the tier was not observed. Records from different binaries are refused.
 
-use super::{At, AdmissionEvidence, Boundaries, Bytes, Certificate, Evidence, ExactResult, Exactness, Grade, Inventory, Lifecycle, Tier};
+use super::{AdmissionEvidence, At, Boundaries, Bytes, Certificate, Evidence, ExactResult, Exactness, Grade, Inventory, Lifecycle, Tier};
 use crate::oracle::{self, Outcome as Outcome_};
 use crate::plan::Telemetry;
 use crate::record::format::{ExpertsParams, ExpertsReport, Outcome};
@@ -215,7 +215,8 @@ fn device_tier(r: &GenerateRecord) -> Option<Tier> {
         return None;
     }
     let before = p.device_before_decode.as_ref();
-    let buffers = before.map_or("no buffer check in the record".to_string(), |d| format!("buffers {} bytes before decoding", d.device_bytes));
+    let buffers =
+        before.map_or("no buffer check in the record".to_string(), |d| format!("buffers {} bytes before decoding", d.device_bytes));
     let budget: Evidence<Bytes> = p.gpu_budget.map(Bytes).into();
     let (grade, how) = match (&p.device_audit, before) {
         (Some(a), _) => (
@@ -229,7 +230,9 @@ fn device_tier(r: &GenerateRecord) -> Option<Tier> {
                 a.oom_kills
             ),
         ),
-        (None, Some(d)) if d.observed => (Grade::SampledAudit, format!("NVML: the process's own device memory {} bytes before decoding", d.own_bytes.unwrap_or(0))),
+        (None, Some(d)) if d.observed => {
+            (Grade::SampledAudit, format!("NVML: the process's own device memory {} bytes before decoding", d.own_bytes.unwrap_or(0)))
+        }
         (None, Some(d)) => (Grade::NotObserved, format!("not observed: {}", d.reason.as_deref().unwrap_or("no device audit"))),
         (None, None) => (Grade::NotObserved, "not observed".to_string()),
     };

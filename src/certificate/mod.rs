@@ -74,9 +74,7 @@ impl<'de, T: DeserializeOwned> Deserialize<'de> for Evidence<T> {
         if v.as_str() == Some(INSUFFICIENT) {
             return Ok(Evidence::Insufficient);
         }
-        serde_json::from_value(v)
-            .map(Evidence::Value)
-            .map_err(|e| serde::de::Error::custom(format!("{e} (or `{INSUFFICIENT}`)")))
+        serde_json::from_value(v).map(Evidence::Value).map_err(|e| serde::de::Error::custom(format!("{e} (or `{INSUFFICIENT}`)")))
     }
 }
 
@@ -106,10 +104,9 @@ impl Serialize for Bytes {
 impl<'de> Deserialize<'de> for Bytes {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         match serde_json::Value::deserialize(d)? {
-            serde_json::Value::Number(n) => n
-                .as_u64()
-                .map(Bytes)
-                .ok_or_else(|| serde::de::Error::custom(format!("{n} is not a byte count (a whole number >= 0)"))),
+            serde_json::Value::Number(n) => {
+                n.as_u64().map(Bytes).ok_or_else(|| serde::de::Error::custom(format!("{n} is not a byte count (a whole number >= 0)")))
+            }
             serde_json::Value::String(s) => parse_bytes(&s).map(Bytes).map_err(serde::de::Error::custom),
             other => Err(serde::de::Error::custom(format!("expected a byte count, got {other}"))),
         }
@@ -299,22 +296,38 @@ pub fn validate(c: &Certificate) -> Vec<Diagnostic> {
             out.push(diag(o, format!("exactness.oracle_binary_sha256: expected a SHA-256 digest, got {:?}", o.value)));
         } else if let Some(b) = c.inventory.binary_sha256.value() {
             if b != &o.value {
-                out.push(diag(o, format!("refusing to pool evidence from different binaries: the oracle ran {} but the evidence is from {b}", o.value)));
+                out.push(diag(
+                    o,
+                    format!("refusing to pool evidence from different binaries: the oracle ran {} but the evidence is from {b}", o.value),
+                ));
             }
         }
         if c.exactness.same_build.value() == Some(&true) && c.inventory.binary_sha256.is_insufficient() {
-            out.push(diag(&c.exactness.same_build, "exactness.same_build: true needs inventory.binary_sha256 to compare the oracle's digest with"));
+            out.push(diag(
+                &c.exactness.same_build,
+                "exactness.same_build: true needs inventory.binary_sha256 to compare the oracle's digest with",
+            ));
         }
     }
     if c.exactness.same_build.value() == Some(&false) {
-        out.push(diag(&c.exactness.same_build, "refusing to pool evidence from different binaries (exactness.same_build: false): certify each binary separately"));
+        out.push(diag(
+            &c.exactness.same_build,
+            "refusing to pool evidence from different binaries (exactness.same_build: false): certify each binary separately",
+        ));
     }
     if c.exactness.horizon.value() == Some(&0) {
         out.push(diag(&c.exactness.horizon, "exactness.horizon must be at least 1 output"));
     }
     if let (Some(u), Some(t)) = (c.inventory.u_sem_lb_bytes.value(), c.inventory.t_repr_bytes.value()) {
         if u > t {
-            out.push(Diagnostic { line: 0, column: 0, message: format!("inventory.u_sem_lb_bytes ({}) exceeds t_repr_bytes ({}): a semantic-demand lower bound is part of the representation", u.0, t.0) });
+            out.push(Diagnostic {
+                line: 0,
+                column: 0,
+                message: format!(
+                    "inventory.u_sem_lb_bytes ({}) exceeds t_repr_bytes ({}): a semantic-demand lower bound is part of the representation",
+                    u.0, t.0
+                ),
+            });
         }
     }
     out

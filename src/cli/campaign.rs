@@ -20,7 +20,9 @@ pub enum CampaignCommand {
         make_models: bool,
     },
     /// Preregister (freeze) the campaign, then run every cell unattended.
-    #[command(after_help = "Example:\n  sovereign campaign run campaigns/exactness.yaml\n  sovereign campaign run campaigns/exactness.yaml --executor slurm --time 30   (a task per block)")]
+    #[command(
+        after_help = "Example:\n  sovereign campaign run campaigns/exactness.yaml\n  sovereign campaign run campaigns/exactness.yaml --executor slurm --time 30   (a task per block)"
+    )]
     Run(RunArgs),
     /// Continue a preregistered campaign after an interruption.
     #[command(after_help = "Example:\n  sovereign campaign resume campaigns/exactness.yaml")]
@@ -152,7 +154,14 @@ fn check(file: &std::path::Path, json: bool, make_models: bool) -> Result<ExitCo
     }
     if !json {
         let l = campaign::load(file)?;
-        println!("{}: ok, campaign {} ({} arms, {} cells), digest {}", file.display(), l.id(), l.spec.arms.len(), campaign::expand(&l.spec).len(), l.digest);
+        println!(
+            "{}: ok, campaign {} ({} arms, {} cells), digest {}",
+            file.display(),
+            l.id(),
+            l.spec.arms.len(),
+            campaign::expand(&l.spec).len(),
+            l.digest
+        );
         for (field, path) in campaign::models::pending(&l.spec, &l.base) {
             println!("{}: {field} {} is missing; `campaign run` makes it from its recipe", file.display(), path.display());
         }
@@ -181,7 +190,8 @@ fn run(a: RunArgs, mode: campaign::RunMode) -> Result<ExitCode> {
         }
     }
     let exec = campaign::ProcessExecutor::current(&l.base)?;
-    let opts = campaign::RunOptions { results: a.results, mode, progress: super::progress::on_stderr(!a.no_progress && !a.json), block: None };
+    let opts =
+        campaign::RunOptions { results: a.results, mode, progress: super::progress::on_stderr(!a.no_progress && !a.json), block: None };
     let s = campaign::run(&l, &exec, &opts)?;
     if a.json {
         print_json(&s)?;
@@ -207,7 +217,14 @@ fn submit(a: RunArgs, l: &campaign::Loaded, mode: campaign::RunMode) -> Result<E
         print_json(&s)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("campaign {} ({}): {} blocks, {} settled, {} still queued", s.campaign, s.digest, s.blocks, s.settled_blocks.len(), s.queued.len());
+    println!(
+        "campaign {} ({}): {} blocks, {} settled, {} still queued",
+        s.campaign,
+        s.digest,
+        s.blocks,
+        s.settled_blocks.len(),
+        s.queued.len()
+    );
     for x in &s.submitted {
         let after = x.after.as_deref().map_or(String::new(), |j| format!(", after job {j}"));
         println!("submitted job {}: blocks {:?}{after}", x.job, x.blocks);

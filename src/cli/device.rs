@@ -48,7 +48,13 @@ pub fn device(c: DeviceCommand) -> Result<ExitCode> {
 
 /// The same server as a child in its own memory cgroup; what bounded it is said when it ends.
 fn serve_capped(listen: &str, threads: usize, max: u64) -> Result<ExitCode> {
-    sovereign::bounds::range("--memory-max", max, sovereign::bounds::MIN_MEMORY_MAX, sovereign::bounds::MAX_MEMORY_MAX, "1 MiB up to 1 PiB")?;
+    sovereign::bounds::range(
+        "--memory-max",
+        max,
+        sovereign::bounds::MIN_MEMORY_MAX,
+        sovereign::bounds::MAX_MEMORY_MAX,
+        "1 MiB up to 1 PiB",
+    )?;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.args(["device", "serve", "--listen", listen, "--threads", &threads.to_string()]);
     let server = sovereign::observe::Capped::start(cmd, max)?;

@@ -8,8 +8,8 @@ use sovereign::cell::{self, Cell, Done, Experts, ExpertsMode, GenerateCell, Prom
 use sovereign::engine::ExecParams;
 use sovereign::generate;
 use sovereign::observe::ContainSpec;
-use sovereign::record::format::{Outcome, TypedRecord};
 use sovereign::plan::{PlanOptions, SourceKind};
+use sovereign::record::format::{Outcome, TypedRecord};
 use sovereign::source::fault::FaultCell;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -246,7 +246,16 @@ impl GenerateArgs {
                 (None, None) => bail!("give --prompt or --prompt-file"),
             },
             n_predict: self.n_predict,
-            exec: ExecParams::new(self.ctx, self.batch, sovereign::bounds::threads(self.threads.map(i64::from), self.threads_batch.map(i64::from), self.experts == ExpertsMode::Plan), self.flash_attn),
+            exec: ExecParams::new(
+                self.ctx,
+                self.batch,
+                sovereign::bounds::threads(
+                    self.threads.map(i64::from),
+                    self.threads_batch.map(i64::from),
+                    self.experts == ExpertsMode::Plan,
+                ),
+                self.flash_attn,
+            ),
             ignore_eos: self.ignore_eos,
             experts: match self.experts {
                 ExpertsMode::Resident => Experts::Resident,
@@ -377,7 +386,8 @@ pub fn print_contained(rec: &TypedRecord, dir: &std::path::Path, json: bool) -> 
                 v["quality"] = serde_json::to_value(r.quality())?;
             }
             TypedRecord::Generate(g) => {
-                v["digests"] = serde_json::to_value(g.surfaces.iter().map(|(k, s)| (k, &s.sha256)).collect::<std::collections::BTreeMap<_, _>>())?;
+                v["digests"] =
+                    serde_json::to_value(g.surfaces.iter().map(|(k, s)| (k, &s.sha256)).collect::<std::collections::BTreeMap<_, _>>())?;
             }
             TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => {}
         }

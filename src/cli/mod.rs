@@ -9,9 +9,9 @@ mod envelope;
 mod generate;
 mod model;
 pub mod notices;
-mod progress;
 mod oracle;
 mod plan;
+mod progress;
 mod refine;
 mod reproduce;
 mod tables;
@@ -43,7 +43,9 @@ enum Command {
     #[command(after_help = "Example:\n  sovereign inventory models/small.gguf")]
     Inventory(model::InventoryArgs),
     /// Greedy generation with every oracle surface recorded.
-    #[command(after_help = "Example (experts streamed by the Plan under a 128 MiB hard limit):\n  sovereign generate --model models/small.gguf --prompt-file campaigns/prompts/demo.txt \\\n    --n-predict 64 --experts plan --slots 16 --policy lru:16 --memory-max 128M --record results/f")]
+    #[command(
+        after_help = "Example (experts streamed by the Plan under a 128 MiB hard limit):\n  sovereign generate --model models/small.gguf --prompt-file campaigns/prompts/demo.txt \\\n    --n-predict 64 --experts plan --slots 16 --policy lru:16 --memory-max 128M --record results/f"
+    )]
     Generate(generate::GenerateArgs),
     /// Compare two records surface by surface; exit 0 only if every surface is exact.
     #[command(after_help = "Example:\n  sovereign compare runs/oracle runs/f")]
@@ -52,7 +54,10 @@ enum Command {
     #[command(subcommand, after_help = "Example:\n  sovereign certificate show results/f --oracle results/oracle --g-decl 0")]
     Certificate(certificate::CertificateCommand),
     /// Preregistered campaigns: check, run unattended, status, resume.
-    #[command(subcommand, after_help = "Example (makes the campaign's model from its recipe if missing):\n  sovereign campaign run campaigns/exactness.yaml")]
+    #[command(
+        subcommand,
+        after_help = "Example (makes the campaign's model from its recipe if missing):\n  sovereign campaign run campaigns/exactness.yaml"
+    )]
     Campaign(campaign::CampaignCommand),
     /// Write a campaign's records as CSV tables, a pair-ratio figure and a draft claim ledger.
     #[command(after_help = "Example:\n  sovereign export --campaign exactness-resident-1 --out results/export-exactness")]
@@ -65,10 +70,15 @@ enum Command {
     Replay(claims::ClaimArgs),
     /// Run a claim's cells again from its pinned identity, compare every surface with the
     /// originals, recompute its summaries and seal a reproduction report.
-    #[command(after_help = "Example:\n  sovereign reproduce --claim exactness-resident-1 --ledger results/export-exactness/claims.json \\\n    --campaign campaigns/exactness.yaml --out results/repro")]
+    #[command(
+        after_help = "Example:\n  sovereign reproduce --claim exactness-resident-1 --ledger results/export-exactness/claims.json \\\n    --campaign campaigns/exactness.yaml --out results/repro"
+    )]
     Reproduce(reproduce::ReproduceArgs),
     /// The Plan offline: replacement policies replayed on recorded routes.
-    #[command(subcommand, after_help = "Example:\n  sovereign plan simulate --routes results/oracle --slots 8,16,32 --policy lru:S --policy zero")]
+    #[command(
+        subcommand,
+        after_help = "Example:\n  sovereign plan simulate --routes results/oracle --slots 8,16,32 --policy lru:S --policy zero"
+    )]
     Plan(plan::PlanCommand),
     /// Cold O_DIRECT read bandwidth by block size x queue depth (io_uring); the best cell is the
     /// device ceiling.
@@ -79,11 +89,15 @@ enum Command {
     Stats(tables::StatsCommand),
     /// Teacher-force a reference's greedy trajectories through a candidate: per-position top-1
     /// margins and agreement, AUROC of margin as a disagreement predictor, escalation share.
-    #[command(after_help = "Example:\n  sovereign margins --reference models/tau-f32.gguf --candidate models/tau-q4_k_m.gguf --prompts campaigns/prompts/tau.txt")]
+    #[command(
+        after_help = "Example:\n  sovereign margins --reference models/tau-f32.gguf --candidate models/tau-q4_k_m.gguf --prompts campaigns/prompts/tau.txt"
+    )]
     Margins(refine::MarginsArgs),
     /// Margin-gated deferred refinement: a resident base generates, a higher-bit verifier
     /// checks deferred decisions in windows and rolls back flips.
-    #[command(after_help = "Example:\n  sovereign campaign run campaigns/tau-sweep.yaml   (the τ sweep; `refine --help` lists one run's flags)")]
+    #[command(
+        after_help = "Example:\n  sovereign campaign run campaigns/tau-sweep.yaml   (the τ sweep; `refine --help` lists one run's flags)"
+    )]
     Refine(refine::RefineArgs),
     /// Check a record against the validator of its fault cell (seed 000 Table 7); recoverable
     /// cells are compared with the no-fault control record.

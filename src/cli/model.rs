@@ -76,7 +76,9 @@ pub enum ModelCommand {
     },
     /// Rewrite a model (one file or a shard set) as a shard set, as gguf-split does:
     /// OUT_PREFIX-00001-of-0000N.gguf ..., the first carrying the metadata.
-    #[command(after_help = "Example:\n  sovereign model split models/small.gguf models/small-split --max-size 64M\n  sovereign inventory models/small-split-00001-of-00004.gguf")]
+    #[command(
+        after_help = "Example:\n  sovereign model split models/small.gguf models/small-split --max-size 64M\n  sovereign inventory models/small-split-00001-of-00004.gguf"
+    )]
     Split {
         input: PathBuf,
         out_prefix: PathBuf,
@@ -153,7 +155,25 @@ pub fn build_info(a: BuildInfoArgs) -> Result<ExitCode> {
 
 pub fn model(c: ModelCommand) -> Result<ExitCode> {
     match c {
-        ModelCommand::Forge { arch, preset, seed, out, layers, experts, top_k, embd, expert_ff, vocab, alignment, context, f16_router, tied_output, router_skew, split_max_size, json } => {
+        ModelCommand::Forge {
+            arch,
+            preset,
+            seed,
+            out,
+            layers,
+            experts,
+            top_k,
+            embd,
+            expert_ff,
+            vocab,
+            alignment,
+            context,
+            f16_router,
+            tied_output,
+            router_skew,
+            split_max_size,
+            json,
+        } => {
             let arch = arch.unwrap_or(preset.arch());
             let dims = preset.dims().with(&Overrides { layers, experts, top_k, embd, expert_ff, vocab, alignment, context })?;
             let split = split_max_size.map(SplitBy::Bytes);
@@ -170,7 +190,10 @@ pub fn model(c: ModelCommand) -> Result<ExitCode> {
             }
             let t = std::time::Instant::now();
             let mut shown = ForgeProgress::new();
-            let f = forge::forge_into(arch, dims, forge::Variant { f16_router, tied_output, router_skew }, seed, &out, split, &mut |d, t| shown.at(d, t))?;
+            let f =
+                forge::forge_into(arch, dims, forge::Variant { f16_router, tied_output, router_skew }, seed, &out, split, &mut |d, t| {
+                    shown.at(d, t)
+                })?;
             shown.finish();
             let out = f.shards.first().cloned().unwrap_or(out);
             if json {
@@ -198,7 +221,8 @@ pub fn model(c: ModelCommand) -> Result<ExitCode> {
             };
             let w = sovereign::gguf::set::split_model(&input, &out_prefix, by)?;
             // Read back as the set it must be, before it is reported.
-            sovereign::gguf::Gguf::open_model(&w.shards[0].0).with_context(|| format!("{}: the written set does not read back", w.shards[0].0.display()))?;
+            sovereign::gguf::Gguf::open_model(&w.shards[0].0)
+                .with_context(|| format!("{}: the written set does not read back", w.shards[0].0.display()))?;
             if json {
                 print_json(&serde_json::json!({
                     "sha256": w.sha256(),
@@ -227,9 +251,12 @@ pub fn model(c: ModelCommand) -> Result<ExitCode> {
             // tensors to 32 bytes, a file no reader (llama.cpp's included) can open.
             let done = engine::quantize(&input, &tmp, ty, threads)
                 .and_then(|()| {
-                    sovereign::gguf::Gguf::open(&tmp)
-                        .map(drop)
-                        .map_err(|e| anyhow::anyhow!("{}: llama_model_quantize wrote an invalid file ({e:#}); quantize a model forged with the default alignment", input.display()))
+                    sovereign::gguf::Gguf::open(&tmp).map(drop).map_err(|e| {
+                        anyhow::anyhow!(
+                            "{}: llama_model_quantize wrote an invalid file ({e:#}); quantize a model forged with the default alignment",
+                            input.display()
+                        )
+                    })
                 })
                 .and_then(|()| sovereign::record::rename_noreplace(&tmp, &output));
             if let Err(e) = done {
@@ -268,7 +295,11 @@ fn digests(model: &std::path::Path, check: bool, json: bool) -> Result<ExitCode>
             }
         }
         if !c.differ.is_empty() {
-            eprintln!("{}: {} ranges differ from the cached digest manifest; it was replaced by the fresh one", model.display(), c.differ.len());
+            eprintln!(
+                "{}: {} ranges differ from the cached digest manifest; it was replaced by the fresh one",
+                model.display(),
+                c.differ.len()
+            );
             return Ok(ExitCode::from(1));
         }
         return Ok(ExitCode::SUCCESS);
@@ -329,14 +360,22 @@ impl ForgeProgress {
         if std::io::stderr().is_terminal() {
             let bar = self.bar.get_or_insert_with(|| {
                 let b = indicatif::ProgressBar::new(total);
-                b.set_style(indicatif::ProgressStyle::with_template("forging {bar:30} {bytes}/{total_bytes} {bytes_per_sec}, ETA {eta}").expect("a valid template"));
+                b.set_style(
+                    indicatif::ProgressStyle::with_template("forging {bar:30} {bytes}/{total_bytes} {bytes_per_sec}, ETA {eta}")
+                        .expect("a valid template"),
+                );
                 b
             });
             bar.set_position(done);
         } else if done * 10 / total > self.tenth {
             self.tenth = done * 10 / total;
             let s = self.started.elapsed().as_secs_f64();
-            eprintln!("forging: {} of {} ({:.0} MB/s)", sovereign::bounds::show_bytes(done), sovereign::bounds::show_bytes(total), done as f64 / s.max(1e-9) / 1e6);
+            eprintln!(
+                "forging: {} of {} ({:.0} MB/s)",
+                sovereign::bounds::show_bytes(done),
+                sovereign::bounds::show_bytes(total),
+                done as f64 / s.max(1e-9) / 1e6
+            );
         }
     }
 

@@ -4,8 +4,8 @@ use super::print_json;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use sovereign::export::{curves_figure, Curve};
-use sovereign::plan::simulate::{self, Row};
 use sovereign::plan::options::{default_prompt_pass, per_pass};
+use sovereign::plan::simulate::{self, Row};
 use sovereign::plan::{Manifest, Passes};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -70,7 +70,13 @@ struct DraftRow {
 
 /// Decode bytes read per output for K = 0..=max: each replay of the whole record minus the
 /// replay of its prompt alone (the same for every K).
-fn draft_rows(rec: &sovereign::oracle::routes::Recorded, slots: u32, policies: &[String], max: u32, passes_at: impl Fn(&Manifest) -> Passes) -> Result<Vec<DraftRow>> {
+fn draft_rows(
+    rec: &sovereign::oracle::routes::Recorded,
+    slots: u32,
+    policies: &[String],
+    max: u32,
+    passes_at: impl Fn(&Manifest) -> Passes,
+) -> Result<Vec<DraftRow>> {
     let from = rec.decode_from.context("the record decoded no output after its prompt: nothing to draft")?;
     let prompt: Vec<_> = rec.events.iter().filter(|e| e.ubatch < from).cloned().collect();
     let outputs = rec.events.iter().filter(|e| e.ubatch >= from).map(|e| e.ubatch).collect::<std::collections::BTreeSet<_>>().len() as u64;
@@ -88,7 +94,16 @@ fn draft_rows(rec: &sovereign::oracle::routes::Recorded, slots: u32, policies: &
             let bytes_read = t.q_run.physical_bytes - base;
             let per = bytes_read as f64 / outputs.max(1) as f64;
             let one = *one.get_or_insert(per);
-            rows.push(DraftRow { policy: template.clone(), slots, draft: k, traversals: outputs.div_ceil(u64::from(k) + 1), outputs, bytes_read, bytes_per_output: per, ratio: per / one });
+            rows.push(DraftRow {
+                policy: template.clone(),
+                slots,
+                draft: k,
+                traversals: outputs.div_ceil(u64::from(k) + 1),
+                outputs,
+                bytes_read,
+                bytes_per_output: per,
+                ratio: per / one,
+            });
         }
     }
     Ok(rows)
@@ -133,7 +148,11 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
             .iter()
             .map(|n| Curve {
                 label: n.clone(),
-                points: rows.iter().filter(|r| r.policy == *n && r.refused.is_none()).map(|r| (f64::from(r.slots), r.bytes_moved as f64 / 1e6)).collect(),
+                points: rows
+                    .iter()
+                    .filter(|r| r.policy == *n && r.refused.is_none())
+                    .map(|r| (f64::from(r.slots), r.bytes_moved as f64 / 1e6))
+                    .collect(),
                 bound: *n == "MIN",
             })
             .collect();
@@ -173,7 +192,18 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
 
 fn write_csv(path: &std::path::Path, rows: &[Row]) -> Result<()> {
     let mut w = csv::Writer::from_path(path)?;
-    w.write_record(["policy", "slots", "requests", "hits", "loads", "prefetch_loads", "prefetch_hits", "bytes_moved", "bytes_read", "refused"])?;
+    w.write_record([
+        "policy",
+        "slots",
+        "requests",
+        "hits",
+        "loads",
+        "prefetch_loads",
+        "prefetch_hits",
+        "bytes_moved",
+        "bytes_read",
+        "refused",
+    ])?;
     for r in rows {
         let n = |v: u64| v.to_string();
         w.write_record([

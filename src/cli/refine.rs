@@ -171,7 +171,11 @@ pub fn margins(a: MarginsArgs) -> Result<ExitCode> {
         println!("positions   {} over {} prompts", report.positions, report.prompts);
         println!("agreement   {:.2}%", report.agreement * 100.0);
         println!("AUROC       {}", report.auroc.map_or("- (one class only)".into(), |v| format!("{v:.3}")));
-        println!("median      margin {} when agreeing, {} when disagreeing", f(report.median_margin_agree), f(report.median_margin_disagree));
+        println!(
+            "median      margin {} when agreeing, {} when disagreeing",
+            f(report.median_margin_agree),
+            f(report.median_margin_disagree)
+        );
         println!(
             "escalate    {:.1}% of tokens (margin < {}) for {:.0}% agreement",
             report.escalation.share * 100.0,
@@ -204,7 +208,11 @@ pub fn print_summary(s: &refine::Summary, json: bool) -> Result<()> {
     println!("verify    {} sweeps, {} rollbacks, {} deferred, {} checked", c.sweeps, c.rollbacks, c.deferred, c.checked);
     println!("bytes     {:.0} verification bytes per token (logical)", s.verification_bytes_per_token);
     if let Some(q) = &s.quality {
-        println!("quality   mean log-prob {:.4} under the reference ({:.1}% of tokens its greedy choice)", q.mean_logprob, q.reference_agreement * 100.0);
+        println!(
+            "quality   mean log-prob {:.4} under the reference ({:.1}% of tokens its greedy choice)",
+            q.mean_logprob,
+            q.reference_agreement * 100.0
+        );
     }
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! `reproduce`: a claim run again from its pinned identity and judged against the original.
 
+use super::claims::ClaimRef;
 use super::{print_json, status};
 use anyhow::{bail, Result};
 use clap::Args;
-use super::claims::ClaimRef;
 use sovereign::reproduce::{self, Options};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -38,7 +38,7 @@ fn by_digest(flag: &str, given: &[String], into: &mut BTreeMap<String, PathBuf>)
         if d.len() != 64 || !d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) || p.is_empty() {
             bail!("--{flag} {g:?}: expected SHA256=PATH with 64 lowercase hex digits");
         }
-        if into.insert(d.to_string(), PathBuf::from(p)).is_some_and(|old| old != PathBuf::from(p)) {
+        if into.insert(d.to_string(), PathBuf::from(p)).is_some_and(|old| old.as_path() != std::path::Path::new(p)) {
             bail!("--{flag} {d}: given twice with different paths");
         }
     }
@@ -61,7 +61,16 @@ pub fn reproduce(a: ReproduceArgs) -> Result<ExitCode> {
         None => bail!("--claim {:?}: not a plain name, so there is no default --out; give one", a.c.claim),
     };
     let progress = super::progress::on_stderr(!a.no_progress && !a.json);
-    let opts = Options { ledger: a.c.ledger, claim: a.c.claim, unanchored: a.c.unanchored, results: a.c.results, out, campaign: a.campaign, inputs, progress };
+    let opts = Options {
+        ledger: a.c.ledger,
+        claim: a.c.claim,
+        unanchored: a.c.unanchored,
+        results: a.c.results,
+        out,
+        campaign: a.campaign,
+        inputs,
+        progress,
+    };
     let r = reproduce::reproduce(&opts)?;
     if a.json {
         print_json(&r)?;

@@ -168,7 +168,11 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
         }
     }
     if !s.prefill_invalid.is_empty() {
-        eprintln!("error: prefill over its floor: invalid measurement ({} blocks): {}", s.prefill_invalid.len(), s.prefill_invalid.join("; "));
+        eprintln!(
+            "error: prefill over its floor: invalid measurement ({} blocks): {}",
+            s.prefill_invalid.len(),
+            s.prefill_invalid.join("; ")
+        );
     }
     if !s.floor_invalid.is_empty() {
         // An impossible figure is a failed measurement, not a result.

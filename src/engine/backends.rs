@@ -143,8 +143,7 @@ pub fn rpc_add_server(endpoint: &str) -> Result<Vec<String>, BackendError> {
 pub fn rpc_serve(endpoint: &str, threads: usize) -> Result<(), BackendError> {
     // Safety of a call: a NUL-terminated endpoint, a cache directory that is NUL-terminated or
     // null, and `n_devices` live devices at `devices` (ggml-rpc.h).
-    type StartServer =
-        unsafe extern "C" fn(*const std::ffi::c_char, *const std::ffi::c_char, usize, usize, *mut sys::ggml_backend_dev_t);
+    type StartServer = unsafe extern "C" fn(*const std::ffi::c_char, *const std::ffi::c_char, usize, usize, *mut sys::ggml_backend_dev_t);
     let c = CString::new(endpoint).map_err(|_| BackendError::NulInEndpoint { flag: "--listen", endpoint: endpoint.to_string() })?;
     // SAFETY: ggml-rpc.h: void ggml_backend_rpc_start_server(const char * endpoint,
     // const char * cache_dir, size_t n_threads, size_t n_devices, ggml_backend_dev_t * devices).
@@ -237,7 +236,11 @@ pub fn loaded_libraries() -> Vec<LoadedLibrary> {
 pub fn devices() -> Vec<Device> {
     let s = |p: *const std::ffi::c_char| {
         // SAFETY: only called on the props' name fields, NUL-terminated strings the modules own.
-        if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
+        if p.is_null() {
+            String::new()
+        } else {
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
     };
     // SAFETY: registry queries; props point at strings owned by the loaded modules.
     unsafe {

@@ -225,16 +225,22 @@ unsafe extern "C" fn pool_cb(
         let Some(write) = pool.write else { bail!("the engine gave no write function for {name}") };
         // SAFETY: the device name is NUL-terminated and owned by the backend registry.
         let device = if pool.device.is_null() { "?".into() } else { unsafe { CStr::from_ptr(pool.device) }.to_string_lossy().into_owned() };
-        let buffer = b.source.pool(il as u32, &name, slot_bytes, n_slots, SlotPool {
-            handle: pool.handle,
-            write,
-            host: pool.host,
-            copy_begin: pool.copy_begin,
-            copy_wait: pool.copy_wait,
-            asynchronous: pool.async_,
-            device,
-            bytes: pool.bytes as u64,
-        })?;
+        let buffer = b.source.pool(
+            il as u32,
+            &name,
+            slot_bytes,
+            n_slots,
+            SlotPool {
+                handle: pool.handle,
+                write,
+                host: pool.host,
+                copy_begin: pool.copy_begin,
+                copy_wait: pool.copy_wait,
+                asynchronous: pool.async_,
+                device,
+                bytes: pool.bytes as u64,
+            },
+        )?;
         out = i32::try_from(buffer)?;
         Ok(())
     });
@@ -272,12 +278,15 @@ unsafe extern "C" fn slot_head_cb(user: *mut c_void, il: i32, name: *const c_cha
 unsafe extern "C" fn acquire_cb(user: *mut c_void, il: i32, pass: i32, ids: *const i32, n_ids: i64, slots: *mut i32) -> i32 {
     let ok = guarded(user, |b| {
         // SAFETY: both arrays hold n_ids entries for the duration of the call.
-        let (ids, slots) = unsafe {
-            (std::slice::from_raw_parts(ids, n_ids as usize), std::slice::from_raw_parts_mut(slots, n_ids as usize))
-        };
+        let (ids, slots) =
+            unsafe { (std::slice::from_raw_parts(ids, n_ids as usize), std::slice::from_raw_parts_mut(slots, n_ids as usize)) };
         b.source.acquire(il as u32, pass as u32, ids, slots)
     });
-    if ok { 0 } else { 1 }
+    if ok {
+        0
+    } else {
+        1
+    }
 }
 
 /// llama.cpp's release callback.
@@ -285,5 +294,9 @@ unsafe extern "C" fn acquire_cb(user: *mut c_void, il: i32, pass: i32, ids: *con
 /// # Safety
 /// `user` is the registered [`Bridge`].
 unsafe extern "C" fn release_cb(user: *mut c_void, il: i32, pass: i32) -> i32 {
-    if guarded(user, |b| b.source.release(il as u32, pass as u32)) { 0 } else { 1 }
+    if guarded(user, |b| b.source.release(il as u32, pass as u32)) {
+        0
+    } else {
+        1
+    }
 }

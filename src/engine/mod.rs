@@ -8,9 +8,9 @@ mod experts;
 pub mod pin;
 mod routes;
 
+use experts::Bridge;
 pub use experts::{ExpertSource, SlotPool};
 pub use routes::{RouteEvent, RouteRecorder};
-use experts::Bridge;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use serde::Serialize;
@@ -281,8 +281,7 @@ pub struct PlacementReport {
 pub fn placement_report() -> PlacementReport {
     init();
     let p = placement();
-    let gpus: Vec<String> =
-        backends::devices().into_iter().filter(|d| d.kind == "gpu" || d.kind == "igpu").map(|d| d.name).collect();
+    let gpus: Vec<String> = backends::devices().into_iter().filter(|d| d.kind == "gpu" || d.kind == "igpu").map(|d| d.name).collect();
     let effective = if p.gpu_layers == 0 {
         "every layer on the CPU".to_string()
     } else if gpus.is_empty() {
@@ -296,9 +295,10 @@ pub fn placement_report() -> PlacementReport {
         gpu_layers: if p.gpu_layers < 0 { GpuLayers::All(AllLayers::All) } else { GpuLayers::Count(p.gpu_layers) },
         experts_host: p.experts_host,
         gpu_budget: p.gpu_budget,
-        rpc_protocol: gpus.iter().any(|g| g.starts_with("RPC")).then(|| {
-            format!("{}.{}.{}", sys::RPC_PROTO_MAJOR_VERSION, sys::RPC_PROTO_MINOR_VERSION, sys::RPC_PROTO_PATCH_VERSION)
-        }),
+        rpc_protocol: gpus
+            .iter()
+            .any(|g| g.starts_with("RPC"))
+            .then(|| format!("{}.{}.{}", sys::RPC_PROTO_MAJOR_VERSION, sys::RPC_PROTO_MINOR_VERSION, sys::RPC_PROTO_PATCH_VERSION)),
         gpu_devices: gpus,
         effective,
         device_before_decode: None,
@@ -367,9 +367,7 @@ impl Model {
             Some(ptr) => Ok(Model { ptr, path: path.to_path_buf(), bridge }),
             None => {
                 // SAFETY: llama.cpp dropped every reference to the bridge when the load failed.
-                let why = bridge
-                    .and_then(|b| unsafe { Box::from_raw(b.as_ptr()) }.error)
-                    .unwrap_or_else(load_error);
+                let why = bridge.and_then(|b| unsafe { Box::from_raw(b.as_ptr()) }.error).unwrap_or_else(load_error);
                 bail!("{}: llama.cpp could not load the model: {why}", path.display())
             }
         }
@@ -469,9 +467,8 @@ impl Model {
         let mut buf = vec![0u8; 64];
         loop {
             // SAFETY: buffer valid for its length.
-            let n = unsafe {
-                sys::llama_token_to_piece(self.vocab(), token, buf.as_mut_ptr() as *mut c_char, buf.len() as i32, 0, special)
-            };
+            let n =
+                unsafe { sys::llama_token_to_piece(self.vocab(), token, buf.as_mut_ptr() as *mut c_char, buf.len() as i32, 0, special) };
             if n >= 0 {
                 buf.truncate(n as usize);
                 return buf;
@@ -522,7 +519,14 @@ impl<C> ExecParams<C> {
         // Saturating: an out-of-range count stays out of range for `RunParams::check`.
         let clamp = |n: i64| n.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
         let (decode, batched) = (clamp(threads.0), clamp(threads.1));
-        ExecParams { n_ctx, n_batch: batch, n_ubatch: batch, threads: decode, threads_batch: (batched != decode).then_some(batched), flash_attn }
+        ExecParams {
+            n_ctx,
+            n_batch: batch,
+            n_ubatch: batch,
+            threads: decode,
+            threads_batch: (batched != decode).then_some(batched),
+            flash_attn,
+        }
     }
 
     /// The same parameters with the context `n_ctx`.
@@ -573,7 +577,8 @@ impl<'m> Context<'m> {
             }
             sys::llama_init_from_model(model.ptr.as_ptr(), p)
         };
-        let ptr = NonNull::new(ptr).ok_or_else(|| anyhow!("{}: llama.cpp could not create a context: {}", model.path.display(), last_log()))?;
+        let ptr =
+            NonNull::new(ptr).ok_or_else(|| anyhow!("{}: llama.cpp could not create a context: {}", model.path.display(), last_log()))?;
         Ok(Context { ptr, model, params, routes, n_past: 0 })
     }
 

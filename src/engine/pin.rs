@@ -27,14 +27,9 @@ impl Pin {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let (k, v) = line
-                .split_once('=')
-                .ok_or(PinError::NotKeyValue { line: n + 1 })?;
+            let (k, v) = line.split_once('=').ok_or(PinError::NotKeyValue { line: n + 1 })?;
             let v = v.trim();
-            let v = v
-                .strip_prefix('"')
-                .and_then(|v| v.strip_suffix('"'))
-                .ok_or(PinError::Unquoted { line: n + 1 })?;
+            let v = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).ok_or(PinError::Unquoted { line: n + 1 })?;
             let k = k.trim();
             if !matches!(k, "package" | "version" | "checksum" | "tree_sha256") {
                 return Err(PinError::UnknownKey { line: n + 1, key: k.to_string() });
@@ -42,12 +37,7 @@ impl Pin {
             kv.insert(k.to_string(), v.to_string());
         }
         let mut take = |k: &'static str| kv.remove(k).ok_or(PinError::Missing(k));
-        Ok(Pin {
-            package: take("package")?,
-            version: take("version")?,
-            checksum: take("checksum")?,
-            tree_sha256: take("tree_sha256")?,
-        })
+        Ok(Pin { package: take("package")?, version: take("version")?, checksum: take("checksum")?, tree_sha256: take("tree_sha256")? })
     }
 }
 
@@ -110,15 +100,10 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<String>) -> io::Result<()> {
             collect(root, &path, out)?;
         } else if ty.is_file() {
             let rel = path.strip_prefix(root).expect("below root");
-            let rel = rel
-                .to_str()
-                .ok_or_else(|| io::Error::other(format!("non-UTF-8 path {}", rel.display())))?;
+            let rel = rel.to_str().ok_or_else(|| io::Error::other(format!("non-UTF-8 path {}", rel.display())))?;
             out.push(rel.replace(std::path::MAIN_SEPARATOR, "/"));
         } else {
-            return Err(io::Error::other(format!(
-                "{} is neither a file nor a directory",
-                path.display()
-            )));
+            return Err(io::Error::other(format!("{} is neither a file nor a directory", path.display())));
         }
     }
     Ok(())

@@ -55,12 +55,7 @@ impl RouteRecorder {
             // SAFETY: the node is computed; row `row` holds k contiguous I32 values at
             // offset row * nb[1] of the (possibly strided) view.
             unsafe {
-                sys::ggml_backend_tensor_get(
-                    t as *const _ as *mut _,
-                    ids.as_mut_ptr() as *mut c_void,
-                    row as usize * t.nb[1],
-                    k * 4,
-                );
+                sys::ggml_backend_tensor_get(t as *const _ as *mut _, ids.as_mut_ptr() as *mut c_void, row as usize * t.nb[1], k * 4);
             }
             self.events.push(RouteEvent { ubatch, row, pos: self.ubatch_pos + row, layer, experts: ids.clone() });
         }

@@ -157,7 +157,8 @@ where
     let orange = RGBColor(255, 127, 14);
     let green = RGBColor(44, 160, 44);
     let red = RGBColor(214, 39, 40);
-    let mut curve: Vec<(f64, f64)> = points.iter().filter(|p| matches!(p.kind, PointKind::Base | PointKind::Refine)).map(|p| (mb(p), p.quality)).collect();
+    let mut curve: Vec<(f64, f64)> =
+        points.iter().filter(|p| matches!(p.kind, PointKind::Base | PointKind::Refine)).map(|p| (mb(p), p.quality)).collect();
     curve.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
     chart
         .draw_series(LineSeries::new(curve, blue.stroke_width(2)))

@@ -25,16 +25,15 @@ mod tables;
 pub mod timeline;
 
 pub use figure::envelope as envelope_figure;
-pub use prefill::PrefillSummary;
 pub use figure::{curves as curves_figure, Curve};
+pub use prefill::PrefillSummary;
 
-use crate::campaign::{histories, read_cell, CellDocument, CellState};
-use crate::campaign::spec::{Campaign, FloorAnalysis, PairAnalysis};
-use tables::{write_table, ArmLine, CellRow, FloorLine, PairRow, PairSide, WallLine};
 use crate::campaign::expand::block_control;
+use crate::campaign::spec::{Campaign, FloorAnalysis, PairAnalysis};
 use crate::campaign::{expand, frozen, journal::Journal, CampaignDir, CellSpec, CellStatus};
-use crate::oracle::fault::Verdict;
+use crate::campaign::{histories, read_cell, CellDocument, CellState};
 use crate::claims::{Assertion, Check, Claim, Ledger, PairedExpect, Replay, LEDGER_FORMAT};
+use crate::oracle::fault::Verdict;
 use crate::record::{verify_record, EnvelopeRecord, GenerateRecord, ReadReplayRecord, RefineRecord, TypedRecord, RECORD_FILE};
 use crate::stats::{paired_ratio, PairedRatio};
 use anyhow::{Context, Result};
@@ -42,6 +41,7 @@ use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use tables::{write_table, ArmLine, CellRow, FloorLine, PairRow, PairSide, WallLine};
 
 /// What `export` wrote.
 #[derive(Debug, Clone, Serialize)]
@@ -173,7 +173,13 @@ pub struct WallRow {
 
 fn wall_rows(w: &crate::campaign::spec::WallAnalysis, cells: &[CellSpec], sealed: &BTreeMap<String, Sealed>) -> Vec<WallRow> {
     let walls = |arm: &str| -> Vec<f64> {
-        cells.iter().filter(|c| c.arm.id.value == arm).filter_map(|c| sealed.get(&c.key)).filter(|x| x.completed()).map(|x| x.doc.outcome.wall_s).collect()
+        cells
+            .iter()
+            .filter(|c| c.arm.id.value == arm)
+            .filter_map(|c| sealed.get(&c.key))
+            .filter(|x| x.completed())
+            .map(|x| x.doc.outcome.wall_s)
+            .collect()
     };
     let base = walls(&w.baseline.value);
     w.arms
@@ -240,7 +246,11 @@ impl FloorRow<'_> {
         broken_floor(self.arm.s_per_token, self.replay.s_per_token, self.compute.s_per_token)
             // Faster than its replay plus its idle: its reads beat their replay, so the replay
             // (the floor's read term) was mismeasured.
-            .or_else(|| self.idle_bound().filter(|&b| !(self.arm.s_per_token >= b)).map(|_| "idle"))
+            .or_else(|| {
+                let at_least =
+                    |b: f64| matches!(self.arm.s_per_token.partial_cmp(&b), Some(std::cmp::Ordering::Greater | std::cmp::Ordering::Equal));
+                self.idle_bound().filter(|&b| !at_least(b)).map(|_| "idle")
+            })
             .or_else(|| self.envelope.and_then(|(_, e)| beyond_envelope(self.arm_bytes_per_s(), self.replay_bytes_per_s, e)))
     }
 
@@ -321,7 +331,10 @@ fn idle_bound(read_s: f64, idle_s: f64, compute_s: f64) -> f64 {
 /// Per block holding the arm's and the replay's completed cells: the floor and the ratio.
 fn floor_rows<'a>(f: &FloorAnalysis, cells: &'a [CellSpec], sealed: &'a BTreeMap<String, Sealed>) -> Vec<FloorRow<'a>> {
     let find = |block: usize, arm: &str| {
-        cells.iter().find(|c| c.block == block && c.arm.id.value == arm).and_then(|c| sealed.get(&c.key).filter(|x| x.completed()).map(|x| (c, x)))
+        cells
+            .iter()
+            .find(|c| c.block == block && c.arm.id.value == arm)
+            .and_then(|c| sealed.get(&c.key).filter(|x| x.completed()).map(|x| (c, x)))
     };
     let blocks: std::collections::BTreeSet<usize> = cells.iter().map(|c| c.block).collect();
     // The envelope's best cell over the whole campaign: the device's ceiling.
@@ -329,7 +342,9 @@ fn floor_rows<'a>(f: &FloorAnalysis, cells: &'a [CellSpec], sealed: &'a BTreeMap
         cells
             .iter()
             .filter(|c| c.arm.id.value == e.value)
-            .filter_map(|c| sealed.get(&c.key).filter(|x| x.completed()).and_then(|x| Some((c, x.envelope()?.best.as_ref()?.mib_per_s * MIB))))
+            .filter_map(|c| {
+                sealed.get(&c.key).filter(|x| x.completed()).and_then(|x| Some((c, x.envelope()?.best.as_ref()?.mib_per_s * MIB)))
+            })
             .max_by(|p, q| p.1.total_cmp(&q.1))
     });
     let mut rows = Vec::new();
@@ -578,7 +593,13 @@ struct FloorResult {
 }
 
 /// `floor.csv`, and over a floor no arm beat, `floor_summary.csv` and `envelope_summary.csv`.
-fn write_floor(out: &Path, f: &FloorAnalysis, cells: &[CellSpec], sealed: &BTreeMap<String, Sealed>, files: &mut Vec<PathBuf>) -> Result<FloorResult> {
+fn write_floor(
+    out: &Path,
+    f: &FloorAnalysis,
+    cells: &[CellSpec],
+    sealed: &BTreeMap<String, Sealed>,
+    files: &mut Vec<PathBuf>,
+) -> Result<FloorResult> {
     let rows = floor_rows(f, cells, sealed);
     let invalid: Vec<String> = rows.iter().filter_map(FloorRow::broken).collect();
     let path = out.join("floor.csv");
@@ -610,7 +631,13 @@ fn write_floor(out: &Path, f: &FloorAnalysis, cells: &[CellSpec], sealed: &BTree
 }
 
 /// `timeline-<cell>.svg` for each sealed generate record that kept a timeline.
-fn write_timelines(out: &Path, results: &Path, cells: &[CellSpec], sealed: &BTreeMap<String, Sealed>, files: &mut Vec<PathBuf>) -> Result<()> {
+fn write_timelines(
+    out: &Path,
+    results: &Path,
+    cells: &[CellSpec],
+    sealed: &BTreeMap<String, Sealed>,
+    files: &mut Vec<PathBuf>,
+) -> Result<()> {
     for cell in cells {
         if let Some(x) = sealed.get(&cell.key).filter(|x| x.generate().is_some_and(|r| r.surfaces.contains_key(timeline::SURFACE))) {
             let path = out.join(format!("timeline-{}.svg", cell.key));
@@ -729,12 +756,27 @@ fn draft_ledger(
             expect: Check::Eq((*spec.workload.prompt_tokens).into()),
         });
         if let Some(n) = x.record.as_ref().and_then(TypedRecord::generated_tokens) {
-            assertions.push(Assertion { record: c.key.clone(), file: RECORD_FILE.into(), pointer: "/counts/generated_tokens".into(), expect: Check::Eq(n.into()) });
+            assertions.push(Assertion {
+                record: c.key.clone(),
+                file: RECORD_FILE.into(),
+                pointer: "/counts/generated_tokens".into(),
+                expect: Check::Eq(n.into()),
+            });
         }
         if let Some(rows) = x.generate().and_then(|r| r.counts.as_ref()).map(|c| c.logits_rows as u64) {
-            assertions.push(Assertion { record: c.key.clone(), file: RECORD_FILE.into(), pointer: "/surfaces/logits/unit_sha256".into(), expect: Check::Len(rows) });
+            assertions.push(Assertion {
+                record: c.key.clone(),
+                file: RECORD_FILE.into(),
+                pointer: "/surfaces/logits/unit_sha256".into(),
+                expect: Check::Len(rows),
+            });
         }
-        assertions.push(Assertion { record: c.key.clone(), file: "cell.json".into(), pointer: "/outcome/wall_s".into(), expect: Check::Gt(0.0) });
+        assertions.push(Assertion {
+            record: c.key.clone(),
+            file: "cell.json".into(),
+            pointer: "/outcome/wall_s".into(),
+            expect: Check::Gt(0.0),
+        });
     }
     let oracle = completed.iter().find(|c| c.is_oracle).map(|c| c.key.clone());
     if let Some(o) = &oracle {
@@ -775,18 +817,6 @@ fn draft_ledger(
         faults.push((c.key.clone(), expect.clone()));
         replay.push(Replay::Fault { record: c.key.clone(), cell: f, control, expect });
     }
-    let fault_part = if faults.is_empty() {
-        String::new()
-    } else {
-        let failed: Vec<String> =
-            faults.iter().filter(|(_, v)| !v.passed).map(|(k, v)| format!("{k} ({})", v.failed.join(", "))).collect();
-        format!(
-            "; {} fault cells validated, {} passed{}",
-            faults.len(),
-            faults.len() - failed.len(),
-            if failed.is_empty() { String::new() } else { format!(", failed: {}", failed.join(", ")) }
-        )
-    };
     let statement = match summary {
         Some(s) => format!(
             "campaign {id}: {} cells sealed; paired {}/{} ratio {:.6}{}",
@@ -800,10 +830,24 @@ fn draft_ledger(
             }
         ),
         None => format!("campaign {id}: {} cells sealed", sealed.len()),
-    } + &fault_part;
+    } + &fault_statement(&faults);
     let mut claims = BTreeMap::new();
     claims.insert(id.clone(), Claim { statement, records, assertions, replay });
     Ledger { format: LEDGER_FORMAT.into(), claims }
+}
+
+/// What the claim says of its fault cells: how many were validated, and which failed why.
+fn fault_statement(faults: &[(String, Verdict)]) -> String {
+    if faults.is_empty() {
+        return String::new();
+    }
+    let failed: Vec<String> = faults.iter().filter(|(_, v)| !v.passed).map(|(k, v)| format!("{k} ({})", v.failed.join(", "))).collect();
+    format!(
+        "; {} fault cells validated, {} passed{}",
+        faults.len(),
+        faults.len() - failed.len(),
+        if failed.is_empty() { String::new() } else { format!(", failed: {}", failed.join(", ")) }
+    )
 }
 
 #[cfg(test)]

@@ -210,7 +210,13 @@ fn rows<'a>(f: &'a PrefillFloorAnalysis, cells: &'a [CellSpec], sealed: &'a BTre
 }
 
 /// `prefill_floor.csv`, and over floors no arm beat, `prefill_floor_summary.csv`.
-pub(super) fn write(out: &Path, f: &PrefillFloorAnalysis, cells: &[CellSpec], sealed: &BTreeMap<String, Sealed>, files: &mut Vec<PathBuf>) -> Result<PrefillResult> {
+pub(super) fn write(
+    out: &Path,
+    f: &PrefillFloorAnalysis,
+    cells: &[CellSpec],
+    sealed: &BTreeMap<String, Sealed>,
+    files: &mut Vec<PathBuf>,
+) -> Result<PrefillResult> {
     let rows = rows(f, cells, sealed);
     let invalid: Vec<String> = rows.iter().filter_map(|r| r.broken().map(|why| format!("{}: {why}", r.arm))).collect();
     let path = out.join("prefill_floor.csv");

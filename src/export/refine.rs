@@ -2,17 +2,39 @@
 //! quality-versus-bytes figure (seed 001 Figure 3) with the pure-base and verifier endpoints.
 
 use super::{figure, s, Sealed};
-use crate::record::format::VerifierParams;
 use crate::campaign::{CellSpec, CellStatus};
+use crate::record::format::VerifierParams;
 use anyhow::Result;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 const COLUMNS: &[&str] = &[
-    "cell", "arm", "mode", "tau", "verify_all", "window", "verifier", "prompts", "generated_tokens", "sweeps", "rollbacks",
-    "deferred", "checked", "verification_bytes_per_token", "bytes_per_token_over_verifier", "served_bytes_per_token",
-    "verifier_bytes", "tokens_per_s", "mean_logprob", "reference_agreement", "memory_cap_bytes", "memory_peak_bytes",
-    "limit_events", "admitted", "exact_vs_oracle", "record",
+    "cell",
+    "arm",
+    "mode",
+    "tau",
+    "verify_all",
+    "window",
+    "verifier",
+    "prompts",
+    "generated_tokens",
+    "sweeps",
+    "rollbacks",
+    "deferred",
+    "checked",
+    "verification_bytes_per_token",
+    "bytes_per_token_over_verifier",
+    "served_bytes_per_token",
+    "verifier_bytes",
+    "tokens_per_s",
+    "mean_logprob",
+    "reference_agreement",
+    "memory_cap_bytes",
+    "memory_peak_bytes",
+    "limit_events",
+    "admitted",
+    "exact_vs_oracle",
+    "record",
 ];
 
 use super::figure::{Point, PointKind};

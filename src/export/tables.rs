@@ -119,7 +119,14 @@ pub(super) struct CellRow {
 }
 
 impl CellRow {
-    pub(super) fn new(c: &Campaign, digest: &str, cell: &CellSpec, state: &str, sealed: Option<&Sealed>, record_bytes: Option<u64>) -> CellRow {
+    pub(super) fn new(
+        c: &Campaign,
+        digest: &str,
+        cell: &CellSpec,
+        state: &str,
+        sealed: Option<&Sealed>,
+        record_bytes: Option<u64>,
+    ) -> CellRow {
         let a = &cell.arm;
         let rec = sealed.and_then(|x| x.record.as_ref());
         let doc = sealed.map(|x| &x.doc);
@@ -366,7 +373,15 @@ pub(super) struct WallLine<'a> {
 impl<'a> From<&'a WallRow> for WallLine<'a> {
     fn from(r: &'a WallRow) -> Self {
         let WallRow { arm, baseline, arm_wall_s, arm_cells, baseline_wall_s, baseline_cells, speedup } = r;
-        WallLine { arm, baseline, arm_wall_s: *arm_wall_s, arm_cells: *arm_cells, baseline_wall_s: *baseline_wall_s, baseline_cells: *baseline_cells, speedup: *speedup }
+        WallLine {
+            arm,
+            baseline,
+            arm_wall_s: *arm_wall_s,
+            arm_cells: *arm_cells,
+            baseline_wall_s: *baseline_wall_s,
+            baseline_cells: *baseline_cells,
+            speedup: *speedup,
+        }
     }
 }
 
@@ -413,9 +428,20 @@ mod tests {
     fn tables_keep_rust_float_text_and_an_empty_table_keeps_its_header() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("wall.csv");
-        let r = WallRow { arm: "F".into(), baseline: "R".into(), arm_wall_s: Some(2.0), arm_cells: 3, baseline_wall_s: Some(1e-7), baseline_cells: 1, speedup: None };
+        let r = WallRow {
+            arm: "F".into(),
+            baseline: "R".into(),
+            arm_wall_s: Some(2.0),
+            arm_cells: 3,
+            baseline_wall_s: Some(1e-7),
+            baseline_cells: 1,
+            speedup: None,
+        };
         write_table(&p, &[WallLine::from(&r)]).unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "arm,baseline,arm_wall_s,arm_cells,baseline_wall_s,baseline_cells,speedup\nF,R,2,3,0.0000001,1,\n");
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "arm,baseline,arm_wall_s,arm_cells,baseline_wall_s,baseline_cells,speedup\nF,R,2,3,0.0000001,1,\n"
+        );
         write_table::<WallLine>(&p, &[]).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "arm,baseline,arm_wall_s,arm_cells,baseline_wall_s,baseline_cells,speedup\n");
     }

@@ -248,11 +248,11 @@ where
         .map_err(e)?;
 
     // Lane names left of the plotting area.
-    let names = ["engine".to_string(), "device".to_string(), "copy stream".to_string()].into_iter().chain(f.layers.iter().map(|l| format!("layer {l}")));
-    let style = TextStyle::from(("sans-serif", 13).into_font()).pos(plotters::style::text_anchor::Pos::new(
-        plotters::style::text_anchor::HPos::Right,
-        plotters::style::text_anchor::VPos::Center,
-    ));
+    let names = ["engine".to_string(), "device".to_string(), "copy stream".to_string()]
+        .into_iter()
+        .chain(f.layers.iter().map(|l| format!("layer {l}")));
+    let style = TextStyle::from(("sans-serif", 13).into_font())
+        .pos(plotters::style::text_anchor::Pos::new(plotters::style::text_anchor::HPos::Right, plotters::style::text_anchor::VPos::Center));
     for (i, name) in names.enumerate() {
         let (px, py) = chart.backend_coord(&(0.0, y(i, 0.5)));
         root.draw(&Text::new(name, (px - 8, py), style.clone())).map_err(e)?;

@@ -12,7 +12,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     if attention_is_embd && d.heads * d.head_dim != d.embd {
         bail!("--arch {}: attention must span the embedding (heads x {} = {})", arch.name(), d.head_dim, d.embd);
     }
-    if matches!(arch, Arch::Qwen3next | Arch::Qwen35moe) && d.heads % d.kv_heads != 0 {
+    if matches!(arch, Arch::Qwen3next | Arch::Qwen35moe) && !d.heads.is_multiple_of(d.kv_heads) {
         bail!("--arch {}: the DeltaNet value heads must be a multiple of its key heads", arch.name());
     }
     if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe) && d.layers < 2 {
@@ -24,7 +24,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             bail!("--arch deepseek2: 26 or 27 layers are read as V2-Lite by llama.cpp; choose another count");
         }
         let g = DEEPSEEK2_GROUPS;
-        if d.experts % g != 0 || d.experts / g < 2 || d.top_k > DEEPSEEK2_GROUPS_USED * (d.experts / g) {
+        if !d.experts.is_multiple_of(g) || d.experts / g < 2 || d.top_k > DEEPSEEK2_GROUPS_USED * (d.experts / g) {
             bail!("--arch deepseek2: {g} expert groups need a multiple of {g} experts, at least 2 a group, and top-k within {DEEPSEEK2_GROUPS_USED} groups");
         }
     }
@@ -67,7 +67,7 @@ fn full_attention_interval(d: &Dims) -> u64 {
 
 /// gemma4: sliding-window layers, with every 4th and the last one full.
 fn gemma4_is_swa(d: &Dims, l: u64) -> bool {
-    (l + 1) % 4 != 0 && l + 1 != d.layers
+    !(l + 1).is_multiple_of(4) && l + 1 != d.layers
 }
 
 /// The DeltaNet sizes of qwen3next and qwen35moe: key heads (groups), value heads, head size.

@@ -154,7 +154,9 @@ impl Preset {
             Preset::Bench => Dims { layers: 12, experts: 128, top_k: 8, embd: 512, expert_ff: 512, heads: 8, ..base },
             // Widths in Qwen3-Next's 4:1 ratio of embedding to expert FFN, two heads of 64
             // (DeltaNet: one key group, two value heads): each expert 48 KiB at F32.
-            Preset::Seed => Dims { layers: 48, experts: 512, top_k: 10, embd: 128, expert_ff: 32, heads: 2, kv_heads: 1, context: 32_768, ..base },
+            Preset::Seed => {
+                Dims { layers: 48, experts: 512, top_k: 10, embd: 128, expert_ff: 32, heads: 2, kv_heads: 1, context: 32_768, ..base }
+            }
         }
     }
 }
@@ -205,10 +207,10 @@ impl Dims {
         if self.top_k == 0 || self.top_k > self.experts {
             bail!("--top-k must be between 1 and the number of experts ({})", self.experts);
         }
-        if self.embd % 32 != 0 || self.expert_ff % 32 != 0 || self.embd == 0 || self.expert_ff == 0 {
+        if !self.embd.is_multiple_of(32) || !self.expert_ff.is_multiple_of(32) || self.embd == 0 || self.expert_ff == 0 {
             bail!("--embd and --expert-ff must be positive multiples of 32 (256 for k-quants)");
         }
-        if self.embd % self.head_dim != 0 {
+        if !self.embd.is_multiple_of(self.head_dim) {
             bail!("--embd must be a multiple of the head size {}", self.head_dim);
         }
         if self.vocab < tokenizer::MIN_VOCAB {
@@ -537,7 +539,7 @@ fn f16_bits(v: f32) -> u16 {
 
 /// Views a byte buffer the writer allocated as f32 (it is a fresh Vec<u8>; alignment checked).
 fn bytemuck_f32(buf: &mut [u8]) -> &mut [f32] {
-    assert!(buf.as_ptr() as usize % 4 == 0 && buf.len() % 4 == 0);
+    assert!((buf.as_ptr() as usize).is_multiple_of(4) && buf.len().is_multiple_of(4));
     // SAFETY: alignment and length checked; every bit pattern is a valid f32.
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut f32, buf.len() / 4) }
 }

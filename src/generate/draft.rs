@@ -180,10 +180,22 @@ fn union_per_layer(events: &[RouteEvent]) -> (u64, u64) {
 impl Decoding {
     /// Greedy decoding with a proposer: prefill as in one-token decoding, then traversals of
     /// the last committed token and up to `k` drafts until `n_predict` tokens.
-    pub(super) fn decode_drafted(&mut self, spec: &Drafting, model: &Model, ctx: &mut Context, proposer: &mut Proposer, prompt: &[i32]) -> Result<SpeculativeReport> {
+    pub(super) fn decode_drafted(
+        &mut self,
+        spec: &Drafting,
+        model: &Model,
+        ctx: &mut Context,
+        proposer: &mut Proposer,
+        prompt: &[i32],
+    ) -> Result<SpeculativeReport> {
         let (n_vocab, k_max) = (model.n_vocab(), spec.k_max);
         let n = spec.n_predict as usize;
-        let mut report = SpeculativeReport { draft_max: k_max, accepted_by_position: vec![0; k_max as usize], offered_by_position: vec![0; k_max as usize], ..Default::default() };
+        let mut report = SpeculativeReport {
+            draft_max: k_max,
+            accepted_by_position: vec![0; k_max as usize],
+            offered_by_position: vec![0; k_max as usize],
+            ..Default::default()
+        };
         let t1 = Instant::now();
         ctx.decode(prompt, true, &mut self.logits)?;
         check_finite(&self.logits, n_vocab, 0).with_context(|| format!("{} logits from position 0", spec.target))?;
@@ -275,7 +287,15 @@ impl Decoding {
     /// Rows 0..=committed of a traversal followed committed tokens: the rows one-token decoding
     /// would have produced, kept with their routes renumbered as its ubatches (one a position,
     /// from `ubatch`, layers in order). The others followed rejected drafts and are dropped.
-    fn keep_committed(&mut self, rows: &[f32], events: Vec<RouteEvent>, committed: usize, n_vocab: usize, (base, who): (u32, &str), ubatch: u32) -> Result<()> {
+    fn keep_committed(
+        &mut self,
+        rows: &[f32],
+        events: Vec<RouteEvent>,
+        committed: usize,
+        n_vocab: usize,
+        (base, who): (u32, &str),
+        ubatch: u32,
+    ) -> Result<()> {
         let kept = &rows[..(committed + 1) * n_vocab];
         check_finite(kept, n_vocab, 0).with_context(|| format!("{who} logits from position {base}"))?;
         self.logits.extend_from_slice(kept);
@@ -303,7 +323,15 @@ impl SpeculativeReport {
 /// Takes the rejected positions after `fed[..=accepted]` back from the target: a trim where its
 /// memory can, else the state before the traversal restored and the committed positions fed
 /// again (one more target decode, whose rows and routes are not the run's).
-fn take_back(ctx: &mut Context, model: &Model, snapshot: Option<&[u8]>, fed: &[i32], base: i32, accepted: usize, report: &mut SpeculativeReport) -> Result<()> {
+fn take_back(
+    ctx: &mut Context,
+    model: &Model,
+    snapshot: Option<&[u8]>,
+    fed: &[i32],
+    base: i32,
+    accepted: usize,
+    report: &mut SpeculativeReport,
+) -> Result<()> {
     let rejected = fed.len() - 1 - accepted;
     report.rollbacks += 1;
     report.rolled_back_positions += rejected as u64;

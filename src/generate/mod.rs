@@ -6,7 +6,9 @@ pub mod draft;
 use crate::engine::{Context, DeviceCheck, ExecParams, ExecRequest, ExpertSource, Model, PlacementReport, RouteEvent};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
-use crate::record::format::{DraftParams, ExpertsParams, ExpertsReport, GenerateCounts, GenerateParams, Outcome, ProcessReport, SpeculativeReport};
+use crate::record::format::{
+    DraftParams, ExpertsParams, ExpertsReport, GenerateCounts, GenerateParams, Outcome, ProcessReport, SpeculativeReport,
+};
 use crate::record::{GenerateRecord, Staging, GENERATE_FORMAT};
 use anyhow::{bail, Result};
 use serde::Serialize;
@@ -37,7 +39,6 @@ pub struct Draft {
     pub model: PathBuf,
     pub max: u32,
 }
-
 
 pub use crate::record::format::{ModelIdentity, Timing};
 
@@ -109,7 +110,9 @@ fn audit_verdict(a: &crate::observe::DeviceAudit, budget: Option<u64>) -> Result
         bail!("the device server's cgroup saw {} OOM kills during the run ({})", a.oom_kills, a.cgroup);
     }
     match (a.peak, budget) {
-        (Some(p), Some(b)) if p > b => bail!("the device's memory peaked at {p} bytes, over the {b}-byte budget (its server's cgroup {})", a.cgroup),
+        (Some(p), Some(b)) if p > b => {
+            bail!("the device's memory peaked at {p} bytes, over the {b}-byte budget (its server's cgroup {})", a.cgroup)
+        }
         (None, Some(b)) => bail!("the device server's cgroup keeps no peak: the {b}-byte budget cannot be audited ({})", a.cgroup),
         _ => Ok(()),
     }
@@ -132,9 +135,22 @@ pub fn device_check(ctx: &Context) -> Result<DeviceCheck> {
     if let Some(b) = budget.filter(|&b| device_bytes > b) {
         let each: Vec<String> = on_devices
             .iter()
-            .map(|d| format!("{} {} (weights {}, KV/state {}, compute {}, slot pools {})", d.device, d.total(), d.model, d.context, d.compute, d.pools))
+            .map(|d| {
+                format!(
+                    "{} {} (weights {}, KV/state {}, compute {}, slot pools {})",
+                    d.device,
+                    d.total(),
+                    d.model,
+                    d.context,
+                    d.compute,
+                    d.pools
+                )
+            })
             .collect();
-        bail!("--gpu-budget {b}: the run's buffers take {device_bytes} bytes on its devices before decoding ({}); refused", each.join("; "));
+        bail!(
+            "--gpu-budget {b}: the run's buffers take {device_bytes} bytes on its devices before decoding ({}); refused",
+            each.join("; ")
+        );
     }
     let mut check = DeviceCheck { observed: false, own_bytes: None, reason: None, budget, buffers, device_bytes };
     match crate::observe::gpu::own_usage() {
@@ -178,10 +194,7 @@ impl RecurrentStates {
 }
 
 /// A run whose experts come from the source `make_source` builds for the model (None: resident).
-pub fn run_with(
-    spec: &GenerateSpec,
-    make_source: impl FnOnce(&Inventory) -> Result<Option<Box<dyn ExpertSource>>>,
-) -> Result<Summary> {
+pub fn run_with(spec: &GenerateSpec, make_source: impl FnOnce(&Inventory) -> Result<Option<Box<dyn ExpertSource>>>) -> Result<Summary> {
     let inv = Inventory::of(&spec.model)?;
     if spec.prompt.is_empty() {
         bail!("the prompt is empty");
@@ -222,7 +235,15 @@ impl Decoding {
     /// Loads the proposer, resident, refusing one whose vocabulary is not the target's (its
     /// drafts are token ids the target checks), names it in the run's parameters and decodes
     /// with it. Any failure fails the run closed, on record.
-    fn drafted(&mut self, spec: &GenerateSpec, d: &Draft, target: &Model, ctx: &mut Context, prompt: &[i32], params: &mut GenerateParams) -> Result<SpeculativeReport> {
+    fn drafted(
+        &mut self,
+        spec: &GenerateSpec,
+        d: &Draft,
+        target: &Model,
+        ctx: &mut Context,
+        prompt: &[i32],
+        params: &mut GenerateParams,
+    ) -> Result<SpeculativeReport> {
         if d.max == 0 || d.max > crate::bounds::MAX_DRAFT {
             bail!("the draft length must be 1 to {} (got {})", crate::bounds::MAX_DRAFT, d.max);
         }
@@ -238,11 +259,16 @@ impl Decoding {
         }
         // The proposer's context is the target's: its work is the same prompt and outputs.
         let mut proposer = draft::Proposer::new(&m, Context::new(&m, ctx.params(), false)?);
-        let drafting = draft::Drafting { n_predict: spec.n_predict, ignore_eos: spec.ignore_eos, k_max: d.max, target: "target", proposer: "proposer" };
+        let drafting = draft::Drafting {
+            n_predict: spec.n_predict,
+            ignore_eos: spec.ignore_eos,
+            k_max: d.max,
+            target: "target",
+            proposer: "proposer",
+        };
         self.decode_drafted(&drafting, target, ctx, &mut proposer, prompt)
     }
 }
-
 
 /// The model loaded for a run, with what its record says of it.
 struct Loaded {

@@ -28,9 +28,28 @@ const NO_CPU_MATMUL: &[&str] = &["Q8_1", "Q8_K", "I8", "I16", "I32", "I64", "F64
 /// Tensors llama-arch.cpp's LLM_TENSOR_INFOS marks GGML_OP_MUL_MAT (`blk.N.ROLE.weight`), besides
 /// `output.weight` and the experts (GGML_OP_MUL_MAT_ID).
 const MATMUL_ROLES: &[&str] = &[
-    "ffn_gate_inp", "ffn_gate_inp_shexp", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_gate",
-    "attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_kv_b", "attn_k_b", "attn_v_b", "ffn_gate", "ffn_up", "ffn_down",
-    "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ssm_out", "ssm_ba",
+    "ffn_gate_inp",
+    "ffn_gate_inp_shexp",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_qkv",
+    "attn_output",
+    "attn_gate",
+    "attn_q_a",
+    "attn_q_b",
+    "attn_kv_a_mqa",
+    "attn_kv_b",
+    "attn_k_b",
+    "attn_v_b",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+    "ffn_gate_shexp",
+    "ffn_up_shexp",
+    "ffn_down_shexp",
+    "ssm_out",
+    "ssm_ba",
 ];
 /// llama-model.cpp LLAMA_ROPE_SCALING_TYPES.
 const ROPE_SCALING: &[&str] = &["none", "linear", "yarn", "longrope"];
@@ -94,7 +113,11 @@ fn check_inner(g: &Gguf) -> Result<()> {
     let layers = layers.unwrap_or(0);
     // GGML_ASSERT(hparams.n_layer_nextn <= hparams.n_layer_all)
     if let Some(n) = uint("nextn_predict_layers").filter(|&n| n > layers) {
-        bail!("{} is {n}, more than {} {layers}: llama.cpp asserts n_layer_nextn <= n_layer", key("nextn_predict_layers"), key("block_count"));
+        bail!(
+            "{} is {n}, more than {} {layers}: llama.cpp asserts n_layer_nextn <= n_layer",
+            key("nextn_predict_layers"),
+            key("block_count")
+        );
     }
     check_experts(g, &key, layers)?;
     // GGML_ASSERT(hparams.rope_scaling_type_train != LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED)
@@ -175,7 +198,11 @@ fn check_experts(g: &Gguf, key: &dyn Fn(&str) -> String, layers: u64) -> Result<
     } else {
         // GGML_ASSERT(n_expert_used_max == 0) and GGML_ASSERT(hparams.n_expert_groups == 0)
         if used_max > 0 || groups > 0 {
-            bail!("{} or {} is set but {ek} is 0 or missing: llama.cpp asserts both are 0 without experts", key("expert_used_count"), key("expert_group_count"));
+            bail!(
+                "{} or {} is set but {ek} is 0 or missing: llama.cpp asserts both are 0 without experts",
+                key("expert_used_count"),
+                key("expert_group_count")
+            );
         }
         if let Some(t) = g.tensors.iter().find(|t| expert_role(&t.name).is_some()) {
             bail!("`{}` is an expert tensor but {ek} is 0 or missing", t.name);

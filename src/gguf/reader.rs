@@ -91,9 +91,7 @@ impl Gguf {
         let n_tensors = r.u64()?;
         let n_kv = r.u64()?;
         // Each entry needs at least a few bytes: bound the counts by the bytes left.
-        let need = n_tensors
-            .checked_mul(MIN_TENSOR_ENTRY)
-            .and_then(|t| n_kv.checked_mul(MIN_KV_ENTRY).and_then(|k| k.checked_add(t)));
+        let need = n_tensors.checked_mul(MIN_TENSOR_ENTRY).and_then(|t| n_kv.checked_mul(MIN_KV_ENTRY).and_then(|k| k.checked_add(t)));
         if need.is_none_or(|n| n > r.left()) {
             bail!("header claims {n_tensors} tensors and {n_kv} metadata entries: more than the file's {} bytes can hold (truncated or corrupt)", file_len);
         }
@@ -160,15 +158,10 @@ impl Gguf {
         }
         let data_offset = r.pos.div_ceil(alignment) * alignment;
         for t in &mut tensors {
-            t.offset = data_offset
-                .checked_add(t.rel_offset)
-                .ok_or_else(|| anyhow!("tensor `{}` offset overflows", t.name))?;
+            t.offset = data_offset.checked_add(t.rel_offset).ok_or_else(|| anyhow!("tensor `{}` offset overflows", t.name))?;
             let end = t.offset.checked_add(t.bytes).ok_or_else(|| anyhow!("tensor `{}` size overflows", t.name))?;
             if end > file_len {
-                bail!(
-                    "truncated: tensor `{}` ends at byte {end} but the file has {file_len} bytes",
-                    t.name
-                );
+                bail!("truncated: tensor `{}` ends at byte {end} but the file has {file_len} bytes", t.name);
             }
         }
         let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
@@ -187,9 +180,7 @@ impl Gguf {
     }
 
     pub fn architecture(&self) -> Result<&str> {
-        self.get("general.architecture")
-            .and_then(Value::as_str)
-            .ok_or_else(|| anyhow!("{}: no general.architecture", self.path.display()))
+        self.get("general.architecture").and_then(Value::as_str).ok_or_else(|| anyhow!("{}: no general.architecture", self.path.display()))
     }
 
     /// `{arch}.{key}` as an unsigned integer.

@@ -120,12 +120,9 @@ impl Gguf {
             };
             match split_keys(&g).with_context(|| p.display().to_string())? {
                 Some((n, c)) if n == i && c == count => {}
-                Some((n, c)) => bail!(
-                    "{}: names itself shard {} of {c}, not shard {} of {count}: it belongs to another set",
-                    p.display(),
-                    n + 1,
-                    i + 1
-                ),
+                Some((n, c)) => {
+                    bail!("{}: names itself shard {} of {c}, not shard {} of {count}: it belongs to another set", p.display(), n + 1, i + 1)
+                }
                 None => bail!("{}: has no {SPLIT_NO}/{SPLIT_COUNT}: not a shard of the set of {}", p.display(), path.display()),
             }
             shards.push(g);
@@ -180,7 +177,13 @@ fn merge(shards: Vec<Gguf>) -> Result<Gguf> {
     let mut tensors = Vec::with_capacity(total as usize);
     let mut file_len = 0u64;
     for (i, g) in shards.iter().enumerate() {
-        heads.push(ShardHead { path: g.path.clone(), file_len: g.file_len, data_offset: g.data_offset, alignment: g.alignment, tensors: g.tensors.len() });
+        heads.push(ShardHead {
+            path: g.path.clone(),
+            file_len: g.file_len,
+            data_offset: g.data_offset,
+            alignment: g.alignment,
+            tensors: g.tensors.len(),
+        });
         file_len += g.file_len;
         tensors.extend(g.tensors.iter().cloned().map(|mut t| {
             t.shard = i as u32;

@@ -143,7 +143,9 @@ impl Inventory {
     /// The trained context length and the key that states it, for sizing a run's context. A
     /// length of 0 states none (llama.cpp then takes the context it is given).
     pub fn trained_context(&self) -> Option<crate::bounds::TrainedContext> {
-        self.context_length.filter(|&n| n > 0).map(|tokens| crate::bounds::TrainedContext { tokens, key: format!("{}.context_length", self.architecture) })
+        self.context_length
+            .filter(|&n| n > 0)
+            .map(|tokens| crate::bounds::TrainedContext { tokens, key: format!("{}.context_length", self.architecture) })
     }
 
     /// The paths of the model's files, in set order.
@@ -174,11 +176,7 @@ impl Inventory {
         }
         let inv = Self::from_gguf(&g)?;
         if inv.objects.is_empty() {
-            bail!(
-                "{}: architecture `{}` has no Mixture-of-Experts expert tensors (blk.N.ffn_*_exps)",
-                path.display(),
-                inv.architecture
-            );
+            bail!("{}: architecture `{}` has no Mixture-of-Experts expert tensors (blk.N.ffn_*_exps)", path.display(), inv.architecture);
         }
         Ok(inv)
     }
@@ -196,11 +194,7 @@ impl Inventory {
                 bail!("{}: expert tensor `{}` has shape {:?}, not [_, _, expert_count]", g.path.display(), t.name, t.dims);
             }
             let n = t.dims[2];
-            let entry = layers.entry(layer).or_insert_with(|| MoeLayer {
-                layer,
-                experts: n as u32,
-                tensors: BTreeMap::new(),
-            });
+            let entry = layers.entry(layer).or_insert_with(|| MoeLayer { layer, experts: n as u32, tensors: BTreeMap::new() });
             if u64::from(entry.experts) != n {
                 bail!("{}: `{}` has {n} experts, other tensors of layer {layer} have {}", g.path.display(), t.name, entry.experts);
             }

@@ -110,15 +110,7 @@ pub fn authority(host: &HostReport, gpu: &GpuAudit, gpu_declared: Option<u64>) -
     let gpu_tier = match gpu {
         GpuAudit::NotObserved { reason } => {
             let g = Graded::not_observed(reason.clone());
-            TierAuthority {
-                grade: g.clone(),
-                boundary: None,
-                peak: None,
-                peak_grade: g,
-                margin: None,
-                ceiling: None,
-                ceiling_margin: None,
-            }
+            TierAuthority { grade: g.clone(), boundary: None, peak: None, peak_grade: g, margin: None, ceiling: None, ceiling_margin: None }
         }
         GpuAudit::Observed(o) => {
             let (grade, boundary) = match gpu_declared {
@@ -225,11 +217,7 @@ pub fn admission_with_budget(
         None => push(
             "oom events",
             !host.under_oom_seen,
-            if host.under_oom_seen {
-                "under_oom seen".into()
-            } else {
-                "under_oom never seen (v1 keeps no count)".into()
-            },
+            if host.under_oom_seen { "under_oom seen".into() } else { "under_oom never seen (v1 keeps no count)".into() },
         ),
     }
     push("oom kills", host.oom_kills == 0, host.oom_kills.to_string());
@@ -243,8 +231,7 @@ pub fn admission_with_budget(
             let mut uniq = pids.clone();
             uniq.sort();
             uniq.dedup();
-            let v =
-                if uniq.is_empty() { "0".to_string() } else { format!("{} (pids {})", uniq.len(), uniq.join(", ")) };
+            let v = if uniq.is_empty() { "0".to_string() } else { format!("{} (pids {})", uniq.len(), uniq.join(", ")) };
             push("foreign compute processes", uniq.is_empty(), v);
             if gpu_declared.is_some() {
                 let m = auth.gpu.margin.unwrap_or(0);
@@ -253,11 +240,7 @@ pub fn admission_with_budget(
         }
         GpuAudit::NotObserved { reason } => {
             let declared = gpu_declared.is_some();
-            let v = if declared {
-                format!("not observed ({reason})")
-            } else {
-                format!("none declared; GPU not observed ({reason})")
-            };
+            let v = if declared { format!("not observed ({reason})") } else { format!("none declared; GPU not observed ({reason})") };
             push("foreign compute processes", !declared, v.clone());
             if declared {
                 push("gpu margin", false, v);
@@ -266,7 +249,11 @@ pub fn admission_with_budget(
     }
     if let (Some(b), Some(d)) = (gpu_budget, device) {
         match d.peak {
-            Some(p) => push("device margin", p < b && d.oom_kills == 0, format!("{} bytes below the {b}-byte budget (device server cgroup peak, hard; {} OOM kills)", diff(b, p), d.oom_kills)),
+            Some(p) => push(
+                "device margin",
+                p < b && d.oom_kills == 0,
+                format!("{} bytes below the {b}-byte budget (device server cgroup peak, hard; {} OOM kills)", diff(b, p), d.oom_kills),
+            ),
             None => push("device margin", false, format!("the device server's cgroup {} keeps no peak", d.cgroup)),
         }
     } else if let Some(b) = gpu_budget {

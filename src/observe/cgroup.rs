@@ -131,9 +131,7 @@ pub struct Located {
 impl Located {
     /// Filesystem path of a cgroup named as in `/proc/<pid>/cgroup`.
     pub fn fs_path(&self, rel: &str) -> PathBuf {
-        let inner = if self.mount_root != "/"
-            && (rel == self.mount_root || rel.starts_with(&format!("{}/", self.mount_root)))
-        {
+        let inner = if self.mount_root != "/" && (rel == self.mount_root || rel.starts_with(&format!("{}/", self.mount_root))) {
             &rel[self.mount_root.len()..]
         } else {
             rel
@@ -246,8 +244,8 @@ fn prepare_v2(located: Located) -> Result<Hierarchy, SetupError> {
     let own = located.fs_path(&own_rel);
     let has_memory = |p: &Path| words(p).iter().any(|w| w == "memory");
     // Already moved into our leaf by an earlier run of this process.
-    let in_leaf = own.file_name().is_some_and(|n| n == HARNESS_LEAF)
-        && own.parent().is_some_and(|p| has_memory(&p.join("cgroup.subtree_control")));
+    let in_leaf =
+        own.file_name().is_some_and(|n| n == HARNESS_LEAF) && own.parent().is_some_and(|p| has_memory(&p.join("cgroup.subtree_control")));
     let (base_rel, base) = if in_leaf {
         let r = parent_rel(&own_rel);
         (r.clone(), located.fs_path(&r))
@@ -325,11 +323,7 @@ pub struct Files {
 impl Files {
     pub fn of(v: Version) -> Files {
         match v {
-            Version::V1 => Files {
-                limit: "memory.limit_in_bytes",
-                usage: "memory.usage_in_bytes",
-                peak: "memory.max_usage_in_bytes",
-            },
+            Version::V1 => Files { limit: "memory.limit_in_bytes", usage: "memory.usage_in_bytes", peak: "memory.max_usage_in_bytes" },
             Version::V2 => Files { limit: "memory.max", usage: "memory.current", peak: "memory.peak" },
         }
     }
@@ -437,8 +431,7 @@ fn read_num(dir: &Path, file: &str) -> Option<u64> {
 /// Reads every counter of a cgroup directory. Files the kernel does not have stay `None`.
 pub fn read_counters(dir: &Path, v: Version) -> Counters {
     let f = Files::of(v);
-    let mut c =
-        Counters { usage: read_num(dir, f.usage).unwrap_or(0), peak: read_num(dir, f.peak), ..Counters::default() };
+    let mut c = Counters { usage: read_num(dir, f.usage).unwrap_or(0), peak: read_num(dir, f.peak), ..Counters::default() };
     match v {
         Version::V1 => {
             for file in ["memory.failcnt", "memory.memsw.failcnt"] {
@@ -484,9 +477,7 @@ pub fn read_stat(dir: &Path, v: Version) -> Option<StatSplit> {
 
 /// Pids in a cgroup (`cgroup.procs`; zombies are not listed).
 pub fn read_pids(dir: &Path) -> Vec<u32> {
-    fs::read_to_string(dir.join("cgroup.procs"))
-        .map(|s| s.split_whitespace().filter_map(|w| w.parse().ok()).collect())
-        .unwrap_or_default()
+    fs::read_to_string(dir.join("cgroup.procs")).map(|s| s.split_whitespace().filter_map(|w| w.parse().ok()).collect()).unwrap_or_default()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -584,8 +575,7 @@ impl RunCgroup {
             None => None,
             Some(_) => {
                 let text = read_opt(&self.path, f.limit).unwrap_or_default();
-                parse_limit(&text)
-                    .map_err(|e| setup(SetupErrorKind::Io, format!("{}: {e}", self.path.join(f.limit).display())))?
+                parse_limit(&text).map_err(|e| setup(SetupErrorKind::Io, format!("{}: {e}", self.path.join(f.limit).display())))?
             }
         };
         Ok(LimitSetting { limit, swap_control })
@@ -937,10 +927,7 @@ hierarchical_memsw_limit 67108864\ntotal_cache 66519040\ntotal_rss 1081344\ntota
             fs::write(d.path().join(f), t).unwrap();
         }
         let c = read_counters(d.path(), Version::V1);
-        assert_eq!(
-            (c.usage, c.peak, c.limit_events, c.oom_kills, c.under_oom),
-            (67100672, Some(67108864), 116, 3, false)
-        );
+        assert_eq!((c.usage, c.peak, c.limit_events, c.oom_kills, c.under_oom), (67100672, Some(67108864), 116, 3, false));
         assert_eq!(c.swap, Some(0), "swap comes from memory.stat, not memsw usage - usage");
         assert_eq!(c.oom_events, None);
     }
@@ -986,18 +973,10 @@ hierarchical_memsw_limit 67108864\ntotal_cache 66519040\ntotal_rss 1081344\ntota
         fs::write(a.join("cgroup.controllers"), "memory pids\n").unwrap();
         fs::write(a.join("cgroup.subtree_control"), "").unwrap();
         fs::write(a.join("cgroup.procs"), "4242\n").unwrap();
-        let located = |own: &str| Located {
-            version: Version::V2,
-            mountpoint: root.to_path_buf(),
-            mount_root: "/".into(),
-            own: own.into(),
-        };
+        let located = |own: &str| Located { version: Version::V2, mountpoint: root.to_path_buf(), mount_root: "/".into(), own: own.into() };
 
         let h = prepare_at(located("/a")).unwrap();
-        assert_eq!(
-            (h.base.as_path(), h.base_rel.as_str(), h.leaf_rel.as_deref()),
-            (a.as_path(), "/a", Some("/a/harness"))
-        );
+        assert_eq!((h.base.as_path(), h.base_rel.as_str(), h.leaf_rel.as_deref()), (a.as_path(), "/a", Some("/a/harness")));
         assert_eq!(fs::read_to_string(a.join("harness/cgroup.procs")).unwrap(), "4242");
         assert_eq!(fs::read_to_string(a.join("cgroup.subtree_control")).unwrap(), "+memory");
 
@@ -1043,8 +1022,7 @@ hierarchical_memsw_limit 67108864\ntotal_cache 66519040\ntotal_rss 1081344\ntota
         assert_eq!(l.version, Version::V1);
         assert_eq!(l.fs_path(&l.own), PathBuf::from("/sys/fs/cgroup/memory/process_api/abc"));
 
-        let v2 =
-            "30 24 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n";
+        let v2 = "30 24 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n";
         let l = locate_from(&mounts(v2), &groups("0::/user.slice/user-1000.slice/session-2.scope\n")).unwrap();
         assert_eq!(l.version, Version::V2);
         assert_eq!(l.fs_path(&l.own), PathBuf::from("/sys/fs/cgroup/user.slice/user-1000.slice/session-2.scope"));

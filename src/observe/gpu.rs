@@ -87,7 +87,9 @@ pub enum Unclassified {
 impl Membership {
     /// `Ok(true)` inside, `Ok(false)` outside with its cgroup, `Err` when unreadable.
     pub fn classify(&self, pid: u32) -> Result<(bool, String), Unclassified> {
-        let p = membership_of(pid, self.version).map_err(|e| Unclassified::Unreadable { pid, reason: e.to_string() })?.ok_or(Unclassified::NoMemoryLine { pid })?;
+        let p = membership_of(pid, self.version)
+            .map_err(|e| Unclassified::Unreadable { pid, reason: e.to_string() })?
+            .ok_or(Unclassified::NoMemoryLine { pid })?;
         let inside = p == self.rel || p.starts_with(&format!("{}/", self.rel.trim_end_matches('/')));
         Ok((inside, p))
     }
@@ -154,10 +156,7 @@ pub fn device_info() -> DeviceInfo {
             BoardInfo {
                 index: i,
                 name: d.as_ref().and_then(|d| d.name().ok()),
-                compute_capability: d
-                    .as_ref()
-                    .and_then(|d| d.cuda_compute_capability().ok())
-                    .map(|c| format!("{}.{}", c.major, c.minor)),
+                compute_capability: d.as_ref().and_then(|d| d.cuda_compute_capability().ok()).map(|c| format!("{}.{}", c.major, c.minor)),
                 memory_total: d.as_ref().and_then(|d| d.memory_info().ok()).map(|m| m.total),
             }
         })
@@ -226,9 +225,7 @@ impl GpuSampler {
 
     pub fn stop(self) -> GpuAudit {
         let _ = self.stop.send(());
-        self.handle
-            .join()
-            .unwrap_or_else(|_| GpuAudit::NotObserved { reason: "GPU sampler thread panicked".to_string() })
+        self.handle.join().unwrap_or_else(|_| GpuAudit::NotObserved { reason: "GPU sampler thread panicked".to_string() })
     }
 }
 
@@ -286,12 +283,7 @@ impl State {
                 Err(e) => return self.error(format!("device {i} memory_info: {e}")),
             };
             if self.obs.boards.len() < count as usize {
-                self.obs.boards.push(Board {
-                    index: i,
-                    name: dev.name().ok(),
-                    uuid: dev.uuid().ok(),
-                    total: mem.total,
-                });
+                self.obs.boards.push(Board { index: i, name: dev.name().ok(), uuid: dev.uuid().ok(), total: mem.total });
             }
             used.push(mem.total.saturating_sub(mem.free));
             let procs = match dev.running_compute_processes() {
@@ -319,9 +311,7 @@ impl State {
                         let f = self.foreign.entry((p.pid, i)).or_insert_with(|| ForeignProcess {
                             pid: p.pid,
                             board: i,
-                            comm: fs::read_to_string(format!("/proc/{}/comm", p.pid))
-                                .ok()
-                                .map(|s| s.trim().to_string()),
+                            comm: fs::read_to_string(format!("/proc/{}/comm", p.pid)).ok().map(|s| s.trim().to_string()),
                             cgroup,
                             max_used: None,
                             samples: 0,

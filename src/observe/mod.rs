@@ -18,13 +18,13 @@ pub mod gpu;
 pub mod procs;
 
 use anyhow::{anyhow, bail, Context, Result};
+use authority::{AuthorityVector, RunAdmission};
+use cgroup::{Counters, Stale, StatSplit, Version};
+use gpu::{GpuAudit, GpuSampler, Membership};
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::Pid;
-use authority::{AuthorityVector, RunAdmission};
-use cgroup::{Counters, Stale, StatSplit, Version};
-use gpu::{GpuAudit, GpuSampler, Membership};
 use procs::{Io, ProcCounters, TreeSampler};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -57,7 +57,13 @@ pub struct ContainSpec {
 
 impl Default for ContainSpec {
     fn default() -> Self {
-        ContainSpec { memory_max: None, gpu_declared: None, gpu_budget: None, device_cgroup: None, sample_interval: Duration::from_millis(50) }
+        ContainSpec {
+            memory_max: None,
+            gpu_declared: None,
+            gpu_budget: None,
+            device_cgroup: None,
+            sample_interval: Duration::from_millis(50),
+        }
     }
 }
 
@@ -121,7 +127,12 @@ pub struct LimitSeen {
 
 impl LimitSeen {
     pub fn of(host: &HostReport) -> LimitSeen {
-        LimitSeen { limit: host.limit, limit_events: host.limit_events, oom_kills: host.oom_kills, oom: host.under_oom_seen || host.oom_events.unwrap_or(0) > 0 }
+        LimitSeen {
+            limit: host.limit,
+            limit_events: host.limit_events,
+            oom_kills: host.oom_kills,
+            oom: host.under_oom_seen || host.oom_events.unwrap_or(0) > 0,
+        }
     }
 }
 
@@ -136,10 +147,14 @@ pub fn worker_failure(status: &RunStatus, seen: Option<&LimitSeen>, log: &str) -
         l.chars().take(500).collect::<String>()
     });
     let limit = seen.and_then(|s| s.limit.map(|l| (crate::bounds::show_bytes(l), s)));
-    let by_limit = matches!(status, RunStatus::Signaled { signal: libc::SIGKILL, .. }) && limit.as_ref().is_some_and(|(_, s)| s.oom_kills > 0 || s.oom);
+    let by_limit = matches!(status, RunStatus::Signaled { signal: libc::SIGKILL, .. })
+        && limit.as_ref().is_some_and(|(_, s)| s.oom_kills > 0 || s.oom);
     let mut line = match (status, &own) {
         (RunStatus::Signaled { signal, name, .. }, _) if by_limit => {
-            format!("the cgroup's {} limit killed the worker: the kernel's OOM killer sent it signal {signal} ({name})", limit.as_ref().map_or("", |(l, _)| l.as_str()))
+            format!(
+                "the cgroup's {} limit killed the worker: the kernel's OOM killer sent it signal {signal} ({name})",
+                limit.as_ref().map_or("", |(l, _)| l.as_str())
+            )
         }
         (RunStatus::Signaled { .. }, None) => format!("the worker {status}"),
         (RunStatus::Signaled { .. }, Some(e)) => format!("the worker {status} after: {e}"),
@@ -589,7 +604,10 @@ mod tests {
         assert_eq!(worker_failure(&RunStatus::Exited { code: 2 }, None, own), "the worker exited with code 2: --model m: not a GGUF file");
         // Under a limit: an OOM kill is the limit's; a SIGKILL without one came from outside.
         let oom = LimitSeen { limit: Some(4 << 20), limit_events: 40, oom_kills: 1, oom: true };
-        assert_eq!(worker_failure(&kill, Some(&oom), ""), "the cgroup's 4 MiB limit killed the worker: the kernel's OOM killer sent it signal 9 (SIGKILL)");
+        assert_eq!(
+            worker_failure(&kill, Some(&oom), ""),
+            "the cgroup's 4 MiB limit killed the worker: the kernel's OOM killer sent it signal 9 (SIGKILL)"
+        );
         let quiet = LimitSeen { limit: Some(4 << 20), ..LimitSeen::default() };
         assert_eq!(worker_failure(&kill, Some(&quiet), ""), "the worker was killed by signal 9 (SIGKILL)");
         let hit = LimitSeen { limit_events: 7, ..quiet };

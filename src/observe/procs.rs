@@ -129,7 +129,8 @@ mod tests {
 
     #[test]
     fn io_and_status() {
-        let io = parse_io("rchar: 8197\nwchar: 1221\nsyscr: 12\nsyscw: 1\nread_bytes: 4096\nwrite_bytes: 0\ncancelled_write_bytes: 0\n").unwrap();
+        let io = parse_io("rchar: 8197\nwchar: 1221\nsyscr: 12\nsyscw: 1\nread_bytes: 4096\nwrite_bytes: 0\ncancelled_write_bytes: 0\n")
+            .unwrap();
         assert_eq!((io.rchar, io.wchar, io.read_bytes, io.write_bytes), (8197, 1221, 4096, 0));
         assert_eq!(parse_io("rchar: 1\n"), None);
         // A live process's status (as the kernel writes it), and a zombie's (no Vm lines).

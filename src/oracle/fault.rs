@@ -81,7 +81,11 @@ pub fn validate(cell: FaultCell, record_dir: &Path, control: Option<&Path>) -> R
             check("consumers balanced", live == Some(0), shown(live));
         }
         Expect::Control | Expect::Recoverable => {
-            check("completed", outcome == Outcome::Completed, format!("outcome {}: {}", outcome.name(), rec.error.as_deref().unwrap_or("no error")));
+            check(
+                "completed",
+                outcome == Outcome::Completed,
+                format!("outcome {}: {}", outcome.name(), rec.error.as_deref().unwrap_or("no error")),
+            );
             let clean = plan.is_some_and(|p| p.clean_closure);
             check("clean closure", clean, closure.map_or("no closure on record".into(), |c| serde_json::to_string(c).unwrap_or_default()));
             match control {
@@ -91,9 +95,7 @@ pub fn validate(cell: FaultCell, record_dir: &Path, control: Option<&Path>) -> R
                     check("exact against control", bad.is_empty(), format!("differing surfaces: {bad:?}"));
                 }
                 Some(_) => {}
-                None if cell.expect() == Expect::Recoverable => {
-                    check("exact against control", false, "no control record given".into())
-                }
+                None if cell.expect() == Expect::Recoverable => check("exact against control", false, "no control record given".into()),
                 None => {}
             }
             if cell == FaultCell::ResetOutstanding {

@@ -24,10 +24,21 @@ pub fn surfaces_of(record: &std::collections::BTreeMap<String, Surface>) -> Vec<
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Outcome {
-    Exact { bytes: u64 },
+    Exact {
+        bytes: u64,
+    },
     /// First differing byte, and the element (row, event, token) it falls in.
-    Differs { byte: u64, unit: u64, unit_byte: u64, bytes_a: u64, bytes_b: u64 },
-    Missing { in_a: bool, in_b: bool },
+    Differs {
+        byte: u64,
+        unit: u64,
+        unit_byte: u64,
+        bytes_a: u64,
+        bytes_b: u64,
+    },
+    Missing {
+        in_a: bool,
+        in_b: bool,
+    },
 }
 
 #[derive(Debug, Serialize)]
@@ -124,7 +135,6 @@ pub fn exactness(relation: Relation, oracle_dir: &Path, cell_dir: &Path) -> Resu
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

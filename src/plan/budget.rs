@@ -126,7 +126,12 @@ mod tests {
     fn the_least_budget_holds_one_slot_and_a_byte_less_is_refused() {
         // Measured terms far above the margin: the least budget's margin is its sixteenth.
         let big = |tier, budget| BudgetSizing { weights: (7 << 30) + 12345, ..terms(tier, budget) };
-        for (t, tier, budget) in [(terms as fn(Tier, u64) -> BudgetSizing, Tier::Host, 1u64 << 30), (terms, Tier::Device, 2 << 30), (terms, Tier::Host, 64 << 30), (big, Tier::Device, 16 << 30)] {
+        for (t, tier, budget) in [
+            (terms as fn(Tier, u64) -> BudgetSizing, Tier::Host, 1u64 << 30),
+            (terms, Tier::Device, 2 << 30),
+            (terms, Tier::Host, 64 << 30),
+            (big, Tier::Device, 16 << 30),
+        ] {
             let terms = t;
             let least = settle(terms(tier, budget)).unwrap().least_budget;
             assert_eq!(settle(terms(tier, least)).unwrap().slots, 1, "{tier:?}");
@@ -145,4 +150,3 @@ mod tests {
         assert_eq!((s.margin, s.slots), (4 << 30, 128));
     }
 }
-

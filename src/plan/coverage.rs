@@ -12,15 +12,46 @@ use std::fmt;
 /// How service disagreed with demand: the run fails closed with the first of these.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CoverageError {
-    UnknownLayer { layer: u32 },
-    NoPassZero { layer: u32, pass: u32 },
-    PassOutOfOrder { layer: u32, pass: u32, due: u32 },
-    OtherSelection { layer: u32, pass: u32 },
-    OutsideEvent { layer: u32, pass: u32 },
-    SlotsLength { layer: u32, pass: u32, slots: usize, selections: usize },
-    ServedTwice { layer: u32, index: usize, expert: i32, pass: u32 },
+    UnknownLayer {
+        layer: u32,
+    },
+    NoPassZero {
+        layer: u32,
+        pass: u32,
+    },
+    PassOutOfOrder {
+        layer: u32,
+        pass: u32,
+        due: u32,
+    },
+    OtherSelection {
+        layer: u32,
+        pass: u32,
+    },
+    OutsideEvent {
+        layer: u32,
+        pass: u32,
+    },
+    SlotsLength {
+        layer: u32,
+        pass: u32,
+        slots: usize,
+        selections: usize,
+    },
+    ServedTwice {
+        layer: u32,
+        index: usize,
+        expert: i32,
+        pass: u32,
+    },
     /// An event closed with selections no pass served (`expert` the first of them).
-    Incomplete { layer: u32, served: u64, demanded: u64, passes: u32, expert: i32 },
+    Incomplete {
+        layer: u32,
+        served: u64,
+        demanded: u64,
+        passes: u32,
+        expert: i32,
+    },
 }
 
 impl fmt::Display for CoverageError {
@@ -182,10 +213,7 @@ impl Coverage {
             self.open.insert(layer, OpenEvent { ids: ids.to_vec(), served: vec![false; ids.len()], n_served: 0, passes: 0 });
             return Ok(());
         }
-        let event = self
-            .open
-            .get(&layer)
-            .ok_or(CoverageError::NoPassZero { layer, pass })?;
+        let event = self.open.get(&layer).ok_or(CoverageError::NoPassZero { layer, pass })?;
         if pass != event.passes {
             return Err(CoverageError::PassOutOfOrder { layer, pass, due: event.passes });
         }

@@ -56,8 +56,7 @@ impl WindowTransition {
 }
 
 impl WindowState {
-    pub const ALL: [WindowState; 4] =
-        [WindowState::Free, WindowState::Reading, WindowState::HostReady, WindowState::Copying];
+    pub const ALL: [WindowState; 4] = [WindowState::Free, WindowState::Reading, WindowState::HostReady, WindowState::Copying];
 
     /// The state after `t`, or `None` where the lifecycle has no such step.
     pub fn next(self, t: WindowTransition) -> Option<WindowState> {
@@ -152,10 +151,9 @@ impl fmt::Display for LifecycleError {
             LifecycleError::Window { window, from, attempted } => {
                 write!(f, "window {window}: {attempted:?} is not a transition from {from:?}")
             }
-            LifecycleError::Slot { layer, slot, from, consumers, attempted } => write!(
-                f,
-                "layer {layer} slot {slot}: {attempted:?} is not a transition from {from:?} ({consumers} consumers)"
-            ),
+            LifecycleError::Slot { layer, slot, from, consumers, attempted } => {
+                write!(f, "layer {layer} slot {slot}: {attempted:?} is not a transition from {from:?} ({consumers} consumers)")
+            }
         }
     }
 }
@@ -269,8 +267,7 @@ mod tests {
             let (mut s, mut c) = (SlotState::Vacant, 0);
             let mut out = Vec::new();
             for k in choices {
-                let legal: Vec<SlotTransition> =
-                    SlotTransition::ALL.into_iter().filter(|&t| slot_reference(s, c, t).is_some()).collect();
+                let legal: Vec<SlotTransition> = SlotTransition::ALL.into_iter().filter(|&t| slot_reference(s, c, t).is_some()).collect();
                 let t = legal[k % legal.len()];
                 (s, c) = slot_reference(s, c, t).unwrap();
                 out.push(t);
@@ -339,11 +336,8 @@ mod tests {
     #[test]
     fn every_pair_is_decided() {
         // 7 legal window pairs of 20; 8 legal slot edges, Release split by consumer count.
-        let legal = WindowState::ALL
-            .iter()
-            .flat_map(|s| WindowTransition::ALL.iter().map(move |t| s.next(*t)))
-            .filter(Option::is_some)
-            .count();
+        let legal =
+            WindowState::ALL.iter().flat_map(|s| WindowTransition::ALL.iter().map(move |t| s.next(*t))).filter(Option::is_some).count();
         assert_eq!(legal, 7);
         assert_eq!(SlotState::Recyclable.next(0, SlotTransition::Release), None);
         assert_eq!(SlotState::InUse.next(1, SlotTransition::Release), Some((SlotState::Recyclable, 0)));

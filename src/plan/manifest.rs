@@ -170,12 +170,7 @@ impl Manifest {
             let mut objs = by_layer.remove(&ml.layer).unwrap_or_default();
             objs.sort_by_key(|o| o.expert);
             if objs.len() != ml.experts as usize || objs.iter().enumerate().any(|(i, o)| o.expert != i as u32) {
-                bail!(
-                    "layer {}: expected experts 0..{}, the inventory has {} objects",
-                    ml.layer,
-                    ml.experts,
-                    objs.len()
-                );
+                bail!("layer {}: expected experts 0..{}, the inventory has {} objects", ml.layer, ml.experts, objs.len());
             }
             let first_object = objects.len();
             let mut roles: Option<Vec<(Role, u64)>> = None;
@@ -184,12 +179,9 @@ impl Manifest {
                 let these: Vec<(Role, u64)> = plan.extents.iter().map(|e| (e.role, e.extent.len)).collect();
                 match &roles {
                     None => roles = Some(these),
-                    Some(r) if *r != these => bail!(
-                        "object {}: roles/sizes {:?} differ from the layer's {:?}: slots would not be compatible",
-                        plan.id,
-                        these,
-                        r
-                    ),
+                    Some(r) if *r != these => {
+                        bail!("object {}: roles/sizes {:?} differ from the layer's {:?}: slots would not be compatible", plan.id, these, r)
+                    }
                     Some(_) => {}
                 }
                 objects.push(plan);
@@ -209,9 +201,7 @@ impl Manifest {
         }
         let mut seen = BTreeSet::new();
         for p in pinned {
-            let Some(&li) = layer_index.get(&p.layer) else {
-                bail!("pinned object {p}: layer {} is not a MoE layer", p.layer)
-            };
+            let Some(&li) = layer_index.get(&p.layer) else { bail!("pinned object {p}: layer {} is not a MoE layer", p.layer) };
             let lp = &mut layers[li];
             if p.expert >= lp.n_experts {
                 bail!("pinned object {p}: layer {} has {} experts", p.layer, lp.n_experts);
@@ -221,12 +211,7 @@ impl Manifest {
             }
             lp.pinned.push(p.expert);
             if lp.pinned.len() as u32 >= lp.n_slots {
-                bail!(
-                    "layer {}: {} pinned objects leave none of its {} slots to the others",
-                    p.layer,
-                    lp.pinned.len(),
-                    lp.n_slots
-                );
+                bail!("layer {}: {} pinned objects leave none of its {} slots to the others", p.layer, lp.pinned.len(), lp.n_slots);
             }
         }
         let window_size = objects.iter().map(|o| o.physical_bytes).max().unwrap_or(0);
@@ -292,7 +277,11 @@ impl Manifest {
 
     /// The pool memory layer index `li` uses.
     pub fn buffer_of(&self, li: usize) -> usize {
-        if self.layer_buffers == 0 { li } else { li % self.layer_buffers as usize }
+        if self.layer_buffers == 0 {
+            li
+        } else {
+            li % self.layer_buffers as usize
+        }
     }
 
     /// Index of a MoE layer in `layers`.
@@ -345,11 +334,5 @@ fn object_plan(o: &crate::inventory::ExpertObject) -> Result<ObjectPlan> {
         window_offset += covering.len;
     }
     let logical_bytes = extents.iter().map(|e| e.extent.len).sum();
-    Ok(ObjectPlan {
-        id,
-        extents,
-        logical_bytes,
-        physical_bytes: window_offset,
-        padding_bytes: window_offset - logical_bytes,
-    })
+    Ok(ObjectPlan { id, extents, logical_bytes, physical_bytes: window_offset, padding_bytes: window_offset - logical_bytes })
 }

@@ -30,17 +30,17 @@ mod reads;
 pub mod report;
 mod serve;
 pub mod simulate;
-mod table;
 mod stream;
+mod table;
 use stream::groups;
 mod telemetry;
-mod verify;
 pub mod timeline;
+mod verify;
 
 pub use coverage::{Coverage, CoverageError, CoverageReport, LayerCoverage};
 pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
-pub use options::{PlanOptions, SizedFrom, Sizing, SourceKind};
 pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
+pub use options::{PlanOptions, SizedFrom, Sizing, SourceKind};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
 pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};
 pub use telemetry::{Closure, DigestCheck, Movement, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
@@ -222,9 +222,9 @@ impl Pool {
         match &self.mem {
             // SAFETY: callers pass slot < n_slots: head + slot * stride + bytes_per_slot stays
             // inside the allocation (`Plan::build`).
-            PoolMem::Host(buf) => std::ptr::NonNull::new(unsafe {
-                buf.as_ptr().add((self.head.unwrap_or(0) + u64::from(slot) * self.stride) as usize)
-            }),
+            PoolMem::Host(buf) => {
+                std::ptr::NonNull::new(unsafe { buf.as_ptr().add((self.head.unwrap_or(0) + u64::from(slot) * self.stride) as usize) })
+            }
             PoolMem::Engine(Some(w)) => w.host(slot),
             PoolMem::Engine(None) => None,
         }
@@ -417,20 +417,11 @@ impl Plan {
     }
 
     /// A Plan with any policy. Allocates every slot pool now; addresses never move.
-    pub fn with_policy(
-        manifest: Manifest,
-        policy: Box<dyn ReplacementPolicy>,
-        source: Box<dyn Source>,
-    ) -> Result<Plan, PlanError> {
+    pub fn with_policy(manifest: Manifest, policy: Box<dyn ReplacementPolicy>, source: Box<dyn Source>) -> Result<Plan, PlanError> {
         Plan::build(manifest, policy, source, true)
     }
 
-    fn build(
-        manifest: Manifest,
-        policy: Box<dyn ReplacementPolicy>,
-        source: Box<dyn Source>,
-        host_pools: bool,
-    ) -> Result<Plan, PlanError> {
+    fn build(manifest: Manifest, policy: Box<dyn ReplacementPolicy>, source: Box<dyn Source>, host_pools: bool) -> Result<Plan, PlanError> {
         let config = |detail: String| PlanError::Config { detail };
         if source.n_windows() == 0 {
             return Err(config("the source has no windows".into()));
@@ -727,9 +718,7 @@ impl Plan {
         }
         let busy = self.windows.iter().filter(|w| **w != WindowState::Free).count();
         if !self.tickets.is_empty() || busy > 0 {
-            return Err(PlanError::OutstandingWork {
-                detail: format!("{} active tickets, {busy} windows not Free", self.tickets.len()),
-            });
+            return Err(PlanError::OutstandingWork { detail: format!("{} active tickets, {busy} windows not Free", self.tickets.len()) });
         }
         self.table.reset()?;
         self.obs.tel.resets += 1;

@@ -58,12 +58,7 @@ fn check_history(h: &[TableState]) -> Result<(), String> {
         let (a, b) = (&w[0], &w[1]);
         if b.epoch != a.epoch {
             if b.epoch != a.epoch + 1 || a.consumers() != 0 || a.layers != b.layers {
-                return Err(format!(
-                    "step {i}: epoch {} → {} with consumers {} or slot changes",
-                    a.epoch,
-                    b.epoch,
-                    a.consumers()
-                ));
+                return Err(format!("step {i}: epoch {} → {} with consumers {} or slot changes", a.epoch, b.epoch, a.consumers()));
             }
             continue;
         }
@@ -72,9 +67,7 @@ fn check_history(h: &[TableState]) -> Result<(), String> {
                 if ca == cb {
                     continue;
                 }
-                let legal = SlotTransition::ALL
-                    .iter()
-                    .any(|&t| ca.state.next(ca.consumers, t) == Some((cb.state, cb.consumers)));
+                let legal = SlotTransition::ALL.iter().any(|&t| ca.state.next(ca.consumers, t) == Some((cb.state, cb.consumers)));
                 if !legal {
                     return Err(format!("step {i} slot {s}: {ca:?} → {cb:?} is no lifecycle step"));
                 }
@@ -82,10 +75,7 @@ fn check_history(h: &[TableState]) -> Result<(), String> {
                     return Err(format!("step {i} slot {s}: held version changed {ca:?} → {cb:?}"));
                 }
                 if cb.state == SlotState::DeviceReady && ca.state == SlotState::Loading && ca.epoch != a.epoch {
-                    return Err(format!(
-                        "step {i} slot {s}: a load of epoch {} published in epoch {}",
-                        ca.epoch, a.epoch
-                    ));
+                    return Err(format!("step {i} slot {s}: a load of epoch {} published in epoch {}", ca.epoch, a.epoch));
                 }
                 if cb.state == SlotState::Loading && (cb.generation != ca.generation + 1 || cb.epoch != a.epoch) {
                     return Err(format!("step {i} slot {s}: a load without a new generation of this epoch"));
@@ -201,11 +191,8 @@ fn publishing_before_the_bytes_land_is_caught() {
     // Negative control: a loader that publishes first must fail in some explored schedule.
     let caught = std::panic::catch_unwind(|| shuttle::check_pct(|| scenario(Loader::PublishThenWrite), 3000, 3));
     let payload = caught.expect_err("the model check did not notice publication before movement");
-    let msg = payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default();
+    let msg =
+        payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
     assert!(msg.contains("consumed before publication"), "caught for another reason: {msg}");
 }
 

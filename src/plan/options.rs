@@ -174,7 +174,18 @@ impl Sizing {
             },
             None => (None, None),
         };
-        Sizing { from, windows, depth, pass_capacity, extents_per_bundle, token_pass, token_pass_from, prompt_pass, prompt_pass_from, slots_from: None }
+        Sizing {
+            from,
+            windows,
+            depth,
+            pass_capacity,
+            extents_per_bundle,
+            token_pass,
+            token_pass_from,
+            prompt_pass,
+            prompt_pass_from,
+            slots_from: None,
+        }
     }
 }
 

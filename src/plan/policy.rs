@@ -138,12 +138,7 @@ impl PolicySpec {
                 bail!("policy {self}: lru:{} exceeds the {} slots of layer {}", self.retain, lp.n_slots, lp.layer);
             }
         }
-        Ok(Box::new(Retain {
-            k: self.retain as usize,
-            name: self.to_string(),
-            prefetch: self.prefetch,
-            ..Default::default()
-        }))
+        Ok(Box::new(Retain { k: self.retain as usize, name: self.to_string(), prefetch: self.prefetch, ..Default::default() }))
     }
 }
 
@@ -216,19 +211,7 @@ mod tests {
         assert_eq!(p.retain, 0);
         assert_eq!(p.to_string(), "pin:0/1,2/3");
         assert_eq!("lru:2+pin:1/1".parse::<PolicySpec>().unwrap().to_string(), "lru:2+pin:1/1");
-        for bad in [
-            "",
-            "lru",
-            "lru:x",
-            "lru:-1",
-            "zero+lru:2",
-            "pin:",
-            "pin:1",
-            "pin:a/b",
-            "prefetch",
-            "zero+prefetch+prefetch",
-            "mru:2",
-        ] {
+        for bad in ["", "lru", "lru:x", "lru:-1", "zero+lru:2", "pin:", "pin:1", "pin:a/b", "prefetch", "zero+prefetch+prefetch", "mru:2"] {
             assert!(bad.parse::<PolicySpec>().is_err(), "`{bad}` parsed");
         }
     }

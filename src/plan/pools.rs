@@ -9,10 +9,8 @@ impl Plan {
         let li = self.manifest.layer_index(layer).ok_or_else(|| mismatch(format!("layer {layer} is not managed")))?;
         let lp = &self.manifest.layers[li];
         let buffer = self.manifest.buffer_of(li);
-        let i = self.pools[buffer]
-            .iter()
-            .position(|p| p.role == role)
-            .ok_or_else(|| mismatch(format!("layer {layer} has no {role} role")))?;
+        let i =
+            self.pools[buffer].iter().position(|p| p.role == role).ok_or_else(|| mismatch(format!("layer {layer} has no {role} role")))?;
         let pool = &self.pools[buffer][i];
         if pool.bytes_per_slot != bytes_per_slot || lp.n_slots != n_slots {
             return Err(mismatch(format!(
@@ -143,7 +141,11 @@ impl Plan {
         let (mut direct, mut windowed) = (0, 0);
         for pool in self.pools.iter().flatten() {
             if pool.host(0).is_some() {
-                if pool.head.is_some() { direct += 1 } else { windowed += 1 }
+                if pool.head.is_some() {
+                    direct += 1
+                } else {
+                    windowed += 1
+                }
             }
         }
         for pool in self.pools.iter().flatten() {

@@ -86,15 +86,7 @@ impl Plan {
             for (i, e) in extents.iter().enumerate() {
                 let id = self.next_ticket;
                 self.next_ticket += 1;
-                let t = Ticket {
-                    id,
-                    object,
-                    extent: i as u32,
-                    slot,
-                    generation: version.generation,
-                    epoch: version.epoch,
-                    window: w,
-                };
+                let t = Ticket { id, object, extent: i as u32, slot, generation: version.generation, epoch: version.epoch, window: w };
                 let into = self.direct_target(li, i, slot, e);
                 direct.push(into.is_some());
                 reads.push((
@@ -177,11 +169,7 @@ impl Plan {
             return Err(self.reject(RejectKind::UnknownTicket, c.ticket, format!("{c:?}")));
         };
         if c.object != t.object {
-            return Err(self.reject(
-                RejectKind::WrongObject,
-                t.id,
-                format!("completion names {}, ticket {}", c.object, t.object),
-            ));
+            return Err(self.reject(RejectKind::WrongObject, t.id, format!("completion names {}, ticket {}", c.object, t.object)));
         }
         if c.extent != t.extent {
             return Err(self.reject(RejectKind::WrongExtent, t.id, format!("extent {} for {}", c.extent, t.extent)));
@@ -199,11 +187,7 @@ impl Plan {
         }
         let cell = self.table.cell(li, t.slot)?;
         let bundle = inflight.get_mut(&t.window).filter(|b| b.object == t.object && b.slot == t.slot);
-        if c.generation != t.generation
-            || cell.generation != t.generation
-            || cell.state != SlotState::Loading
-            || bundle.is_none()
-        {
+        if c.generation != t.generation || cell.generation != t.generation || cell.state != SlotState::Loading || bundle.is_none() {
             return Err(self.reject(
                 RejectKind::StaleGeneration,
                 t.id,

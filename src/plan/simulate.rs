@@ -165,7 +165,8 @@ fn replay_with(
     passes: Passes,
     log: Option<Arc<Mutex<Vec<ReadRequest>>>>,
 ) -> Result<(Telemetry, Vec<usize>)> {
-    let logged = |log: &Option<Arc<Mutex<Vec<ReadRequest>>>>| log.as_ref().map_or(0, |l| l.lock().expect("the read log is never poisoned").len());
+    let logged =
+        |log: &Option<Arc<Mutex<Vec<ReadRequest>>>>| log.as_ref().map_or(0, |l| l.lock().expect("the read log is never poisoned").len());
     let mut starts = Vec::with_capacity(events.len() + 1);
     let n_per_pass = manifest.layers.iter().map(LayerPlan::capacity).min().unwrap_or(1).max(1);
     let experts: HashMap<u32, u32> = manifest.layers.iter().map(|l| (l.layer, l.n_experts)).collect();
@@ -487,7 +488,7 @@ mod tests {
 
     /// A manifest of `layers` MoE layers of `experts` experts with small, distinct extents.
     fn manifest(layers: u32, experts: u32, slots: u32, pinned: &[super::super::ObjectId]) -> Result<Manifest> {
-        use crate::inventory::{Extent, ExpertObject, Inventory, MoeLayer};
+        use crate::inventory::{ExpertObject, Extent, Inventory, MoeLayer};
         let mut objects = Vec::new();
         let mut offset = 0;
         for layer in 0..layers {
@@ -559,7 +560,8 @@ mod tests {
                     policies.push(p("lru:S"));
                     policies.push(p(&format!("lru:{}+prefetch", slots / 2)));
                 }
-                let rows = simulate(|s, pins| manifest(layers, experts, s, pins), &[slots], &policies, &events, |_| Passes::default()).unwrap();
+                let rows =
+                    simulate(|s, pins| manifest(layers, experts, s, pins), &[slots], &policies, &events, |_| Passes::default()).unwrap();
                 let min = rows.iter().find(|r| r.policy == "MIN").unwrap();
                 for r in rows.iter().filter(|r| r.refused.is_none()) {
                     assert!(min.loads <= r.loads, "case {case} slots {slots}: MIN {} > {} {}", min.loads, r.policy, r.loads);
@@ -601,13 +603,29 @@ mod tests {
     #[test]
     fn drafted_traversals_merge_consecutive_decode_positions_layer_by_layer() {
         let ev = |ubatch, layer, ids: &[i32]| LayerEvent { ubatch, layer, ids: ids.to_vec() };
-        let events = vec![ev(0, 1, &[1, 2, 3, 4]), ev(0, 2, &[5, 6, 7, 8]), ev(1, 1, &[9, 2]), ev(1, 2, &[3, 3]), ev(2, 1, &[4, 5]), ev(2, 2, &[6, 7]), ev(3, 1, &[8, 9]), ev(3, 2, &[1, 1])];
+        let events = vec![
+            ev(0, 1, &[1, 2, 3, 4]),
+            ev(0, 2, &[5, 6, 7, 8]),
+            ev(1, 1, &[9, 2]),
+            ev(1, 2, &[3, 3]),
+            ev(2, 1, &[4, 5]),
+            ev(2, 2, &[6, 7]),
+            ev(3, 1, &[8, 9]),
+            ev(3, 2, &[1, 1]),
+        ];
         // K = 0 leaves the events as they are.
         assert_eq!(drafted(&events, 1, 0), events);
         // K = 1: positions (1, 2) and (3) make two traversals; the prompt's ubatch stays.
         assert_eq!(
             drafted(&events, 1, 1),
-            vec![ev(0, 1, &[1, 2, 3, 4]), ev(0, 2, &[5, 6, 7, 8]), ev(1, 1, &[9, 2, 4, 5]), ev(1, 2, &[3, 3, 6, 7]), ev(2, 1, &[8, 9]), ev(2, 2, &[1, 1])]
+            vec![
+                ev(0, 1, &[1, 2, 3, 4]),
+                ev(0, 2, &[5, 6, 7, 8]),
+                ev(1, 1, &[9, 2, 4, 5]),
+                ev(1, 2, &[3, 3, 6, 7]),
+                ev(2, 1, &[8, 9]),
+                ev(2, 2, &[1, 1])
+            ]
         );
         // Every selection is kept, only regrouped.
         let all: usize = events.iter().map(|e| e.ids.len()).sum();

@@ -5,7 +5,14 @@ use super::*;
 impl Plan {
     /// Pass 0 of a streamed event: the first groups are claimed (as many as the layer's
     /// unpinned capacity holds), and the call returns once group 0 is published.
-    pub(super) fn start_stream(&mut self, li: usize, layer: u32, groups: Vec<Vec<u32>>, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
+    pub(super) fn start_stream(
+        &mut self,
+        li: usize,
+        layer: u32,
+        groups: Vec<Vec<u32>>,
+        ids: &[i32],
+        slots: &mut [i32],
+    ) -> Result<(), PlanError> {
         let n = groups.len();
         let mut s = Stream {
             li,
@@ -156,7 +163,9 @@ impl Plan {
                 self.drop_consumer(li, slot, v)?;
             }
             if self.status == Status::Running {
-                let e = PlanError::Config { detail: format!("layer {}'s streamed event ended at pass {}: its later groups were never served", s.layer, s.next) };
+                let e = PlanError::Config {
+                    detail: format!("layer {}'s streamed event ended at pass {}: its later groups were never served", s.layer, s.next),
+                };
                 self.fail(&e);
             }
         }

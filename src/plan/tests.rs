@@ -214,8 +214,7 @@ fn manifest_of_forged_tiny() {
     for inv_o in &m.inv.objects {
         let o = man.object(obj(inv_o.layer, inv_o.expert)).unwrap();
         // Same extents as the inventory, in role order.
-        let mut want: Vec<(Role, crate::inventory::Extent)> =
-            inv_o.extents.iter().map(|(r, e)| (r.parse().unwrap(), *e)).collect();
+        let mut want: Vec<(Role, crate::inventory::Extent)> = inv_o.extents.iter().map(|(r, e)| (r.parse().unwrap(), *e)).collect();
         want.sort_by_key(|(r, _)| *r);
         let got: Vec<(Role, crate::inventory::Extent)> = o.extents.iter().map(|e| (e.role, e.extent)).collect();
         assert_eq!(got, want);
@@ -290,22 +289,15 @@ fn pools_are_stable_aligned_and_refuse_disagreement() {
     assert_eq!((base as u64 - head) % 4096, 0);
     let gate = p.pool(1, Role::Gate, bps, 4).unwrap();
     assert_ne!(base, gate);
-    for bad in [
-        p.pool(1, Role::Up, bps + 1, 4),
-        p.pool(1, Role::Up, bps, 5),
-        p.pool(1, Role::GateUp, bps, 4),
-        p.pool(9, Role::Up, bps, 4),
-    ] {
+    for bad in [p.pool(1, Role::Up, bps + 1, 4), p.pool(1, Role::Up, bps, 5), p.pool(1, Role::GateUp, bps, 4), p.pool(9, Role::Up, bps, 4)]
+    {
         assert!(matches!(bad, Err(PlanError::PoolMismatch { .. })), "{bad:?}");
     }
     assert!(p.failure().is_none());
     let slots = acq(&mut p, 1, 0, &[3, 9]).unwrap();
     // The slot's region is at base + s * stride.
     let s = slots[0] as u64;
-    assert_eq!(
-        p.slot_bytes(1, Role::Up, s as u32).unwrap().as_ptr(),
-        base.wrapping_add((s * stride) as usize) as *const u8
-    );
+    assert_eq!(p.slot_bytes(1, Role::Up, s as u32).unwrap().as_ptr(), base.wrapping_add((s * stride) as usize) as *const u8);
     p.release(1, 0).unwrap();
     assert_eq!(p.pool(1, Role::Up, bps, 4).unwrap(), base);
 }
@@ -520,18 +512,7 @@ fn semantic_union_counts_router_selections_on_pass_zero() {
     let per = 3 * 256 * 256 * 4;
     assert_eq!(t.u_sem_lb, SemanticUnion { objects: 4, extents: 12, bytes: 4 * per, duplicates: 0, overlaps: 0 });
     let json = serde_json::to_value(&t).unwrap();
-    for key in [
-        "hits",
-        "misses",
-        "recycles",
-        "loads",
-        "bytes_copied",
-        "rejections",
-        "generations",
-        "q_run",
-        "u_sched",
-        "u_sem_lb",
-    ] {
+    for key in ["hits", "misses", "recycles", "loads", "bytes_copied", "rejections", "generations", "q_run", "u_sched", "u_sem_lb"] {
         assert!(json.get(key).is_some(), "telemetry lacks {key}");
     }
 }
@@ -725,7 +706,10 @@ fn shared_layer_buffers_evict_cached_objects_and_refuse_live_ones() {
     let (l0, l2) = (p.manifest().layers[0].layer, p.manifest().layers[2].layer);
     let slot = p.manifest().layers[0].slot_bytes() / 3;
     let role = p.manifest().layers[0].roles[0].0;
-    assert_eq!(p.pool(l0, role, p.manifest().layers[0].roles[0].1, 4).unwrap(), p.pool(l2, role, p.manifest().layers[0].roles[0].1, 4).unwrap());
+    assert_eq!(
+        p.pool(l0, role, p.manifest().layers[0].roles[0].1, 4).unwrap(),
+        p.pool(l2, role, p.manifest().layers[0].roles[0].1, 4).unwrap()
+    );
     assert!(slot > 0);
 
     // Layer 0's experts are cached (Recyclable) after release; layer 2 evicts them to load.
@@ -793,7 +777,10 @@ impl SlotWriter for AsyncPool {
     }
 }
 
-fn async_engine_plan(fail_wait: bool) -> (Plan, HashMap<(u32, Role), std::sync::Arc<std::sync::Mutex<Vec<u8>>>>) {
+/// The bytes each engine pool (layer, role) holds, as the test writer saw them.
+type PoolBytes = HashMap<(u32, Role), std::sync::Arc<std::sync::Mutex<Vec<u8>>>>;
+
+fn async_engine_plan(fail_wait: bool) -> (Plan, PoolBytes) {
     bound_plan(None, |pool| Box::new(AsyncPool { pool, queued: Default::default(), next: Default::default(), fail_wait }))
 }
 
@@ -809,7 +796,11 @@ fn asynchronous_copies_publish_a_slot_only_after_its_event_and_free_the_window_t
         for e in &p.manifest().object(obj(layer, id as u32)).unwrap().extents {
             let mem = mems[&(layer, e.role)].lock().unwrap();
             let start = s as usize * e.extent.len as usize;
-            assert!(mem[start..start + e.extent.len as usize] == m.bytes[e.extent.offset as usize..e.extent.end() as usize], "slot {s} {} holds expert {id}", e.role);
+            assert!(
+                mem[start..start + e.extent.len as usize] == m.bytes[e.extent.offset as usize..e.extent.end() as usize],
+                "slot {s} {} holds expert {id}",
+                e.role
+            );
         }
     }
     assert!(p.window_states().iter().all(|w| *w == WindowState::Free), "{:?}", p.window_states());
@@ -831,15 +822,12 @@ fn a_failed_copy_event_fails_the_plan_closed_and_publishes_nothing() {
     assert!(p.window_states().iter().all(|w| *w == WindowState::Free));
 }
 
-fn engine_plan(fail_role: Option<Role>) -> (Plan, HashMap<(u32, Role), std::sync::Arc<std::sync::Mutex<Vec<u8>>>>) {
+fn engine_plan(fail_role: Option<Role>) -> (Plan, PoolBytes) {
     bound_plan(fail_role, |pool| Box::new(pool))
 }
 
 /// A Plan over two P windows whose pools are bound to writers `wrap` makes of test pools.
-fn bound_plan(
-    fail_role: Option<Role>,
-    wrap: impl Fn(TestPool) -> Box<dyn SlotWriter>,
-) -> (Plan, HashMap<(u32, Role), std::sync::Arc<std::sync::Mutex<Vec<u8>>>>) {
+fn bound_plan(fail_role: Option<Role>, wrap: impl Fn(TestPool) -> Box<dyn SlotWriter>) -> (Plan, PoolBytes) {
     let m = model();
     let spec: PolicySpec = "zero".parse().unwrap();
     let manifest = Manifest::new(&m.inv, 4, &[]).unwrap();
@@ -1178,7 +1166,8 @@ fn a_streamed_event_keeps_its_later_hits_from_the_misses_before_them() {
         acq(&mut p, 1, pass, &first).unwrap();
         p.release(1, pass).unwrap();
     }
-    let kept: Vec<i32> = [14, 6].iter().map(|&e| p.slots(1).unwrap().iter().position(|c| c.object == Some(obj(1, e))).unwrap() as i32).collect();
+    let kept: Vec<i32> =
+        [14, 6].iter().map(|&e| p.slots(1).unwrap().iter().position(|c| c.object == Some(obj(1, e))).unwrap() as i32).collect();
     let ids = [1, 3, 14, 6];
     let s0 = acq(&mut p, 1, 0, &ids).unwrap();
     assert_served(&p, 1, &ids, &s0, &[1, 3]);
@@ -1239,7 +1228,11 @@ fn reads_land_straight_in_slots_at_every_offset_within_a_page() {
         }
         let t = p.telemetry();
         let mv = t.movement.unwrap();
-        assert_eq!((mv.direct_extents, mv.direct_bytes, mv.window_bytes, t.bytes_copied), (36, t.q_run.logical_bytes, 0, 0), "heads {heads:?}: {mv:?}");
+        assert_eq!(
+            (mv.direct_extents, mv.direct_bytes, mv.window_bytes, t.bytes_copied),
+            (36, t.q_run.logical_bytes, 0, 0),
+            "heads {heads:?}: {mv:?}"
+        );
         assert_eq!((mv.host_pools_direct, mv.host_pools_windowed), (9, 0), "{mv:?}");
         assert!(p.shutdown().unwrap().is_clean());
     }
@@ -1254,7 +1247,8 @@ fn pools_whose_offsets_differ_go_through_windows_and_are_counted() {
     let m = model();
     let spec: PolicySpec = "zero".parse().unwrap();
     let manifest = Manifest::new(&m.inv, 4, &[]).unwrap().with_layer_buffers(2).unwrap();
-    let expect: Vec<Option<u64>> = [0, 1].iter().flat_map(|&b| [Role::Gate, Role::Up, Role::Down].map(|r| manifest.slot_head(b, r))).collect();
+    let expect: Vec<Option<u64>> =
+        [0, 1].iter().flat_map(|&b| [Role::Gate, Role::Up, Role::Down].map(|r| manifest.slot_head(b, r))).collect();
     let windowed = expect.iter().filter(|h| h.is_none()).count() as u64;
     assert!(windowed > 0 && windowed < 6, "the test needs layers whose offsets differ: {expect:?}");
     let source = crate::source::UringSource::open(&m.path, 4, manifest.window_size, 12).unwrap();
@@ -1295,7 +1289,9 @@ fn unaligned_neighbours_share_their_boundary_block_through_windows() {
     // Each file byte was read once: the union of the covering reads, shared blocks counted once.
     let mut covs: Vec<(u64, u64)> = ids
         .iter()
-        .flat_map(|&id| p.manifest().object(obj(0, id as u32)).unwrap().extents.iter().map(|e| (e.covering.offset, e.covering.offset + e.covering.len)))
+        .flat_map(|&id| {
+            p.manifest().object(obj(0, id as u32)).unwrap().extents.iter().map(|e| (e.covering.offset, e.covering.offset + e.covering.len))
+        })
         .collect();
     covs.sort();
     let (mut union, mut end) = (0, 0);
@@ -1395,7 +1391,14 @@ fn digest_manifest_matches_the_file() {
     assert_eq!(d.files[0].body.sha256, crate::util::sha256(&m.bytes));
     assert_eq!(d.files[0].body.experts.len(), 3 * 16 * 3);
     for e in d.files[0].body.experts.iter().chain(std::iter::empty()) {
-        assert_eq!(e.blake3, blake3::hash(&m.bytes[e.offset as usize..(e.offset + e.len) as usize]).to_hex().as_str(), "{}/{} {}", e.layer, e.expert, e.role);
+        assert_eq!(
+            e.blake3,
+            blake3::hash(&m.bytes[e.offset as usize..(e.offset + e.len) as usize]).to_hex().as_str(),
+            "{}/{} {}",
+            e.layer,
+            e.expert,
+            e.role
+        );
     }
     for t in std::iter::once(&d.files[0].body.header).chain(&d.files[0].body.tensors) {
         assert_eq!(t.blake3, blake3::hash(&m.bytes[t.offset as usize..(t.offset + t.len) as usize]).to_hex().as_str(), "{}", t.name);

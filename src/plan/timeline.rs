@@ -83,7 +83,19 @@ fn is_zero(x: &u64) -> bool {
 
 impl Event {
     fn at(t_ns: u64, kind: Kind) -> Event {
-        Event { t_ns, dur_ns: 0, kind, layer: None, pass: None, ticket: None, expert: None, extent: None, bytes: None, slot: None, window: None }
+        Event {
+            t_ns,
+            dur_ns: 0,
+            kind,
+            layer: None,
+            pass: None,
+            ticket: None,
+            expert: None,
+            extent: None,
+            bytes: None,
+            slot: None,
+            window: None,
+        }
     }
 
     /// When the event ends (`t_ns` for a mark without duration).
@@ -296,7 +308,14 @@ impl Timeline {
     /// A timeline keeping the events of decode token `token` (None: the middle one once
     /// [`Timeline::expect`] says how many there will be, else the last), up to `capacity`.
     pub fn new(token: Option<u32>, layers: Vec<u32>, capacity: usize) -> Timeline {
-        Timeline { on: true, asked: token, want: token.unwrap_or(u32::MAX), layers, events: Vec::with_capacity(capacity), ..Default::default() }
+        Timeline {
+            on: true,
+            asked: token,
+            want: token.unwrap_or(u32::MAX),
+            layers,
+            events: Vec::with_capacity(capacity),
+            ..Default::default()
+        }
     }
 
     /// Events of one token are bounded by the manifest: per layer, a few acquire and release
@@ -325,7 +344,16 @@ impl Timeline {
         let now = Instant::now();
         self.open = None;
         if n_tokens != 1 {
-            self.open = Some(Open { token: 0, origin: now, last: 0, cpu: Cpu::Compute, times: Times::default(), plan_reads, keep: false, prompt: true });
+            self.open = Some(Open {
+                token: 0,
+                origin: now,
+                last: 0,
+                cpu: Cpu::Compute,
+                times: Times::default(),
+                plan_reads,
+                keep: false,
+                prompt: true,
+            });
             return;
         }
         let token = self.next;
@@ -480,7 +508,14 @@ impl Timeline {
             o.times.copies += 1;
             o.times.copy_bytes += bytes;
         }
-        let e = |e| Event { layer: Some(object.layer), expert: Some(object.expert), slot: Some(slot), window: Some(window), bytes: Some(bytes), ..e };
+        let e = |e| Event {
+            layer: Some(object.layer),
+            expert: Some(object.expert),
+            slot: Some(slot),
+            window: Some(window),
+            bytes: Some(bytes),
+            ..e
+        };
         self.push(started, dur(started, now), e, Kind::Copy);
     }
 

@@ -48,7 +48,8 @@ impl Plan {
             expected.insert(o.id, v);
         }
         self.obs.digests = Some(Expected { by_object: expected, with });
-        self.obs.tel.digests = Some(DigestCheck { manifest_sha256: d.manifest_sha256.clone(), algorithm: Some(with.name().into()), ..Default::default() });
+        self.obs.tel.digests =
+            Some(DigestCheck { manifest_sha256: d.manifest_sha256.clone(), algorithm: Some(with.name().into()), ..Default::default() });
         Ok(())
     }
 
@@ -68,7 +69,8 @@ impl Plan {
 
     /// Hashes `t`'s landed extent and compares it with the manifest: a mismatch is a rejection.
     pub(super) fn verify_extent(&mut self, li: usize, t: &Ticket, direct: bool) -> Result<(), PlanError> {
-        let Some((want, with)) = self.obs.digests.as_ref().map(|d| (d.by_object.get(&t.object).map(|v| v[t.extent as usize]), d.with)) else {
+        let Some((want, with)) = self.obs.digests.as_ref().map(|d| (d.by_object.get(&t.object).map(|v| v[t.extent as usize]), d.with))
+        else {
             return Ok(());
         };
         let started = Instant::now();

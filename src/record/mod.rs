@@ -13,16 +13,19 @@ pub mod format;
 mod seal;
 
 pub use format::{
-    load_envelope, load_generate, load_read_replay, load_refine, load_typed, EnvelopeRecord, GenerateRecord, ReadReplayRecord, RefineRecord, TypedRecord,
-    ENVELOPE_FORMAT, GENERATE_FORMAT, READ_REPLAY_FORMAT, REFINE_FORMAT,
+    load_envelope, load_generate, load_read_replay, load_refine, load_typed, EnvelopeRecord, GenerateRecord, ReadReplayRecord,
+    RefineRecord, TypedRecord, ENVELOPE_FORMAT, GENERATE_FORMAT, READ_REPLAY_FORMAT, REFINE_FORMAT,
 };
-pub use seal::{rename_noreplace, finish_modes, prepare_seal, seal, verify_record, verify_sealed, FileEntry, Manifest, PreparedSeal, SealedRecord, MANIFEST_FILE, MANIFEST_FORMAT};
+pub use seal::{
+    finish_modes, prepare_seal, rename_noreplace, seal, verify_record, verify_sealed, FileEntry, Manifest, PreparedSeal, SealedRecord,
+    MANIFEST_FILE, MANIFEST_FORMAT,
+};
 
 use anyhow::{bail, Context, Result};
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use nix::fcntl::{Flock, FlockArg};
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -101,7 +104,10 @@ impl Staging {
                 }
                 let Ok(other) = File::open(&dir) else { continue };
                 let Some(_other_lock) = try_lock(other) else {
-                    bail!("{}: already exists and a live run holds it (another run is writing this record); choose another --record", dir.display());
+                    bail!(
+                        "{}: already exists and a live run holds it (another run is writing this record); choose another --record",
+                        dir.display()
+                    );
                 };
                 let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 let aside = final_dir.with_file_name(format!("{base}.abandoned-{secs}"));
@@ -257,7 +263,8 @@ mod tests {
         fs::write(t.path().join("y.partial/keep"), b"k").unwrap();
         let s = Staging::new(&other).expect("an unlocked partial is stale");
         assert!(s.dir().exists() && fs::read_dir(s.dir()).unwrap().count() == 0, "this run's staging is fresh");
-        let aside: Vec<_> = fs::read_dir(t.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("y.abandoned-")).collect();
+        let aside: Vec<_> =
+            fs::read_dir(t.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("y.abandoned-")).collect();
         assert_eq!(aside.len(), 1);
         assert_eq!(fs::read(aside[0].path().join("keep")).unwrap(), b"k");
     }

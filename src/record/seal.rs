@@ -172,8 +172,7 @@ fn verify(dir: &Path, named: bool) -> Result<SealedRecord> {
         anyhow::bail!("{}: missing (not a sealed record)", mpath.display());
     }
     let bytes = crate::bounds::read_file("a seal manifest", &mpath, crate::bounds::MAX_RECORD_JSON_BYTES)?;
-    let manifest: Manifest =
-        serde_json::from_slice(&bytes).with_context(|| format!("{}: not a manifest", mpath.display()))?;
+    let manifest: Manifest = serde_json::from_slice(&bytes).with_context(|| format!("{}: not a manifest", mpath.display()))?;
     let mut problems = Vec::new();
     if manifest.format != MANIFEST_FORMAT {
         problems.push(format!("{}: unknown format {:?}", mpath.display(), manifest.format));

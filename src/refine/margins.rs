@@ -181,7 +181,14 @@ pub fn run(spec: &MarginsSpec) -> Result<(Report, Vec<Position>)> {
         let rows = super::teacher_force(&mut ctx, "candidate", n_vocab, prompt, out)?;
         for (j, (&t, row)) in out.iter().zip(rows.chunks_exact(n_vocab)).enumerate() {
             let c = argmax(row) as i32;
-            positions.push(Position { prompt: pi, position: j, reference_token: t, candidate_token: c, margin: margin(row), agree: c == t });
+            positions.push(Position {
+                prompt: pi,
+                position: j,
+                reference_token: t,
+                candidate_token: c,
+                margin: margin(row),
+                agree: c == t,
+            });
         }
     }
     let points: Vec<(f32, bool)> = positions.iter().map(|p| (p.margin, p.agree)).collect();

@@ -10,16 +10,18 @@
 pub mod margins;
 pub mod score;
 
-use crate::engine::{Context, ExecParams, ExecRequest, ExpertSource, Model};
 use crate::digests::Loads;
+use crate::engine::{Context, ExecParams, ExecRequest, ExpertSource, Model};
 use crate::generate::draft::{self, Drafting, Origin, Proposer};
 use crate::generate::{argmax, check_finite, load_model, ModelIdentity};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::plan::PlanOptions;
-use crate::service::PlanSource;
-use crate::record::format::{ExpertsReport, Outcome, ProcessReport, RefineCounts, RefineParams, RefineReport, RefineTiming, Resident, VerifierParams};
+use crate::record::format::{
+    ExpertsReport, Outcome, ProcessReport, RefineCounts, RefineParams, RefineReport, RefineTiming, Resident, VerifierParams,
+};
 use crate::record::{RefineRecord, Staging, REFINE_FORMAT};
+use crate::service::PlanSource;
 use anyhow::{bail, Context as _, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -244,10 +246,7 @@ impl Runtime<'_> {
         self.counters.sweeps += 1;
         self.counters.verifier_tokens += (end - start) as u64;
         *fed = end as i32;
-        for j in from..r.out.len() {
-            if !deferred[j] {
-                continue;
-            }
+        for j in (from..r.out.len()).filter(|&j| deferred[j]) {
             self.counters.checked += 1;
             let i = p + j - 1 - start;
             let vt = argmax(&rows[i * self.n_vocab..(i + 1) * self.n_vocab]) as i32;
@@ -321,7 +320,11 @@ pub struct Summary {
 
 /// Splits a prompts file into prompts: one per non-empty line.
 pub fn prompts_of(text: &[u8]) -> Vec<Vec<u8>> {
-    text.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l)).filter(|l| !l.iter().all(u8::is_ascii_whitespace)).map(<[u8]>::to_vec).collect()
+    text.split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+        .map(<[u8]>::to_vec)
+        .collect()
 }
 
 /// Refuses a spec no run can honour.
@@ -361,7 +364,8 @@ fn tokenize(model: &Model, spec: &RefineSpec, invs: &[&Inventory]) -> Result<(Ve
     let trained = invs.iter().filter_map(|inv| inv.trained_context().map(|t| (t, inv.load_path()))).min_by_key(|(t, _)| t.tokens);
     // The error names the model whose trained length binds (else the base).
     let named = trained.as_ref().map_or(spec.base.as_path(), |(_, p)| *p);
-    let exec = sized(spec.exec, &tokenized, spec.n_predict, trained.as_ref().map(|(t, _)| t)).map_err(|e| anyhow::anyhow!("{}: {e}", named.display()))?;
+    let exec = sized(spec.exec, &tokenized, spec.n_predict, trained.as_ref().map(|(t, _)| t))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", named.display()))?;
     Ok((tokenized, exec))
 }
 
@@ -555,7 +559,9 @@ fn refine_report(counters: &Counters, verifier_bytes: u64, generated: usize, str
         verifier_bytes,
         bytes_per_token_over_verifier: per_token / verifier_bytes.max(1) as f64,
         rollbacks_per_token: counters.rollbacks as f64 / generated.max(1) as f64,
-        served_bytes_per_token: stream.and_then(ExpertsReport::plan).map(|r| r.telemetry.q_run.logical_bytes as f64 / generated.max(1) as f64),
+        served_bytes_per_token: stream
+            .and_then(ExpertsReport::plan)
+            .map(|r| r.telemetry.q_run.logical_bytes as f64 / generated.max(1) as f64),
     }
 }
 

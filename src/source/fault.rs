@@ -56,10 +56,9 @@ impl FaultCell {
             | FaultCell::WrongObject
             | FaultCell::PartialBundle
             | FaultCell::CorruptByte => Expect::Fatal,
-            FaultCell::OutOfOrder
-            | FaultCell::HeldConsumer
-            | FaultCell::ResetOutstanding
-            | FaultCell::ShutdownLiveConsumer => Expect::Recoverable,
+            FaultCell::OutOfOrder | FaultCell::HeldConsumer | FaultCell::ResetOutstanding | FaultCell::ShutdownLiveConsumer => {
+                Expect::Recoverable
+            }
         }
     }
 
@@ -67,12 +66,8 @@ impl FaultCell {
     pub fn invariant(self) -> &'static str {
         match self {
             FaultCell::None => "ordinary publication and closure",
-            FaultCell::ShortRead | FaultCell::Eio | FaultCell::PartialBundle => {
-                "publish only after complete valid movement"
-            }
-            FaultCell::StaleCompletion | FaultCell::WrongObject => {
-                "a published version denotes the requested object and epoch"
-            }
+            FaultCell::ShortRead | FaultCell::Eio | FaultCell::PartialBundle => "publish only after complete valid movement",
+            FaultCell::StaleCompletion | FaultCell::WrongObject => "a published version denotes the requested object and epoch",
             FaultCell::CorruptByte => "a published version holds the requested object's bytes",
             FaultCell::OutOfOrder => "legal completion order is not overconstrained",
             FaultCell::HeldConsumer => "no reuse before declared consumers finish",
@@ -115,7 +110,15 @@ impl FaultySource {
         if !cell.perturbs_source() {
             return inner;
         }
-        Box::new(FaultySource { inner, cell, submitted: 0, held: VecDeque::new(), late: VecDeque::new(), requests: HashMap::new(), fired: 0 })
+        Box::new(FaultySource {
+            inner,
+            cell,
+            submitted: 0,
+            held: VecDeque::new(),
+            late: VecDeque::new(),
+            requests: HashMap::new(),
+            fired: 0,
+        })
     }
 }
 

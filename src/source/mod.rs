@@ -20,12 +20,12 @@ use serde::Serialize;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
 use std::fmt;
-use std::num::NonZeroUsize;
 use std::fs::File;
+use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::str::FromStr;
 use std::ptr::NonNull;
+use std::str::FromStr;
 
 pub mod fault;
 pub mod uring;
@@ -248,15 +248,22 @@ pub enum SourceError {
     /// `wait` with nothing outstanding.
     NothingOutstanding,
     /// The I/O service itself failed (e.g. `io_uring_enter`): no completion can be trusted.
-    Io { errno: i32 },
+    Io {
+        errno: i32,
+    },
     /// A request named host memory this source cannot read into, or memory not aligned to
     /// [`ALIGN`].
-    HostTarget { detail: &'static str },
+    HostTarget {
+        detail: &'static str,
+    },
     /// Reads in flight could not be drained: the kernel may still write into the windows and
     /// into host targets (see [`Source::drain`]).
     Undrained,
     /// A position in a shard the model does not have.
-    NoSuchShard { shard: usize, n_shards: usize },
+    NoSuchShard {
+        shard: usize,
+        n_shards: usize,
+    },
 }
 
 impl fmt::Display for SourceError {
@@ -368,17 +375,12 @@ pub fn check_request(req: &ReadRequest, n_windows: u32, window_size: u64) -> Res
     if req.window >= n_windows {
         return Err(SourceError::NoSuchWindow { window: req.window, n_windows });
     }
-    if req.window_offset % ALIGN != 0 {
+    if !req.window_offset.is_multiple_of(ALIGN) {
         return Err(SourceError::MisalignedWindowOffset { window_offset: req.window_offset });
     }
     let cov = Covering::of(req.offset, req.len);
     if req.window_offset.checked_add(cov.len).is_none_or(|end| end > window_size) {
-        return Err(SourceError::OutsideWindow {
-            window: req.window,
-            window_offset: req.window_offset,
-            len: cov.len,
-            window_size,
-        });
+        return Err(SourceError::OutsideWindow { window: req.window, window_offset: req.window_offset, len: cov.len, window_size });
     }
     Ok(cov)
 }
@@ -451,7 +453,7 @@ impl AlignedBuf {
     /// `ptr` must be valid for reads and writes of `len` bytes for as long as `owner` lives, and
     /// nothing else may use that memory meanwhile.
     pub unsafe fn foreign(ptr: NonNull<u8>, len: usize, owner: Box<dyn Send + Sync>) -> Result<AlignedBuf> {
-        if ptr.as_ptr() as usize % ALIGN as usize != 0 || len == 0 || len as u64 % ALIGN != 0 {
+        if !(ptr.as_ptr() as usize).is_multiple_of(ALIGN as usize) || len == 0 || !(len as u64).is_multiple_of(ALIGN) {
             bail!("foreign window memory at {ptr:p} of {len} bytes is not {ALIGN}-aligned");
         }
         // SAFETY: the caller's contract; the memory is ours alone.
@@ -696,8 +698,8 @@ impl Source for BufferedSource {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::ObjectId;
+    use super::*;
     use std::io::Write;
 
     #[test]

@@ -14,8 +14,8 @@
 //! that ends short (the file's tail) breaks its chain: the reads behind it come back cancelled,
 //! never started, and are submitted again on their own.
 
-use super::{check_request, AlignedBuf, Completion, Covering, ReadRequest, Source, SourceError, SourceStats, ALIGN};
 use super::ModelFiles;
+use super::{check_request, AlignedBuf, Completion, Covering, ReadRequest, Source, SourceError, SourceStats, ALIGN};
 use anyhow::{bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
 use std::collections::VecDeque;
@@ -120,7 +120,13 @@ impl UringSource {
     }
 
     /// The same with each window from `alloc` (pinned host memory of a device, where it has one).
-    pub fn open_with<P: AsRef<Path>>(paths: &[P], n_windows: u32, window_size: u64, depth: u32, alloc: super::WindowAlloc) -> Result<UringSource> {
+    pub fn open_with<P: AsRef<Path>>(
+        paths: &[P],
+        n_windows: u32,
+        window_size: u64,
+        depth: u32,
+        alloc: super::WindowAlloc,
+    ) -> Result<UringSource> {
         if n_windows == 0 || depth == 0 {
             bail!("the asynchronous source needs at least one window and a depth of at least one");
         }
@@ -129,10 +135,8 @@ impl UringSource {
         let windows: Vec<AlignedBuf> = (0..n_windows).map(|_| alloc(window_size)).collect::<Result<_>>()?;
         let n = entries(n_windows, depth) as usize;
         let depth = depth as usize;
-        let ring = IoUring::new(n.next_power_of_two().max(2) as u32)
-            .context("io_uring is not available on this host (use --source d)")?;
-        let iovecs: Vec<libc::iovec> =
-            windows.iter().map(|w| libc::iovec { iov_base: w.as_ptr() as *mut _, iov_len: w.len() }).collect();
+        let ring = IoUring::new(n.next_power_of_two().max(2) as u32).context("io_uring is not available on this host (use --source d)")?;
+        let iovecs: Vec<libc::iovec> = windows.iter().map(|w| libc::iovec { iov_base: w.as_ptr() as *mut _, iov_len: w.len() }).collect();
         // SAFETY: the windows outlive the ring (dropped after it: field order) and never move.
         let registered = unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
         // One descriptor per shard, registered so each SQE names its shard by index.
@@ -320,12 +324,9 @@ impl UringSource {
                 }
             };
         }
-        let sqe = if self.files_registered {
-            read!(types::Fixed(shard as u32))
-        } else {
-            read!(types::Fd(self.files.files()[shard].as_raw_fd()))
-        }
-        .user_data(idx as u64);
+        let sqe =
+            if self.files_registered { read!(types::Fixed(shard as u32)) } else { read!(types::Fd(self.files.files()[shard].as_raw_fd())) }
+                .user_data(idx as u64);
         let sqe = if f.tail { sqe } else { sqe.flags(io_uring::squeue::Flags::IO_LINK) };
         // SAFETY: the destinations stay valid and untouched by us until the completion is
         // reaped; the iovecs live in the table entry until then.
@@ -427,7 +428,11 @@ impl UringSource {
     ///
     /// # Safety
     /// As [`Source::submit_vectored`].
-    unsafe fn submit_runs(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)], run: &mut Vec<Pending>) -> Result<(), (usize, SourceError)> {
+    unsafe fn submit_runs(
+        &mut self,
+        reads: &[(ReadRequest, Option<NonNull<u8>>)],
+        run: &mut Vec<Pending>,
+    ) -> Result<(), (usize, SourceError)> {
         let mut done = 0usize;
         let r = self.gather(reads, run, &mut done);
         // What was staged goes out, even behind a refused request: the Plan counts it submitted.
@@ -443,12 +448,17 @@ impl UringSource {
     ///
     /// # Safety
     /// As [`Source::submit_vectored`].
-    unsafe fn gather(&mut self, reads: &[(ReadRequest, Option<NonNull<u8>>)], run: &mut Vec<Pending>, done: &mut usize) -> Result<(), SourceError> {
+    unsafe fn gather(
+        &mut self,
+        reads: &[(ReadRequest, Option<NonNull<u8>>)],
+        run: &mut Vec<Pending>,
+        done: &mut usize,
+    ) -> Result<(), SourceError> {
         for &(req, into) in reads {
             let cov = check_request(&req, self.n_windows(), self.window_size)?;
             self.files.at(cov.offset)?;
             let (dst, host) = match into {
-                Some(p) if (p.as_ptr() as u64) % ALIGN != 0 => {
+                Some(p) if !(p.as_ptr() as u64).is_multiple_of(ALIGN) => {
                     return Err(SourceError::HostTarget { detail: "the target is not aligned to 4096 bytes" })
                 }
                 Some(p) => (p.as_ptr(), true),
@@ -616,7 +626,17 @@ mod tests {
     use std::io::Write;
 
     fn req(ticket: u64, offset: u64, len: u64, window: u32) -> ReadRequest {
-        ReadRequest { ticket, object: ObjectId { layer: 0, expert: ticket as u32 }, extent: 0, offset, len, window, window_offset: 0, epoch: 1, generation: 1 }
+        ReadRequest {
+            ticket,
+            object: ObjectId { layer: 0, expert: ticket as u32 },
+            extent: 0,
+            offset,
+            len,
+            window,
+            window_offset: 0,
+            epoch: 1,
+            generation: 1,
+        }
     }
 
     #[test]

@@ -78,10 +78,8 @@ pub fn paired_ratio(labels: &[String], a: &[f64], b: &[f64], level: f64) -> Resu
 /// Reads columns `col_a` and `col_b` of a CSV file with a header row (numbers; surrounding
 /// blanks ignored) and labels each pair by its 1-based row number.
 pub fn read_pairs_csv(path: &Path, col_a: &str, col_b: &str) -> Result<(Vec<String>, Vec<f64>, Vec<f64>)> {
-    let mut rd = csv::ReaderBuilder::new()
-        .trim(csv::Trim::All)
-        .from_path(path)
-        .with_context(|| format!("{}: cannot read", path.display()))?;
+    let mut rd =
+        csv::ReaderBuilder::new().trim(csv::Trim::All).from_path(path).with_context(|| format!("{}: cannot read", path.display()))?;
     let headers = rd.headers().with_context(|| format!("{}: no header row", path.display()))?.clone();
     let find = |c: &str| {
         headers
@@ -108,7 +106,8 @@ pub fn read_pairs_csv(path: &Path, col_a: &str, col_b: &str) -> Result<(Vec<Stri
 /// has it, is in `<COL>_node` (as `export` writes `a_node` / `b_node` in pairs.csv). A table
 /// without those columns says nothing about nodes and is not refused.
 pub fn check_pair_nodes(path: &Path, col_a: &str, col_b: &str) -> Result<()> {
-    let mut rd = csv::ReaderBuilder::new().trim(csv::Trim::All).from_path(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let mut rd =
+        csv::ReaderBuilder::new().trim(csv::Trim::All).from_path(path).with_context(|| format!("{}: cannot read", path.display()))?;
     let headers = rd.headers().with_context(|| format!("{}: no header row", path.display()))?.clone();
     let find = |c: &str| headers.iter().position(|h| h == format!("{c}_node"));
     let (Some(ia), Some(ib)) = (find(col_a), find(col_b)) else { return Ok(()) };

@@ -69,7 +69,14 @@ pub fn generate_spec(model: &Path, record: &Path, prompt: &str, n: u32) -> sover
         model: model.to_path_buf(),
         prompt: prompt.as_bytes().to_vec(),
         n_predict: n,
-        exec: sovereign::engine::ExecParams { n_ctx: Some(512), n_batch: 512, n_ubatch: 512, threads: 2, threads_batch: None, flash_attn: false },
+        exec: sovereign::engine::ExecParams {
+            n_ctx: Some(512),
+            n_batch: 512,
+            n_ubatch: 512,
+            threads: 2,
+            threads_batch: None,
+            flash_attn: false,
+        },
         ignore_eos: false,
         draft: None,
         record: record.to_path_buf(),
@@ -199,8 +206,8 @@ pub fn rewrite(
 ) -> PathBuf {
     use std::io::{Read, Seek, SeekFrom};
     let g = sovereign::gguf::Gguf::open(model).unwrap();
-    let mut w = sovereign::gguf::GgufWriter::default();
-    w.metadata = g.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut w =
+        sovereign::gguf::GgufWriter { metadata: g.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(), ..Default::default() };
     meta(&mut w.metadata);
     let tensors = plan(&g);
     for (name, dims, from) in &tensors {
@@ -248,5 +255,9 @@ pub const FAULT_CELLS: &[&str] = &[
 /// The claim `id` as `export` prints it, anchored by its digest (`ID@DIGEST`).
 pub fn anchored_claim(export_stdout: &str, id: &str) -> String {
     let prefix = format!("claim {id}@");
-    export_stdout.lines().find_map(|l| l.strip_prefix(&prefix)).map(|d| format!("{id}@{d}")).unwrap_or_else(|| panic!("export printed no claim {id}:\n{export_stdout}"))
+    export_stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|d| format!("{id}@{d}"))
+        .unwrap_or_else(|| panic!("export printed no claim {id}:\n{export_stdout}"))
 }
