@@ -2,7 +2,7 @@
 //!
 //! Why not `cgroups-rs`: it pulls zbus (minutes of build on two cores) and on v2 reports
 //! `fail_cnt` as 0 without reading `memory.events`; limit events are the one number the
-//! admission predicate cannot get wrong (`../shared/CRATES.md`). The files are few and flat.
+//! admission predicate cannot get wrong. The files are few and flat.
 //!
 //! One code path serves both hierarchies: [`Files`] names the file for each quantity and the
 //! parsers take the text of either version. A run cgroup is created below the harness's own
