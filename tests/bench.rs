@@ -537,9 +537,12 @@ fn the_prefill_bench_gives_each_arms_prefill_over_its_floor_and_stock_over_it() 
         }
     }
     let summary = fs::read_to_string(out.join("prefill_floor_summary.csv")).unwrap();
+    let arm_valid = |arm: &str| rows.iter().filter(|r| f(r, "arm") == arm).all(|r| f(r, "valid") == "yes");
+    // The export fails closed when any arm's floor is broken; each arm's ratio stands on its own rows.
+    assert_eq!(valid, arm_valid("F-budget") && arm_valid("F"));
     for arm in ["F-budget", "F"] {
         assert!(summary.lines().any(|l| l.starts_with(&format!("{arm},baseline_over_arm,2,"))), "{summary}");
-        assert_eq!(summary.lines().any(|l| l.starts_with(&format!("{arm},ratio_to_floor,2,"))), valid, "{summary}");
+        assert_eq!(summary.lines().any(|l| l.starts_with(&format!("{arm},ratio_to_floor,2,"))), arm_valid(arm), "{summary}");
         assert!(r.stdout.contains(&format!("prefill of {arm} over its floor: ")), "{}", r.stdout);
     }
     // The decode pair: F-budget over the hand-sized F, in both blocks.
