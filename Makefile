@@ -49,7 +49,7 @@ lint: deps
 # output (scripts/slowest-tests.sh), so a slowdown shows when it lands. Last, a backstop: Slurm
 # daemons a test started and a killed test binary could not stop are stopped (a cluster that
 # was running before the suite is left alone: the tests note what they start).
-# `make test TEST_ARGS='--test rpc'` runs a part of the suite the same way.
+# `make test TEST_ARGS='--test it rpc::'` runs a part of the suite the same way.
 TEST_ARGS ?=
 test: deps lint
 	@mkdir -p target

@@ -5,7 +5,7 @@
 //! The tests share one lock: they move hundreds of MiB through the page cache, and the stale
 //! cleanup test must not race the others' cleanup.
 
-mod common;
+use crate::common;
 
 use sovereign::observe::cgroup::{self, RunCgroup};
 use sovereign::observe::gpu::{self, GpuAudit};

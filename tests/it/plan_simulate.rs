@@ -2,7 +2,7 @@
 //! simulator gives the hits, loads and bytes that run's own Plan telemetry recorded, for the
 //! same slots and policy; the command writes its CSV and figure and refuses bad input in one line.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

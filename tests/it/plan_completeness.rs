@@ -2,7 +2,7 @@
 //! every event served by exactly one pass, counted per layer in the record. An engine that
 //! builds fewer passes than the Plan forms groups must fail the decode closed.
 
-mod common;
+use crate::common;
 
 use anyhow::Result;
 use common::*;

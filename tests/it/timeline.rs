@@ -3,7 +3,7 @@
 //! agree with the Plan's own read counts, the record loads back to its own bytes, and the
 //! figure draws one bar per read.
 
-mod common;
+use crate::common;
 
 use common::*;
 use sovereign::export::timeline::{read, READ_COLOUR};

@@ -2,7 +2,7 @@
 //! before records had types) read back through the typed loader unchanged, their certificates
 //! are what that binary printed, and a record the writer makes now reads back to its own bytes.
 
-mod common;
+use crate::common;
 
 use common::*;
 use sovereign::record::format::{ExpertsParams, Outcome};

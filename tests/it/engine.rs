@@ -1,6 +1,6 @@
 //! The engine end to end: forge, inventory, quantize, generate, compare, bad inputs.
 
-mod common;
+use crate::common;
 
 use common::*;
 use sovereign::engine;

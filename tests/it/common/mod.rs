@@ -1,14 +1,18 @@
 //! Shared helpers for integration tests: the built binary and forged models.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
+
+/// The digest cache of the suite's runs, under target/.
+pub fn test_cache() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-cache")
+}
 
 /// The binary, with its digest cache under target/ unless SOVEREIGN_CACHE says otherwise.
 pub fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_sovereign"));
     if std::env::var_os("SOVEREIGN_CACHE").is_none() {
-        c.env("SOVEREIGN_CACHE", Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-cache"));
+        c.env("SOVEREIGN_CACHE", test_cache());
     }
     c
 }
@@ -86,7 +90,7 @@ pub fn generate_spec(model: &Path, record: &Path, prompt: &str, n: u32) -> sover
 
 /// A process a test started, killed (SIGKILL) and reaped when this is dropped: at the end of the
 /// test and on every path out of it, a failed assertion's unwinding included, so no test leaves a
-/// process running. Every `.spawn()` in tests/ goes through it (tests/architecture.rs checks).
+/// process running. Every `.spawn()` in tests/ goes through it (tests/it/architecture.rs checks).
 pub struct Reaped(Option<Child>);
 
 impl Reaped {
@@ -163,6 +167,28 @@ pub fn cgroups_usable() -> bool {
 /// The running test's name (libtest names its threads after the tests).
 pub fn test_name() -> String {
     std::thread::current().name().unwrap_or("test").to_string()
+}
+
+/// Whether this process runs the calling test alone. In the suite's process it runs the test
+/// again in a fresh process of this binary, checks that it passed, and returns false (the
+/// caller returns); in that process it returns true. For tests that measure a child's peak
+/// RSS: a forked child starts with its parent's resident pages, which wait4's ru_maxrss counts,
+/// and the suite's process holds the memory of every test running beside it.
+pub fn alone() -> bool {
+    const ALONE: &str = "SOVEREIGN_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some() {
+        return true;
+    }
+    let test = test_name();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &test, "--nocapture", "--test-threads", "1"])
+        .env(ALONE, &test)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("1 passed"), "{test}, run alone:\n{text}");
+    eprint!("{text}");
+    false
 }
 
 /// This build's engine tree digest and its patch series as a campaign's `build:` lines.

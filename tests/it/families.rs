@@ -5,7 +5,7 @@
 //! And the seed's principal experiment's shape (`--preset seed`) with a prompt of over 3,000
 //! tokens, streamed by F with LRU under a hard cap, exact and admitted.
 
-mod common;
+use crate::common;
 
 use common::*;
 use sovereign::gguf::{Gguf, Value};

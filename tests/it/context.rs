@@ -2,7 +2,7 @@
 //! prompt's), up to the model's trained length (`<arch>.context_length`), unless `--ctx` gives
 //! it; the record states the context the run took.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

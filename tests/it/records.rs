@@ -1,6 +1,6 @@
 //! Records: exclusive staging, write-once commit, sealed records checked before use.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

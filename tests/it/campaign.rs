@@ -1,7 +1,7 @@
 //! Campaigns end to end on a forged tiny model: check, preregistration, unattended run,
 //! SIGKILL + resume, verify / replay / tamper, stats, export.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;
@@ -391,7 +391,7 @@ fn check_and_run_refuse_the_same_files_with_the_same_line() {
 }
 
 /// From a directory holding only the shipped campaign files and their prompts, each shipped
-/// campaign (outputs scaled down; the benches' several GiB model aside, tests/bench.rs runs
+/// campaign (outputs scaled down; the benches' several GiB model aside, tests/it/bench.rs runs
 /// their scaled copy) runs by its own command: its models are made from their recipes, every
 /// cell settles, and nothing is abandoned.
 #[test]

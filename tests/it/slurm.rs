@@ -2,7 +2,7 @@
 //! the shipped exactness campaign as a job array, sealed exactly once, verified and replayed;
 //! a task cancelled mid-cell, resumed, and the same again. No mock of sbatch.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;
@@ -366,9 +366,12 @@ fn shipped_exactness_campaign_as_a_job_array() {
             .unwrap();
     assert!(r["submitted"].as_array().unwrap().is_empty(), "{r}");
     assert_eq!(r["settled_blocks"], serde_json::json!([0, 1, 2, 3]));
-    // A cluster that cannot be asked (no controller configuration here): status still shows
-    // every cell from the journal and says the cluster could not be asked.
-    let unreachable = Cluster { conf: tmp.path().join("no-such-slurm.conf").display().to_string(), _lease: None };
+    // A cluster that cannot be asked (a configuration that names no controller): status still
+    // shows every cell from the journal and says the cluster could not be asked. (A missing
+    // file would make the client look for a configuration server in DNS for a minute first.)
+    let no_controller = tmp.path().join("no-controller.conf");
+    fs::write(&no_controller, "").unwrap();
+    let unreachable = Cluster { conf: no_controller.display().to_string(), _lease: None };
     let v: Value =
         serde_json::from_str(&unreachable.ok(&["campaign", "status", s(&file), "--results", s(&results), "--json"]).stdout).unwrap();
     assert_eq!((&v["finished"], &v["counts"]["sealed"]), (&Value::Bool(true), &serde_json::json!(7)), "{v}");
@@ -440,6 +443,12 @@ fn a_requeued_task_reruns_its_cell_as_an_interrupted_attempt_and_its_arm_goes_on
     let v = status(&c, &file, &results);
     let task = v["blocks"][block]["task"].as_str().unwrap().to_string();
     c.slurm("scontrol", &["requeue", &task]);
+    // Slurm holds a requeued job for two minutes (its begin time): once it is pending again,
+    // let it start at once.
+    wait_until("the requeued task to be pending", 120, || {
+        c.slurm("squeue", &["-h", "-t", "all", "-j", &task, "-o", "%T"]).trim() == "PENDING"
+    });
+    c.slurm("scontrol", &["update", &format!("jobid={task}"), "StartTime=now"]);
     wait_until("the requeued block to finish", 900, || {
         let v = status(&c, &file, &results);
         v["finished"] == true && idle(&v)
@@ -499,7 +508,7 @@ fn a_test_run_stops_the_daemons_it_started_and_no_others() {
     };
     let child_run = || {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", "the_cluster_runs_a_job", "--nocapture", "--test-threads", "1"]);
+        cmd.args(["--exact", "slurm::the_cluster_runs_a_job", "--nocapture", "--test-threads", "1"]);
         with_env(&mut cmd);
         let out = cmd.output().unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

@@ -2,7 +2,7 @@
 //! model runs under a 64 MiB cap (P fails admission for its limit events; D and F pass; E holds
 //! against a resident oracle), and the refusal to pool records of different binaries.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

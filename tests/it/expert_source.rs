@@ -2,7 +2,7 @@
 //! its experts with pread; no reuse) must give output bitwise identical to resident weights,
 //! with fewer slots than a prefill's distinct experts, and a failing acquire must fail closed.
 
-mod common;
+use crate::common;
 
 use anyhow::{bail, ensure, Result};
 use common::*;

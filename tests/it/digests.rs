@@ -2,7 +2,7 @@
 //! rebuilt (one line saying why) when the file changes, a corrupt or hostile cache file rebuilt
 //! with one line, a pinned sha256 it contradicts refused; runs name it and verify what they read.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;
@@ -242,7 +242,9 @@ fn a_cached_digest_that_lies_is_caught_by_check_and_by_the_run() {
 #[test]
 fn a_pinned_sha256_the_manifest_contradicts_is_refused() {
     let t = tempfile::tempdir().unwrap();
-    std::env::set_var("SOVEREIGN_CACHE", t.path().join("cache"));
+    // The library reads its cache from this process's environment, which every test of the
+    // suite shares: the suite's own cache, the one `bin()` hands the runs it starts.
+    std::env::set_var("SOVEREIGN_CACHE", test_cache());
     let m = forge(t.path(), "m.gguf", 64, &[]);
     let sha = sovereign::util::sha256_file(&m).unwrap();
     assert_eq!(sovereign::digests::model_sha256(&m, Some(&sha)).unwrap(), sha);

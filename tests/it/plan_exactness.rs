@@ -2,7 +2,7 @@
 //! weight types, sources, slot counts below a prefill's distinct experts, and LRU sizes from 0
 //! to all experts; LRU exact against zero; clean closure; less peak memory than resident.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! to the original; a tampered model, a missing model and a different build are refused in one
 //! line before anything runs.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

@@ -3,7 +3,7 @@
 //! every expert byte goes window → copy; each run is bitwise equal to the RPC-resident run of the
 //! same build, and a server that dies mid-run fails the run closed.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! runs the principal experiments: fatal cells fail closed, recoverable ones stay exact; a
 //! fault campaign's claim carries every cell's validation.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

@@ -4,7 +4,7 @@
 //! accepted, `generate`; the binary must never die by signal, hang, exit outside 0/1/2, say more
 //! than one line when it refuses, or leave `DIR.partial` behind.
 
-mod common;
+use crate::common;
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};

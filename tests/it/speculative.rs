@@ -7,7 +7,7 @@
 //! positions back through llama.cpp's per-position states (qwen35moe) or a restored snapshot
 //! (qwen3next), and their states follow the same relation.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

@@ -1,7 +1,7 @@
 //! Margins and margin-gated deferred refinement on forged models: one checkpoint at F32
 //! (reference), Q4_K_M (base) and Q8_0 (verifier).
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

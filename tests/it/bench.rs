@@ -4,7 +4,7 @@
 //! settings or another run's routes fails that check, and the floor ratio is recomputed here
 //! from the sealed records.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

@@ -6,7 +6,7 @@
 //!
 //! The seed is fixed, so CI draws the same cases every time; `PLAN_DIFF_CASES=N` draws more.
 
-mod common;
+use crate::common;
 
 use common::*;
 use proptest::prelude::*;

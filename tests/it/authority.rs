@@ -2,7 +2,7 @@
 //! hard host cap below the expert bytes, P completes exact but at the ceiling (page cache
 //! charged), D and F complete exact with zero limit events and a positive margin.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;
