@@ -13,6 +13,11 @@
 # runs two OpenMP threads, and on two cores threads that spin between parallel regions starve
 # the other test's; asleep instead, plan_exactness took 47 s instead of 200 s. It changes no
 # computed byte, only how idle threads wait; benchmarks keep the runtime's default.
+#
+# RUST_TEST_THREADS=3 (unless set): many tests wait on others (Slurm, servers, the disk), so a
+# third test at a time fills the two cores (the integration tests took 283 s, against 377 s two
+# at a time and 260 s four at a time, which loads timing claims more than it saves).
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: scripts/test-runner.sh BINARY [ARGS...]" >&2; exit 2; }
-exec env RUSTC_BOOTSTRAP=1 OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}" "$@" -Z unstable-options --report-time
+exec env RUSTC_BOOTSTRAP=1 OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}" RUST_TEST_THREADS="${RUST_TEST_THREADS:-3}" \
+  "$@" -Z unstable-options --report-time

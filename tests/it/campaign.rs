@@ -112,9 +112,18 @@ fn shipped_prompts(dir: &Path) -> PathBuf {
     shipped
 }
 
-/// Every campaign the repository ships.
-const SHIPPED: [&str; 7] =
-    ["exactness.yaml", "pdf-pairs.yaml", "faults.yaml", "tau-sweep.yaml", "bench.yaml", "bench-skew.yaml", "bench-draft.yaml"];
+/// Every campaign the repository ships (campaigns/*.yaml).
+fn shipped_campaigns() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("campaigns");
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 8, "{v:?}");
+    v
+}
 
 #[test]
 fn check_reports_line_and_column_and_shipped_campaigns_pass() {
@@ -123,12 +132,12 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     // The shipped campaigns in a fresh directory, without the models they name.
     let shipped = shipped_prompts(t.path());
     let models = t.path().join("models");
-    for f in SHIPPED {
+    for f in &shipped_campaigns() {
         fs::copy(root.join("campaigns").join(f), shipped.join(f)).unwrap();
     }
     // Every shipped campaign passes from a clean directory: `check` names the models `run`
     // will make from their recipes and makes none (the benches' are several GiB).
-    for f in SHIPPED {
+    for f in &shipped_campaigns() {
         let r = ok(&["campaign", "check", s(&shipped.join(f))]);
         assert!(r.stdout.lines().any(|l| l.ends_with("is missing; `campaign run` makes it from its recipe")), "{f}: {}", r.stdout);
     }
@@ -205,7 +214,7 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
     let pins: Vec<String> = std::iter::once(id["engine"]["tree_sha256"].as_str().unwrap().to_string())
         .chain(id["engine"]["patches"].as_array().unwrap().iter().map(|p| p["sha256"].as_str().unwrap().to_string()))
         .collect();
-    for f in SHIPPED {
+    for f in &shipped_campaigns() {
         ok(&["campaign", "check", s(&shipped.join(f))]);
         let text = fs::read_to_string(shipped.join(f)).unwrap();
         for pin in &pins {
@@ -393,38 +402,59 @@ fn check_and_run_refuse_the_same_files_with_the_same_line() {
 /// From a directory holding only the shipped campaign files and their prompts, each shipped
 /// campaign (outputs scaled down; the benches' several GiB model aside, tests/it/bench.rs runs
 /// their scaled copy) runs by its own command: its models are made from their recipes, every
-/// cell settles, and nothing is abandoned.
-#[test]
-fn every_shipped_campaign_runs_by_its_own_command_from_a_clean_directory() {
+/// cell settles, and nothing is abandoned. One test per campaign.
+mod every_shipped_campaign_runs_by_its_own_command_from_a_clean_directory {
+    #[test]
+    fn exactness() {
+        super::shipped_campaign_runs("exactness.yaml", 16, 4, &["tiny"]);
+    }
+
+    #[test]
+    fn faults() {
+        super::shipped_campaign_runs("faults.yaml", 8, 2, &["tiny"]);
+    }
+
+    #[test]
+    fn pdf_pairs() {
+        super::shipped_campaign_runs("pdf-pairs.yaml", 32, 4, &["pdf"]);
+    }
+
+    #[test]
+    fn tau_sweep() {
+        super::shipped_campaign_runs("tau-sweep.yaml", 64, 4, &["tau-f32", "tau-q4_k_m", "tau-q8_0"]);
+    }
+}
+
+/// Runs shipped campaign `f` with its `outputs` scaled to `reduced`, from a directory holding
+/// only the shipped campaign files and their prompts; `models` are those its recipes make.
+fn shipped_campaign_runs(f: &str, outputs: u32, reduced: u32, models: &[&str]) {
     if !cgroups_usable() {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let t = tempfile::tempdir().unwrap();
     let shipped = shipped_prompts(t.path());
-    for (f, outputs, reduced) in [("exactness.yaml", 16, 4), ("faults.yaml", 8, 2), ("pdf-pairs.yaml", 32, 4), ("tau-sweep.yaml", 64, 4)] {
-        let text = fs::read_to_string(root.join("campaigns").join(f)).unwrap();
-        let scaled = text
-            .replacen(&format!("  outputs: {outputs}"), &format!("  outputs: {reduced}"), 1)
-            .replacen(&format!("  horizon: {outputs}"), &format!("  horizon: {reduced}"), 1)
-            .replacen("  window: 16\n", &format!("  window: {reduced}\n"), 1);
-        assert!(
-            scaled.contains(&format!("  outputs: {reduced}")) && scaled.contains(&format!("  horizon: {reduced}")),
-            "{f}: outputs and horizon scaled"
-        );
-        let file = shipped.join(f);
-        fs::write(&file, scaled).unwrap();
-        let results = t.path().join(format!("results-{f}"));
-        let started = Instant::now();
-        let r = ok(&["campaign", "run", s(&file), "--results", s(&results), "--json"]);
-        let v: Value = serde_json::from_str(&r.stdout).unwrap();
-        let n = |k: &str| v[k].as_u64().unwrap();
-        assert!(n("cells") > 0 && n("sealed") + n("skipped") == n("cells") && n("abandoned") == 0, "{f}: {v}");
-        assert!(n("sealed") > 0, "{f}: {v}");
-        eprintln!("{f}: {} cells in {:.1} s", n("cells"), started.elapsed().as_secs_f64());
-    }
-    for m in ["tiny", "pdf", "tau-f32", "tau-q4_k_m", "tau-q8_0"] {
-        assert!(t.path().join("models").join(format!("{m}.gguf")).is_file(), "{m} was made from its recipe");
+    let text = fs::read_to_string(root.join("campaigns").join(f)).unwrap();
+    let scaled = text
+        .replacen(&format!("  outputs: {outputs}"), &format!("  outputs: {reduced}"), 1)
+        .replacen(&format!("  horizon: {outputs}"), &format!("  horizon: {reduced}"), 1)
+        .replacen("  window: 16\n", &format!("  window: {reduced}\n"), 1);
+    assert!(
+        scaled.contains(&format!("  outputs: {reduced}")) && scaled.contains(&format!("  horizon: {reduced}")),
+        "{f}: outputs and horizon scaled"
+    );
+    let file = shipped.join(f);
+    fs::write(&file, scaled).unwrap();
+    let results = t.path().join("results");
+    let started = Instant::now();
+    let r = ok(&["campaign", "run", s(&file), "--results", s(&results), "--json"]);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    let n = |k: &str| v[k].as_u64().unwrap();
+    assert!(n("cells") > 0 && n("sealed") + n("skipped") == n("cells") && n("abandoned") == 0, "{f}: {v}");
+    assert!(n("sealed") > 0, "{f}: {v}");
+    eprintln!("{f}: {} cells in {:.1} s", n("cells"), started.elapsed().as_secs_f64());
+    for m in models {
+        assert!(t.path().join("models").join(format!("{m}.gguf")).is_file(), "{f}: {m} was made from its recipe");
     }
 }
 

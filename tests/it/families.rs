@@ -15,8 +15,43 @@ const PROMPT: &str = "Experts move from storage into bounded slots; every output
 const OUTPUTS: u32 = 24;
 const SLOTS: &str = "5";
 
-const FAMILIES: [&str; 11] =
-    ["qwen3moe", "qwen3next", "qwen35moe", "gemma4", "deepseek2", "gpt-oss", "olmoe", "llama", "qwen2moe", "granitemoe", "glm4moe"];
+/// Every family `forge` writes, as [`FAMILIES`], and the tests that run each family on its own
+/// (one test per family, so the suite spreads them over the cores).
+macro_rules! families {
+    ($($test:ident: $arch:literal),* $(,)?) => {
+        const FAMILIES: &[&str] = &[$($arch),*];
+
+        /// Each family exact under every arm, against its resident run.
+        mod every_family_is_exact_under_every_arm {
+            $(#[test]
+            fn $test() {
+                super::every_arm_is_exact($arch)
+            })*
+        }
+
+        /// Each family's Q8_0 and Q4_K_M copies exact under F and D against their resident runs.
+        mod quantized_families_are_exact {
+            $(#[test]
+            fn $test() {
+                super::quantized_are_exact($arch)
+            })*
+        }
+    };
+}
+
+families! {
+    qwen3moe: "qwen3moe",
+    qwen3next: "qwen3next",
+    qwen35moe: "qwen35moe",
+    gemma4: "gemma4",
+    deepseek2: "deepseek2",
+    gpt_oss: "gpt-oss",
+    olmoe: "olmoe",
+    llama: "llama",
+    qwen2moe: "qwen2moe",
+    granitemoe: "granitemoe",
+    glm4moe: "glm4moe",
+}
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(format!("{arch}{}.gguf", extra.concat()));
@@ -103,34 +138,28 @@ fn family_is_exact(dir: &Path, arch: &str, model: &Path, arms: &[(String, Vec<St
     }
 }
 
-#[test]
-fn every_family_is_exact_under_every_arm() {
+fn every_arm_is_exact(arch: &str) {
     let dir = tempfile::tempdir().unwrap();
-    for arch in FAMILIES {
-        let model = forge_arch(dir.path(), arch, &[]);
-        let inv = inventory(&model);
-        let last = inv["moe_layers"].as_array().unwrap().last().unwrap()["layer"].as_u64().unwrap();
-        family_is_exact(dir.path(), arch, &model, &arms(last));
-    }
+    let model = forge_arch(dir.path(), arch, &[]);
+    let inv = inventory(&model);
+    let last = inv["moe_layers"].as_array().unwrap().last().unwrap()["layer"].as_u64().unwrap();
+    family_is_exact(dir.path(), arch, &model, &arms(last));
 }
 
-#[test]
-fn quantized_families_are_exact() {
+fn quantized_are_exact(arch: &str) {
     let dir = tempfile::tempdir().unwrap();
-    for arch in FAMILIES {
-        let model = forge_arch(dir.path(), arch, &[]);
-        for ty in ["q8_0", "q4_k_m"] {
-            let q = dir.path().join(format!("{arch}-{ty}.gguf"));
-            ok(&["model", "quantize", "--type", ty, model.to_str().unwrap(), q.to_str().unwrap()]);
-            let arms = vec![
-                (
-                    "f-lru3-prefetch".to_string(),
-                    ["--experts", "plan", "--slots", SLOTS, "--policy", "lru:3+prefetch"].map(String::from).to_vec(),
-                ),
-                ("d-zero".to_string(), ["--experts", "plan", "--slots", SLOTS, "--source", "d"].map(String::from).to_vec()),
-            ];
-            family_is_exact(dir.path(), arch, &q, &arms);
-        }
+    let model = forge_arch(dir.path(), arch, &[]);
+    for ty in ["q8_0", "q4_k_m"] {
+        let q = dir.path().join(format!("{arch}-{ty}.gguf"));
+        ok(&["model", "quantize", "--type", ty, model.to_str().unwrap(), q.to_str().unwrap()]);
+        let arms = vec![
+            (
+                "f-lru3-prefetch".to_string(),
+                ["--experts", "plan", "--slots", SLOTS, "--policy", "lru:3+prefetch"].map(String::from).to_vec(),
+            ),
+            ("d-zero".to_string(), ["--experts", "plan", "--slots", SLOTS, "--source", "d"].map(String::from).to_vec()),
+        ];
+        family_is_exact(dir.path(), arch, &q, &arms);
     }
 }
 
@@ -158,44 +187,66 @@ fn fused_qkv(g: &Gguf) -> Rewrite {
 
 /// Valid files of each family that llama.cpp loads: every one is accepted by `inventory` and
 /// runs through `generate`, resident and streamed, exactly.
-#[test]
-fn valid_variants_of_every_family_are_accepted() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let mut variants: Vec<(String, PathBuf)> = Vec::new();
-    for arch in FAMILIES {
-        variants.push((format!("{arch} F16 routers"), forge_arch(d, arch, &["--f16-router"])));
+mod valid_variants_of_every_family_are_accepted {
+    use super::*;
+
+    #[test]
+    fn f16_routers() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let variants = FAMILIES.iter().map(|arch| (format!("{arch} F16 routers"), forge_arch(d, arch, &["--f16-router"]))).collect();
+        variants_are_accepted(d, variants);
     }
-    // The families whose loaders fall back to the embedding when output.weight is absent.
-    for arch in ["qwen3moe", "qwen3next", "qwen35moe", "gemma4", "deepseek2", "llama", "granitemoe", "glm4moe"] {
-        variants.push((format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])));
+
+    /// The families whose loaders fall back to the embedding when output.weight is absent.
+    #[test]
+    fn tied_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let variants = ["qwen3moe", "qwen3next", "qwen35moe", "gemma4", "deepseek2", "llama", "granitemoe", "glm4moe"]
+            .iter()
+            .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
+            .collect();
+        variants_are_accepted(d, variants);
     }
-    let qkv_bias = |n: &str| n.ends_with("attn_q.bias") || n.ends_with("attn_k.bias") || n.ends_with("attn_v.bias");
-    type Edit = Box<dyn Fn(&Gguf) -> Rewrite>;
-    let edits: Vec<(&str, &str, Edit)> = vec![
-        ("deepseek2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
-        ("gpt-oss", "no q/k/v biases", Box::new(without(qkv_bias))),
-        ("glm4moe", "no q/k/v biases", Box::new(without(qkv_bias))),
-        ("qwen2moe", "no q/k/v biases", Box::new(without(qkv_bias))),
-        ("llama", "fused attn_qkv", Box::new(fused_qkv)),
-        ("olmoe", "fused attn_qkv", Box::new(fused_qkv)),
-    ];
-    for (arch, what, edit) in edits {
-        let base = forge_arch(d, arch, &[]);
-        let out = d.join(format!("{arch}-{}.gguf", what.replace([' ', '/'], "-")));
-        variants.push((format!("{arch} {what}"), rewrite(&base, &out, |_| {}, edit)));
+
+    #[test]
+    fn optional_tensors_left_out_and_fused_qkv() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let qkv_bias = |n: &str| n.ends_with("attn_q.bias") || n.ends_with("attn_k.bias") || n.ends_with("attn_v.bias");
+        type Edit = Box<dyn Fn(&Gguf) -> Rewrite>;
+        let edits: Vec<(&str, &str, Edit)> = vec![
+            ("deepseek2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+            ("gpt-oss", "no q/k/v biases", Box::new(without(qkv_bias))),
+            ("glm4moe", "no q/k/v biases", Box::new(without(qkv_bias))),
+            ("qwen2moe", "no q/k/v biases", Box::new(without(qkv_bias))),
+            ("llama", "fused attn_qkv", Box::new(fused_qkv)),
+            ("olmoe", "fused attn_qkv", Box::new(fused_qkv)),
+        ];
+        let mut variants = Vec::new();
+        for (arch, what, edit) in edits {
+            let base = forge_arch(d, arch, &[]);
+            let out = d.join(format!("{arch}-{}.gguf", what.replace([' ', '/'], "-")));
+            variants.push((format!("{arch} {what}"), rewrite(&base, &out, |_| {}, edit)));
+        }
+        variants_are_accepted(d, variants);
     }
-    for (what, model) in &variants {
-        let inv = run(&["inventory", model.to_str().unwrap()]);
-        assert_eq!(inv.code, 0, "{what}: inventory refused a valid file: {}", inv.stderr);
-        let stem = model.file_stem().unwrap().to_str().unwrap();
-        let resident = d.join(format!("{stem}-resident"));
-        gen(model, &resident, &[]);
-        let plan = d.join(format!("{stem}-plan"));
-        gen(model, &plan, &["--experts", "plan", "--slots", SLOTS, "--policy", "lru:3"]);
-        assert_exact(&resident, &plan);
+
+    /// Each variant passes `inventory` and runs resident and streamed, exactly.
+    fn variants_are_accepted(d: &Path, variants: Vec<(String, PathBuf)>) {
+        for (what, model) in &variants {
+            let inv = run(&["inventory", model.to_str().unwrap()]);
+            assert_eq!(inv.code, 0, "{what}: inventory refused a valid file: {}", inv.stderr);
+            let stem = model.file_stem().unwrap().to_str().unwrap();
+            let resident = d.join(format!("{stem}-resident"));
+            gen(model, &resident, &[]);
+            let plan = d.join(format!("{stem}-plan"));
+            gen(model, &plan, &["--experts", "plan", "--slots", SLOTS, "--policy", "lru:3"]);
+            assert_exact(&resident, &plan);
+        }
+        eprintln!("valid variants accepted: {}", variants.len());
     }
-    eprintln!("valid variants accepted: {}", variants.len());
 }
 
 /// A file our checks pass but llama.cpp asserts on while it builds the graph (deepseek2 with a
