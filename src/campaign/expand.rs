@@ -1,6 +1,6 @@
 //! Expansion: a campaign becomes the ordered list of cells (arm × block × position) it runs.
 
-use super::spec::{Arm, Blocks, Campaign, ModelSpec, RefineModels, Workload};
+use super::spec::{Arm, Campaign, ModelSpec, RefineModels, Workload};
 use serde::{Deserialize, Serialize};
 
 /// One cell: a single run of one arm at one place in the schedule. This is what an executor
@@ -32,41 +32,6 @@ pub struct CellSpec {
     pub workload: Workload,
 }
 
-/// SplitMix64 (Steele, Lea, Flood 2014): small, fixed and documented, so a seeded schedule
-/// is the same on every machine and in every version.
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
-/// The blocks' arm orders: as written (`preordered`), or one Fisher–Yates permutation per block
-/// drawn from SplitMix64(seed) (index j = next % (i + 1); the bias is below 2^-60).
-pub fn block_orders(blocks: &Blocks) -> Vec<Vec<String>> {
-    match blocks {
-        Blocks::Preordered(b) => b.iter().map(|b| b.iter().map(|a| a.value.clone()).collect()).collect(),
-        Blocks::SeededRandom { seed, count, arms } => {
-            let mut rng = SplitMix64(*seed);
-            (0..count.value)
-                .map(|_| {
-                    let mut v: Vec<String> = arms.iter().map(|a| a.value.clone()).collect();
-                    for i in (1..v.len()).rev() {
-                        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-                        v.swap(i, j);
-                    }
-                    v
-                })
-                .collect()
-        }
-    }
-}
-
 /// The control a fault cell is validated against: the nearest earlier cell of its block whose
 /// arm plays no fault (so its record is sealed before the fault cell runs).
 pub fn block_control<'a>(cells: &'a [CellSpec], cell: &CellSpec) -> Option<&'a CellSpec> {
@@ -80,7 +45,7 @@ pub fn expand(c: &Campaign) -> Vec<CellSpec> {
     if !c.schedule.lead.is_empty() {
         blocks.push((0, c.schedule.lead.iter().map(|a| a.value.clone()).collect()));
     }
-    for (i, b) in block_orders(&c.schedule.blocks).into_iter().enumerate() {
+    for (i, b) in c.schedule.blocks.orders().into_iter().enumerate() {
         blocks.push((i + 1, b));
     }
     let mut cells = Vec::new();

@@ -488,6 +488,43 @@ pub enum Blocks {
     SeededRandom { seed: u64, count: At<u32>, arms: Vec<At<String>> },
 }
 
+/// SplitMix64 (Steele, Lea, Flood 2014): small, fixed and documented, so a seeded schedule
+/// is the same on every machine and in every version.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+impl Blocks {
+    /// The blocks' arm orders: as written (`preordered`), or one Fisher–Yates permutation per
+    /// block drawn from SplitMix64(seed) (index j = next % (i + 1); the bias is below 2^-60).
+    pub fn orders(&self) -> Vec<Vec<String>> {
+        match self {
+            Blocks::Preordered(b) => b.iter().map(|b| b.iter().map(|a| a.value.clone()).collect()).collect(),
+            Blocks::SeededRandom { seed, count, arms } => {
+                let mut rng = SplitMix64(*seed);
+                (0..count.value)
+                    .map(|_| {
+                        let mut v: Vec<String> = arms.iter().map(|a| a.value.clone()).collect();
+                        for i in (1..v.len()).rev() {
+                            let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+                            v.swap(i, j);
+                        }
+                        v
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 /// The oracle arm and the exactness relation E with its horizon.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -934,7 +971,7 @@ fn validate_measure_schedule(c: &Campaign) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     let arm = |id: &str| c.arms.iter().find(|a| a.id.value == id);
     let mut blocks = vec![c.schedule.lead.iter().map(|a| a.value.clone()).collect::<Vec<_>>()];
-    blocks.extend(super::expand::block_orders(&c.schedule.blocks));
+    blocks.extend(c.schedule.blocks.orders());
     for a in &c.arms {
         let Some(Measure::ReadReplay(r)) = &a.measure else { continue };
         let id = &a.id.value;
