@@ -47,6 +47,16 @@ impl TensorInfo {
     }
 }
 
+/// One file of a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardHead {
+    pub path: PathBuf,
+    pub file_len: u64,
+    pub data_offset: u64,
+    pub alignment: u64,
+    pub tensors: usize,
+}
+
 #[derive(Debug, Clone)]
 pub struct Gguf {
     /// The file, or a shard set's first file.
@@ -60,7 +70,7 @@ pub struct Gguf {
     /// In file order of the tensor directory (shard by shard, for a set).
     pub tensors: Vec<TensorInfo>,
     /// The model's files: this one, or every shard of its set in order.
-    pub shards: Vec<super::set::ShardHead>,
+    pub shards: Vec<ShardHead>,
 }
 
 impl Gguf {
@@ -171,7 +181,7 @@ impl Gguf {
                 bail!("tensors `{}` and `{}` overlap", w[0].name, w[1].name);
             }
         }
-        let shards = vec![super::set::ShardHead { path: path.to_path_buf(), file_len, data_offset, alignment, tensors: tensors.len() }];
+        let shards = vec![ShardHead { path: path.to_path_buf(), file_len, data_offset, alignment, tensors: tensors.len() }];
         Ok(Gguf { path: path.to_path_buf(), version, file_len, alignment, data_offset, metadata, tensors, shards })
     }
 

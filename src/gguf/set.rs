@@ -4,6 +4,7 @@
 //! `split.no`, `split.count` and `split.tensors.count`. llama.cpp finds the others from the
 //! first by name, `<prefix>-NNNNN-of-NNNNN.gguf`; so do we.
 
+use super::reader::ShardHead;
 use super::{Gguf, GgufWriter, TensorSpec, Value, DEFAULT_ALIGNMENT};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
@@ -12,16 +13,6 @@ use std::path::{Path, PathBuf};
 pub const SPLIT_NO: &str = "split.no";
 pub const SPLIT_COUNT: &str = "split.count";
 pub const SPLIT_TENSORS_COUNT: &str = "split.tensors.count";
-
-/// One file of a model.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardHead {
-    pub path: PathBuf,
-    pub file_len: u64,
-    pub data_offset: u64,
-    pub alignment: u64,
-    pub tensors: usize,
-}
 
 /// `prefix-NNNNN-of-NNNNN.gguf` for shard `no` (from 0) of `count`, as `llama_split_path`.
 pub fn shard_path(prefix: &Path, no: u32, count: u32) -> PathBuf {
