@@ -1,10 +1,10 @@
-//! `generate` (flags to a cell, run here or contained) and `cell` (the worker).
+//! `generate`: flags to a cell, run here or contained.
 
 use super::{print_json, status};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use sovereign::bounds::parse_bytes;
-use sovereign::cell::{self, Cell, Done, Experts, ExpertsMode, GenerateCell, Prompt, WorkerEnd};
+use sovereign::cell::{self, Cell, Experts, ExpertsMode, GenerateCell, Prompt, WorkerEnd};
 use sovereign::engine::ExecParams;
 use sovereign::generate;
 use sovereign::observe::ContainSpec;
@@ -286,16 +286,6 @@ fn parse_gpu_layers(s: &str) -> Result<i32, NotGpuLayers> {
     s.parse::<u16>().map(i32::from).map_err(|_| NotGpuLayers(s.to_string()))
 }
 
-#[derive(Args)]
-pub struct CellArgs {
-    /// The cell spec (JSON), as a contained run or a campaign writes it; `-` reads it from
-    /// standard input.
-    spec: PathBuf,
-    /// Print the summary for a person instead of as JSON.
-    #[arg(long, hide = true)]
-    human: bool,
-}
-
 pub fn generate(a: GenerateArgs) -> Result<ExitCode> {
     let cell = a.cell()?;
     cell.check()?;
@@ -323,45 +313,6 @@ pub fn isolated(cell: &Cell, json: bool) -> Result<ExitCode> {
             eprintln!("error: {error}; record {} (failed)", record.display());
             Ok(ExitCode::from(1))
         }
-    }
-}
-
-/// The worker: the summary on stdout (JSON unless `--human`), the error (if any) as one line
-/// on stderr.
-pub fn cell(a: CellArgs) -> Result<ExitCode> {
-    print_done(&cell::worker(&a.spec)?, !a.human)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-fn print_done(done: &Done, json: bool) -> Result<()> {
-    match done {
-        Done::Generate(s) if json => print_json(&serde_json::json!({
-            "record": s.record,
-            "prompt_tokens": s.prompt_tokens,
-            "generated_tokens": s.generated_tokens,
-            "timing": s.timing,
-            "digests": s.digests.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
-        })),
-        Done::Generate(s) => {
-            println!("record    {}", s.record.display());
-            println!("tokens    {} prompt + {} generated", s.prompt_tokens, s.generated_tokens);
-            println!(
-                "speed     prefill {:.1} tok/s, decode {:.1} tok/s (load {:.2} s)",
-                s.timing.prefill_tokens_per_s, s.timing.decode_tokens_per_s, s.timing.load_s
-            );
-            println!("response  {:?}", s.response);
-            for (name, d) in &s.digests {
-                println!("sha256    {name:<9} {d}");
-            }
-            println!("routes    {} events", s.routes.len());
-            for (layer, distinct, total, top) in generate::route_summary(&s.routes) {
-                println!("  layer {layer:>3}: {distinct:>4} distinct experts over {total:>6} selections, busiest {:.1}%", top * 100.0);
-            }
-            Ok(())
-        }
-        Done::Refine(s) => super::refine::print_summary(s, json),
-        Done::Measure(sovereign::measure::Summary::Envelope(r)) => print_json(r),
-        Done::Measure(sovereign::measure::Summary::ReadReplay(r)) => print_json(r),
     }
 }
 

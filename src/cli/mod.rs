@@ -1,6 +1,7 @@
 //! The commands. Each module owns its arguments and its printing; the library does the work.
 
 mod campaign;
+mod cell;
 mod certificate;
 mod choices;
 mod claims;
@@ -112,7 +113,7 @@ enum Command {
     /// Run one cell spec (JSON) in this process: the worker a contained run or a campaign
     /// starts.
     #[command(hide = true)]
-    Cell(generate::CellArgs),
+    Cell(cell::CellArgs),
 }
 
 impl Cli {
@@ -143,7 +144,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Inventory(a) => model::inventory(a),
         Command::Generate(a) => generate::generate(a),
         Command::Device(c) => device::device(c),
-        Command::Cell(a) => generate::cell(a),
+        Command::Cell(a) => cell::cell(a),
         Command::Envelope(a) => envelope::envelope(a),
         Command::Margins(a) => refine::margins(a),
         Command::Refine(a) => refine::refine(a),

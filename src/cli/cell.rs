@@ -1,0 +1,58 @@
+//! `cell`: the worker a contained run or a campaign starts. It runs one cell spec in this
+//! process and prints its summary, whatever the cell's kind.
+
+use super::print_json;
+use anyhow::Result;
+use clap::Args;
+use sovereign::cell::{self, Done};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args)]
+pub struct CellArgs {
+    /// The cell spec (JSON), as a contained run or a campaign writes it; `-` reads it from
+    /// standard input.
+    spec: PathBuf,
+    /// Print the summary for a person instead of as JSON.
+    #[arg(long, hide = true)]
+    human: bool,
+}
+
+/// The worker: the summary on stdout (JSON unless `--human`), the error (if any) as one line
+/// on stderr.
+pub fn cell(a: CellArgs) -> Result<ExitCode> {
+    print_done(&cell::worker(&a.spec)?, !a.human)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_done(done: &Done, json: bool) -> Result<()> {
+    match done {
+        Done::Generate(s) if json => print_json(&serde_json::json!({
+            "record": s.record,
+            "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "timing": s.timing,
+            "digests": s.digests.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+        })),
+        Done::Generate(s) => {
+            println!("record    {}", s.record.display());
+            println!("tokens    {} prompt + {} generated", s.prompt_tokens, s.generated_tokens);
+            println!(
+                "speed     prefill {:.1} tok/s, decode {:.1} tok/s (load {:.2} s)",
+                s.timing.prefill_tokens_per_s, s.timing.decode_tokens_per_s, s.timing.load_s
+            );
+            println!("response  {:?}", s.response);
+            for (name, d) in &s.digests {
+                println!("sha256    {name:<9} {d}");
+            }
+            println!("routes    {} events", s.routes.len());
+            for (layer, distinct, total, top) in sovereign::generate::route_summary(&s.routes) {
+                println!("  layer {layer:>3}: {distinct:>4} distinct experts over {total:>6} selections, busiest {:.1}%", top * 100.0);
+            }
+            Ok(())
+        }
+        Done::Refine(s) => super::refine::print_summary(s, json),
+        Done::Measure(sovereign::measure::Summary::Envelope(r)) => print_json(r),
+        Done::Measure(sovereign::measure::Summary::ReadReplay(r)) => print_json(r),
+    }
+}
