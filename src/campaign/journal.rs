@@ -22,7 +22,6 @@
 //! A cell is settled by exactly one of `cell_sealed`, `cell_skipped`, `cell_abandoned`.
 
 use super::executor::CellStatus;
-use super::runner::RunMode;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -36,6 +35,16 @@ pub struct Entry {
     pub unix_ms: u64,
     #[serde(flatten)]
     pub event: Event,
+}
+
+/// How a runner started, as its journal says: `run` or `resume`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunMode {
+    /// Preregister if needed, then continue.
+    Run,
+    /// The campaign must already be preregistered.
+    Resume,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -30,6 +30,7 @@ pub mod models;
 pub mod runner;
 pub mod slurm;
 pub mod spec;
+pub mod status;
 
 pub use arm::{ArmError, ArmExperts, ArmKind, DeviceArm, PlanArm, Program, RunArm};
 pub use document::{read_cell, CellDocument, CELL_FILE};
@@ -37,9 +38,10 @@ pub use executor::{
     measure_cell, worker_cell, BlockRecord, CellExecutor, CellInputs, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry,
 };
 pub use expand::{expand, CellSpec};
-pub use journal::{histories, CellHistory, CellState};
-pub use runner::{run, status, Progress, Quiet, RunMode, RunOptions, RunSummary, StatusReport};
+pub use journal::{histories, CellHistory, CellState, RunMode};
+pub use runner::{run, Progress, Quiet, RunOptions, RunSummary};
 pub use spec::{parse, schema_json, Campaign, Diagnostic};
+pub use status::{status, StatusReport};
 
 use anyhow::{bail, Context, Result};
 use nix::fcntl::{Flock, FlockArg};

@@ -13,8 +13,8 @@
 
 use super::expand::expand;
 use super::journal::{histories, CellHistory, CellState};
-use super::journal::{now_ms, Journal};
-use super::runner::{self, RunMode, RunOptions, RunSummary};
+use super::journal::{now_ms, Journal, RunMode};
+use super::runner::{self, RunOptions, RunSummary};
 use super::{flock, preregister_shared, CampaignDir, Loaded, ProcessExecutor};
 use anyhow::{bail, Context, Result};
 use nix::fcntl::FlockArg;
