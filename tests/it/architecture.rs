@@ -1,5 +1,5 @@
 //! The shape of the code, checked: rooms (top-level modules of `src/`) import each other in one
-//! direction only, `main.rs` only parses and dispatches, records are read through their types,
+//! direction only, and so do the modules of each room, `main.rs` only parses and dispatches, records are read through their types,
 //! not by string paths, outside `record`, the library never prints, no function in `src/`
 //! runs past 120 lines, and every process a test spawns is killed and reaped when the test ends.
 
@@ -98,6 +98,135 @@ fn rooms_import_each_other_in_one_direction() {
     let g = imports(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
     assert!(g.len() > 10, "rooms found: {:?}", g.keys());
     assert_eq!(cycle(&g), None, "module imports form a cycle");
+}
+
+/// The names a path names after `prefix` (`a` in `prefix::a::b`, each of `prefix::{a, b::c}`),
+/// where the path starts there (`prefix` is not the tail of a longer path).
+fn named_after(text: &str, prefix: &str) -> Vec<String> {
+    let ident = |s: &str| -> String { s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
+    let mut names = Vec::new();
+    for (i, _) in text.match_indices(prefix) {
+        let before = text[..i].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let rest = &text[i + prefix.len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let (mut depth, mut item) = (0usize, String::new());
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        names.push(ident(item.trim()));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            names.push(ident(item.trim()));
+        } else {
+            names.push(ident(rest));
+        }
+    }
+    names.retain(|n| !n.is_empty() && n != "self");
+    names
+}
+
+/// Within room `dir`: module -> modules of the same room it uses. `mod.rs` is the node `mod`;
+/// a name `mod.rs` re-exports (`pub use runner::X`) counts as its module's, and `mod.rs`'s
+/// own declarations and re-exports are not uses.
+fn room_imports(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let room = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let mut texts: BTreeMap<String, String> = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "rs") {
+            texts.insert(p.file_stem().unwrap().to_string_lossy().into_owned(), code(&std::fs::read_to_string(&p).unwrap()));
+        }
+    }
+    // mod.rs without its `mod` lines and re-exports; what each re-export names, by module.
+    let mut exported: BTreeMap<String, String> = BTreeMap::new();
+    let mut root = String::new();
+    if let Some(text) = texts.get("mod") {
+        for stmt in text.split_inclusive(';') {
+            let t = stmt.trim_start();
+            let t = t.strip_prefix("pub(crate) ").or_else(|| t.strip_prefix("pub ")).unwrap_or(t);
+            if let Some(path) = t.strip_prefix("use ").filter(|_| stmt.trim_start().starts_with("pub")) {
+                let module: String = path.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                for name in named_after(path, &format!("{module}::")) {
+                    exported.insert(name, module.clone());
+                }
+            } else if !t.starts_with("mod ") {
+                root.push_str(stmt);
+            }
+        }
+    }
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, text) in &texts {
+        let text = if module == "mod" { &root } else { text };
+        let mut names = named_after(text, &format!("crate::{room}::"));
+        if module == "mod" {
+            names.extend(texts.keys().filter(|m| *m != "mod" && !named_after(text, &format!("{m}::")).is_empty()).cloned());
+        } else {
+            names.extend(named_after(text, "super::"));
+        }
+        let deps = g.entry(module.clone()).or_default();
+        for name in names {
+            let to = if texts.contains_key(&name) { name } else { exported.get(&name).cloned().unwrap_or_else(|| "mod".into()) };
+            if &to != module {
+                deps.insert(to);
+            }
+        }
+    }
+    g
+}
+
+#[test]
+fn the_modules_of_a_room_import_each_other_in_one_direction() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut loops = Vec::new();
+    let mut rooms = 0;
+    for e in std::fs::read_dir(&src).unwrap() {
+        let dir = e.unwrap().path();
+        if dir.is_dir() {
+            rooms += 1;
+            // The room's root (`mod.rs`) is its face: it declares and re-exports its modules and
+            // holds what they share, so it is left out; a name it re-exports stays its module's.
+            let mut g = room_imports(&dir);
+            g.remove("mod");
+            g.values_mut().for_each(|deps| {
+                deps.remove("mod");
+            });
+            if let Some(c) = cycle(&g) {
+                loops.push(format!("{}: {}", dir.file_name().unwrap().to_string_lossy(), c.join(" -> ")));
+            }
+        }
+    }
+    assert!(rooms > 10, "{rooms} rooms");
+    assert!(loops.is_empty(), "modules of a room import each other in a loop:\n{}", loops.join("\n"));
+}
+
+#[test]
+fn room_imports_see_super_paths_groups_and_re_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let room = dir.path().join("r");
+    std::fs::create_dir(&room).unwrap();
+    let write = |f: &str, t: &str| std::fs::write(room.join(f), t).unwrap();
+    write("mod.rs", "mod a;\nmod b;\nmod c;\npub use c::{Cee, other};\npub fn root() { a::f(); }\n");
+    write("a.rs", "use super::{b::B, Cee};\nfn f() {}\n");
+    write("b.rs", "pub struct B;\nfn g() { crate::r::root(); x::super::ignored(); }\n");
+    write("c.rs", "pub struct Cee;\n#[cfg(test)]\nmod tests { use super::super::b::B; }\n");
+    let g = room_imports(&room);
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(g["a"], set(&["b", "c"]));
+    assert_eq!(g["b"], set(&["mod"]));
+    assert_eq!(g["c"], set(&[]));
+    assert_eq!(g["mod"], set(&["a"]));
+    assert_eq!(cycle(&g), Some(vec!["a".into(), "b".into(), "mod".into(), "a".into()]));
 }
 
 #[test]
