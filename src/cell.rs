@@ -648,6 +648,65 @@ pub fn worker(spec: &Path) -> Result<Done> {
     run(&cell)
 }
 
+/// Work other than a cell that this binary starts a process of its own for: a device server,
+/// a cluster's block task. The process gets it as a typed spec (`sovereign task SPEC`), as a
+/// worker gets its cell, so no caller spells the flags of the command it stands for; that
+/// command's flags become the same type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Task {
+    /// `device serve`: this machine's CPU device over ggml's RPC protocol, until killed.
+    DeviceServe(DeviceServe),
+    /// `campaign run-block`: one block of a campaign submitted to a cluster.
+    CampaignBlock(CampaignBlock),
+}
+
+/// Threads a device server computes with unless told otherwise.
+pub const DEVICE_SERVE_THREADS: usize = 2;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceServe {
+    /// HOST:PORT, a loopback address.
+    pub listen: String,
+    pub threads: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CampaignBlock {
+    pub file: PathBuf,
+    pub block: usize,
+    pub results: PathBuf,
+    /// The submitter's executable: a task refuses a binary that changed since submission.
+    pub binary_sha256: Option<String>,
+}
+
+/// The command that starts `exe` (this executable when `None`) on the task spec file `spec`.
+pub fn task_command(exe: Option<&Path>, spec: &Path) -> Result<std::process::Command> {
+    let exe = match exe {
+        Some(e) => e.to_path_buf(),
+        None => std::env::current_exe().context("locating this executable")?,
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("task").arg(spec);
+    Ok(cmd)
+}
+
+/// Writes `task` as the spec file `spec`, whole or not at all.
+pub fn write_task(task: &Task, spec: &Path) -> Result<()> {
+    let partial = spec.with_extension("json.partial");
+    std::fs::write(&partial, serde_json::to_vec_pretty(task)?).with_context(|| format!("{}", partial.display()))?;
+    std::fs::rename(&partial, spec).with_context(|| format!("{}", spec.display()))
+}
+
+/// Reads a task spec file, bounded.
+pub fn read_task(spec: &Path) -> Result<Task> {
+    bounds::regular_file("task spec", spec)?;
+    let text = bounds::read_text("the task spec", spec, bounds::MAX_CELL_SPEC_BYTES)?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not a task spec", spec.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::engine_abort;

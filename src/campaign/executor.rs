@@ -368,14 +368,17 @@ impl Server {
 }
 
 impl DeviceServer {
-    fn start(exe: &Path, memory_max: Option<u64>) -> Result<DeviceServer> {
+    /// Starts a server on an ephemeral loopback port, its spec written at `spec`.
+    fn start(exe: &Path, memory_max: Option<u64>, spec: &Path) -> Result<DeviceServer> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let endpoint = format!("127.0.0.1:{port}");
-        let mut cmd = std::process::Command::new(exe);
-        cmd.args(["device", "serve", "--listen", &endpoint])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+        let task = crate::cell::Task::DeviceServe(crate::cell::DeviceServe {
+            listen: endpoint.clone(),
+            threads: crate::cell::DEVICE_SERVE_THREADS,
+        });
+        crate::cell::write_task(&task, spec)?;
+        let mut cmd = crate::cell::task_command(Some(exe), spec)?;
+        cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
         let mut server = match memory_max {
             Some(max) => Server::Capped(Some(crate::observe::Capped::start(cmd, max).context("starting the capped device server")?)),
             None => {
@@ -457,7 +460,7 @@ impl CellExecutor for ProcessExecutor {
             }
             Some(run) => {
                 if let Some(rpc) = run.device().and_then(|d| d.rpc) {
-                    let started = DeviceServer::start(&self.exe, rpc.memory_cap_bytes);
+                    let started = DeviceServer::start(&self.exe, rpc.memory_cap_bytes, &log.with_extension("device.json"));
                     server = Some(started.with_context(|| format!("arm `{}`: rpc: local", cell.arm.id.value))?);
                 }
                 self.run_workers(cell, run, &paths, server.as_ref())

@@ -1,8 +1,9 @@
 //! Campaigns on a Slurm cluster (`campaign run|resume --executor slurm`). The campaign is frozen
 //! as for a local run; then every counterbalanced block with unsettled cells becomes one task of
 //! a job array (the lead block, which holds the oracle, is its own job and the array starts after
-//! it). A task runs `sovereign campaign run-block FILE --block N --results ROOT`: the local
-//! runner restricted to that block, with the block's own journal (`journals/bNN.jsonl`, one
+//! it). A task runs this binary on its block's spec (`slurm/block-N.json`, the typed
+//! [`CampaignBlock`] that `campaign run-block` parses its flags into): the local runner
+//! restricted to that block, with the block's own journal (`journals/bNN.jsonl`, one
 //! writer), staging and logs, sealing into the shared results root by the same atomic rename.
 //! Both arms of a pair therefore run on one node, back to back.
 //!
@@ -16,6 +17,7 @@ use super::journal::{histories, CellHistory, CellState};
 use super::journal::{now_ms, Journal, RunMode};
 use super::runner::{self, RunOptions, RunSummary};
 use super::{flock, preregister_shared, CampaignDir, Loaded, ProcessExecutor};
+use crate::cell::{CampaignBlock, Task};
 use anyhow::{bail, Context, Result};
 use nix::fcntl::FlockArg;
 use serde::{Deserialize, Serialize};
@@ -231,6 +233,15 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
+/// The array task's shell command: this executable on the spec of the task's block, which
+/// Slurm names in `$SLURM_ARRAY_TASK_ID`.
+fn task_script(exe: &Path, specs: &Path) -> Result<String> {
+    const BLOCK: &str = "@BLOCK@";
+    let cmd = crate::cell::task_command(Some(exe), &specs.join(format!("block-{BLOCK}.json")))?;
+    let words: Vec<String> = std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(|w| sh_quote(&w.to_string_lossy())).collect();
+    Ok(format!("exec {}", words.join(" ").replace(BLOCK, "'\"$SLURM_ARRAY_TASK_ID\"'")))
+}
+
 /// `campaign run|resume --executor slurm`: freeze, then submit every block with unsettled
 /// cells that has no task pending or running.
 pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Result<SubmitSummary> {
@@ -284,14 +295,14 @@ pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Re
     let out_dir = dir.root.join("slurm");
     fs::create_dir_all(&out_dir)?;
     let out_dir = fs::canonicalize(&out_dir)?;
-    // The task refuses a binary that changed on the shared file system since submission.
+    // Each block's task spec; the task refuses a binary that changed on the shared file system
+    // since submission.
     let binary = crate::identity::build_identity()?.binary_sha256;
-    let wrap = format!(
-        "exec {} campaign run-block {} --block \"$SLURM_ARRAY_TASK_ID\" --results {} --binary-sha256 {binary}",
-        sh_quote(&exe.display().to_string()),
-        sh_quote(&file.display().to_string()),
-        sh_quote(&root.display().to_string()),
-    );
+    for &block in &todo {
+        let task = CampaignBlock { file: file.clone(), block, results: root.clone(), binary_sha256: Some(binary.clone()) };
+        crate::cell::write_task(&Task::CampaignBlock(task), &out_dir.join(format!("block-{block}.json")))?;
+    }
+    let wrap = task_script(&exe, &out_dir)?;
     let sbatch = |blocks: &[usize], after: Option<&str>| -> Result<Submission> {
         let list: Vec<String> = blocks.iter().map(|b| b.to_string()).collect();
         let mut cmd = slurm_command("sbatch");
@@ -371,4 +382,20 @@ pub fn run_block(
     }
     let exec = ProcessExecutor::current(&c.base)?;
     runner::run(c, &exec, &RunOptions { results: results.to_path_buf(), mode: RunMode::Resume, progress, block: Some(block) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_array_task_runs_the_spec_of_its_own_block_whatever_the_paths_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory whose name a shell would split, expand or unquote.
+        let specs = dir.path().join("it's $HOME *");
+        let script = task_script(Path::new("/bin/echo"), &specs).unwrap();
+        let out = Command::new("sh").arg("-c").arg(&script).env("SLURM_ARRAY_TASK_ID", "7").output().unwrap();
+        assert!(out.status.success(), "{script}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("task {}\n", specs.join("block-7.json").display()));
+    }
 }

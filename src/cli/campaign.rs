@@ -4,6 +4,7 @@ use super::print_json;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use sovereign::campaign;
+use sovereign::cell::CampaignBlock;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -112,14 +113,20 @@ pub fn campaign(c: CampaignCommand) -> Result<ExitCode> {
         }
         CampaignCommand::Schema => print!("{}", campaign::schema_json()),
         CampaignCommand::RunBlock { file, block, results, binary_sha256 } => {
-            let l = campaign::load(&file)?;
-            let s = campaign::slurm::run_block(&l, &results, block, binary_sha256.as_deref(), super::progress::on_stderr(false))?;
-            println!(
-                "campaign {} block {block}: {} interrupted attempts of its cells discarded in all (as `campaign status` counts them); this task: {} ran, {} attempts discarded",
-                s.campaign, s.discarded, s.ran, s.discarded_now
-            );
+            return run_block(&CampaignBlock { file, block, results, binary_sha256 });
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One block of a campaign, as a cluster's array task runs it.
+pub fn run_block(b: &CampaignBlock) -> Result<ExitCode> {
+    let l = campaign::load(&b.file)?;
+    let s = campaign::slurm::run_block(&l, &b.results, b.block, b.binary_sha256.as_deref(), super::progress::on_stderr(false))?;
+    println!(
+        "campaign {} block {}: {} interrupted attempts of its cells discarded in all (as `campaign status` counts them); this task: {} ran, {} attempts discarded",
+        s.campaign, b.block, s.discarded, s.ran, s.discarded_now
+    );
     Ok(ExitCode::SUCCESS)
 }
 

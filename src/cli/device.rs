@@ -3,6 +3,7 @@
 
 use anyhow::{anyhow, bail, Result};
 use clap::Subcommand;
+use sovereign::cell::DeviceServe;
 use std::process::ExitCode;
 
 #[derive(Subcommand)]
@@ -17,7 +18,7 @@ pub enum DeviceCommand {
         #[arg(long)]
         listen: String,
         /// Threads the device computes with.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = sovereign::cell::DEVICE_SERVE_THREADS)]
         threads: usize,
         /// A hard bound on the device's memory: the server runs in a memory cgroup of its own
         /// with this limit (swap off), and what it allocated beyond it fails (e.g. 512M, 2G).
@@ -28,22 +29,26 @@ pub enum DeviceCommand {
 
 pub fn device(c: DeviceCommand) -> Result<ExitCode> {
     match c {
-        DeviceCommand::Serve { listen, threads, memory_max } => {
-            let addr: std::net::SocketAddr = listen.parse().map_err(|e| anyhow!("--listen {listen:?}: not HOST:PORT ({e})"))?;
-            if !addr.ip().is_loopback() {
-                bail!("--listen {listen}: the RPC protocol has no authentication; serve on a loopback address");
-            }
-            if threads == 0 || threads > sovereign::bounds::MAX_THREADS as usize {
-                bail!("--threads {threads} is out of range (1 to {})", sovereign::bounds::MAX_THREADS);
-            }
-            if let Some(max) = memory_max {
-                return serve_capped(&listen, threads, max);
-            }
-            sovereign::engine::init();
-            sovereign::engine::backends::rpc_serve(&listen, threads).map_err(|e| anyhow!(e))?;
-            Ok(ExitCode::SUCCESS)
-        }
+        DeviceCommand::Serve { listen, threads, memory_max } => serve(&DeviceServe { listen, threads }, memory_max),
     }
+}
+
+/// Serves `s` until killed: here, or with `memory_max` as a child in a memory cgroup of its own.
+pub fn serve(s: &DeviceServe, memory_max: Option<u64>) -> Result<ExitCode> {
+    let DeviceServe { listen, threads } = s;
+    let addr: std::net::SocketAddr = listen.parse().map_err(|e| anyhow!("--listen {listen:?}: not HOST:PORT ({e})"))?;
+    if !addr.ip().is_loopback() {
+        bail!("--listen {listen}: the RPC protocol has no authentication; serve on a loopback address");
+    }
+    if *threads == 0 || *threads > sovereign::bounds::MAX_THREADS as usize {
+        bail!("--threads {threads} is out of range (1 to {})", sovereign::bounds::MAX_THREADS);
+    }
+    if let Some(max) = memory_max {
+        return serve_capped(listen, *threads, max);
+    }
+    sovereign::engine::init();
+    sovereign::engine::backends::rpc_serve(listen, *threads).map_err(|e| anyhow!(e))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The same server as a child in its own memory cgroup; what bounded it is said when it ends.

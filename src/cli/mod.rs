@@ -16,6 +16,7 @@ mod progress;
 mod refine;
 mod reproduce;
 mod tables;
+mod task;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -114,6 +115,10 @@ enum Command {
     /// starts.
     #[command(hide = true)]
     Cell(cell::CellArgs),
+    /// Run one task spec (JSON): a device server or a cluster's block task, as this binary
+    /// starts them.
+    #[command(hide = true)]
+    Task(task::TaskArgs),
 }
 
 impl Cli {
@@ -145,6 +150,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Generate(a) => generate::generate(a),
         Command::Device(c) => device::device(c),
         Command::Cell(a) => cell::cell(a),
+        Command::Task(a) => task::task(a),
         Command::Envelope(a) => envelope::envelope(a),
         Command::Margins(a) => refine::margins(a),
         Command::Refine(a) => refine::refine(a),
