@@ -1,7 +1,9 @@
 //! The shape of the code, checked: rooms (top-level modules of `src/`) import each other in one
-//! direction only, and so do the modules of each room, `main.rs` only parses and dispatches, records are read through their types,
-//! not by string paths, outside `record`, the library never prints, no function in `src/`
-//! runs past 120 lines, and every process a test spawns is killed and reaped when the test ends.
+//! direction only, and so do the modules of each room; `main.rs` only parses and dispatches;
+//! records are read through their types, not by string paths, outside `record`; the library
+//! never prints and never spells a command of the binary; no function in `src/` runs past 120
+//! lines; every process a test spawns is killed and reaped when the test ends; and the docs stay
+//! short and inside the repository.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -589,4 +591,32 @@ fn every_process_a_test_spawns_is_reaped() {
         }
     }
     assert!(loose.is_empty(), "processes spawned without common::Reaped (killed and reaped when dropped):\n{}", loose.join("\n"));
+}
+
+/// A newcomer's docs: the README's tour stays short (details have their own sections, dated
+/// figures live in BENCHMARKS.md), and nothing the repository ships points outside it.
+#[test]
+fn the_docs_stay_short_and_inside_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let tour = readme.split("\n## A short tour\n").nth(1).expect("the README's tour");
+    let tour_lines = tour.split("\n## ").next().unwrap().lines().count();
+    assert!(tour_lines < 60, "the README's tour has {tour_lines} lines");
+    assert!(root.join("BENCHMARKS.md").is_file());
+    let mut outside = Vec::new();
+    let mut files: Vec<PathBuf> = ["README.md", "ARCHITECTURE.md", "BENCHMARKS.md", "Makefile"].iter().map(|f| root.join(f)).collect();
+    for dir in ["src", "tests", "scripts", "campaigns"] {
+        files.extend(std::fs::read_dir(root.join(dir)).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_file()));
+    }
+    sources(&root.join("src"), &mut files);
+    sources(&root.join("tests"), &mut files);
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        if text.contains(concat!("../", "shared/")) {
+            outside.push(f.strip_prefix(root).unwrap().display().to_string());
+        }
+    }
+    outside.sort();
+    outside.dedup();
+    assert!(outside.is_empty(), "files that point outside the repository: {outside:?}");
 }
