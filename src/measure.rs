@@ -104,7 +104,9 @@ pub fn run_envelope(c: &EnvelopeCell) -> Result<EnvelopeRecord> {
         // A set's largest file: the device's ceiling, over the bytes the Plan reads.
         let file = inv.shards.iter().max_by_key(|s| s.bytes).map_or(c.model.as_path(), |s| s.path.as_path());
         // The replay reads what its run read moments before: the ceiling holds rereads too.
-        envelope::measure_envelope(file, c.bytes_per_depth, &[c.block_bytes as usize], &depths, envelope::Rereads::Measured)
+        // Every way F submits reads (single, vectored, linked chains): the ceiling bounds each.
+        let patterns = &envelope::Pattern::ALL;
+        envelope::measure_envelope(file, c.bytes_per_depth, &[c.block_bytes as usize], &depths, patterns, envelope::Rereads::Measured)
     });
     let mut rec = EnvelopeRecord {
         format: ENVELOPE_FORMAT.into(),

@@ -432,10 +432,11 @@ pub enum RpcArm {
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Measure {
     /// The device's read ceiling: O_DIRECT io_uring reads of `block_bytes` from the model
-    /// file, `bytes_per_depth` at each of `depths` reads in flight, each depth over its own
-    /// region of the file, read twice (the second read, a cell of its own marked `reread`,
-    /// bounds a run's reads of experts it read moments before). The record names the best
-    /// depth and its MiB/s.
+    /// file, `bytes_per_depth` at each of `depths` reads in flight, each depth and each way F
+    /// submits reads (single, vectored over neighbouring blocks, linked chains: the cell's
+    /// `pattern`) over its own region of the file, read twice (the second read, a cell of its
+    /// own marked `reread`, bounds a run's reads of experts it read moments before). The record
+    /// names the best depth and its MiB/s.
     Envelope(EnvelopeMeasure),
     /// A run's own reads with no compute: the routes of arm `of`'s record in the same block
     /// go through the real Plan with that arm's settings (a dry source collects every read it

@@ -30,7 +30,14 @@ pub fn envelope(a: EnvelopeArgs) -> Result<ExitCode> {
             bail!("--figure {}: the name must end in .svg or .png", f.display());
         }
     }
-    let e = envelope::measure_envelope(&a.file, a.bytes_per_cell, envelope::BLOCK_SIZES, envelope::DEPTHS, envelope::Rereads::Skipped)?;
+    let e = envelope::measure_envelope(
+        &a.file,
+        a.bytes_per_cell,
+        envelope::BLOCK_SIZES,
+        envelope::DEPTHS,
+        &[envelope::Pattern::Plain],
+        envelope::Rereads::Skipped,
+    )?;
     if let Some(out) = &a.csv {
         std::fs::write(out, envelope::to_csv(&e)).with_context(|| format!("{}", out.display()))?;
     }

@@ -191,13 +191,16 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
             .unwrap();
         assert_eq!(rep["params"]["depth"], best["depth"]);
         assert_eq!(env["best"]["depth"], best["depth"]);
-        // Each depth's region read twice: the second read a cell of its own, marked.
+        // Each depth submitted each way F submits reads (single reads, no field; vectored;
+        // linked), each region read twice: the second read a cell of its own, marked.
         let cells = env["cells"].as_array().unwrap();
-        assert_eq!(cells.len(), 10);
+        assert_eq!(cells.len(), 5 * 3 * 2);
+        let patterns: Vec<Option<&str>> = cells.iter().step_by(2).map(|c| c.get("pattern").and_then(Value::as_str)).collect();
+        assert_eq!(patterns, [None, Some("vectored"), Some("linked")].repeat(5));
         for pair in cells.chunks(2) {
             assert_eq!(
-                (pair[0]["depth"].clone(), pair[0].get("reread"), &pair[1]["reread"]),
-                (pair[1]["depth"].clone(), None, &Value::Bool(true))
+                (pair[0]["depth"].clone(), pair[0].get("pattern"), pair[0].get("reread"), &pair[1]["reread"]),
+                (pair[1]["depth"].clone(), pair[1].get("pattern"), None, &Value::Bool(true))
             );
             for c in pair {
                 assert_eq!(c["bytes"], 4194304u64, "{c}");
