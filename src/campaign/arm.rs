@@ -3,7 +3,7 @@
 //! every campaign digest. [`Arm::kind`] is the one place its fields are checked against each
 //! other; what consumes an arm takes the [`ArmKind`] and finds only the fields that belong.
 
-use super::spec::{Arm, ExpertsMode, FaultCell, Measure, Policy, RefineArm, RpcArm, SourceKind};
+use super::spec::{Arm, ExpertsMode, FaultCell, Measure, PolicySpec, RefineArm, RpcArm, SourceKind};
 use crate::bounds::range;
 use crate::engine::GpuLayers;
 
@@ -44,7 +44,7 @@ pub struct PlanArm {
     /// Both absent: sized from the budget (`memory_cap_bytes` for host pools, the device's
     /// budget with `gpu_layers`).
     pub slots: Option<u32>,
-    pub policy: Option<Policy>,
+    pub policy: Option<PolicySpec>,
     pub source: SourceKind,
     pub windows: Option<u32>,
     pub depth: Option<u32>,
@@ -416,7 +416,7 @@ mod tests {
         let plan = d.plan().expect("D streams");
         assert_eq!(
             (plan.slots, &plan.policy, plan.source, plan.windows, plan.fault),
-            (Some(4), &Some(Policy::Lru { k: 2, prefetch: false }), SourceKind::D, Some(1), FaultCell::None)
+            (Some(4), &Some("lru:2".parse().unwrap()), SourceKind::D, Some(1), FaultCell::None)
         );
         let ArmKind::Run(f) = arm(&c, "F") else { panic!("F is a run") };
         assert_eq!(f.plan().map(|p| p.fault), Some(FaultCell::ShortRead));

@@ -171,8 +171,7 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                     .with_context(|| format!("arm `{id}`: record of `{of}` names no Plan"))?;
                 plan.slots = Some(d.slots);
                 plan.policy = Some(
-                    super::spec::Policy::from_plan(&d.policy)
-                        .with_context(|| format!("arm `{id}`: the policy `{}` of `{of}`'s record", d.policy))?,
+                    d.policy.parse::<PolicySpec>().with_context(|| format!("arm `{id}`: the policy `{}` of `{of}`'s record", d.policy))?,
                 );
             }
             let (depth, depth_from) = match r.depth {
@@ -206,14 +205,6 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
     }
 }
 
-/// A campaign's policy as the Plan takes it (a campaign names no pins).
-fn policy_spec(p: &super::spec::Policy) -> PolicySpec {
-    match *p {
-        super::spec::Policy::Zero { prefetch } => PolicySpec { retain: 0, pinned: Vec::new(), prefetch },
-        super::spec::Policy::Lru { k, prefetch } => PolicySpec { retain: k, pinned: Vec::new(), prefetch },
-    }
-}
-
 /// The budget of a run arm's slot pools: the device's with offloaded layers, else the host cap.
 fn arm_budget(arm: &RunArm) -> Option<crate::plan::budget::PlanBudget> {
     use crate::plan::budget::{PlanBudget, Tier};
@@ -228,7 +219,7 @@ fn arm_budget(arm: &RunArm) -> Option<crate::plan::budget::PlanBudget> {
 fn plan_options(arm: &PlanArm, fault: FaultCell, budget: Option<crate::plan::budget::PlanBudget>) -> PlanOptions {
     PlanOptions {
         slots: arm.slots.unwrap_or(crate::plan::options::DEFAULT_SLOTS),
-        policy: arm.policy.as_ref().map_or_else(PolicySpec::default, policy_spec),
+        policy: arm.policy.clone().unwrap_or_default(),
         source: arm.source,
         windows: arm.windows,
         depth: arm.depth,

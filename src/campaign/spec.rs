@@ -5,83 +5,12 @@
 //! from these types (`sovereign campaign schema`).
 
 use anyhow::Result;
-use schemars::{JsonSchema, Schema, SchemaGenerator};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::borrow::Cow;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
+pub use crate::plan::PolicySpec;
 pub use crate::spec::{from_yaml, At, Diagnostic, Sha256Hex};
-
-/// Expert replacement policy: `zero` (no reuse) or `lru:K` (per-layer LRU-K), optionally with
-/// `+prefetch` (the next layer's experts load while this layer computes).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Policy {
-    Zero { prefetch: bool },
-    Lru { k: u32, prefetch: bool },
-}
-
-impl fmt::Display for Policy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let prefetch = match self {
-            Policy::Zero { prefetch } => {
-                f.write_str("zero")?;
-                *prefetch
-            }
-            Policy::Lru { k, prefetch } => {
-                write!(f, "lru:{k}")?;
-                *prefetch
-            }
-        };
-        if prefetch {
-            f.write_str("+prefetch")?;
-        }
-        Ok(())
-    }
-}
-
-impl Policy {
-    /// The policy a Plan record names (`zero`, `lru:K`, with `+prefetch`), as a campaign's.
-    pub fn from_plan(s: &str) -> anyhow::Result<Policy> {
-        Policy::deserialize(serde_json::Value::String(s.to_string())).map_err(|e| anyhow::anyhow!("{e}"))
-    }
-}
-
-impl Serialize for Policy {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for Policy {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        let (base, prefetch) = match s.strip_suffix("+prefetch") {
-            Some(b) => (b, true),
-            None => (s.as_str(), false),
-        };
-        if base == "zero" {
-            return Ok(Policy::Zero { prefetch });
-        }
-        match base.strip_prefix("lru:").map(str::parse::<u32>) {
-            Some(Ok(k)) if k > 0 => Ok(Policy::Lru { k, prefetch }),
-            _ => Err(serde::de::Error::custom(format!("expected policy `zero` or `lru:K` with K >= 1, optionally `+prefetch`, got {s:?}"))),
-        }
-    }
-}
-
-impl JsonSchema for Policy {
-    fn schema_name() -> Cow<'static, str> {
-        "Policy".into()
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        schemars::json_schema!({
-            "description": "Expert replacement policy: `zero` (no reuse) or `lru:K` (per-layer LRU with K entries), optionally followed by `+prefetch` (next-layer prefetch).",
-            "type": "string",
-            "pattern": "^(zero|lru:[1-9][0-9]*)(\\+prefetch)?$"
-        })
-    }
-}
 
 /// A campaign: everything that is fixed before the first cell runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -342,7 +271,7 @@ pub struct Arm {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub policy: Option<Policy>,
+    pub policy: Option<PolicySpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SourceKind>,
     /// Host staging windows (absent: sized from the model's manifest for source F).

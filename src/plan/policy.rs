@@ -89,6 +89,19 @@ impl FromStr for PolicySpec {
     }
 }
 
+impl schemars::JsonSchema for PolicySpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Policy".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Expert replacement policy: `zero` (no reuse), `lru:K` (per-layer LRU with K entries) or `pin:L/E,...` (objects held for the whole run), parts joined by `+`, optionally with `+prefetch` (next-layer prefetch); the `--policy` flag's syntax.",
+            "type": "string",
+            "pattern": "^[a-z0-9:/,+]+$"
+        })
+    }
+}
+
 impl TryFrom<String> for PolicySpec {
     type Error = anyhow::Error;
 

@@ -1036,3 +1036,46 @@ fn racing_runners_leave_one_journal_that_resumes_and_exports() {
     eprintln!("racing runners: {} in all, {killed} killed, {won} finished, {lost} lost the race", ROUNDS as usize * RACERS);
     assert!(lost > 0 && killed > 0, "the races never contended: {lost} lost, {killed} killed");
 }
+
+/// One Plan setting is one `PlanOptions` field, and each has its `generate` flag and its
+/// campaign arm field, both of its name (`budget` aside: the host cap or the device budget
+/// gives it). A new field fails to compile here until it is named, and fails this test until
+/// both exist.
+#[test]
+fn every_plan_setting_has_a_flag_and_an_arm_field() {
+    use sovereign::plan::budget::{PlanBudget, Tier};
+    let every = sovereign::plan::PlanOptions {
+        slots: 1,
+        policy: "lru:1".parse().unwrap(),
+        source: sovereign::plan::SourceKind::F,
+        windows: Some(1),
+        depth: Some(1),
+        layer_buffers: 0,
+        fault: sovereign::source::fault::FaultCell::None,
+        timeline_token: Some(0),
+        token_pass: Some(1),
+        prompt_pass: Some(1),
+        budget: Some(PlanBudget { bytes: 1 << 30, tier: Tier::Host }),
+        verify: Some(sovereign::digests::Verify::Blake3),
+    };
+    let fields: Vec<String> = serde_json::to_value(&every).unwrap().as_object().unwrap().keys().cloned().collect();
+    assert_eq!(fields.len(), 12, "{fields:?}");
+    let help = ok(&["generate", "--help"]).stdout;
+    let flags: Vec<&str> = help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).filter(|w| w.starts_with("--")).collect();
+    let schema: Value = serde_json::from_str(&ok(&["campaign", "schema"]).stdout).unwrap();
+    let arm = schema["$defs"]["Arm"]["properties"].as_object().expect("the arm's fields");
+    let mut missing = Vec::new();
+    for f in fields.iter().filter(|f| *f != "budget") {
+        if !flags.contains(&format!("--{}", f.replace('_', "-")).as_str()) {
+            missing.push(format!("`{f}` has no generate flag"));
+        }
+        if !arm.contains_key(f) {
+            missing.push(format!("`{f}` has no campaign arm field"));
+        }
+    }
+    assert!(missing.is_empty(), "{missing:?}");
+    // Both name the policy in one syntax, parsed by one type: a pin the flag takes, an arm takes.
+    let arm_yaml = "id: a\nexperts: plan\nslots: 4\npolicy: lru:2+pin:0/1+prefetch\n";
+    let parsed: sovereign::campaign::spec::Arm = sovereign::campaign::spec::from_yaml(arm_yaml).unwrap();
+    assert_eq!(parsed.policy.unwrap().to_string(), "lru:2+pin:0/1+prefetch");
+}
