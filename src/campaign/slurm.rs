@@ -127,6 +127,21 @@ fn tasks(subs: &[Submission]) -> BTreeMap<usize, String> {
     t
 }
 
+/// Why the Slurm commands cannot reach a cluster, said before one runs: `SLURM_CONF` naming a
+/// file that is not there sends every command into a DNS lookup of about a minute before it
+/// fails. Unset, Slurm finds its configuration itself (its default file, or configless DNS).
+fn conf_missing(conf: Option<&std::ffi::OsStr>) -> Option<String> {
+    let conf = Path::new(conf?);
+    (!conf.is_file()).then(|| format!("SLURM_CONF={} is not a file; point it at the cluster's slurm.conf", conf.display()))
+}
+
+fn check_conf() -> Result<()> {
+    match conf_missing(std::env::var_os("SLURM_CONF").as_deref()) {
+        Some(why) => bail!(why),
+        None => Ok(()),
+    }
+}
+
 fn slurm_command(name: &str) -> Command {
     let mut c = Command::new(name);
     c.stdin(std::process::Stdio::null());
@@ -139,6 +154,7 @@ type TaskStates = BTreeMap<String, (String, &'static str)>;
 /// Slurm's state of each task of these jobs, from `squeue` (jobs the controller still holds),
 /// then `sacct`. Returns the states and whether `sacct` could be asked.
 fn states(jobs: &BTreeSet<String>) -> Result<(TaskStates, bool)> {
+    check_conf()?;
     let mut out = BTreeMap::new();
     let mut sacct_ok = true;
     for job in jobs {
@@ -250,6 +266,7 @@ pub fn submit(c: &Loaded, results: &Path, mode: RunMode, o: &SlurmOptions) -> Re
         bail!("campaign `{}` is not preregistered under {}; start it with `campaign run`", c.id(), results.display());
     }
     runner::check_identities(c)?;
+    check_conf()?;
     // Held shared: no local runner beside the blocks' tasks.
     let (preregistered_now, _no_local) = preregister_shared(c, results)?;
     let _submitting =
@@ -387,6 +404,19 @@ pub fn run_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slurm_conf_that_is_not_there_is_said_before_any_command_waits_on_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("slurm.conf");
+        let why = conf_missing(Some(missing.as_os_str())).expect("a missing file is said");
+        assert!(why.contains("SLURM_CONF=") && why.contains("slurm.conf"), "{why}");
+        assert!(conf_missing(Some(dir.path().as_os_str())).is_some(), "a directory is not a conf file");
+        // A conf file that is there (even empty), or none named: Slurm's own business.
+        std::fs::write(&missing, "").unwrap();
+        assert_eq!(conf_missing(Some(missing.as_os_str())), None);
+        assert_eq!(conf_missing(None), None);
+    }
 
     #[test]
     fn an_array_task_runs_the_spec_of_its_own_block_whatever_the_paths_hold() {

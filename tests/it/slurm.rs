@@ -367,8 +367,15 @@ fn shipped_exactness_campaign_as_a_job_array() {
     assert!(r["submitted"].as_array().unwrap().is_empty(), "{r}");
     assert_eq!(r["settled_blocks"], serde_json::json!([0, 1, 2, 3]));
     // A cluster that cannot be asked (a configuration that names no controller): status still
-    // shows every cell from the journal and says the cluster could not be asked. (A missing
-    // file would make the client look for a configuration server in DNS for a minute first.)
+    // shows every cell from the journal and says the cluster could not be asked. A SLURM_CONF
+    // that is not there is said as such, before any Slurm command looks for a configuration
+    // server in DNS for a minute.
+    let missing = Cluster { conf: tmp.path().join("missing.conf").display().to_string(), _lease: None };
+    let v: Value = serde_json::from_str(&missing.ok(&["campaign", "status", s(&file), "--results", s(&results), "--json"]).stdout).unwrap();
+    assert!(v["cluster_unreachable"].as_str().is_some_and(|w| w.contains("SLURM_CONF=") && w.contains("is not a file")), "{v}");
+    assert_eq!(v["counts"]["sealed"], serde_json::json!(7), "{v}");
+    let r = missing.sovereign(&["campaign", "resume", s(&file), "--executor", "slurm", "--results", s(&results)]);
+    assert_one_line_error(&r, &["SLURM_CONF=", "missing.conf"]);
     let no_controller = tmp.path().join("no-controller.conf");
     fs::write(&no_controller, "").unwrap();
     let unreachable = Cluster { conf: no_controller.display().to_string(), _lease: None };
