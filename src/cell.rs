@@ -514,11 +514,7 @@ pub fn worker_command(
     args: &[&str],
 ) -> Result<std::process::Command> {
     use std::process::Stdio;
-    let exe = match exe {
-        Some(e) => e.to_path_buf(),
-        None => std::env::current_exe().context("locating this executable")?,
-    };
-    let mut cmd = std::process::Command::new(exe);
+    let mut cmd = std::process::Command::new(executable(exe)?);
     cmd.arg("cell");
     match spec {
         SpecFrom::File(path) => {
@@ -682,22 +678,24 @@ pub struct CampaignBlock {
     pub binary_sha256: Option<String>,
 }
 
+/// `exe`, or this executable when `None`.
+fn executable(exe: Option<&Path>) -> Result<PathBuf> {
+    match exe {
+        Some(e) => Ok(e.to_path_buf()),
+        None => std::env::current_exe().context("locating this executable"),
+    }
+}
+
 /// The command that starts `exe` (this executable when `None`) on the task spec file `spec`.
 pub fn task_command(exe: Option<&Path>, spec: &Path) -> Result<std::process::Command> {
-    let exe = match exe {
-        Some(e) => e.to_path_buf(),
-        None => std::env::current_exe().context("locating this executable")?,
-    };
-    let mut cmd = std::process::Command::new(exe);
+    let mut cmd = std::process::Command::new(executable(exe)?);
     cmd.arg("task").arg(spec);
     Ok(cmd)
 }
 
 /// Writes `task` as the spec file `spec`, whole or not at all.
 pub fn write_task(task: &Task, spec: &Path) -> Result<()> {
-    let partial = spec.with_extension("json.partial");
-    std::fs::write(&partial, serde_json::to_vec_pretty(task)?).with_context(|| format!("{}", partial.display()))?;
-    std::fs::rename(&partial, spec).with_context(|| format!("{}", spec.display()))
+    crate::util::write_whole(spec, &serde_json::to_vec_pretty(task)?)
 }
 
 /// Reads a task spec file, bounded.

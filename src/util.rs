@@ -151,6 +151,19 @@ pub fn write_new_durable(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Writes `bytes` to `path` through a temporary file and a rename: `path` is either absent or
+/// whole. Writers of one `path` hold a lock over it (two would share the temporary file).
+pub fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).with_context(|| format!("removing {}", tmp.display())),
+        _ => {}
+    }
+    write_new_durable(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
 /// Makes a directory entry (a rename, a new file) durable by syncing the directory itself.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     let d = File::open(if dir.as_os_str().is_empty() { Path::new(".") } else { dir })

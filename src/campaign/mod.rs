@@ -247,19 +247,6 @@ fn check_digest(c: &Loaded, results: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename: `path` is either absent or
-/// whole. Only the holder of the campaign's exclusive lock calls it.
-fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    match std::fs::remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).with_context(|| format!("removing {}", tmp.display())),
-        _ => {}
-    }
-    crate::util::write_new_durable(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
-}
-
 /// Under the exclusive lock: freezes the campaign if `campaign.json` is missing (the YAML
 /// first, so that the JSON, whose presence means frozen, always has its YAML), else checks its
 /// digest; then makes sure the journal opens with the preregistration, which a runner that
@@ -270,8 +257,9 @@ fn freeze(c: &Loaded, results: &Path) -> Result<bool> {
         check_digest(c, results)?;
         false
     } else {
-        write_whole(&dir.campaign_yaml(), c.source.as_bytes())?;
-        write_whole(&dir.campaign_json(), c.canonical.as_bytes())?;
+        // Under the campaign's exclusive lock: one writer of these files.
+        crate::util::write_whole(&dir.campaign_yaml(), c.source.as_bytes())?;
+        crate::util::write_whole(&dir.campaign_json(), c.canonical.as_bytes())?;
         crate::util::sync_dir(&dir.root)?;
         true
     };
