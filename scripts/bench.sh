@@ -77,6 +77,8 @@ echo "== F decode bytes per second over the envelope's best cell"
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a envelope_mib_per_s --b arm_mib_per_s
 echo "== F's replay plus its device idle per token (no read in flight, its timeline) over its floor: the least F/floor that idle allows"
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a floor_s_per_token --b idle_bound_s_per_token
+echo "== F decode time per token over its idle bound (its replay plus its device idle): what F loses beyond the router's dependence"
+"$BIN" stats pairs --csv "$OUT/floor.csv" --a idle_bound_s_per_token --b arm_s_per_token
 echo "== The replay of F's reads, bytes per second over the envelope's best cell: the most F's reads allow"
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a envelope_mib_per_s --b replay_mib_per_s
 

@@ -10,7 +10,7 @@
 //! flight, one ubatch after the other (a token's routes are not known before the previous
 //! token's compute, so the floor keeps that barrier and no other).
 
-use crate::envelope;
+use crate::envelope::{self, Landing, Places};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::plan::simulate::{self, LayerEvent};
@@ -18,7 +18,7 @@ use crate::plan::PlanOptions;
 use crate::plan::{Manifest, Traffic};
 use crate::record::format::{EnvelopeBest, EnvelopeParams, ModelIdentity, Outcome, ReadReplayParams, ReplayCheck, ReplayPhase};
 use crate::record::{EnvelopeRecord, ReadReplayRecord, Staging, ENVELOPE_FORMAT, READ_REPLAY_FORMAT};
-use crate::source::{AlignedBuf, Covering};
+use crate::source::Covering;
 use anyhow::{anyhow, bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
 use serde::{Deserialize, Serialize};
@@ -114,13 +114,21 @@ pub fn run_envelope(c: &EnvelopeCell) -> Result<EnvelopeRecord> {
         error: None,
         model: Some(model),
         build: build_identity()?,
-        params: Some(EnvelopeParams { block_bytes: c.block_bytes, depths: c.depths.clone(), bytes_per_depth: c.bytes_per_depth }),
+        params: Some(EnvelopeParams {
+            block_bytes: c.block_bytes,
+            depths: c.depths.clone(),
+            bytes_per_depth: c.bytes_per_depth,
+            landing_bytes: None,
+        }),
         cells: Vec::new(),
         best: None,
         surfaces: BTreeMap::new(),
     };
     let ran = measured.map(|e| {
         rec.best = Some(EnvelopeBest { depth: e.ceiling.depth as u32, mib_per_s: e.ceiling.mib_per_s });
+        if let Some(p) = rec.params.as_mut() {
+            p.landing_bytes = Some(e.landing_bytes);
+        }
         rec.cells = e.cells;
     });
     seal(staging, rec, ran, "envelope failed")
@@ -180,6 +188,8 @@ pub struct Sequence {
     pub traffic: Traffic,
     /// The dry Plan's own count of what it submitted.
     pub plan_traffic: Traffic,
+    /// The run's slot pools: the memory its reads land in.
+    pub pool_bytes: u64,
 }
 
 /// The reads the Plan with `plan`'s settings submits for `events` (every layer event of a
@@ -190,6 +200,7 @@ pub fn sequence(inv: &Inventory, plan: &PlanOptions, events: &[LayerEvent], pref
     let n_used = inv.n_used();
     let sizing = crate::plan::Sizing::of(&manifest, plan, n_used);
     let passes = crate::plan::Passes { n_used: n_used.unwrap_or(0) as usize, token: sizing.token_pass, prompt: sizing.prompt_pass };
+    let pool_bytes = manifest.slot_pool_bytes();
     let trace = simulate::reads(manifest, &policy, events, sizing.windows, passes)?;
     let n_steps = events.last().map_or(0, |e| e.ubatch as usize + 1);
     let mut steps: Vec<Vec<Read>> = vec![Vec::new(); n_steps];
@@ -207,7 +218,7 @@ pub fn sequence(inv: &Inventory, plan: &PlanOptions, events: &[LayerEvent], pref
     if prefill_steps > n_steps {
         bail!("{prefill_steps} prompt ubatches, but the routes hold only {n_steps} ubatches");
     }
-    Ok(Sequence { steps, prefill_steps, traffic, plan_traffic: trace.telemetry.q_run })
+    Ok(Sequence { steps, prefill_steps, traffic, plan_traffic: trace.telemetry.q_run, pool_bytes })
 }
 
 /// The sequence of generate record `of` (its routes, its model, its Plan settings), checked
@@ -237,22 +248,24 @@ pub fn check(seq: &Sequence, run: Traffic) -> ReplayCheck {
     ReplayCheck { replayed: seq.traffic, run, equal: seq.traffic == run && seq.plan_traffic == run }
 }
 
-/// Reads `reads` with at most `bufs.len()` in flight; returns the physical bytes read. A read
-/// that fails or stops before its logical end fails the replay.
-fn read_step(ring: &mut IoUring, n_files: usize, bufs: &[*mut u8], reads: &[Read]) -> Result<u64> {
-    let mut free: Vec<usize> = (0..bufs.len()).collect();
+/// Reads `reads` with at most `depth` in flight, each into the next free place; returns the
+/// physical bytes read. A read that fails or stops before its logical end fails the replay.
+fn read_step(ring: &mut IoUring, n_files: usize, places: &mut Places, depth: usize, reads: &[Read]) -> Result<u64> {
     let (mut next, mut in_flight, mut bytes) = (0usize, 0usize, 0u64);
-    let mut want: Vec<u64> = vec![0; bufs.len()];
+    // Per read in flight (indexed by user_data): its place and the bytes it must deliver.
+    let mut held: Vec<(usize, u64)> = vec![(0, 0); depth];
+    let mut free: Vec<usize> = (0..depth).collect();
     while next < reads.len() || in_flight > 0 {
         while next < reads.len() {
             let Some(b) = free.pop() else { break };
+            let (place, at) = places.take().expect("more places than reads in flight");
             let r = reads[next];
-            want[b] = r.end;
+            held[b] = (place, r.end);
             let (shard, offset) = crate::source::shard_offset(r.offset);
             if shard >= n_files {
                 bail!("a read in shard {shard} of a model of {n_files} files");
             }
-            let sqe = opcode::Read::new(types::Fixed(shard as u32), bufs[b], r.len as u32).offset(offset).build().user_data(b as u64);
+            let sqe = opcode::Read::new(types::Fixed(shard as u32), at, r.len as u32).offset(offset).build().user_data(b as u64);
             // SAFETY: the buffer stays alive and untouched until its completion is reaped.
             unsafe { ring.submission().push(&sqe).context("submission queue full")? };
             next += 1;
@@ -269,10 +282,12 @@ fn read_step(ring: &mut IoUring, n_files: usize, bufs: &[*mut u8], reads: &[Read
                 bail!("a replayed read failed: {}", std::io::Error::from_raw_os_error(-res));
             }
             // Near the end of the file a covering read may stop early; never before the extent ends.
-            if (res as u64) < want[b as usize] {
+            let (place, want) = held[b as usize];
+            if (res as u64) < want {
                 bail!("a replayed read returned {res} bytes, short of its extent");
             }
             bytes += res as u64;
+            places.give(place);
             free.push(b as usize);
             in_flight -= 1;
         }
@@ -294,8 +309,8 @@ fn phase(steps: &[Vec<Read>], times: &[f64]) -> ReplayPhase {
 }
 
 /// Replays the sequence's reads from the model's files (one, or each shard of its set), one
-/// ubatch after the other; each ubatch's time.
-pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> Result<Vec<f64>> {
+/// ubatch after the other; each ubatch's time, and the bytes of memory the reads landed in.
+pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> Result<(Vec<f64>, u64)> {
     let largest = seq.steps.iter().flatten().map(|r| r.len).max().unwrap_or(crate::source::ALIGN);
     check_depth(depth, largest)?;
     let files = crate::source::ModelFiles::open(model, true)?;
@@ -303,17 +318,18 @@ pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> 
     // One descriptor per shard, registered as the F source registers them.
     let fds: Vec<i32> = files.files().iter().map(|f| f.as_raw_fd()).collect();
     ring.submitter().register_files(&fds).context("io_uring: cannot register the model's files")?;
-    // One huge-page buffer cut into `depth` read buffers: the memory the Plan's slots read into.
-    let buf = AlignedBuf::huge(largest * depth as u64)?;
-    // SAFETY: each part lies inside `buf`, which outlives every read.
-    let bufs: Vec<*mut u8> = (0..depth as usize).map(|i| unsafe { buf.as_ptr().add(i * largest as usize) }).collect();
+    // Reads land in memory as large as the run's slot pools (up to the landing's cap), each in
+    // the place written longest ago, as the run's reads land in its slots: not in `depth`
+    // buffers a virtual disk's host keeps warm.
+    let landing = Landing::new(seq.pool_bytes, largest * depth as u64)?;
+    let mut places = landing.places(largest as usize);
     let mut times = Vec::with_capacity(seq.steps.len());
     for step in &seq.steps {
         let t = Instant::now();
-        read_step(&mut ring, fds.len(), &bufs, step)?;
+        read_step(&mut ring, fds.len(), &mut places, depth as usize, step)?;
         times.push(t.elapsed().as_secs_f64());
     }
-    Ok(times)
+    Ok((times, landing.len()))
 }
 
 /// Runs a read_replay cell and writes its record. A sequence that differs from the run's own
@@ -333,6 +349,7 @@ pub fn run_read_replay(c: &ReadReplayCell) -> Result<ReadReplayRecord> {
             plan: c.plan.clone(),
             depth: c.depth,
             depth_from: c.depth_from.clone(),
+            landing_bytes: None,
         }),
         check: None,
         prefill: None,
@@ -353,7 +370,10 @@ pub fn run_read_replay(c: &ReadReplayCell) -> Result<ReadReplayRecord> {
                 run.logical_bytes
             );
         }
-        let times = replay_reads(&inv.paths(), &seq, c.depth)?;
+        let (times, landing) = replay_reads(&inv.paths(), &seq, c.depth)?;
+        if let Some(p) = rec.params.as_mut() {
+            p.landing_bytes = Some(landing);
+        }
         let p = seq.prefill_steps;
         rec.prefill = Some(phase(&seq.steps[..p], &times[..p]));
         rec.decode = Some(phase(&seq.steps[p..], &times[p..]));

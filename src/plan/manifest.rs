@@ -284,6 +284,12 @@ impl Manifest {
         }
     }
 
+    /// Bytes of the slot pools the layers use (shared buffers counted once): the memory a run's
+    /// reads land in.
+    pub fn slot_pool_bytes(&self) -> u64 {
+        self.layers.iter().enumerate().filter(|&(li, _)| self.buffer_of(li) == li).map(|(_, l)| l.slot_bytes() * l.n_slots as u64).sum()
+    }
+
     /// Index of a MoE layer in `layers`.
     pub fn layer_index(&self, layer: u32) -> Option<usize> {
         self.layer_index.get(&layer).copied()

@@ -509,6 +509,10 @@ pub struct EnvelopeParams {
     pub block_bytes: u64,
     pub depths: Vec<u32>,
     pub bytes_per_depth: u64,
+    /// Bytes of memory the reads landed in (absent in earlier records: a buffer per read in
+    /// flight).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub landing_bytes: Option<u64>,
 }
 
 /// The best depth of an envelope cell: the device's read ceiling at that block size.
@@ -551,6 +555,10 @@ pub struct ReadReplayParams {
     pub depth: u32,
     /// `fixed`, or `envelope <digest>`: the record whose best depth this is.
     pub depth_from: String,
+    /// Bytes of memory the reads landed in, each in the place written longest ago: the run's
+    /// slot pools, up to the landing's cap (absent in earlier records: `depth` buffers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub landing_bytes: Option<u64>,
 }
 
 /// Reads of one phase (prefill ubatches or decode tokens), replayed.
