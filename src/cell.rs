@@ -441,6 +441,32 @@ pub fn cache_protocol(cell: &Cell, warm: bool) -> Result<&'static str> {
     Ok("cold: model files dropped from the page cache (POSIX_FADV_DONTNEED) before the run")
 }
 
+/// Before a worker starts: an F run that sizes its own depth reads it from the read profile of
+/// the model's device, measured here, outside any cap the worker runs under, the first time
+/// the device is seen. A profile that cannot be measured or cached leaves the depth to the
+/// manifest, said in one line.
+fn profile_device(cell: &Cell) {
+    use crate::envelope::profile;
+    let Cell::Generate(g) = cell else { return };
+    let Experts::Plan(o) = &g.experts else { return };
+    if o.source != crate::plan::SourceKind::F || o.depth.is_some() {
+        return;
+    }
+    let Ok(inv) = Inventory::of(&g.model) else { return };
+    let file = inv.shards.iter().max_by_key(|s| s.bytes).map_or(g.model.as_path(), |s| s.path.as_path());
+    let block = profile::block_of(&inv);
+    if !profile::profiled(file) || profile::cached(file, block).is_some() {
+        return;
+    }
+    let device = profile::DeviceId::of(file).map_or_else(|_| file.display().to_string(), |d| d.label());
+    // About a second, once per device: the record names the profile, so no line is printed.
+    log::debug!("measuring the read profile of device {device} once: reads of {} KiB at depths 1 to 32", block >> 10);
+    match profile::ensure(file, block) {
+        Ok(p) => log::debug!("device {device}: F's reads of {} KiB need a depth of {} (cached)", block >> 10, p.depth),
+        Err(e) => log::warn!("device {device}: no read profile ({e:#}); F's depth is sized from the manifest"),
+    }
+}
+
 /// The cell as its own process tree under `contain`: one worker (`exe cell SPEC`, this binary
 /// unless told otherwise) writes its record inside ours; we add what bounded each memory tier
 /// and the admission outcome, then commit to the cell's record directory. A worker that dies
@@ -450,6 +476,7 @@ pub fn run_in_cgroup(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
     for m in cell.models() {
         Inventory::of(m)?;
     }
+    profile_device(cell);
     let staging = Staging::new(cell.record())?.sealing(cell.seals());
     let inner = staging.dir().join("cell");
     let spec_path = staging.dir().join(SPEC_FILE);
@@ -555,6 +582,7 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     for m in cell.models() {
         Inventory::of(m)?;
     }
+    profile_device(cell);
     let record = cell.record().to_path_buf();
     // Refused here, before the worker exists, so that whatever `DIR.partial` a dead worker
     // leaves is its own.

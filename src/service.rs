@@ -69,6 +69,29 @@ pub struct PlanSource {
     budget: Option<crate::plan::budget::BudgetSizing>,
 }
 
+/// The cached read profile of the device F reads from (the model's largest file's), where F
+/// sizes its own depth; none where no profile was measured (the manifest sizes it then).
+fn device_depth(model: &Path, inv: &Inventory, o: &PlanOptions) -> Option<crate::plan::DeviceDepth> {
+    if o.source != SourceKind::F || o.depth.is_some() {
+        return None;
+    }
+    let file = inv.shards.iter().max_by_key(|s| s.bytes).map_or(model, |s| s.path.as_path());
+    if !crate::envelope::profile::profiled(file) {
+        return None;
+    }
+    let p = crate::envelope::profile::cached(file, crate::envelope::profile::block_of(inv))?;
+    let rate = |d: u32| p.mib_per_s.iter().find(|&&(x, _)| x == d).map_or(0.0, |&(_, r)| r);
+    let best = p.mib_per_s.iter().map(|&(_, r)| r).fold(0.0, f64::max);
+    Some(crate::plan::DeviceDepth {
+        device: p.device.label(),
+        block_bytes: p.block_bytes,
+        depth: p.depth,
+        mib_per_s: rate(p.depth).round() as u64,
+        best_mib_per_s: best.round() as u64,
+        measured_unix_s: p.measured_unix_s,
+    })
+}
+
 impl PlanSource {
     pub fn new(model: &Path, inv: &Inventory, options: PlanOptions) -> Result<PlanSource> {
         let policy = options.policy.clone();
@@ -79,6 +102,10 @@ impl PlanSource {
         }
         let w = manifest.window_size;
         let sizing = Sizing::of(&manifest, &options, inv.n_used());
+        let sizing = match device_depth(model, inv, &options) {
+            Some(d) => sizing.with_device(&options, d),
+            None => sizing,
+        };
         let (mut alloc, windows_memory) = window_memory();
         // The model's files, one per shard; a one-file inventory made without them reads `model`.
         let files = if inv.shards.is_empty() { vec![model] } else { inv.paths() };
@@ -461,7 +488,7 @@ impl PlanSource {
             windows: self.plan.window_states().len() as u64,
             window_bytes: self.plan.manifest().window_size,
             depth: if self.options.source == SourceKind::F { Some(self.sizing.depth) } else { None },
-            sizing: Some(self.sizing),
+            sizing: Some(self.sizing.clone()),
             token_pass: self.sizing.token_pass,
             prompt_pass: self.sizing.prompt_pass,
             budget: self.budget.clone(),

@@ -277,7 +277,8 @@ pub struct Arm {
     /// Host staging windows (absent: sized from the model's manifest for source F).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub windows: Option<u32>,
-    /// Source queue depth (absent: sized from the manifest for source F).
+    /// Source queue depth (absent, for source F: sized from the manifest and the device's
+    /// read profile).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub depth: Option<u32>,
     /// Layer buffers shared by the layers' slot pools (absent or 0: one pool per layer; 2:

@@ -36,8 +36,9 @@ pub struct PlanArgs {
     /// miss (its unpinned slots); p: 8.
     #[arg(long)]
     windows: Option<u32>,
-    /// Reads in flight (f). Default: the most extents per expert (one expert in flight: each
-    /// extent is verified before its expert is published).
+    /// Reads in flight (f). Default: the least depth the device's read profile (measured once
+    /// per device and cached) serves within 5 % of its best, and at least the most extents per
+    /// expert (each extent is verified before its expert is published).
     #[arg(long)]
     depth: Option<u32>,
     /// Layer buffers (plan): 0 gives every layer its own slot pools; 2 streams layer by layer

@@ -64,7 +64,7 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
     }
     let plan = rec.params.as_ref().and_then(|p| p.experts.plan());
     let passes = Passes { n_used: k, token: plan.and_then(|d| d.token_pass), prompt: plan.and_then(|d| d.prompt_pass) };
-    let prompt_pass_sized = plan.and_then(|d| d.sizing).and_then(|s| s.prompt_pass_from) == Some(SizedFrom::Manifest);
+    let prompt_pass_sized = plan.and_then(|d| d.sizing.as_ref()).and_then(|s| s.prompt_pass_from) == Some(SizedFrom::Manifest);
     Ok(Recorded { events, inventory, model, passes, prompt_pass_sized, decode_from })
 }
 

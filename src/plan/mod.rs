@@ -40,7 +40,7 @@ mod verify;
 pub use coverage::{Coverage, CoverageError, CoverageReport, LayerCoverage};
 pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
 pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
-pub use options::{PlanOptions, SizedFrom, Sizing, SourceKind};
+pub use options::{DeviceDepth, PlanOptions, SizedFrom, Sizing, SourceKind};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
 pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};
 pub use telemetry::{Closure, DigestCheck, Movement, RejectKind, SemanticUnion, Telemetry, Traffic, Union};

@@ -64,12 +64,13 @@ pub struct PlanOptions {
 /// Windows, depth and token pass of a run's source: the flags', or derived from the manifest.
 ///
 /// F's defaults are the configuration the bench measures fastest on its disk, derived from the
-/// manifest rather than tuned by flags: one window per slot a pass can miss, a depth of one
-/// bundle's extents (the reads the device serves at once; every bundle with a window is queued
-/// behind them in linked chains), and a decode token served in
+/// manifest and the device rather than tuned by flags: one window per slot a pass can miss, a
+/// depth of one bundle's extents, or the deeper queue the device's read profile needs
+/// ([`Sizing::with_device`]; every bundle with a window is queued behind them in linked
+/// chains), and a decode token served in
 /// passes of a quarter of its experts, so the engine computes a layer's first experts while
 /// the rest are read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Sizing {
     pub from: SizedFrom,
     pub windows: u32,
@@ -94,6 +95,24 @@ pub struct Sizing {
     /// `budget`); absent where they were given or defaulted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots_from: Option<SizedFrom>,
+    /// The device profile F's depth came from, where no flag gave one and the device had a
+    /// profile; absent where the manifest sized it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth_device: Option<Box<DeviceDepth>>,
+}
+
+/// What a device's read profile said, as a run's sizing keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct DeviceDepth {
+    /// The device, as the kernel names it.
+    pub device: String,
+    /// The profile's read size and its least depth within 5 % of its best rate.
+    pub block_bytes: u64,
+    pub depth: u32,
+    /// Its rate at that depth and its best, in whole MiB/s.
+    pub mib_per_s: u64,
+    pub best_mib_per_s: u64,
+    pub measured_unix_s: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -185,7 +204,20 @@ impl Sizing {
             prompt_pass,
             prompt_pass_from,
             slots_from: None,
+            depth_device: None,
         }
+    }
+
+    /// F's depth from the device's profile where no flag gave one: the profile's depth, never
+    /// below one bundle's extents (the manifest's default: each extent is verified before its
+    /// expert is published, so fewer in flight only waits).
+    pub fn with_device(mut self, o: &PlanOptions, d: DeviceDepth) -> Sizing {
+        if o.source == SourceKind::F && o.depth.is_none() {
+            let floor = self.extents_per_bundle.min(crate::bounds::MAX_DEPTH);
+            self.depth = d.depth.clamp(floor, crate::bounds::MAX_DEPTH);
+            self.depth_device = Some(Box::new(d));
+        }
+        self
     }
 }
 
@@ -197,6 +229,46 @@ pub fn per_pass(m: &Manifest, n_slots: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_device_profile_deepens_f_where_no_flag_names_a_depth_and_never_below_a_bundle() {
+        let opts = |source: &str, depth: Option<u32>| -> PlanOptions {
+            let mut o: PlanOptions =
+                serde_json::from_str(&format!(r#"{{"slots":4,"policy":"zero","source":"{source}","layer_buffers":0,"fault":"none"}}"#))
+                    .unwrap();
+            o.depth = depth;
+            o
+        };
+        let base = Sizing {
+            from: SizedFrom::Manifest,
+            windows: 4,
+            depth: 3,
+            pass_capacity: 4,
+            extents_per_bundle: 3,
+            token_pass: None,
+            token_pass_from: None,
+            prompt_pass: None,
+            prompt_pass_from: None,
+            slots_from: None,
+            depth_device: None,
+        };
+        let device = |depth| DeviceDepth {
+            device: "vda (254:0)".into(),
+            block_bytes: 1 << 20,
+            depth,
+            mib_per_s: 2400,
+            best_mib_per_s: 2500,
+            measured_unix_s: 1,
+        };
+        let s = base.clone().with_device(&opts("f", None), device(16));
+        assert_eq!((s.depth, s.depth_device), (16, Some(Box::new(device(16)))));
+        // A device that serves one read as fast as many keeps one bundle's extents in flight.
+        assert_eq!(base.clone().with_device(&opts("f", None), device(1)).depth, 3);
+        assert_eq!(base.clone().with_device(&opts("f", None), device(u32::MAX)).depth, crate::bounds::MAX_DEPTH);
+        // A flag's depth, and sources that read one at a time, are left as they are.
+        assert_eq!(base.clone().with_device(&opts("f", Some(2)), device(16)), base);
+        assert_eq!(base.clone().with_device(&opts("d", None), device(16)), base);
+    }
 
     #[test]
     fn the_default_prompt_pass_is_half_the_slots_where_both_halves_hold_a_worthwhile_pass() {

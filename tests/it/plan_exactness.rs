@@ -468,3 +468,46 @@ fn a_shard_set_is_exact_against_its_one_file() {
         }
     }
 }
+
+#[test]
+fn f_takes_its_depth_from_the_device_profile_and_the_record_says_where_it_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("small.gguf");
+    ok(&["model", "forge", "--preset", "small", "--seed", "7", "--out", m.to_str().unwrap()]);
+    // A cache of its own: the first F run on this device measures its profile.
+    let cache = dir.path().join("cache");
+    let gen_in = |rec: &str, extra: &[&str]| {
+        let rec = dir.path().join(rec);
+        let mut args = vec!["generate", "--model", m.to_str().unwrap(), "--prompt", PROMPT, "--n-predict", "4", "--threads", "2"];
+        args.extend_from_slice(&["--experts", "plan", "--slots", "8", "--record", rec.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        let out = bin().env("SOVEREIGN_CACHE", &cache).args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
+    };
+    let r = gen_in("profiled", &[]);
+    let sizing = &r["params"]["experts"]["sizing"];
+    let d = &sizing["depth_device"];
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{sizing}"));
+    assert!(d["device"].as_str().is_some_and(|s| !s.is_empty()), "{sizing}");
+    assert!(n(&d["block_bytes"]).is_power_of_two() && [1, 2, 4, 8, 16, 32].contains(&n(&d["depth"])), "{sizing}");
+    assert!(n(&d["mib_per_s"]) > 0 && n(&d["mib_per_s"]) <= n(&d["best_mib_per_s"]), "{sizing}");
+    assert_eq!(n(&sizing["depth"]), n(&d["depth"]).max(n(&sizing["extents_per_bundle"])), "{sizing}");
+    assert_eq!(r["params"]["experts"]["depth"], sizing["depth"]);
+    let profiles: Vec<_> = std::fs::read_dir(cache.join("devices"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .collect();
+    assert_eq!(profiles.len(), 1, "one device, one block: one profile");
+    let measured = std::fs::read_to_string(profiles[0].path()).unwrap();
+    // Measured once: the next run reads it, the same figures on record.
+    let again = gen_in("again", &[]);
+    assert_eq!(again["params"]["experts"]["sizing"]["depth_device"], *d);
+    assert_eq!(std::fs::read_to_string(profiles[0].path()).unwrap(), measured);
+    // A depth given is the run's own, and no profile is named.
+    let given = gen_in("given", &["--depth", "2"]);
+    let s = &given["params"]["experts"]["sizing"];
+    assert_eq!((n(&s["depth"]), s.get("depth_device")), (2, None), "{s}");
+    assert_exact(&dir.path().join("profiled"), &dir.path().join("given"));
+}

@@ -11,6 +11,8 @@
 //! the bytes (a virtual disk), reads into a few reused buffers, warm in its caches, ran about
 //! 20 % faster than the same reads into a run's slot pools.
 
+pub mod profile;
+
 use anyhow::{bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
 use serde::{Deserialize, Serialize};
@@ -243,6 +245,26 @@ fn measure(
         iops: (done * per_sqe as u64) as f64 / seconds.max(1e-9),
         reread: false,
     })
+}
+
+/// One cell per entry of `depths`, in order, of `block`-sized reads submitted as `pattern` says,
+/// each over its own region of the file; and the bytes of the area they landed in.
+pub fn measure_cells(path: &Path, bytes_per_cell: u64, block: usize, depths: &[usize], pattern: Pattern) -> Result<(Vec<Cell>, u64)> {
+    let file = crate::source::open_direct(path)?;
+    let file_len = file.metadata()?.len();
+    if file_len < (4 << 20) {
+        bail!("{}: {} bytes is too small to measure (need at least 4 MiB)", path.display(), file_len);
+    }
+    let (per_sqe, chain) = pattern.shape();
+    let landing = Landing::new(bytes_per_cell, (block * per_sqe * chain * depths.iter().max().copied().unwrap_or(1)) as u64)?;
+    let mut cells = Vec::with_capacity(depths.len());
+    for (i, &depth) in depths.iter().enumerate() {
+        let start = i as u64 * bytes_per_cell;
+        let cell = measure(&file, file_len, &landing, start, bytes_per_cell, block, depth, pattern)
+            .with_context(|| format!("{}: block {block} depth {depth} {pattern:?}", path.display()))?;
+        cells.push(cell);
+    }
+    Ok((cells, landing.len()))
 }
 
 /// Measures every block size × depth × pattern cell, each over its own region of the file when
