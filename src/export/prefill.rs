@@ -152,7 +152,7 @@ impl Row<'_> {
 fn broken_prefill(arm_s: f64, compute_s: f64, arm_bytes_per_s: f64, envelope_bytes_per_s: f64) -> Option<&'static str> {
     if !(arm_s.is_finite() && arm_s > 0.0 && compute_s.is_finite() && arm_s >= compute_s) {
         Some("compute")
-    } else if !(arm_bytes_per_s.is_finite() && arm_bytes_per_s <= envelope_bytes_per_s) {
+    } else if !super::within_envelope(arm_bytes_per_s, envelope_bytes_per_s) {
         Some("read")
     } else {
         None
@@ -272,7 +272,7 @@ mod tests {
         assert_eq!(broken_prefill(12.0, 9.9, 200.0 * mib, 3000.0 * mib), None);
         assert_eq!(broken_prefill(9.9, 9.9, 200.0 * mib, 3000.0 * mib), None, "equal to the resident prefill is a floor met");
         assert_eq!(broken_prefill(9.0, 9.9, 200.0 * mib, 3000.0 * mib), Some("compute"));
-        assert_eq!(broken_prefill(12.0, 9.9, 3001.0 * mib, 3000.0 * mib), Some("read"));
+        assert_eq!(broken_prefill(12.0, 9.9, 3100.0 * mib, 3000.0 * mib), Some("read"));
         assert_eq!(broken_prefill(f64::NAN, 9.9, 200.0 * mib, 3000.0 * mib), Some("compute"));
         assert_eq!(broken_prefill(0.0, 0.0, f64::INFINITY, 3000.0 * mib), Some("compute"));
         assert_eq!(broken_prefill(12.0, 9.9, f64::NAN, 3000.0 * mib), Some("read"));
