@@ -1,5 +1,6 @@
 //! Validators of the deterministic fault cells (seed 000 Table 7), read from records.
 
+use crate::plan::RejectKind;
 use crate::record::{self, format::Outcome};
 use crate::source::fault::{Expect, FaultCell};
 use anyhow::Result;
@@ -23,13 +24,13 @@ pub struct Validation {
 }
 
 /// The rejection a fatal cell must cause.
-fn rejection(cell: FaultCell) -> Option<&'static str> {
+fn rejection(cell: FaultCell) -> Option<RejectKind> {
     match cell {
-        FaultCell::ShortRead => Some("short_read"),
-        FaultCell::Eio | FaultCell::PartialBundle => Some("io_error"),
-        FaultCell::StaleCompletion => Some("stale_epoch"),
-        FaultCell::WrongObject => Some("wrong_object"),
-        FaultCell::CorruptByte => Some("digest_mismatch"),
+        FaultCell::ShortRead => Some(RejectKind::ShortRead),
+        FaultCell::Eio | FaultCell::PartialBundle => Some(RejectKind::IoError),
+        FaultCell::StaleCompletion => Some(RejectKind::StaleEpoch),
+        FaultCell::WrongObject => Some(RejectKind::WrongObject),
+        FaultCell::CorruptByte => Some(RejectKind::DigestMismatch),
         _ => None,
     }
 }
@@ -66,8 +67,9 @@ pub fn validate(cell: FaultCell, record_dir: &Path, control: Option<&Path>) -> R
             check("zero logits accepted", rows == Some(0), shown(rows));
             let surfaces = rec.surfaces.len();
             check("no output surfaces", surfaces == 0, format!("{surfaces} surfaces"));
-            let kind = rejection(cell).unwrap_or("");
-            let n = plan.and_then(|p| p.telemetry.rejections.get(kind).copied()).unwrap_or(0);
+            let kind = rejection(cell);
+            let n = kind.and_then(|k| plan.and_then(|p| p.telemetry.rejections.get(&k).copied())).unwrap_or(0);
+            let kind = kind.map_or("none", RejectKind::name);
             let failure = closure.and_then(|c| c.failed.as_deref()).unwrap_or("none");
             check("rejected before visibility", n >= 1, format!("{kind}: {n}; plan failure: {failure}"));
             let busy = closure.map(|c| c.windows_total.saturating_sub(c.windows_free));

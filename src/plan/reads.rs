@@ -159,7 +159,7 @@ impl Plan {
     }
 
     pub(super) fn reject(&mut self, kind: RejectKind, ticket: u64, detail: String) -> PlanError {
-        *self.obs.tel.rejections.entry(kind.name().to_string()).or_default() += 1;
+        *self.obs.tel.rejections.entry(kind).or_default() += 1;
         PlanError::Rejected { kind, ticket, detail }
     }
 

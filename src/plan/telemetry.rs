@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Why a completion was refused before anything became visible.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RejectKind {
     /// No active ticket has this id (never issued, or already completed).
@@ -120,7 +120,7 @@ pub struct Telemetry {
     pub read_ns: u64,
     pub consumer_takes: u64,
     pub consumer_drops: u64,
-    pub rejections: BTreeMap<String, u64>,
+    pub rejections: BTreeMap<RejectKind, u64>,
     /// Completions drained by reset or shutdown (never made visible).
     pub drained_completions: u64,
     /// Windows returned to Free by a failed Plan's shutdown, their bundles never copied.
