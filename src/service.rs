@@ -38,7 +38,7 @@ pub struct PlanSource {
     /// Time inside acquire, and the counters where the first step, the current step and the
     /// latest acquire began or ended; with the finished steps' [read, copy, compute, wait].
     in_calls: Duration,
-    marks: Option<(Mark, Mark, Mark)>,
+    marks: Option<Marks>,
     per_step: Vec<[f64; 4]>,
     /// Per finished step, the bytes read and its tokens; the current step's tokens; the
     /// experts a token selects (to count a step's tokens from its selections).
@@ -214,12 +214,12 @@ impl PlanSource {
         }
         let now = self.mark(t);
         match &mut self.marks {
-            None => self.marks = Some((now, now, now)),
-            Some((_, step, _)) => {
-                self.per_step.push(step.until(&now));
-                self.step_bytes.push(now.read_bytes - step.read_bytes);
+            None => self.marks = Some(Marks { first: now, step: now, last: now }),
+            Some(m) => {
+                self.per_step.push(m.step.until(&now));
+                self.step_bytes.push(now.read_bytes - m.step.read_bytes);
                 self.step_tokens.push(self.tokens);
-                *step = now;
+                m.step = now;
             }
         }
         self.tokens = (n_ids as u64).div_ceil(self.n_used);
@@ -229,10 +229,18 @@ impl PlanSource {
     fn call_done(&mut self, t: Instant) {
         self.in_calls += t.elapsed();
         let now = self.mark(Instant::now());
-        if let Some((_, _, last)) = &mut self.marks {
-            *last = now;
+        if let Some(m) = &mut self.marks {
+            m.last = now;
         }
     }
+}
+
+/// Where the first step, the current step and the latest acquire began or ended.
+#[derive(Clone, Copy)]
+struct Marks {
+    first: Mark,
+    step: Mark,
+    last: Mark,
 }
 
 /// Cumulative counters at one instant, to cut the run into steps.
@@ -428,10 +436,12 @@ impl ExpertSource for PlanSource {
         Some(self)
     }
 
-    fn surfaces(&mut self) -> Vec<(String, String, Vec<u8>)> {
+    fn surfaces(&mut self) -> Vec<crate::engine::SourceSurface> {
         let file = self.plan.timeline().file();
         file.and_then(|f| serde_json::to_vec(&f).ok())
-            .map(|b| vec![(timeline::SURFACE.to_string(), timeline::SURFACE_FILE.to_string(), b)])
+            .map(|bytes| {
+                vec![crate::engine::SourceSurface { name: timeline::SURFACE.to_string(), file: timeline::SURFACE_FILE.to_string(), bytes }]
+            })
             .unwrap_or_default()
     }
 }
@@ -520,7 +530,7 @@ impl PlanSource {
         let tel = self.plan.telemetry();
         let mut steps = std::mem::take(&mut self.per_step);
         let (mut step_bytes, mut step_tokens) = (std::mem::take(&mut self.step_bytes), std::mem::take(&mut self.step_tokens));
-        if let Some((_, step, last)) = self.marks {
+        if let Some(Marks { step, last, .. }) = self.marks {
             steps.push(step.until(&last));
             step_bytes.push(last.read_bytes - step.read_bytes);
             step_tokens.push(self.tokens);
@@ -553,7 +563,7 @@ impl PlanSource {
             },
             steps: StepsReport {
                 fields: STEP_FIELDS.iter().map(|f| f.to_string()).collect(),
-                total: self.marks.map(|(first, _, last)| first.until(&last)),
+                total: self.marks.map(|m| m.first.until(&m.last)),
                 per_step: steps,
                 read_bytes: step_bytes,
                 tokens: step_tokens,

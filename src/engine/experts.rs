@@ -144,10 +144,17 @@ pub trait ExpertSource: Send {
     fn finish(&mut self) -> Result<serde_json::Value> {
         Ok(serde_json::Value::Null)
     }
-    /// Surfaces the source recorded, as (name, file, bytes), for the record (after `finish`).
-    fn surfaces(&mut self) -> Vec<(String, String, Vec<u8>)> {
+    /// Surfaces the source recorded, for the record (after `finish`).
+    fn surfaces(&mut self) -> Vec<SourceSurface> {
         Vec::new()
     }
+}
+
+/// A surface an expert source recorded: its name in the record, its file, its bytes.
+pub struct SourceSurface {
+    pub name: String,
+    pub file: String,
+    pub bytes: Vec<u8>,
 }
 
 /// The source as llama.cpp sees it, plus the first error it reported (for the decode's error).

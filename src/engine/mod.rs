@@ -9,7 +9,7 @@ pub mod pin;
 mod routes;
 
 use experts::Bridge;
-pub use experts::{ExpertSource, SlotPool};
+pub use experts::{ExpertSource, SlotPool, SourceSurface};
 pub use routes::{RouteEvent, RouteRecorder};
 
 use anyhow::{anyhow, bail, Context as _, Result};

@@ -449,7 +449,7 @@ fn write_surfaces(
     ran: &Ran,
     run: &Decoding,
     routes: &[RouteEvent],
-    source_surfaces: &[(String, String, Vec<u8>)],
+    source_surfaces: &[crate::engine::SourceSurface],
 ) -> Result<()> {
     let tokens: Vec<u8> = ran.prompt.iter().chain(&run.generated).flat_map(|t| t.to_le_bytes()).collect();
     staging.surface("prompt", "prompt.bin", &spec.prompt, 1, false)?;
@@ -462,8 +462,8 @@ fn write_surfaces(
         staging.surface("recurrent", "recurrent.bin", &run.recurrent.digests, 32, false)?;
         staging.surface("recurrent_state", "recurrent_state.bin", last, 1, false)?;
     }
-    for (name, file, bytes) in source_surfaces {
-        staging.surface(name, file, bytes, 1, false)?;
+    for s in source_surfaces {
+        staging.surface(&s.name, &s.file, &s.bytes, 1, false)?;
     }
     Ok(())
 }

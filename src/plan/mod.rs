@@ -193,8 +193,20 @@ struct Bundle {
     direct: Vec<bool>,
 }
 
-/// One bundle to submit: its window, object, slot and the slot's loading version.
-type Job = (u32, ObjectId, u32, Version);
+/// A load begun: the object, the slot it loads into and the slot's loading version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Load {
+    object: ObjectId,
+    slot: u32,
+    v: Version,
+}
+
+/// One bundle to submit: the window it is read through, and its load.
+#[derive(Debug, Clone, Copy)]
+struct Job {
+    window: u32,
+    load: Load,
+}
 
 struct Pool {
     role: Role,
@@ -302,8 +314,13 @@ enum Status {
     Closed,
 }
 
-/// A consumer taken on a slot: (layer index, slot, version).
-type Hold = (usize, u32, Version);
+/// A consumer taken on a slot: its layer index, the slot and the version it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hold {
+    li: usize,
+    slot: u32,
+    v: Version,
+}
 
 pub struct Plan {
     /// First, so that it drops (draining every read still in flight) before the pools the
@@ -357,7 +374,7 @@ struct Prefetch {
     /// The layer index they load.
     li: usize,
     /// Every load, in order; the first `submitted` have their reads out.
-    loads: Vec<(ObjectId, u32, Version)>,
+    loads: Vec<Load>,
     submitted: usize,
     /// Bundles by window, for the loads submitted and not yet published.
     inflight: HashMap<u32, Bundle>,
@@ -398,8 +415,8 @@ struct Stream {
     claimed: usize,
     /// Per pass: the consumers its hits took when it was claimed, and its loads.
     hits: Vec<Vec<Hold>>,
-    loads: Vec<Vec<(ObjectId, u32, Version)>>,
-    pending: VecDeque<(ObjectId, u32, Version)>,
+    loads: Vec<Vec<Load>>,
+    pending: VecDeque<Load>,
     inflight: HashMap<u32, Bundle>,
 }
 
@@ -545,7 +562,7 @@ impl Plan {
         let r = self.acquire_event(layer, pass, ids, slots);
         if let Err(e) = &r {
             slots.fill(-1);
-            for (li, slot, v) in std::mem::take(&mut self.taking) {
+            for Hold { li, slot, v } in std::mem::take(&mut self.taking) {
                 if self.table.release(li, slot, v).is_ok() {
                     self.obs.tel.consumer_drops += 1;
                 }

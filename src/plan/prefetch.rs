@@ -21,12 +21,12 @@ impl Plan {
             let Some(slot) = self.table.vacant(nli) else { break };
             let object = ObjectId { layer: next, expert };
             let v = self.begin_load(nli, slot, object)?;
-            loads.push((object, slot, v));
+            loads.push(Load { object, slot, v });
         }
         let mut inflight = HashMap::new();
         let submitted = free.len().min(loads.len());
         // As many bundles as there are free windows go out now; the rest load at completion.
-        let jobs: Vec<Job> = loads.iter().zip(&free).map(|(&(object, slot, version), &w)| (w, object, slot, version)).collect();
+        let jobs: Vec<Job> = loads.iter().zip(&free).map(|(&load, &window)| Job { window, load }).collect();
         self.submit_bundles(nli, &jobs, &mut inflight)?;
         if !loads.is_empty() {
             self.prefetching = Some(Prefetch { li: nli, loads, submitted, inflight });
@@ -44,11 +44,11 @@ impl Plan {
         }
         self.load(nli, &loads[submitted..])?;
         self.finish_copies_into(nli, &loads)?;
-        for (object, slot, _) in loads {
+        for Load { object, slot, .. } in loads {
             let v = self.table.consume(nli, slot, object)?;
             self.obs.tel.consumer_takes += 1;
             self.obs.tel.prefetch_loads += 1;
-            self.holds[nli].push((nli, slot, v));
+            self.holds[nli].push(Hold { li: nli, slot, v });
         }
         Ok(())
     }

@@ -4,7 +4,7 @@ use super::*;
 
 impl Plan {
     /// Reads, validates, copies and publishes the bundles of `jobs` (slots already Loading).
-    pub(super) fn load(&mut self, li: usize, jobs: &[(ObjectId, u32, Version)]) -> Result<(), PlanError> {
+    pub(super) fn load(&mut self, li: usize, jobs: &[Load]) -> Result<(), PlanError> {
         let mut pending: VecDeque<_> = jobs.iter().copied().collect();
         let mut inflight: HashMap<u32, Bundle> = HashMap::new();
         self.read_until(li, &mut pending, &mut inflight, |_, pending, inflight| Ok(pending.is_empty() && inflight.is_empty()))?;
@@ -15,9 +15,9 @@ impl Plan {
     pub(super) fn read_until(
         &mut self,
         li: usize,
-        pending: &mut VecDeque<(ObjectId, u32, Version)>,
+        pending: &mut VecDeque<Load>,
         inflight: &mut HashMap<u32, Bundle>,
-        done: impl Fn(&Plan, &VecDeque<(ObjectId, u32, Version)>, &HashMap<u32, Bundle>) -> Result<bool, PlanError>,
+        done: impl Fn(&Plan, &VecDeque<Load>, &HashMap<u32, Bundle>) -> Result<bool, PlanError>,
     ) -> Result<(), PlanError> {
         loop {
             if done(self, pending, inflight)? {
@@ -42,7 +42,7 @@ impl Plan {
     pub(super) fn submit_pending(
         &mut self,
         li: usize,
-        pending: &mut VecDeque<(ObjectId, u32, Version)>,
+        pending: &mut VecDeque<Load>,
         inflight: &mut HashMap<u32, Bundle>,
     ) -> Result<(), PlanError> {
         // Every window holds a copy in flight: the oldest one is finished to free its window.
@@ -57,14 +57,14 @@ impl Plan {
             if *state != WindowState::Free || inflight.contains_key(&(w as u32)) {
                 continue;
             }
-            let Some(&(object, slot, version)) = pending.front() else { break };
-            let n = self.manifest.object(object).map_or(1, |o| o.extents.len());
+            let Some(&load) = pending.front() else { break };
+            let n = self.manifest.object(load.object).map_or(1, |o| o.extents.len());
             if n > room && !(jobs.is_empty() && inflight.is_empty()) {
                 break;
             }
             room = room.saturating_sub(n);
             pending.pop_front();
-            jobs.push((w as u32, object, slot, version));
+            jobs.push(Job { window: w as u32, load });
         }
         self.submit_bundles(li, &jobs, inflight)
     }
@@ -79,7 +79,7 @@ impl Plan {
         }
         self.advise_engine_pools();
         let mut reads = Vec::new();
-        for &(w, object, slot, version) in jobs {
+        for &Job { window: w, load: Load { object, slot, v: version } } in jobs {
             self.windows[w as usize].step(w, WindowTransition::BeginRead)?;
             let extents = self.manifest.object(object).expect("manifest object").extents.clone();
             let mut direct = Vec::with_capacity(extents.len());
@@ -325,8 +325,8 @@ impl Plan {
     }
 
     /// Finishes the copies in flight into `slots` of layer index `li`.
-    pub(super) fn finish_copies_into(&mut self, li: usize, slots: &[(ObjectId, u32, Version)]) -> Result<(), PlanError> {
-        self.finish_copies(|c| c.li == li && slots.iter().any(|&(_, s, v)| s == c.slot && v == c.version))
+    pub(super) fn finish_copies_into(&mut self, li: usize, slots: &[Load]) -> Result<(), PlanError> {
+        self.finish_copies(|c| c.li == li && slots.iter().any(|l| l.slot == c.slot && l.v == c.version))
     }
 
     /// Whether slot `slot` of layer index `li` is Loading only because its copy is in flight.

@@ -66,7 +66,7 @@ impl Plan {
         }
         // Prefetch holds of this layer end at its acquire, before misses claim slots: used ones
         // stay InUse through the consumer just taken, unused ones become Recyclable victims.
-        for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
+        for Hold { li: hli, slot, v } in std::mem::take(&mut self.holds[li]) {
             self.drop_consumer(hli, slot, v)?;
         }
         let mut loads = Vec::new();
@@ -74,7 +74,7 @@ impl Plan {
             self.obs.tel.misses += 1;
             let slot = self.claim_slot(li, object)?;
             let v = self.begin_load(li, slot, object)?;
-            loads.push((object, slot, v));
+            loads.push(Load { object, slot, v });
         }
         self.load(li, &loads)?;
         self.take_loads(li, &loads)?;
@@ -87,11 +87,11 @@ impl Plan {
     }
 
     /// One consumer on each published load, taken through `taking`.
-    pub(super) fn take_loads(&mut self, li: usize, loads: &[(ObjectId, u32, Version)]) -> Result<(), PlanError> {
-        for &(object, slot, _) in loads {
+    pub(super) fn take_loads(&mut self, li: usize, loads: &[Load]) -> Result<(), PlanError> {
+        for &Load { object, slot, .. } in loads {
             let v = self.table.consume(li, slot, object)?;
             self.obs.tel.consumer_takes += 1;
-            self.taking.push((li, slot, v));
+            self.taking.push(Hold { li, slot, v });
         }
         Ok(())
     }
@@ -100,7 +100,7 @@ impl Plan {
     /// and files those consumers as the outstanding event (layer, pass).
     pub(super) fn serve_taking(&mut self, li: usize, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
         let mut slot_of = vec![-1i32; self.manifest.layers[li].n_experts as usize];
-        for &(_, slot, v) in &self.taking {
+        for &Hold { slot, v, .. } in &self.taking {
             let object = self.table.cell(li, slot)?.object.expect("a consumed slot holds an object");
             debug_assert_eq!(self.table.cell(li, slot)?.version(), v);
             slot_of[object.expert as usize] = slot as i32;
@@ -118,15 +118,15 @@ impl Plan {
         let before = self.table.cell(li, slot)?;
         let v = self.table.consume(li, slot, object)?;
         self.obs.tel.consumer_takes += 1;
-        self.taking.push((li, slot, v));
+        self.taking.push(Hold { li, slot, v });
         self.obs.tel.hits += 1;
-        if self.holds[li].iter().any(|h| h.1 == slot && h.2 == v) {
+        if self.holds[li].iter().any(|h| h.slot == slot && h.v == v) {
             self.obs.tel.prefetch_hits += 1;
         }
         if before.state == SlotState::Recyclable && !self.manifest.is_pinned(object) {
             self.policy.reused(object);
         }
-        Ok((li, slot, v))
+        Ok(Hold { li, slot, v })
     }
 
     /// A slot for a miss: the lowest Vacant one, else the policy's victim (Recyclable, never
@@ -199,7 +199,7 @@ impl Plan {
             self.events.remove(&(layer, pass));
         }
         self.obs.tel.releases += 1;
-        for (li, slot, v) in event {
+        for Hold { li, slot, v } in event {
             self.drop_consumer(li, slot, v)?;
         }
         Ok(())
@@ -225,7 +225,7 @@ impl Plan {
 
     pub(super) fn release_holds(&mut self) -> Result<(), PlanError> {
         for li in 0..self.holds.len() {
-            for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
+            for Hold { li: hli, slot, v } in std::mem::take(&mut self.holds[li]) {
                 self.drop_consumer(hli, slot, v)?;
             }
         }

@@ -63,7 +63,7 @@ impl Plan {
             }
         }
         if s.claimed == 0 {
-            for (hli, slot, v) in std::mem::take(&mut self.holds[li]) {
+            for Hold { li: hli, slot, v } in std::mem::take(&mut self.holds[li]) {
                 self.drop_consumer(hli, slot, v)?;
             }
         }
@@ -73,7 +73,7 @@ impl Plan {
                 self.obs.tel.misses += 1;
                 let slot = self.claim_slot(li, object)?;
                 let v = self.begin_load(li, slot, object)?;
-                loads[k].push((object, slot, v));
+                loads[k].push(Load { object, slot, v });
             }
         }
         // Every consumer and load is the stream's now.
@@ -113,7 +113,7 @@ impl Plan {
         // Reads on until every load of group k is published; later groups stay in flight.
         let group = &s.loads[k];
         self.read_until(li, &mut s.pending, &mut s.inflight, |p, _, _| {
-            for &(_, slot, _) in group {
+            for &Load { slot, .. } in group {
                 if p.table.cell(li, slot)?.state == SlotState::Loading && !p.copy_in_flight(li, slot) {
                     return Ok(false);
                 }
@@ -140,7 +140,7 @@ impl Plan {
     pub(super) fn harvest(
         &mut self,
         li: usize,
-        pending: &mut VecDeque<(ObjectId, u32, Version)>,
+        pending: &mut VecDeque<Load>,
         inflight: &mut HashMap<u32, Bundle>,
     ) -> Result<(), PlanError> {
         if !self.copies_async {
@@ -159,7 +159,7 @@ impl Plan {
     /// asked for are dropped; reads still in flight are drained with the rest.
     pub(super) fn drop_stream(&mut self) -> Result<(), PlanError> {
         if let Some(s) = self.stream.take() {
-            for (li, slot, v) in s.hits.into_iter().skip(s.next as usize).flatten() {
+            for Hold { li, slot, v } in s.hits.into_iter().skip(s.next as usize).flatten() {
                 self.drop_consumer(li, slot, v)?;
             }
             if self.status == Status::Running {
