@@ -2,8 +2,21 @@
 //! its k expert ids as i32 LE. `generate` writes it with [`encode`]; readers take it back with
 //! [`decode`], which refuses anything the engine could not have written.
 
-use crate::engine::RouteEvent;
+use serde::Serialize;
 use std::fmt;
+
+/// One token row's expert selection in one layer of one ubatch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouteEvent {
+    /// Ubatch counter since the context was created.
+    pub ubatch: u32,
+    /// Row within the ubatch.
+    pub row: u32,
+    /// Absolute token position (rows are decoded in order, each once).
+    pub pos: u32,
+    pub layer: u32,
+    pub experts: Vec<i32>,
+}
 
 /// Route ids per event beyond this are refused as hostile (top-k of any real router is far less).
 pub const MAX_K: usize = 4096;

@@ -10,8 +10,9 @@ mod routes;
 
 use experts::Bridge;
 pub use experts::{ExpertSource, SlotPool, SourceSurface};
-pub use routes::{RouteEvent, RouteRecorder};
+pub use routes::RouteRecorder;
 
+use crate::routes::RouteEvent;
 use anyhow::{anyhow, bail, Context as _, Result};
 use serde::Serialize;
 use std::borrow::Cow;

@@ -2,23 +2,10 @@
 //! node through llama.cpp's eval callback (no patch needed to observe, only to remap).
 
 use super::sys;
-use serde::Serialize;
+use crate::routes::RouteEvent;
 use std::ffi::{c_void, CStr};
 
 const TOPK_PREFIX: &[u8] = b"ffn_moe_topk-";
-
-/// One token row's expert selection in one layer of one ubatch.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RouteEvent {
-    /// Ubatch counter since the context was created.
-    pub ubatch: u32,
-    /// Row within the ubatch.
-    pub row: u32,
-    /// Absolute token position (rows are decoded in order, each once).
-    pub pos: u32,
-    pub layer: u32,
-    pub experts: Vec<i32>,
-}
 
 #[derive(Debug, Default)]
 pub struct RouteRecorder {

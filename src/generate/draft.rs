@@ -12,8 +12,9 @@
 //! oracle's question (`compare`), not an assumption made here.
 
 use super::{argmax, check_finite, Decoding};
-use crate::engine::{Context, Model, RouteEvent};
+use crate::engine::{Context, Model};
 use crate::record::format::SpeculativeReport;
+use crate::routes::RouteEvent;
 use crate::service::PlanSource;
 use anyhow::{Context as _, Result};
 use std::time::Instant;

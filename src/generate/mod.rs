@@ -3,13 +3,14 @@
 
 pub mod draft;
 
-use crate::engine::{Context, DeviceCheck, ExecParams, ExecRequest, ExpertSource, Model, PlacementReport, RouteEvent};
+use crate::engine::{Context, DeviceCheck, ExecParams, ExecRequest, ExpertSource, Model, PlacementReport};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::record::format::{
     DraftParams, ExpertsParams, ExpertsReport, GenerateCounts, GenerateParams, Outcome, ProcessReport, SpeculativeReport,
 };
 use crate::record::{GenerateRecord, Staging, GENERATE_FORMAT};
+use crate::routes::RouteEvent;
 use anyhow::{bail, Result};
 use serde::Serialize;
 use sha2::{Digest, Sha256};

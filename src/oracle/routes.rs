@@ -71,7 +71,7 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::RouteEvent;
+    use crate::routes::RouteEvent;
 
     #[test]
     fn rows_of_one_ubatch_and_layer_make_one_layer_event() {

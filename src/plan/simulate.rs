@@ -8,7 +8,7 @@
 //! acquire and, when it served anything, a release.
 
 use super::{groups, LayerPlan, Manifest, Passes, Plan, PolicySpec, SlotWriter, Telemetry};
-use crate::engine::RouteEvent;
+use crate::routes::RouteEvent;
 use crate::source::{check_request, Completion, ReadRequest, Source, SourceError, SourceStats};
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
