@@ -6,7 +6,8 @@
 //! and F's windows, and the policy is LRU over all of them ([`crate::plan::budget::settle`]).
 //! Every term goes on record.
 
-use crate::engine::{Context, ExecRequest, ExpertSource, SlotPool};
+use crate::engine::{Context, ExpertSource, SlotPool};
+use crate::exec::ExecRequest;
 use crate::inventory::Inventory;
 use crate::plan::budget::{settle, BudgetSizing, PlanBudget, Tier};
 use crate::plan::{Manifest, PlanOptions, SourceKind};

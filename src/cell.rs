@@ -4,7 +4,8 @@
 //! run's memory cgroup. Nothing rebuilds a command line from settings.
 
 use crate::bounds;
-use crate::engine::{self, ExecRequest, ExpertSource};
+use crate::engine::{self, ExpertSource};
+use crate::exec::ExecRequest;
 use crate::generate::{self, GenerateSpec};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
@@ -284,12 +285,12 @@ impl Cell {
     }
 
     /// Where the engine puts the model's layers, as this cell asks.
-    pub fn placement(&self) -> engine::Placement {
+    pub fn placement(&self) -> crate::exec::Placement {
         match self {
             Cell::Generate(g) => {
-                engine::Placement { gpu_layers: g.gpu_layers, experts_host: g.experts == Experts::Host, gpu_budget: g.gpu_budget }
+                crate::exec::Placement { gpu_layers: g.gpu_layers, experts_host: g.experts == Experts::Host, gpu_budget: g.gpu_budget }
             }
-            Cell::Refine(_) | Cell::Envelope(_) | Cell::ReadReplay(_) => engine::Placement::default(),
+            Cell::Refine(_) | Cell::Envelope(_) | Cell::ReadReplay(_) => crate::exec::Placement::default(),
         }
     }
 }
@@ -356,7 +357,7 @@ pub fn run(cell: &Cell) -> Result<Done> {
                 engine::backends::rpc_add_server(e).map_err(|e| anyhow::anyhow!(e))?;
             }
             let placed = engine::placement_report();
-            if placed.gpu_layers != engine::GpuLayers::Count(0) && placed.gpu_devices.is_empty() {
+            if placed.gpu_layers != crate::exec::GpuLayers::Count(0) && placed.gpu_devices.is_empty() {
                 // Offload asked for and nowhere to go: a run on the CPU would not be what was asked.
                 let found: Vec<String> = engine::backends::devices().into_iter().map(|d| format!("{} ({})", d.name, d.kind)).collect();
                 anyhow::bail!(

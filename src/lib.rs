@@ -9,6 +9,7 @@ pub mod claims;
 pub mod digests;
 pub mod engine;
 pub mod envelope;
+pub mod exec;
 pub mod export;
 pub mod forge;
 pub mod generate;

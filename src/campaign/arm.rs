@@ -5,7 +5,7 @@
 
 use super::spec::{Arm, ExpertsMode, FaultCell, Measure, PolicySpec, RefineArm, RpcArm, SourceKind};
 use crate::bounds::range;
-use crate::engine::GpuLayers;
+use crate::exec::GpuLayers;
 
 /// A run, or a measurement cell.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,7 +9,7 @@ use super::arm::{ArmExperts, ArmKind, DeviceArm, PlanArm, Program, RunArm};
 use super::expand::CellSpec;
 use super::spec::Measure;
 use crate::cell::{self, Cell, Experts, GenerateCell, Prompt, RefineCell};
-use crate::engine::ExecParams;
+use crate::exec::ExecParams;
 use crate::observe::RunStatus;
 use crate::plan::PlanOptions;
 use crate::plan::PolicySpec;

@@ -318,7 +318,7 @@ pub struct Arm {
     pub threads: Option<u32>,
     /// Layers placed on the device (`all`, or a count), as `generate --gpu-layers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_layers: Option<crate::engine::GpuLayers>,
+    pub gpu_layers: Option<crate::exec::GpuLayers>,
     /// `local`: the runner starts an RPC device server (`sovereign device serve`) on a loopback
     /// port for each of the arm's cells, registers it as the cell's device and stops it when
     /// the cell ends. Needs `gpu_layers`.

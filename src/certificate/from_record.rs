@@ -211,7 +211,7 @@ fn boundaries(r: &GenerateRecord, opts: &RecordOptions) -> Result<Boundaries> {
 /// it before decoding, and the authority that audited it during the run.
 fn device_tier(r: &GenerateRecord) -> Option<Tier> {
     let p = r.params.as_ref()?.placement.as_ref()?;
-    if p.gpu_devices.is_empty() || matches!(p.gpu_layers, crate::engine::GpuLayers::Count(0)) {
+    if p.gpu_devices.is_empty() || matches!(p.gpu_layers, crate::exec::GpuLayers::Count(0)) {
         return None;
     }
     let before = p.device_before_decode.as_ref();

@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use sovereign::bounds::parse_bytes;
 use sovereign::cell::{self, Cell, Experts, ExpertsMode, GenerateCell, Prompt, WorkerEnd};
-use sovereign::engine::ExecParams;
+use sovereign::exec::ExecParams;
 use sovereign::generate;
 use sovereign::observe::ContainSpec;
 use sovereign::plan::{PlanOptions, SourceKind};

@@ -4,7 +4,7 @@ use super::print_json;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use sovereign::cell::{self, Cell, ExpertsMode, RefineCell};
-use sovereign::engine::{ExecParams, ExecRequest};
+use sovereign::exec::{ExecParams, ExecRequest};
 use sovereign::refine::{self, margins, Mode};
 use sovereign::source::fault::FaultCell;
 use std::path::PathBuf;

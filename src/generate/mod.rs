@@ -3,7 +3,8 @@
 
 pub mod draft;
 
-use crate::engine::{Context, DeviceCheck, ExecParams, ExecRequest, ExpertSource, Model, PlacementReport};
+use crate::engine::{Context, ExpertSource, Model};
+use crate::exec::{DeviceCheck, ExecParams, ExecRequest, PlacementReport};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::record::format::{
@@ -128,7 +129,7 @@ pub fn device_check(ctx: &Context) -> Result<DeviceCheck> {
         None => None,
     };
     let buffers = ctx.device_memory();
-    let on_devices: Vec<&crate::engine::DeviceBuffers> = buffers.iter().filter(|b| b.device != "CPU" && b.total() > 0).collect();
+    let on_devices: Vec<&crate::exec::DeviceBuffers> = buffers.iter().filter(|b| b.device != "CPU" && b.total() > 0).collect();
     let device_bytes = on_devices.iter().map(|b| b.total()).sum();
     if let Some(c) = cap.filter(|&c| device_bytes > c) {
         bail!("the device server's memory cap is {c} bytes, and the run's buffers take {device_bytes} bytes on its devices before decoding; refused");

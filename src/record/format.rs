@@ -6,7 +6,8 @@
 //! a JSON value, so keys stay sorted (`Staging::commit`).
 
 use super::{Surface, RECORD_FILE};
-use crate::engine::{ExecParams, ExpertSource, PlacementReport};
+use crate::engine::ExpertSource;
+use crate::exec::{ExecParams, PlacementReport};
 use crate::identity::BuildIdentity;
 use crate::inventory::Inventory;
 use crate::observe::ContainedRun;

@@ -5,7 +5,8 @@
 //! smallest margins first) to reach a target agreement.
 
 use super::margin;
-use crate::engine::{Context, ExecRequest, Model};
+use crate::engine::{Context, Model};
+use crate::exec::ExecRequest;
 use crate::generate::argmax;
 use anyhow::{bail, Result};
 use serde::Serialize;

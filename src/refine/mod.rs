@@ -11,7 +11,8 @@ pub mod margins;
 pub mod score;
 
 use crate::digests::Loads;
-use crate::engine::{Context, ExecParams, ExecRequest, ExpertSource, Model};
+use crate::engine::{Context, ExpertSource, Model};
+use crate::exec::{ExecParams, ExecRequest};
 use crate::generate::draft::{self, Drafting, Origin, Proposer};
 use crate::generate::{argmax, check_finite, load_model, ModelIdentity};
 use crate::identity::build_identity;

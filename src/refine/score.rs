@@ -1,7 +1,8 @@
 //! Quality: the mean per-token log-probability of an output under the reference model,
 //! teacher-forced (seed 001 §5.1).
 
-use crate::engine::{Context, ExecParams};
+use crate::engine::Context;
+use crate::exec::ExecParams;
 use crate::generate::argmax;
 use crate::inventory::Inventory;
 use crate::plan::PlanOptions;

@@ -216,7 +216,7 @@ fn kv_trim_then_redecode_is_bitwise_identical() {
     let m = models();
     sovereign::engine::init();
     let model = sovereign::engine::Model::load(&m.q8).unwrap();
-    let exec = sovereign::engine::ExecParams { n_ctx: 256, n_batch: 64, n_ubatch: 64, threads: 2, threads_batch: None, flash_attn: false };
+    let exec = sovereign::exec::ExecParams { n_ctx: 256, n_batch: 64, n_ubatch: 64, threads: 2, threads_batch: None, flash_attn: false };
     let mut ctx = sovereign::engine::Context::new(&model, exec, false).unwrap();
     let toks = model.tokenize(b"rollback must not change a bit", true).unwrap();
     let mut first = Vec::new();

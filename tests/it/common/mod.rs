@@ -73,7 +73,7 @@ pub fn generate_spec(model: &Path, record: &Path, prompt: &str, n: u32) -> sover
         model: model.to_path_buf(),
         prompt: prompt.as_bytes().to_vec(),
         n_predict: n,
-        exec: sovereign::engine::ExecParams {
+        exec: sovereign::exec::ExecParams {
             n_ctx: Some(512),
             n_batch: 512,
             n_ubatch: 512,
