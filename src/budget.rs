@@ -10,6 +10,7 @@ use crate::engine::{Context, ExpertSource, SlotPool};
 use crate::exec::ExecRequest;
 use crate::inventory::Inventory;
 use crate::plan::budget::{settle, BudgetSizing, PlanBudget, Tier};
+use crate::plan::report::{OtherSource, SourceDescription, SourceReport};
 use crate::plan::{Manifest, PlanOptions, SourceKind};
 use anyhow::{anyhow, bail, Result};
 use std::path::Path;
@@ -39,6 +40,14 @@ impl ExpertSource for Probe {
 
     fn release(&mut self, _layer: u32, _pass: u32) -> Result<()> {
         Ok(())
+    }
+
+    fn describe(&self) -> SourceDescription {
+        SourceDescription::Other(OtherSource::new("budget probe", &[("slots", 1)]))
+    }
+
+    fn finish(&mut self) -> Result<SourceReport> {
+        Ok(SourceReport::Other(OtherSource::new("budget probe", &[])))
     }
 }
 

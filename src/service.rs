@@ -6,7 +6,8 @@ use crate::engine::{ExpertSource, SlotPool};
 use crate::inventory::Inventory;
 use crate::plan::options::per_pass;
 use crate::plan::report::{
-    CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, PrefillReport, SourceBound, StepsReport, STEP_FIELDS,
+    CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, PrefillReport, SourceBound, SourceDescription,
+    SourceReport, StepsReport, STEP_FIELDS,
 };
 use crate::plan::timeline::{self, Timeline};
 use crate::plan::{CopyError, Coverage, Manifest, Passes, Plan, PlanOptions, Role, SizedFrom, Sizing, SlotState, SlotWriter, SourceKind};
@@ -432,8 +433,16 @@ impl ExpertSource for PlanSource {
         self.decode_closed(ok)
     }
 
-    fn typed(&mut self) -> Option<&mut dyn std::any::Any> {
-        Some(self)
+    fn describe(&self) -> SourceDescription {
+        SourceDescription::Plan(self.description())
+    }
+
+    fn finish(&mut self) -> Result<SourceReport> {
+        Ok(SourceReport::Plan(Box::new(self.report()?)))
+    }
+
+    fn bytes_read(&self) -> Option<u64> {
+        Some(self.plan.telemetry().q_run.physical_bytes)
     }
 
     fn surfaces(&mut self) -> Vec<crate::engine::SourceSurface> {

@@ -8,10 +8,9 @@
 use super::{AdmissionEvidence, At, Boundaries, Bytes, Certificate, Evidence, ExactResult, Exactness, Grade, Inventory, Lifecycle, Tier};
 use crate::oracle::{self, Outcome as Outcome_};
 use crate::plan::Telemetry;
-use crate::record::format::{ExpertsParams, ExpertsReport, Outcome};
+use crate::record::format::{ExpertsParams, Outcome};
 use crate::record::GenerateRecord;
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Default)]
@@ -111,14 +110,14 @@ pub fn from_record(dir: &Path, opts: &RecordOptions) -> Result<Certificate> {
 fn system(r: &GenerateRecord) -> String {
     let source = r.params.as_ref().and_then(|p| match &p.experts {
         ExpertsParams::Plan(d) => Some(d.source.name().to_string()),
-        ExpertsParams::Other(v) => v.get("source").and_then(Value::as_str).map(str::to_string),
+        ExpertsParams::Other(o) => Some(o.source.clone()),
         ExpertsParams::Resident => None,
     });
     format!(
         "sovereign generate: {} model {}, {}{}, outcome {}",
         r.model.as_ref().map_or("?", |m| m.architecture.as_str()),
         r.model.as_ref().map_or("?", |m| m.file.as_str()),
-        if r.experts().is_some_and(ExpertsReport::is_object) { "experts served by the Plan" } else { "experts resident" },
+        if r.experts().is_some() { "experts served by the Plan" } else { "experts resident" },
         source.map_or(String::new(), |s| format!(" from source {}", s.to_uppercase())),
         r.outcome.name(),
     )
@@ -257,7 +256,7 @@ fn exactness(dir: &Path, r: &GenerateRecord, oracle: Option<&OracleRecord>) -> R
     let mode = match o.record.params.as_ref().map(|p| &p.experts) {
         Some(ExpertsParams::Resident) => "resident",
         Some(ExpertsParams::Plan(_)) => "plan",
-        Some(ExpertsParams::Other(v)) => v.get("mode").and_then(Value::as_str).or(v.as_str()).unwrap_or("?"),
+        Some(ExpertsParams::Other(o)) => o.source.as_str(),
         None => "?",
     };
     let mut problems = Vec::new();
@@ -301,7 +300,7 @@ fn exactness(dir: &Path, r: &GenerateRecord, oracle: Option<&OracleRecord>) -> R
 
 /// L: the Plan's lifecycle as its report shows it.
 fn lifecycle(r: &GenerateRecord) -> Lifecycle {
-    let Some(e) = r.experts().filter(|e| e.is_object()) else {
+    let Some(e) = r.experts() else {
         return Lifecycle {
             invariants: Evidence::Insufficient,
             transitions: Evidence::Insufficient,

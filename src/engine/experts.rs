@@ -3,6 +3,7 @@
 //! decode it asks the source to make experts resident.
 
 use super::sys;
+use crate::plan::report::{SourceDescription, SourceReport};
 use anyhow::{bail, Result};
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -131,18 +132,13 @@ pub trait ExpertSource: Send {
         let _ = ok;
         Ok(())
     }
-    /// The source as its own type, for a caller that knows it and reads its description and
-    /// report typed (the Plan's, by `record::format`); a wrapper forwards what it wraps.
-    fn typed(&mut self) -> Option<&mut dyn std::any::Any> {
+    /// What the source is, for the record's parameters.
+    fn describe(&self) -> SourceDescription;
+    /// Closes the source after the run and reports what it saw.
+    fn finish(&mut self) -> Result<SourceReport>;
+    /// Expert bytes read from storage so far, where the source counts them.
+    fn bytes_read(&self) -> Option<u64> {
         None
-    }
-    /// What a source the caller cannot read typed is, for records.
-    fn describe(&self) -> Result<serde_json::Value> {
-        Ok(serde_json::Value::Null)
-    }
-    /// Closes such a source after the run and reports what it saw.
-    fn finish(&mut self) -> Result<serde_json::Value> {
-        Ok(serde_json::Value::Null)
     }
     /// Surfaces the source recorded, for the record (after `finish`).
     fn surfaces(&mut self) -> Vec<SourceSurface> {

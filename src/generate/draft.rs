@@ -15,7 +15,6 @@ use super::{argmax, check_finite, Decoding};
 use crate::engine::{Context, Model};
 use crate::record::format::SpeculativeReport;
 use crate::routes::RouteEvent;
-use crate::service::PlanSource;
 use anyhow::{Context as _, Result};
 use std::time::Instant;
 
@@ -164,9 +163,7 @@ impl<'m> Proposer<'m> {
 
 /// Expert bytes the target's source has read so far (None: resident, or not the Plan).
 fn source_bytes(model: &Model) -> Option<u64> {
-    model
-        .with_source(|s| s.typed().and_then(|a| a.downcast_mut::<PlanSource>()).map(|p| p.plan().telemetry().q_run.physical_bytes))
-        .flatten()
+    model.with_source(|s| s.bytes_read()).flatten()
 }
 
 /// Mean distinct experts a layer selects in one traversal (all its rows, rejected ones too).

@@ -220,7 +220,7 @@ pub fn run_with(spec: &GenerateSpec, make_source: impl FnOnce(&Inventory) -> Res
     routes.extend(ctx.take_routes());
     let route_k = ctx.route_k().unwrap_or(0);
     drop(ctx);
-    let source_report = model.with_source(ExpertsReport::of_source);
+    let source_report = model.with_source(|s| s.finish().map(ExpertsReport::from));
     let source_surfaces = model.with_source(|s| s.surfaces()).unwrap_or_default();
     let mut ran = Ran { model_id, params, prompt, n_vocab, route_k, load_s };
     if let Err(e) = closing_checks(decoded, &source_report, &mut ran.params) {
@@ -290,7 +290,7 @@ fn load_for_run(spec: &GenerateSpec, inv: &Inventory, mut source: Option<Box<dyn
     let loads = if source.is_some() { crate::digests::Loads::NonExpert } else { crate::digests::Loads::All };
     let model_id = ModelIdentity::of(&spec.model, inv, Some(loads))?;
     let experts = match &mut source {
-        Some(s) => ExpertsParams::of_source(s.as_mut())?,
+        Some(s) => s.describe().into(),
         None => ExpertsParams::Resident,
     };
     let t0 = Instant::now();

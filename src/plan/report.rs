@@ -1,5 +1,6 @@
-//! What the Plan puts on record as an expert source: its description before the run
-//! (`params.experts`) and its report after it (`experts`).
+//! What an expert source puts on record: its description before the run (`params.experts`)
+//! and its report after it (`experts`), the Plan's typed in full, another source's as its name
+//! and counts. The engine's `ExpertSource` returns these, so a record reads them typed.
 
 use super::coverage::CoverageReport;
 use super::options::SourceKind;
@@ -7,7 +8,36 @@ use super::telemetry::{Closure, Telemetry};
 use super::timeline::TimelineReport;
 use crate::source::fault::{Expect, FaultCell};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What an expert source is, for the record's parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceDescription {
+    Plan(PlanDescription),
+    Other(OtherSource),
+}
+
+/// How an expert source closed after the run, for the record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceReport {
+    Plan(Box<PlanReport>),
+    Other(OtherSource),
+}
+
+/// A source other than the Plan as a record states it: its name, and the settings or counts it
+/// gives (`{"source": "reread", "slots": 4}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OtherSource {
+    pub source: String,
+    #[serde(flatten)]
+    pub counts: BTreeMap<String, u64>,
+}
+
+impl OtherSource {
+    pub fn new(source: &str, counts: &[(&str, u64)]) -> OtherSource {
+        OtherSource { source: source.to_string(), counts: counts.iter().map(|&(k, v)| (k.to_string(), v)).collect() }
+    }
+}
 
 /// `"mode": "plan"`: what marks a source description as the Plan's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

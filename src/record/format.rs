@@ -6,14 +6,12 @@
 //! a JSON value, so keys stay sorted (`Staging::commit`).
 
 use super::{Surface, RECORD_FILE};
-use crate::engine::ExpertSource;
 use crate::exec::{ExecParams, PlacementReport};
 use crate::identity::BuildIdentity;
 use crate::inventory::Inventory;
 use crate::observe::ContainedRun;
-use crate::plan::report::{PlanDescription, PlanReport};
+use crate::plan::report::{OtherSource, PlanDescription, PlanReport, SourceDescription, SourceReport};
 use crate::plan::PlanOptions;
-use crate::service::PlanSource;
 use anyhow::{bail, Context, Result};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -190,28 +188,24 @@ pub enum Resident {
 }
 
 /// Where a run's experts came from (`params.experts`): resident, the Plan, or another
-/// source's own description.
+/// source by its name and counts.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExpertsParams {
     Resident,
     Plan(PlanDescription),
-    Other(Value),
+    Other(OtherSource),
 }
 
-/// The Plan behind `s`, if that is what it is.
-fn plan_source(s: &mut dyn ExpertSource) -> Option<&mut PlanSource> {
-    s.typed().and_then(|a| a.downcast_mut::<PlanSource>())
+impl From<SourceDescription> for ExpertsParams {
+    fn from(d: SourceDescription) -> ExpertsParams {
+        match d {
+            SourceDescription::Plan(d) => ExpertsParams::Plan(d),
+            SourceDescription::Other(o) => ExpertsParams::Other(o),
+        }
+    }
 }
 
 impl ExpertsParams {
-    /// What `s` is: the Plan's typed description, or another source's own.
-    pub fn of_source(s: &mut dyn ExpertSource) -> Result<ExpertsParams> {
-        Ok(match plan_source(s) {
-            Some(p) => ExpertsParams::Plan(p.description()),
-            None => ExpertsParams::Other(s.describe()?),
-        })
-    }
-
     /// `params.experts` as a record stores it.
     fn of_value(v: Value) -> Result<ExpertsParams, serde_json::Error> {
         Ok(if v == "resident" {
@@ -219,7 +213,7 @@ impl ExpertsParams {
         } else if v.get("mode").and_then(Value::as_str) == Some("plan") {
             ExpertsParams::Plan(serde_json::from_value(v)?)
         } else {
-            ExpertsParams::Other(v)
+            ExpertsParams::Other(serde_json::from_value(v)?)
         })
     }
 
@@ -236,7 +230,7 @@ impl Serialize for ExpertsParams {
         match self {
             ExpertsParams::Resident => Resident::Resident.serialize(s),
             ExpertsParams::Plan(d) => d.serialize(s),
-            ExpertsParams::Other(v) => v.serialize(s),
+            ExpertsParams::Other(o) => o.serialize(s),
         }
     }
 }
@@ -248,24 +242,24 @@ impl<'de> Deserialize<'de> for ExpertsParams {
 }
 
 /// How a run's expert source closed (`experts`): the Plan's report, the error of a source that
-/// did not close, or another source's own report.
+/// did not close, or another source's name and counts.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExpertsReport {
     Plan(Box<PlanReport>),
     FinishError(String),
-    Other(Value),
+    Other(OtherSource),
+}
+
+impl From<SourceReport> for ExpertsReport {
+    fn from(r: SourceReport) -> ExpertsReport {
+        match r {
+            SourceReport::Plan(r) => ExpertsReport::Plan(r),
+            SourceReport::Other(o) => ExpertsReport::Other(o),
+        }
+    }
 }
 
 impl ExpertsReport {
-    /// Closes `s` and takes its report: the Plan's typed report, or another source's own; an
-    /// error is the source's failure to close.
-    pub fn of_source(s: &mut dyn ExpertSource) -> Result<ExpertsReport> {
-        Ok(match plan_source(s) {
-            Some(p) => ExpertsReport::Plan(Box::new(p.report()?)),
-            None => ExpertsReport::Other(s.finish()?),
-        })
-    }
-
     /// `experts` as a record stores it.
     fn of_value(v: Value) -> Result<ExpertsReport, serde_json::Error> {
         let finish_error = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.get("finish_error")).and_then(Value::as_str);
@@ -274,7 +268,7 @@ impl ExpertsReport {
         } else if v.get("manifest").is_some() {
             ExpertsReport::Plan(Box::new(serde_json::from_value(v)?))
         } else {
-            ExpertsReport::Other(v)
+            ExpertsReport::Other(serde_json::from_value(v)?)
         })
     }
 
@@ -283,11 +277,6 @@ impl ExpertsReport {
             ExpertsReport::Plan(r) => Some(r),
             _ => None,
         }
-    }
-
-    /// A JSON object (a Plan report, a finish error, or an object of another source).
-    pub fn is_object(&self) -> bool {
-        !matches!(self, ExpertsReport::Other(v) if !v.is_object())
     }
 }
 
@@ -301,7 +290,7 @@ impl Serialize for ExpertsReport {
         match self {
             ExpertsReport::Plan(r) => r.serialize(s),
             ExpertsReport::FinishError(e) => FinishError { finish_error: e }.serialize(s),
-            ExpertsReport::Other(v) => v.serialize(s),
+            ExpertsReport::Other(o) => o.serialize(s),
         }
     }
 }

@@ -536,7 +536,7 @@ impl Runtime<'_> {
 /// The verifier's source closed and reported. A source that cannot close clean is evidence
 /// too: it goes into the record, not lost, and fails a run that had not failed already.
 fn close_verifier_source(ver_model: Option<&Model>, failure: &mut Option<anyhow::Error>) -> Result<Option<ExpertsReport>> {
-    Ok(match ver_model.and_then(|m| m.with_source(ExpertsReport::of_source)) {
+    Ok(match ver_model.and_then(|m| m.with_source(|s| s.finish().map(ExpertsReport::from))) {
         Some(Ok(r)) => Some(r),
         Some(Err(e)) => {
             if failure.is_none() {

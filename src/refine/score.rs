@@ -42,7 +42,7 @@ pub fn score(path: &Path, inv: &Inventory, seqs: &[(&[i32], &[i32])], exec: Exec
         per_prompt.push(s / out.len() as f64);
     }
     drop(ctx);
-    if let Some(r) = model.with_source(crate::record::format::ExpertsReport::of_source) {
+    if let Some(r) = model.with_source(|s| s.finish().map(crate::record::format::ExpertsReport::from)) {
         r?;
     }
     Ok(Quality {

@@ -9,6 +9,8 @@ use common::*;
 use sovereign::engine::{ExpertSource, SlotPool};
 use sovereign::generate;
 use sovereign::inventory::{Extent, Inventory};
+use sovereign::plan::report::{OtherSource, SourceDescription, SourceReport};
+use sovereign::record::format::{ExpertsParams, ExpertsReport};
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -95,12 +97,12 @@ impl ExpertSource for RereadSource {
         Ok(())
     }
 
-    fn describe(&self) -> Result<serde_json::Value> {
-        Ok(serde_json::json!({ "source": "reread", "slots": self.n_slots }))
+    fn describe(&self) -> SourceDescription {
+        SourceDescription::Other(OtherSource::new("reread", &[("slots", self.n_slots.into())]))
     }
 
-    fn finish(&mut self) -> Result<serde_json::Value> {
-        Ok(serde_json::json!({ "acquires": self.acquires.load(Ordering::SeqCst) }))
+    fn finish(&mut self) -> Result<SourceReport> {
+        Ok(SourceReport::Other(OtherSource::new("reread", &[("acquires", self.acquires.load(Ordering::SeqCst))])))
     }
 }
 
@@ -110,7 +112,13 @@ fn with_source(model: &Path, record: &Path, prompt: &str, n: u32, slots: u32, fa
     generate::run_with(&generate_spec(model, record, prompt, n), move |inv| {
         Ok(Some(Box::new(RereadSource::new(model, inv, slots, a, fail_at)) as Box<dyn ExpertSource>))
     })?;
-    Ok(acquires.load(Ordering::SeqCst))
+    let n = acquires.load(Ordering::SeqCst);
+    // The record keeps what the source said it was and counted, and reads it back typed.
+    let r = sovereign::record::load_generate(record)?;
+    let params = r.params.as_ref().map(|p| p.experts.clone());
+    assert_eq!(params, Some(ExpertsParams::Other(OtherSource::new("reread", &[("slots", slots.into())]))));
+    assert_eq!(r.experts(), Some(&ExpertsReport::Other(OtherSource::new("reread", &[("acquires", n)]))));
+    Ok(n)
 }
 
 const PROMPT: &str = "A prefill long enough that every layer selects all of its experts.";

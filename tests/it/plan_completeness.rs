@@ -8,6 +8,7 @@ use anyhow::Result;
 use common::*;
 use sovereign::engine::{ExpertSource, SlotPool};
 use sovereign::generate;
+use sovereign::plan::report::{SourceDescription, SourceReport};
 use sovereign::plan::{PlanOptions, SourceKind};
 use sovereign::service::PlanSource;
 use sovereign::source::fault::FaultCell;
@@ -86,8 +87,11 @@ impl ExpertSource for SlotCountPasses {
     fn decoded(&mut self, ok: bool) -> Result<()> {
         self.0.decoded(ok)
     }
-    fn typed(&mut self) -> Option<&mut dyn std::any::Any> {
-        self.0.typed()
+    fn describe(&self) -> SourceDescription {
+        self.0.describe()
+    }
+    fn finish(&mut self) -> Result<SourceReport> {
+        self.0.finish()
     }
 }
 
