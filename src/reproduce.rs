@@ -25,6 +25,8 @@ use crate::campaign::journal::Journal;
 use crate::campaign::{self, CampaignDir, Loaded, ProcessExecutor, RunMode, RunOptions};
 use crate::campaign::{histories, read_cell, CellDocument, CellState, CellStatus};
 use crate::claims::{self, Claim, Records, Replay};
+use crate::engine::backends::Device;
+use crate::engine::EngineIdentity;
 use crate::oracle::Outcome;
 use crate::record::{prepare_seal, verify_record};
 use anyhow::{bail, Context, Result};
@@ -87,7 +89,7 @@ pub struct Report {
     pub statement: String,
     pub ledger_sha256: String,
     /// This build's engine identity (equal to the records', or nothing ran).
-    pub engine: Value,
+    pub engine: EngineIdentity,
     pub binary_sha256: String,
     pub campaigns: Vec<String>,
     pub warnings: Vec<String>,
@@ -115,60 +117,61 @@ fn short(d: &str) -> &str {
     &d[..12.min(d.len())]
 }
 
-/// The engine fields that make a build the same build, as they appear in `record.json`.
-const ENGINE_FIELDS: &[(&str, &str)] = &[
-    ("package", "engine pin (package)"),
-    ("version", "engine pin (version)"),
-    ("checksum", "engine pin (checksum)"),
-    ("tree_sha256", "engine tree digest"),
-    ("patches", "patch digests"),
-    ("cmake_options", "CMake options"),
-];
+/// Where `theirs` is another build than `ours`: each field that makes a build the same build,
+/// by name, with the record's value and this build's, as a record writes them.
+fn build_differences(theirs: &EngineIdentity, ours: &EngineIdentity) -> Vec<(&'static str, String, String)> {
+    fn differ<T: PartialEq + Serialize>(name: &'static str, t: &T, u: &T) -> Option<(&'static str, String, String)> {
+        (t != u).then(|| (name, json(t), json(u)))
+    }
+    [
+        differ("engine pin (package)", &theirs.package, &ours.package),
+        differ("engine pin (version)", &theirs.version, &ours.version),
+        differ("engine pin (checksum)", &theirs.checksum, &ours.checksum),
+        differ("engine tree digest", &theirs.tree_sha256, &ours.tree_sha256),
+        differ("patch digests", &theirs.patches, &ours.patches),
+        differ("CMake options", &theirs.cmake_options, &ours.cmake_options),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// A device as a build is the same build on it: all but its free memory, which changes
+/// between runs.
+fn device_itself(d: &Device) -> (&str, &str, &str, u64, Option<&str>) {
+    (&d.name, &d.description, &d.kind, d.memory_total, d.device_id.as_deref())
+}
 
 /// Refuses a record whose build is not this one; returns warnings for other hardware.
-fn check_build(o: &Original, ours: &Value, warnings: &mut BTreeSet<String>) -> Result<()> {
+fn check_build(o: &Original, ours: &EngineIdentity, warnings: &mut BTreeSet<String>) -> Result<()> {
     let Some(rec) = &o.record else { return Ok(()) };
     let build = rec.build();
-    let theirs = serde_json::to_value(&build.engine)?;
-    for (field, name) in ENGINE_FIELDS {
-        let (t, u) = (theirs.get(field).unwrap_or(&Value::Null), ours.get(field).unwrap_or(&Value::Null));
-        if t != u {
-            bail!(
-                "record {} ({}): {name} differs: the record has {}, this build has {}; a reproduction needs the pinned build",
-                o.alias,
-                short(&o.digest),
-                compact(t),
-                compact(u)
-            );
-        }
+    if let Some((name, theirs, here)) = build_differences(&build.engine, ours).into_iter().next() {
+        bail!(
+            "record {} ({}): {name} differs: the record has {theirs}, this build has {here}; a reproduction needs the pinned build",
+            o.alias,
+            short(&o.digest),
+        );
     }
-    let cpu = serde_json::to_value(crate::engine::cpu_features())?;
-    let recorded = serde_json::to_value(&build.cpu_features)?;
-    if recorded != cpu {
+    let cpu = crate::engine::cpu_features();
+    if build.cpu_features != cpu {
         warnings.insert(format!(
             "CPU features differ from the records' ({} here, {} recorded): kernels may differ",
-            compact(&cpu),
-            compact(&recorded)
+            json(&cpu),
+            json(&build.cpu_features)
         ));
     }
-    // Free memory changes between runs; the device itself does not.
-    let devices = |v: &Value| -> Vec<Value> {
-        v.as_array()
-            .map(|a| {
-                a.iter().map(|d| serde_json::json!([d["name"], d["description"], d["kind"], d["memory_total"], d["device_id"]])).collect()
-            })
-            .unwrap_or_default()
-    };
-    let here = devices(&serde_json::to_value(crate::engine::backends::devices())?);
-    let there = devices(&serde_json::to_value(&build.devices)?);
+    let devices = crate::engine::backends::devices();
+    let here: Vec<_> = devices.iter().map(device_itself).collect();
+    let there: Vec<_> = build.devices.iter().map(device_itself).collect();
     if here != there {
-        warnings.insert(format!(
-            "devices differ from the records' ({} here, {} recorded): kernels may differ",
-            compact(&Value::from(here)),
-            compact(&Value::from(there))
-        ));
+        warnings.insert(format!("devices differ from the records' ({} here, {} recorded): kernels may differ", json(&here), json(&there)));
     }
     Ok(())
+}
+
+fn json<T: Serialize + ?Sized>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
 }
 
 fn compact(v: &Value) -> String {
@@ -345,7 +348,7 @@ pub fn reproduce(opts: &Options) -> Result<Reproduction> {
     let claim = claims::claim(&ledger, &opts.claim, &opts.ledger)?;
     check_originals_stand(opts, claim)?;
     let originals = read_originals(claim, &opts.results)?;
-    let engine = serde_json::to_value(crate::engine::identity())?;
+    let engine = crate::engine::identity();
     let mut warnings = BTreeSet::new();
     for o in &originals {
         check_build(o, &engine, &mut warnings)?;
@@ -689,6 +692,29 @@ fn seal_report(r: &Report, out: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_build_differs_by_the_typed_fields_that_make_it_one_and_a_device_not_by_its_free_memory() {
+        let ours = crate::engine::identity();
+        assert!(build_differences(&ours, &ours).is_empty());
+        let mut theirs = ours.clone();
+        theirs.patches[0].sha256 = "0".repeat(64).into();
+        theirs.build_key = "another key".into();
+        let d = build_differences(&theirs, &ours);
+        assert_eq!(d.iter().map(|(name, ..)| *name).collect::<Vec<_>>(), ["patch digests"], "{d:?}");
+        assert!(d[0].1.contains(&"0".repeat(64)) && !d[0].2.contains(&"0".repeat(64)), "{d:?}");
+        let cpu = Device {
+            name: "CPU".into(),
+            description: "a CPU".into(),
+            kind: "cpu".into(),
+            memory_total: 1 << 30,
+            memory_free: 1 << 29,
+            device_id: None,
+        };
+        let later = Device { memory_free: 1 << 28, ..cpu.clone() };
+        assert_eq!(device_itself(&cpu), device_itself(&later));
+        assert_ne!(device_itself(&cpu), device_itself(&Device { memory_total: 2 << 30, ..cpu.clone() }));
+    }
 
     #[test]
     fn timing_holds_only_on_overlapping_intervals() {
