@@ -1,11 +1,14 @@
 //! An arm parsed into what it is. [`Arm`] stays the file's form, all of its fields optional,
 //! because it is what a campaign freezes and what `cell.json` carries: its serialisation fixes
 //! every campaign digest. [`Arm::kind`] is the one place its fields are checked against each
-//! other; what consumes an arm takes the [`ArmKind`] and finds only the fields that belong.
+//! other; what consumes an arm takes the [`ArmKind`] and finds only the fields that belong. A
+//! Plan arm parses into the same [`PlanOptions`] that `generate`'s flags and a cell carry.
 
-use super::spec::{Arm, ExpertsMode, FaultCell, Measure, PolicySpec, RefineArm, RpcArm, SourceKind};
+use super::spec::{Arm, ExpertsMode, FaultCell, Measure, RefineArm, RpcArm};
 use crate::bounds::range;
 use crate::exec::GpuLayers;
+use crate::plan::budget::{PlanBudget, Tier};
+use crate::plan::PlanOptions;
 
 /// A run, or a measurement cell.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,28 +37,10 @@ pub enum ArmExperts {
         warm: bool,
     },
     Host,
-    Plan(PlanArm),
-}
-
-/// An `experts: plan` arm's fields: source named, slots and policy named or both left to the
-/// budget of the pools' tier, the rest sized from the manifest or defaulted.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlanArm {
-    /// Both absent: sized from the budget (`memory_cap_bytes` for host pools, the device's
-    /// budget with `gpu_layers`).
-    pub slots: Option<u32>,
-    pub policy: Option<PolicySpec>,
-    pub source: SourceKind,
-    pub windows: Option<u32>,
-    pub depth: Option<u32>,
-    /// 0: one pool per layer.
-    pub layer_buffers: u32,
-    /// Absent in the file: `none`, the no-fault control.
-    pub fault: FaultCell,
-    pub timeline_token: Option<u32>,
-    pub token_pass: Option<u32>,
-    pub prompt_pass: Option<u32>,
-    pub verify: Option<crate::digests::Verify>,
+    /// `experts: plan`: slots and policy named, or both left to the budget of the pools' tier
+    /// (`budget` set: `memory_cap_bytes` for host pools, the device's budget with
+    /// `gpu_layers`); the fault absent in the file is `none`, the no-fault control.
+    Plan(PlanOptions),
 }
 
 /// What a run arm runs.
@@ -118,7 +103,7 @@ impl DeviceArm {
 }
 
 impl RunArm {
-    pub fn plan(&self) -> Option<&PlanArm> {
+    pub fn plan(&self) -> Option<&PlanOptions> {
         match &self.experts {
             ArmExperts::Plan(p) => Some(p),
             ArmExperts::Resident { .. } | ArmExperts::Host => None,
@@ -197,7 +182,7 @@ impl Arm {
         let held = match mode {
             ExpertsMode::Resident => self.no_plan_fields().map(|()| ArmExperts::Resident { warm: self.warm }),
             ExpertsMode::Host => self.no_plan_fields().map(|()| ArmExperts::Host),
-            ExpertsMode::Plan => self.plan_arm().map(ArmExperts::Plan),
+            ExpertsMode::Plan => self.plan_options().map(ArmExperts::Plan),
         };
         if self.warm && (mode != ExpertsMode::Resident || self.memory_cap_bytes.is_some() || self.refine.is_some()) {
             // A capped or streaming run must be charged for its own reads.
@@ -238,11 +223,65 @@ impl Arm {
         }
     }
 
+    /// The budget the arm's slot pools are sized from where it names neither slots nor policy:
+    /// the device's (`gpu_budget`, or the `rpc: local` server's cap, the lesser) where layers go
+    /// to a device, else `memory_cap_bytes`.
+    fn plan_budget(&self) -> Option<PlanBudget> {
+        match self.gpu_layers.filter(|g| !matches!(g, GpuLayers::Count(0))) {
+            Some(_) => {
+                let cap = self.device_memory_cap_bytes.filter(|_| self.rpc.is_some());
+                let bytes = match (self.gpu_budget, cap) {
+                    (Some(b), Some(c)) => Some(b.min(c)),
+                    (b, c) => b.or(c),
+                };
+                bytes.map(|bytes| PlanBudget { bytes, tier: Tier::Device })
+            }
+            None => self.memory_cap_bytes.map(|bytes| PlanBudget { bytes, tier: Tier::Host }),
+        }
+    }
+
     /// Slots, policy and source named; windows, depth and layer buffers within the Plan's
-    /// bounds (`bounds::PlanParams`); counts at least 1.
-    fn plan_arm(&self) -> Result<PlanArm, Vec<String>> {
+    /// bounds (`bounds::PlanParams`); counts at least 1. Slots and policy both absent: the
+    /// placeholders the budget replaces before the run loads.
+    fn plan_options(&self) -> Result<PlanOptions, Vec<String>> {
+        let mut msgs: Vec<String> = self.plan_bounds().err().map(|e| e.to_string()).into_iter().collect();
+        if self.source.is_none() {
+            msgs.push("`experts: plan` needs `source`".to_string());
+        }
+        // Slots and policy: both named, or both left to the budget of the pools' tier.
+        let budget = self.plan_budget();
+        match (self.slots.is_some(), self.policy.is_some()) {
+            (true, true) => {}
+            (false, false) if budget.is_some() => {}
+            (false, false) => msgs.push(
+                "`experts: plan` needs `slots` and `policy`, or a budget to size them from (`memory_cap_bytes`; with `gpu_layers`, `gpu_budget` or `device_memory_cap_bytes`)".to_string(),
+            ),
+            (set, _) => msgs.push(format!("`experts: plan` names `{}` without `{}`: name both, or neither to size them from the budget", if set { "slots" } else { "policy" }, if set { "policy" } else { "slots" })),
+        }
+        let counts = [("slots", self.slots), ("windows", self.windows), ("depth", self.depth), ("token_pass", self.token_pass)];
+        msgs.extend(counts.iter().filter(|(_, v)| *v == Some(0)).map(|(name, _)| format!("`{name}` must be at least 1")));
+        match self.source {
+            Some(source) if msgs.is_empty() => Ok(PlanOptions {
+                slots: self.slots.unwrap_or(crate::plan::options::DEFAULT_SLOTS),
+                policy: self.policy.clone().unwrap_or_default(),
+                source,
+                windows: self.windows,
+                depth: self.depth,
+                layer_buffers: self.layer_buffers.unwrap_or(0),
+                fault: self.fault.unwrap_or(FaultCell::None),
+                timeline_token: self.timeline_token,
+                token_pass: self.token_pass,
+                prompt_pass: self.prompt_pass,
+                budget: budget.filter(|_| self.slots.is_none()),
+                verify: self.verify,
+            }),
+            _ => Err(msgs),
+        }
+    }
+
+    fn plan_bounds(&self) -> anyhow::Result<()> {
         use crate::bounds::{MAX_DEPTH, MAX_LAYER_BUFFERS, MAX_SLOTS, MAX_TIMELINE_TOKEN, MAX_TOKEN_PASS, MAX_WINDOWS};
-        let bounds = range("slots", self.slots.unwrap_or(1).into(), 1, MAX_SLOTS as u64, "expert slots per layer")
+        range("slots", self.slots.unwrap_or(1).into(), 1, MAX_SLOTS as u64, "expert slots per layer")
             .and_then(|()| range("windows", self.windows.unwrap_or(1).into(), 1, MAX_WINDOWS as u64, "registered staging windows"))
             .and_then(|()| range("depth", self.depth.unwrap_or(1).into(), 1, MAX_DEPTH as u64, "io_uring's maximum of submission entries"))
             .and_then(|()| {
@@ -256,39 +295,7 @@ impl Arm {
             })
             .and_then(|()| {
                 range("prompt_pass", self.prompt_pass.unwrap_or(0).into(), 0, MAX_SLOTS as u64, "distinct experts per engine pass")
-            });
-        let mut msgs: Vec<String> = bounds.err().map(|e| e.to_string()).into_iter().collect();
-        if self.source.is_none() {
-            msgs.push("`experts: plan` needs `source`".to_string());
-        }
-        // Slots and policy: both named, or both left to the budget of the pools' tier.
-        let budget = if self.gpu_layers.is_some() { self.gpu_budget.or(self.device_memory_cap_bytes) } else { self.memory_cap_bytes };
-        match (self.slots.is_some(), self.policy.is_some()) {
-            (true, true) => {}
-            (false, false) if budget.is_some() => {}
-            (false, false) => msgs.push(
-                "`experts: plan` needs `slots` and `policy`, or a budget to size them from (`memory_cap_bytes`; with `gpu_layers`, `gpu_budget` or `device_memory_cap_bytes`)".to_string(),
-            ),
-            (set, _) => msgs.push(format!("`experts: plan` names `{}` without `{}`: name both, or neither to size them from the budget", if set { "slots" } else { "policy" }, if set { "policy" } else { "slots" })),
-        }
-        let counts = [("slots", self.slots), ("windows", self.windows), ("depth", self.depth), ("token_pass", self.token_pass)];
-        msgs.extend(counts.iter().filter(|(_, v)| *v == Some(0)).map(|(name, _)| format!("`{name}` must be at least 1")));
-        match self.source {
-            Some(source) if msgs.is_empty() => Ok(PlanArm {
-                slots: self.slots,
-                policy: self.policy.clone(),
-                source,
-                windows: self.windows,
-                depth: self.depth,
-                layer_buffers: self.layer_buffers.unwrap_or(0),
-                fault: self.fault.unwrap_or(FaultCell::None),
-                timeline_token: self.timeline_token,
-                token_pass: self.token_pass,
-                prompt_pass: self.prompt_pass,
-                verify: self.verify,
-            }),
-            _ => Err(msgs),
-        }
+            })
     }
 
     /// Generate or refine, with the device fields (`gpu_layers`, `rpc`, `gpu_budget`,
@@ -405,6 +412,43 @@ mod tests {
         c.arms.iter().find(|a| a.id.value == id).expect("defined").kind().expect("parses")
     }
 
+    fn arm_of(fields: serde_json::Value) -> Arm {
+        serde_json::from_value(fields).expect("arm fields")
+    }
+
+    #[test]
+    fn every_plan_setting_is_an_arm_field_that_parses_into_the_one_plan_options() {
+        let want = PlanOptions::every_setting();
+        let serde_json::Value::Object(settings) = serde_json::to_value(&want).unwrap() else { panic!("an object") };
+        let mut fields = settings.clone();
+        fields.insert("id".into(), "A".into());
+        fields.insert("experts".into(), "plan".into());
+        let ArmKind::Run(r) = arm_of(fields.clone().into()).kind().unwrap() else { panic!("a run") };
+        assert_eq!(r.plan(), Some(&want));
+        // The budget: slots and policy left to the cap of the pools' tier.
+        fields.remove("slots");
+        fields.remove("policy");
+        let budget = |fields: &serde_json::Map<String, serde_json::Value>| {
+            let ArmKind::Run(r) = arm_of(fields.clone().into()).kind().unwrap() else { panic!("a run") };
+            let plan = r.plan().unwrap().clone();
+            assert_eq!((plan.slots, &plan.policy), (crate::plan::options::DEFAULT_SLOTS, &Default::default()));
+            plan.budget
+        };
+        fields.insert("memory_cap_bytes".into(), (64u64 << 20).into());
+        assert_eq!(budget(&fields), Some(PlanBudget { bytes: 64 << 20, tier: Tier::Host }));
+        fields.insert("gpu_layers".into(), "all".into());
+        fields.insert("rpc".into(), "local".into());
+        fields.insert("device_memory_cap_bytes".into(), (32u64 << 20).into());
+        assert_eq!(budget(&fields), Some(PlanBudget { bytes: 32 << 20, tier: Tier::Device }));
+        fields.insert("gpu_budget".into(), (16u64 << 20).into());
+        assert_eq!(budget(&fields), Some(PlanBudget { bytes: 16 << 20, tier: Tier::Device }));
+        // A resident arm naming any one of them is refused by that name.
+        for (name, value) in &settings {
+            let a = arm_of(serde_json::json!({ "id": "A", "experts": "resident", name.as_str(): value }));
+            assert_eq!(a.kind().unwrap_err().0, [format!("arm `A`: `{name}` applies only to `experts: plan`")]);
+        }
+    }
+
     #[test]
     fn arms_parse_into_what_they_are() {
         let c = parse(crate::campaign::tests::GOOD).unwrap();
@@ -416,7 +460,7 @@ mod tests {
         let plan = d.plan().expect("D streams");
         assert_eq!(
             (plan.slots, &plan.policy, plan.source, plan.windows, plan.fault),
-            (Some(4), &Some("lru:2".parse().unwrap()), SourceKind::D, Some(1), FaultCell::None)
+            (4, &"lru:2".parse().unwrap(), crate::plan::SourceKind::D, Some(1), FaultCell::None)
         );
         let ArmKind::Run(f) = arm(&c, "F") else { panic!("F is a run") };
         assert_eq!(f.plan().map(|p| p.fault), Some(FaultCell::ShortRead));

@@ -5,7 +5,7 @@
 //! arm has a cap. [`CellExecutor::preflight`] says what this build can run; [`Telemetry`] is what
 //! an observer fills in (`None` means "not observed", never zero).
 
-use super::arm::{ArmExperts, ArmKind, DeviceArm, PlanArm, Program, RunArm};
+use super::arm::{ArmExperts, ArmKind, DeviceArm, Program, RunArm};
 use super::expand::CellSpec;
 use super::spec::Measure;
 use crate::cell::{self, Cell, Experts, GenerateCell, Prompt, RefineCell};
@@ -132,7 +132,7 @@ pub struct CellInputs {
 
 #[derive(Debug, Clone)]
 pub struct BlockRecord {
-    pub arm: super::spec::Arm,
+    pub arm: super::expand::CellArm,
     pub digest: String,
     pub dir: PathBuf,
 }
@@ -141,12 +141,12 @@ pub struct BlockRecord {
 /// is missing (its cell failed or was skipped) is an error that becomes the cell's outcome.
 pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: &Path) -> Result<Cell> {
     let id = &cell.arm.id.value;
-    let ArmKind::Measure(measure) = cell.arm.kind()? else { anyhow::bail!("arm `{id}` is not a measurement arm") };
+    let ArmKind::Measure(measure) = cell.arm.kind() else { anyhow::bail!("arm `{id}` is not a measurement arm") };
     match measure {
         Measure::Envelope(e) => Ok(Cell::Envelope(cell::EnvelopeCell {
             model: model.to_path_buf(),
             block_bytes: e.block_bytes,
-            depths: e.depths,
+            depths: e.depths.clone(),
             bytes_per_depth: e.bytes_per_depth,
             record: record.to_path_buf(),
         })),
@@ -158,10 +158,10 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                 .rev()
                 .find(|b| b.arm.id.value == *of)
                 .with_context(|| format!("arm `{id}`: no completed record of arm `{of}` earlier in block {}", cell.block))?;
-            let Some(mut plan) = source.arm.kind()?.run().and_then(|r| r.plan().cloned()) else {
+            let Some(mut plan) = source.arm.kind().run().and_then(|r| r.plan().cloned()) else {
                 anyhow::bail!("arm `{id}`: measure.read_replay.of `{of}` is not a Plan arm")
             };
-            if plan.slots.is_none() {
+            if plan.budget.take().is_some() {
                 // Sized from its budget: the replay reads as the run did, with the record's slots and policy.
                 let rec = crate::record::load_generate(&source.dir)?;
                 let d = rec
@@ -169,22 +169,17 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                     .as_ref()
                     .and_then(|p| p.experts.plan())
                     .with_context(|| format!("arm `{id}`: record of `{of}` names no Plan"))?;
-                plan.slots = Some(d.slots);
-                plan.policy = Some(
-                    d.policy.parse::<PolicySpec>().with_context(|| format!("arm `{id}`: the policy `{}` of `{of}`'s record", d.policy))?,
-                );
+                plan.slots = d.slots;
+                plan.policy =
+                    d.policy.parse::<PolicySpec>().with_context(|| format!("arm `{id}`: the policy `{}` of `{of}`'s record", d.policy))?;
             }
             let (depth, depth_from) = match r.depth {
                 Some(d) => (d, "fixed".to_string()),
                 None => {
-                    let env = inputs
-                        .block
-                        .iter()
-                        .rev()
-                        .find(|b| matches!(b.arm.kind(), Ok(ArmKind::Measure(Measure::Envelope(_)))))
-                        .with_context(|| {
-                            format!("arm `{id}`: no completed envelope record earlier in block {} to take the depth from", cell.block)
-                        })?;
+                    let env =
+                        inputs.block.iter().rev().find(|b| matches!(b.arm.kind(), ArmKind::Measure(Measure::Envelope(_)))).with_context(
+                            || format!("arm `{id}`: no completed envelope record earlier in block {} to take the depth from", cell.block),
+                        )?;
                     let best = crate::record::load_envelope(&env.dir)?
                         .best
                         .with_context(|| format!("envelope record {} names no best depth", env.digest))?;
@@ -196,40 +191,12 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                 of: source.dir.clone(),
                 of_arm: of.clone(),
                 of_record: source.digest.clone(),
-                plan: plan_options(&plan, FaultCell::None, None),
+                plan: PlanOptions { fault: FaultCell::None, ..plan },
                 depth,
                 depth_from,
                 record: record.to_path_buf(),
             }))
         }
-    }
-}
-
-/// The budget of a run arm's slot pools: the device's with offloaded layers, else the host cap.
-fn arm_budget(arm: &RunArm) -> Option<crate::plan::budget::PlanBudget> {
-    use crate::plan::budget::{PlanBudget, Tier};
-    match arm.device().filter(|d| d.n_gpu_layers() != 0) {
-        Some(d) => d.budget().map(|bytes| PlanBudget { bytes, tier: Tier::Device }),
-        None => arm.memory_cap_bytes.map(|bytes| PlanBudget { bytes, tier: Tier::Host }),
-    }
-}
-
-/// A Plan arm's settings as the run takes them; an arm that names neither slots nor policy
-/// leaves them to `budget` (the run sizes them before it loads).
-fn plan_options(arm: &PlanArm, fault: FaultCell, budget: Option<crate::plan::budget::PlanBudget>) -> PlanOptions {
-    PlanOptions {
-        slots: arm.slots.unwrap_or(crate::plan::options::DEFAULT_SLOTS),
-        policy: arm.policy.clone().unwrap_or_default(),
-        source: arm.source,
-        windows: arm.windows,
-        depth: arm.depth,
-        layer_buffers: arm.layer_buffers,
-        fault,
-        timeline_token: arm.timeline_token,
-        token_pass: arm.token_pass,
-        prompt_pass: arm.prompt_pass,
-        budget: budget.filter(|_| arm.slots.is_none() && arm.policy.is_none()),
-        verify: arm.verify,
     }
 }
 
@@ -267,7 +234,9 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
             window: *models.window,
             verify_all: ra.verify_all,
             exec: exec(),
-            stream: arm.plan().map(|plan| plan_options(plan, FaultCell::None, None)),
+            // The verifier streams with the arm's settings at their defaults where a budget would
+            // size them: a refine cell has no budget of the verifier's to size from.
+            stream: arm.plan().map(|plan| PlanOptions { fault: FaultCell::None, budget: None, ..plan.clone() }),
             reference_slots: cell::REFERENCE_SLOTS,
             record: p.record.to_path_buf(),
             seal: false,
@@ -281,7 +250,7 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
             experts: match &arm.experts {
                 ArmExperts::Resident { .. } => Experts::Resident,
                 ArmExperts::Host => Experts::Host,
-                ArmExperts::Plan(plan) => Experts::Plan(plan_options(plan, plan.fault, arm_budget(arm))),
+                ArmExperts::Plan(plan) => Experts::Plan(plan.clone()),
             },
             gpu_layers: arm.device().map_or(0, DeviceArm::n_gpu_layers),
             gpu_budget: arm.device().and_then(DeviceArm::budget),
@@ -426,7 +395,7 @@ impl ProcessExecutor {
 
 impl CellExecutor for ProcessExecutor {
     fn preflight(&self, cell: &CellSpec) -> Result<()> {
-        if cell.arm.kind()?.run().is_some_and(|r| r.memory_cap_bytes.is_some()) {
+        if cell.arm.kind().run().is_some_and(|r| r.memory_cap_bytes.is_some()) {
             // Refuse before anything is frozen when no memory cgroup can be made here.
             crate::observe::cleanup_stale().with_context(|| format!("arm `{}`: memory_cap_bytes", cell.arm.id.value))?;
         }
@@ -437,7 +406,7 @@ impl CellExecutor for ProcessExecutor {
         let paths = RunPaths { model: self.base.join(&cell.model.path), prompt: self.base.join(&cell.workload.prompt_file), staging, log };
         // An `rpc: local` arm's device: started for this cell, stopped when the cell ends.
         let mut server: Option<DeviceServer> = None;
-        let kind = cell.arm.kind()?;
+        let kind = cell.arm.kind();
         let (worker, shown) = match kind.run() {
             None => {
                 let t0 = Instant::now();

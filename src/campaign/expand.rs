@@ -1,5 +1,6 @@
 //! Expansion: a campaign becomes the ordered list of cells (arm × block × position) it runs.
 
+use super::arm::{ArmError, ArmKind};
 use super::spec::{Arm, Campaign, ModelSpec, RefineModels, Workload};
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +20,7 @@ pub struct CellSpec {
     pub position: usize,
     /// The block's arms in execution order, joined by `>` (e.g. `D>F`).
     pub order: String,
-    pub arm: Arm,
+    pub arm: CellArm,
     /// This cell is the oracle arm's.
     pub is_oracle: bool,
     pub model: ModelSpec,
@@ -30,6 +31,45 @@ pub struct CellSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proposer: Option<ModelSpec>,
     pub workload: Workload,
+}
+
+/// A cell's arm: the file form, which `cell.json` and the journal repeat as it is (campaign
+/// digests fix its serialisation), and what it parsed into, parsed once when the cell is made
+/// or read back. Derefs to the file form for the fields that name the arm (id, fault).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "Arm", into = "Arm")]
+pub struct CellArm {
+    file: Arm,
+    kind: ArmKind,
+}
+
+impl CellArm {
+    /// What the arm is (the one parse of its fields, [`Arm::kind`]).
+    pub fn kind(&self) -> &ArmKind {
+        &self.kind
+    }
+}
+
+impl TryFrom<Arm> for CellArm {
+    type Error = ArmError;
+
+    fn try_from(file: Arm) -> Result<CellArm, ArmError> {
+        Ok(CellArm { kind: file.kind()?, file })
+    }
+}
+
+impl From<CellArm> for Arm {
+    fn from(a: CellArm) -> Arm {
+        a.file
+    }
+}
+
+impl std::ops::Deref for CellArm {
+    type Target = Arm;
+
+    fn deref(&self) -> &Arm {
+        &self.file
+    }
 }
 
 /// The control a fault cell is validated against: the nearest earlier cell of its block whose
@@ -53,6 +93,7 @@ pub fn expand(c: &Campaign) -> Vec<CellSpec> {
         let order = arms.join(">");
         for (position, arm_id) in arms.iter().enumerate() {
             let arm = c.arms.iter().find(|a| a.id.value == *arm_id).expect("validated: every scheduled arm exists").clone();
+            let arm = CellArm::try_from(arm).expect("validated: every arm parses");
             cells.push(CellSpec {
                 index: cells.len(),
                 key: format!("b{block:02}-p{position}-{arm_id}"),

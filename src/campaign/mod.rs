@@ -32,7 +32,7 @@ pub mod slurm;
 pub mod spec;
 pub mod status;
 
-pub use arm::{ArmError, ArmExperts, ArmKind, DeviceArm, PlanArm, Program, RunArm};
+pub use arm::{ArmError, ArmExperts, ArmKind, DeviceArm, Program, RunArm};
 pub use document::{read_cell, CellDocument, CELL_FILE};
 pub use executor::{
     measure_cell, worker_cell, BlockRecord, CellExecutor, CellInputs, CellOutcome, CellPaths, CellStatus, ProcessExecutor, Telemetry,
@@ -388,7 +388,8 @@ analysis:
         let c = parse(&GOOD.replace("    slots: 4\n    policy: lru:2\n", "")).expect("D sized from its memory cap");
         let d = c.arms.iter().find(|a| a.id.value == "D").unwrap().kind().unwrap();
         let plan = d.run().and_then(|r| r.plan()).unwrap();
-        assert_eq!((plan.slots, &plan.policy), (None, &None));
+        let budget = crate::plan::budget::PlanBudget { bytes: 16_777_216, tier: crate::plan::budget::Tier::Host };
+        assert_eq!(plan.budget, Some(budget));
         let d = diag(&GOOD.replace("  lead: [O]\n", ""));
         assert!(d.iter().any(|d| d.message.contains("must be the first cell")), "{d:?}");
         let d = diag(&GOOD.replace("  - id: O\n    experts: resident\n", "  - id: O\n    experts: resident\n    slots: 3\n"));

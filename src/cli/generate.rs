@@ -370,3 +370,58 @@ pub fn print_contained(rec: &TypedRecord, dir: &std::path::Path, json: bool) -> 
     println!("admission {}{failed}", if adm.admitted { "admitted" } else { "NOT admitted" });
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::FromArgMatches;
+    use sovereign::plan::budget::{PlanBudget, Tier};
+
+    /// `generate` with `flags`, parsed as `main` does, to the Plan options of its cell.
+    fn options(flags: &[String]) -> Result<PlanOptions> {
+        let base = ["generate", "--model", "m.gguf", "--prompt", "p", "--record", "r", "--experts", "plan"];
+        let m = GenerateArgs::augment_args(clap::Command::new("generate"))
+            .try_get_matches_from(base.iter().map(|s| s.to_string()).chain(flags.iter().cloned()))?;
+        let mut a = GenerateArgs::from_arg_matches(&m)?;
+        a.note_given(&m);
+        match a.cell()? {
+            Cell::Generate(GenerateCell { experts: Experts::Plan(o), .. }) => Ok(o),
+            other => bail!("not a Plan cell: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_plan_setting_has_a_flag_that_the_one_conversion_carries_into_the_cell() {
+        let want = PlanOptions::every_setting();
+        let serde_json::Value::Object(settings) = serde_json::to_value(&want).unwrap() else { panic!("an object") };
+        let flags: Vec<String> = settings
+            .iter()
+            .flat_map(|(name, value)| {
+                let value = value.as_str().map_or_else(|| value.to_string(), str::to_string);
+                [format!("--{}", name.replace('_', "-")), value]
+            })
+            .collect();
+        assert_eq!(options(&flags).unwrap(), want);
+        // The budget: --memory-max for host pools, --gpu-budget for a device's, where neither
+        // --slots nor --policy is given.
+        let left_to_budget: Vec<String> = flags.chunks(2).filter(|f| f[0] != "--slots" && f[0] != "--policy").flatten().cloned().collect();
+        let with =
+            |extra: &[&str]| options(&[left_to_budget.clone(), extra.iter().map(|s| s.to_string()).collect()].concat()).unwrap().budget;
+        assert_eq!(with(&["--memory-max", "64M"]), Some(PlanBudget { bytes: 64 << 20, tier: Tier::Host }));
+        assert_eq!(
+            with(&["--gpu-layers", "all", "--gpu-budget", "16M", "--rpc", "127.0.0.1:1"]),
+            Some(PlanBudget { bytes: 16 << 20, tier: Tier::Device })
+        );
+        assert_eq!(with(&[]), None);
+        // Each is a Plan flag: refused, by name, without --experts plan.
+        for f in flags.chunks(2) {
+            let m = GenerateArgs::augment_args(clap::Command::new("generate"))
+                .try_get_matches_from(["generate", "--model", "m", "--prompt", "p", "--record", "r", &f[0], &f[1]])
+                .unwrap();
+            let mut a = GenerateArgs::from_arg_matches(&m).unwrap();
+            a.note_given(&m);
+            let e = a.cell().unwrap_err().to_string();
+            assert_eq!(e, format!("{} need --experts plan (resident runs load every expert)", f[0]));
+        }
+    }
+}

@@ -61,6 +61,29 @@ pub struct PlanOptions {
     pub verify: Option<crate::digests::Verify>,
 }
 
+impl PlanOptions {
+    /// Every setting away from its default, none left to a budget: what the tests of each form
+    /// that carries the settings (`generate`'s flags, a campaign arm's fields) build from, so a
+    /// field added here must be named in that form too.
+    #[doc(hidden)]
+    pub fn every_setting() -> PlanOptions {
+        PlanOptions {
+            slots: 3,
+            policy: "lru:2+prefetch".parse().expect("a policy"),
+            source: SourceKind::D,
+            windows: Some(2),
+            depth: Some(4),
+            layer_buffers: 2,
+            fault: FaultCell::ShortRead,
+            timeline_token: Some(1),
+            token_pass: Some(2),
+            prompt_pass: Some(16),
+            budget: None,
+            verify: Some(crate::digests::Verify::Blake3),
+        }
+    }
+}
+
 /// Windows, depth and token pass of a run's source: the flags', or derived from the manifest.
 ///
 /// F's defaults are the configuration the bench measures fastest on its disk, derived from the
