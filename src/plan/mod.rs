@@ -20,6 +20,7 @@
 
 pub mod budget;
 mod coverage;
+mod io;
 mod lifecycle;
 mod manifest;
 pub mod options;
@@ -323,17 +324,14 @@ struct Hold {
 }
 
 pub struct Plan {
-    /// First, so that it drops (draining every read still in flight) before the pools the
-    /// reads may land in.
-    source: Box<dyn Source>,
+    /// First, so that its source drops (draining every read still in flight) before the pools
+    /// the reads may land in.
+    io: io::Io,
     manifest: Manifest,
     /// Per layer index, one pool per role in role order.
     pools: Vec<Vec<Pool>>,
     table: SlotTable,
-    windows: Vec<WindowState>,
     policy: Box<dyn ReplacementPolicy>,
-    tickets: HashMap<u64, Ticket>,
-    next_ticket: u64,
     /// Outstanding acquire events per (layer, pass), innermost last.
     events: HashMap<(u32, u32), Vec<Vec<Hold>>>,
     /// Consumers held by prefetch, per layer index, until that layer's next acquire.
@@ -477,14 +475,11 @@ impl Plan {
             ..Default::default()
         };
         Ok(Plan {
-            windows: vec![WindowState::Free; source.n_windows() as usize],
+            io: io::Io::new(source),
             table: SlotTable::new(&shape),
             manifest,
             pools,
-            source,
             policy,
-            tickets: HashMap::new(),
-            next_ticket: 1,
             events: HashMap::new(),
             holds: vec![Vec::new(); n_layers],
             prefetching: None,
@@ -535,7 +530,7 @@ impl Plan {
     }
 
     pub fn window_states(&self) -> &[WindowState] {
-        &self.windows
+        self.io.windows()
     }
 
     /// The slots of a MoE layer.
@@ -546,7 +541,7 @@ impl Plan {
 
     /// Tickets submitted and not yet completed.
     pub fn active_tickets(&self) -> usize {
-        self.tickets.len()
+        self.io.active()
     }
 
     /// Makes group `pass` of this event's distinct experts resident and writes, for each id,
@@ -648,7 +643,7 @@ impl Plan {
         let mut t = self.obs.tel.clone();
         t.epoch = self.table.epoch();
         if let Some(mv) = &mut t.movement {
-            let st = self.source.stats();
+            let st = self.io.source().stats();
             (mv.sqes, mv.coalesced_sqes, mv.coalesced_extents) = (st.sqes, st.coalesced_sqes, st.coalesced_requests);
         }
         t.u_sched = Union {
@@ -686,20 +681,20 @@ impl Plan {
         let snap = self.table.snapshot();
         Closure {
             epoch: snap.epoch,
-            active_tickets: self.tickets.len() as u64,
-            windows_free: self.windows.iter().filter(|w| **w == WindowState::Free).count() as u32,
-            windows_total: self.windows.len() as u32,
+            active_tickets: self.io.active() as u64,
+            windows_free: self.io.windows().iter().filter(|w| **w == WindowState::Free).count() as u32,
+            windows_total: self.io.windows().len() as u32,
             consumers_live: snap.consumers(),
             consumer_takes: self.obs.tel.consumer_takes,
             consumer_drops: self.obs.tel.consumer_drops,
-            source_outstanding: self.source.outstanding() as u64,
+            source_outstanding: self.io.source().outstanding() as u64,
             drained_completions: self.obs.tel.drained_completions,
             slots: Closure::slot_states(snap.layers.iter().flat_map(|l| l.slots.iter().map(|c| &c.state))),
             failed: match &self.status {
                 Status::Failed(r) => Some(r.to_string()),
                 _ => None,
             },
-            source: self.source.stats(),
+            source: self.io.source().stats(),
         }
     }
 
@@ -733,9 +728,8 @@ impl Plan {
         if consumers > 0 {
             return Err(PlanError::ConsumersLive { consumers });
         }
-        let busy = self.windows.iter().filter(|w| **w != WindowState::Free).count();
-        if !self.tickets.is_empty() || busy > 0 {
-            return Err(PlanError::OutstandingWork { detail: format!("{} active tickets, {busy} windows not Free", self.tickets.len()) });
+        if let Some(detail) = self.io.busy() {
+            return Err(PlanError::OutstandingWork { detail });
         }
         self.table.reset()?;
         self.obs.tel.resets += 1;
@@ -759,12 +753,7 @@ impl Plan {
         if matches!(self.status, Status::Failed(_)) {
             // Every read was drained and nothing of these bundles was copied: the windows go
             // back to Free, counted, so the source closes with all windows free.
-            for (w, state) in self.windows.iter_mut().enumerate() {
-                if *state != WindowState::Free {
-                    state.step(w as u32, WindowTransition::Discard)?;
-                    self.obs.tel.windows_discarded += 1;
-                }
-            }
+            self.obs.tel.windows_discarded += self.io.discard_windows()?;
         }
         let closure = self.closure();
         self.status = Status::Closed;
@@ -777,7 +766,7 @@ impl Drop for Plan {
     /// freed, and where it cannot, the Plan's own pools are leaked rather than freed under the
     /// kernel's writes (the engine's pools are the engine's to keep; the failure is logged).
     fn drop(&mut self) {
-        if self.source.drain().is_ok() && !self.source.undrained() {
+        if self.io.drained() {
             return;
         }
         let mut leaked = 0u64;

@@ -92,7 +92,7 @@ impl Plan {
     /// and a covering read that fits the slot's stride. The logical bytes then start at the
     /// slot's address; the padding falls in the slot's margins. `None`: the window.
     pub(super) fn direct_target(&self, li: usize, i: usize, slot: u32, e: &ExtentPlan) -> Option<std::ptr::NonNull<u8>> {
-        if !self.source.reads_into_host() {
+        if !self.io.source().reads_into_host() {
             return None;
         }
         let pool = &self.pools[self.manifest.buffer_of(li)][i];

@@ -12,7 +12,7 @@ impl Plan {
             return Ok(());
         }
         let (n_experts, capacity) = (self.manifest.layers[nli].n_experts, self.manifest.layers[nli].capacity());
-        let free: Vec<u32> = (0..self.windows.len() as u32).filter(|&w| self.windows[w as usize] == WindowState::Free).collect();
+        let free: Vec<u32> = (0..self.io.windows().len() as u32).filter(|&w| self.io.is_free(w)).collect();
         let mut loads = Vec::new();
         for expert in self.policy.prefetch(next).into_iter().take(capacity as usize) {
             if expert >= n_experts || self.table.find(nli, expert).is_some() {

@@ -46,14 +46,15 @@ impl Plan {
         inflight: &mut HashMap<u32, Bundle>,
     ) -> Result<(), PlanError> {
         // Every window holds a copy in flight: the oldest one is finished to free its window.
-        let free = |p: &Plan| p.windows.iter().enumerate().any(|(w, s)| *s == WindowState::Free && !inflight.contains_key(&(w as u32)));
+        let free =
+            |p: &Plan| p.io.windows().iter().enumerate().any(|(w, s)| *s == WindowState::Free && !inflight.contains_key(&(w as u32)));
         while !pending.is_empty() && !self.copies.is_empty() && !free(self) {
             let c = self.copies.pop_front().expect("non-empty");
             self.finish_copy(c)?;
         }
         let mut jobs = Vec::new();
-        let mut room = self.source.room();
-        for (w, state) in self.windows.iter().enumerate() {
+        let mut room = self.io.source().room();
+        for (w, state) in self.io.windows().iter().enumerate() {
             if *state != WindowState::Free || inflight.contains_key(&(w as u32)) {
                 continue;
             }
@@ -80,13 +81,11 @@ impl Plan {
         self.advise_engine_pools();
         let mut reads = Vec::new();
         for &Job { window: w, load: Load { object, slot, v: version } } in jobs {
-            self.windows[w as usize].step(w, WindowTransition::BeginRead)?;
+            self.io.step(w, WindowTransition::BeginRead)?;
             let extents = self.manifest.object(object).expect("manifest object").extents.clone();
             let mut direct = Vec::with_capacity(extents.len());
             for (i, e) in extents.iter().enumerate() {
-                let id = self.next_ticket;
-                self.next_ticket += 1;
-                let t = Ticket { id, object, extent: i as u32, slot, generation: version.generation, epoch: version.epoch, window: w };
+                let id = self.io.ticket(object, i as u32, slot, version, w).id;
                 let into = self.direct_target(li, i, slot, e);
                 direct.push(into.is_some());
                 reads.push((
@@ -103,7 +102,6 @@ impl Plan {
                     },
                     into,
                 ));
-                self.tickets.insert(id, t);
             }
             let n = extents.len();
             inflight.insert(w, Bundle { object, slot, version, received: vec![false; n], remaining: n, direct });
@@ -114,7 +112,7 @@ impl Plan {
         // for the extent's bytes (checked in `direct_target`); no consumer reads a Loading slot,
         // no copy writes it, and the slot is not published or reloaded before every completion
         // of its bundle came back (a failed Plan publishes nothing and drains the source).
-        let submitted = unsafe { self.source.submit_vectored(&reads) };
+        let submitted = unsafe { self.io.submit(&reads) };
         self.obs.tel.read_ns += started.elapsed().as_nanos() as u64;
         let mv = self.obs.tel.movement.get_or_insert_with(Default::default);
         mv.batches += 1;
@@ -138,10 +136,6 @@ impl Plan {
             }
         }
         if let Err((_, e)) = submitted {
-            // Requests the source never took have no completion to wait for.
-            for (r, _) in &reads[done..] {
-                self.tickets.remove(&r.ticket);
-            }
             return Err(e.into());
         }
         Ok(())
@@ -150,7 +144,7 @@ impl Plan {
     /// The next completion; the time spent waiting for it is read time.
     pub(super) fn wait_source(&mut self) -> Result<Completion, SourceError> {
         let started = Instant::now();
-        let c = self.source.wait();
+        let c = self.io.wait();
         self.obs.tel.read_ns += started.elapsed().as_nanos() as u64;
         if let Ok(c) = &c {
             self.obs.tl.completed(started, c);
@@ -165,7 +159,7 @@ impl Plan {
 
     /// Validates one completion; publishes its bundle when it was the last extent.
     pub(super) fn accept(&mut self, li: usize, c: Completion, inflight: &mut HashMap<u32, Bundle>) -> Result<(), PlanError> {
-        let Some(t) = self.tickets.remove(&c.ticket) else {
+        let Some(t) = self.io.take(c.ticket) else {
             return Err(self.reject(RejectKind::UnknownTicket, c.ticket, format!("{c:?}")));
         };
         if c.object != t.object {
@@ -220,10 +214,10 @@ impl Plan {
     /// stay in flight on the device's copy stream, the window Copying and the slot Loading,
     /// until [`Plan::finish_copy`] has seen every copy's event complete.
     pub(super) fn publish(&mut self, li: usize, w: u32, b: Bundle) -> Result<(), PlanError> {
-        self.windows[w as usize].step(w, WindowTransition::Assembled)?;
-        self.windows[w as usize].step(w, WindowTransition::BeginCopy)?;
+        self.io.step(w, WindowTransition::Assembled)?;
+        self.io.step(w, WindowTransition::BeginCopy)?;
         let op = self.manifest.object(b.object).expect("manifest object");
-        let window = self.source.window(w);
+        let window = self.io.source().window(w);
         let started = Instant::now();
         let (mut direct_bytes, mut copied) = (0, 0);
         let mut ids = Vec::new();
@@ -301,7 +295,7 @@ impl Plan {
                 return Err(e);
             }
         }
-        self.windows[c.window as usize].step(c.window, WindowTransition::CopyDone)?;
+        self.io.step(c.window, WindowTransition::CopyDone)?;
         self.table.publish(c.li, c.slot, c.version)?;
         self.obs.tl.published(c.object, c.slot);
         self.obs.tel.loads += 1;
@@ -349,10 +343,8 @@ impl Plan {
 
     /// Takes every queued completion out of the source; none becomes visible.
     pub(super) fn drain(&mut self) -> Result<(), PlanError> {
-        while self.source.outstanding() > 0 {
-            let c = self.source.wait()?;
+        while let Some(c) = self.io.drain_one()? {
             self.obs.tl.completed(std::time::Instant::now(), &c);
-            self.tickets.remove(&c.ticket);
             self.obs.tel.drained_completions += 1;
         }
         Ok(())

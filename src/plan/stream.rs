@@ -146,7 +146,7 @@ impl Plan {
         if !self.copies_async {
             return Ok(());
         }
-        while !inflight.is_empty() && self.source.poll_ready() {
+        while !inflight.is_empty() && self.io.poll_ready() {
             let c = self.wait_source()?;
             self.obs.tel.harvested += 1;
             self.submit_pending(li, pending, inflight)?;

@@ -64,7 +64,7 @@ impl Plan {
                 return unsafe { std::slice::from_raw_parts(p.as_ptr().add(e.covering.head as usize), e.extent.len as usize) };
             }
         }
-        &self.source.window(t.window)[e.window_range()]
+        &self.io.source().window(t.window)[e.window_range()]
     }
 
     /// Hashes `t`'s landed extent and compares it with the manifest: a mismatch is a rejection.
