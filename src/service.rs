@@ -202,7 +202,7 @@ impl PlanSource {
     }
 
     fn mark(&self, at: Instant) -> Mark {
-        let (read_ns, copy_ns) = self.plan.io_ns();
+        let crate::plan::IoTime { read_ns, copy_ns } = self.plan.io_time();
         let read_bytes = self.plan.read_bytes();
         Mark { at, read_ns, copy_ns, read_bytes, wait: self.wait, in_calls: self.in_calls }
     }

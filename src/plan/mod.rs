@@ -26,6 +26,8 @@ mod manifest;
 pub mod options;
 mod policy;
 mod pools;
+pub use pools::{CopyError, SlotWriter};
+use pools::{CopyId, InFlightCopy, Pool, PoolMem};
 mod prefetch;
 mod reads;
 pub mod report;
@@ -43,7 +45,7 @@ pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version
 pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
 pub use options::{DeviceDepth, PlanOptions, SizedFrom, Sizing, SourceKind};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
-pub use table::{LayerSlots, Lock, SlotError, SlotTable, TableState};
+pub use table::{LayerShape, LayerSlots, Lock, SlotError, SlotTable, TableState};
 pub use telemetry::{Closure, DigestCheck, Movement, RejectKind, SemanticUnion, Telemetry, Traffic, Union};
 pub use timeline::Timeline;
 
@@ -209,110 +211,26 @@ struct Job {
     load: Load,
 }
 
-struct Pool {
-    role: Role,
-    bytes_per_slot: u64,
-    /// Where a slot starts past a page boundary ([`Manifest::slot_head`]), with slots `stride`
-    /// apart: its extents' covering reads land whole in the slot's own stride. `None`: packed
-    /// slots (`stride` = `bytes_per_slot`), filled through windows unless page-aligned.
-    head: Option<u64>,
-    stride: u64,
-    mem: PoolMem,
-}
-
-impl Pool {
-    fn new(role: Role, bytes_per_slot: u64, head: Option<u64>, mem: PoolMem) -> Pool {
-        Pool { role, bytes_per_slot, head, stride: Pool::stride_of(bytes_per_slot, head), mem }
-    }
-
-    /// Slots with a head lie a whole number of pages apart, so each slot's covering reads fit.
-    fn stride_of(bytes_per_slot: u64, head: Option<u64>) -> u64 {
-        head.map_or(bytes_per_slot, |h| align_up(h + bytes_per_slot))
-    }
-
-    /// Where `slot`'s bytes lie when the pool is host memory.
-    fn host(&self, slot: u32) -> Option<std::ptr::NonNull<u8>> {
-        match &self.mem {
-            // SAFETY: callers pass slot < n_slots: head + slot * stride + bytes_per_slot stays
-            // inside the allocation (`Plan::build`).
-            PoolMem::Host(buf) => {
-                std::ptr::NonNull::new(unsafe { buf.as_ptr().add((self.head.unwrap_or(0) + u64::from(slot) * self.stride) as usize) })
-            }
-            PoolMem::Engine(Some(w)) => w.host(slot),
-            PoolMem::Engine(None) => None,
-        }
-    }
-}
-
-/// Why the engine could not copy into one of its slots, in its own words.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CopyError {
-    pub detail: String,
-}
-
-impl fmt::Display for CopyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.detail)
-    }
-}
-
-impl std::error::Error for CopyError {}
-
-/// The engine's way to fill one slot of a pool it owns.
-pub trait SlotWriter: Send {
-    /// Copies `src` (one slot's bytes) into `slot`; returns once the copy has completed.
-    fn write(&self, slot: u32, src: &[u8]) -> Result<(), CopyError>;
-    /// Where `slot` lies when the pool is plain host memory, so that a write would be a memcpy
-    /// there; `None` otherwise (device memory, or not allocated yet). A source may then read
-    /// straight into it.
-    fn host(&self, _slot: u32) -> Option<std::ptr::NonNull<u8>> {
-        None
-    }
-    /// [`SlotWriter::begin`] returns before the copy completes (a copy stream and events).
-    fn asynchronous(&self) -> bool {
-        false
-    }
-    /// Starts copying `src` into `slot`; the id goes to [`SlotWriter::wait`]. The default
-    /// copies synchronously.
-    ///
-    /// # Safety
-    /// `src` must stay valid and unchanged until `wait` returned for the id.
-    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, CopyError> {
-        self.write(slot, src).map(|()| 0)
-    }
-    /// Waits for copy `id` alone: once it returns, the bytes are in the slot.
-    fn wait(&self, _id: u64) -> Result<(), CopyError> {
-        Ok(())
-    }
-}
-
-/// A bundle whose window → slot copies are in flight on the device's copy stream: its window
-/// stays Copying and its slot Loading until every copy's event has completed.
-struct InFlightCopy {
-    li: usize,
-    window: u32,
-    object: ObjectId,
-    slot: u32,
-    version: Version,
-    /// (pool index in the layer's buffer, copy id)
-    ids: Vec<(usize, u64)>,
-    issued: Instant,
-    copied: u64,
-}
-
-enum PoolMem {
-    /// Memory the Plan owns.
-    Host(AlignedBuf),
-    /// The engine's pool, once bound.
-    Engine(Option<Box<dyn SlotWriter>>),
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Status {
     Running,
     /// The first error, whose kind every later refusal keeps.
     Failed(PlanError),
     Closed,
+}
+
+/// One engine pass of a MoE layer, as acquire and release name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PassKey {
+    layer: u32,
+    pass: u32,
+}
+
+/// Time so far in source reads and in window → slot copies, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoTime {
+    pub read_ns: u64,
+    pub copy_ns: u64,
 }
 
 /// A consumer taken on a slot: its layer index, the slot and the version it holds.
@@ -332,8 +250,8 @@ pub struct Plan {
     pools: Vec<Vec<Pool>>,
     table: SlotTable,
     policy: Box<dyn ReplacementPolicy>,
-    /// Outstanding acquire events per (layer, pass), innermost last.
-    events: HashMap<(u32, u32), Vec<Vec<Hold>>>,
+    /// Outstanding acquire events per layer and pass, innermost last.
+    events: HashMap<PassKey, Vec<Vec<Hold>>>,
     /// Consumers held by prefetch, per layer index, until that layer's next acquire.
     holds: Vec<Vec<Hold>>,
     /// Next-layer prefetch reads submitted but not yet taken back: (layer index, loads, bundles
@@ -467,7 +385,8 @@ impl Plan {
             }
             pools.push(ps);
         }
-        let shape: Vec<(u32, u32, u32)> = manifest.layers.iter().map(|l| (l.layer, l.n_experts, l.n_slots)).collect();
+        let shape: Vec<LayerShape> =
+            manifest.layers.iter().map(|l| LayerShape { layer: l.layer, n_experts: l.n_experts, n_slots: l.n_slots }).collect();
         let n_layers = manifest.layers.len();
         let tel = Telemetry {
             policy: policy.describe(),
@@ -570,7 +489,7 @@ impl Plan {
     /// Drops the consumers taken by the latest outstanding acquire of (layer, pass).
     /// An acquire of (layer, pass) took consumers that no release has dropped yet.
     pub fn holds_event(&self, layer: u32, pass: u32) -> bool {
-        self.events.get(&(layer, pass)).and_then(|e| e.last()).is_some_and(|taken| !taken.is_empty())
+        self.events.get(&PassKey { layer, pass }).and_then(|e| e.last()).is_some_and(|taken| !taken.is_empty())
     }
 
     pub fn release(&mut self, layer: u32, pass: u32) -> Result<(), PlanError> {
@@ -633,9 +552,9 @@ impl Plan {
         self.obs.tel.q_run.logical_bytes
     }
 
-    /// Time so far in source reads and in window → slot copies, in nanoseconds.
-    pub fn io_ns(&self) -> (u64, u64) {
-        (self.obs.tel.read_ns, self.obs.tel.copy_ns)
+    /// Time so far in source reads and in window → slot copies.
+    pub fn io_time(&self) -> IoTime {
+        IoTime { read_ns: self.obs.tel.read_ns, copy_ns: self.obs.tel.copy_ns }
     }
 
     /// The counters so far.

@@ -103,7 +103,7 @@ enum Loader {
 }
 
 fn scenario(loader: Loader) {
-    let table = Arc::new(Table::new(&[(LAYER, EXPERTS, SLOTS)]));
+    let table = Arc::new(Table::new(&[super::LayerShape { layer: LAYER, n_experts: EXPERTS, n_slots: SLOTS }]));
     let payload: Arc<Vec<AtomicU64>> = Arc::new((0..SLOTS).map(|_| AtomicU64::new(0)).collect());
     let obj = |expert| ObjectId { layer: LAYER, expert };
 

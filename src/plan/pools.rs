@@ -1,6 +1,111 @@
-//! Slot pools: the Plan's own or the engine's, bound once, their layout (head and stride) checked before the first read lands in them.
+//! Slot pools: the Plan's own or the engine's (filled through a [`SlotWriter`]), bound once, their layout (head and stride) checked before the first read lands in them, and the copies into them still in flight.
 
 use super::*;
+
+pub(super) struct Pool {
+    pub(super) role: Role,
+    pub(super) bytes_per_slot: u64,
+    /// Where a slot starts past a page boundary ([`Manifest::slot_head`]), with slots `stride`
+    /// apart: its extents' covering reads land whole in the slot's own stride. `None`: packed
+    /// slots (`stride` = `bytes_per_slot`), filled through windows unless page-aligned.
+    pub(super) head: Option<u64>,
+    pub(super) stride: u64,
+    pub(super) mem: PoolMem,
+}
+
+impl Pool {
+    pub(super) fn new(role: Role, bytes_per_slot: u64, head: Option<u64>, mem: PoolMem) -> Pool {
+        Pool { role, bytes_per_slot, head, stride: Pool::stride_of(bytes_per_slot, head), mem }
+    }
+
+    /// Slots with a head lie a whole number of pages apart, so each slot's covering reads fit.
+    pub(super) fn stride_of(bytes_per_slot: u64, head: Option<u64>) -> u64 {
+        head.map_or(bytes_per_slot, |h| align_up(h + bytes_per_slot))
+    }
+
+    /// Where `slot`'s bytes lie when the pool is host memory.
+    pub(super) fn host(&self, slot: u32) -> Option<std::ptr::NonNull<u8>> {
+        match &self.mem {
+            // SAFETY: callers pass slot < n_slots: head + slot * stride + bytes_per_slot stays
+            // inside the allocation (`Plan::build`).
+            PoolMem::Host(buf) => {
+                std::ptr::NonNull::new(unsafe { buf.as_ptr().add((self.head.unwrap_or(0) + u64::from(slot) * self.stride) as usize) })
+            }
+            PoolMem::Engine(Some(w)) => w.host(slot),
+            PoolMem::Engine(None) => None,
+        }
+    }
+}
+
+/// Why the engine could not copy into one of its slots, in its own words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyError {
+    pub detail: String,
+}
+
+impl fmt::Display for CopyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for CopyError {}
+
+/// The engine's way to fill one slot of a pool it owns.
+pub trait SlotWriter: Send {
+    /// Copies `src` (one slot's bytes) into `slot`; returns once the copy has completed.
+    fn write(&self, slot: u32, src: &[u8]) -> Result<(), CopyError>;
+    /// Where `slot` lies when the pool is plain host memory, so that a write would be a memcpy
+    /// there; `None` otherwise (device memory, or not allocated yet). A source may then read
+    /// straight into it.
+    fn host(&self, _slot: u32) -> Option<std::ptr::NonNull<u8>> {
+        None
+    }
+    /// [`SlotWriter::begin`] returns before the copy completes (a copy stream and events).
+    fn asynchronous(&self) -> bool {
+        false
+    }
+    /// Starts copying `src` into `slot`; the id goes to [`SlotWriter::wait`]. The default
+    /// copies synchronously.
+    ///
+    /// # Safety
+    /// `src` must stay valid and unchanged until `wait` returned for the id.
+    unsafe fn begin(&self, slot: u32, src: &[u8]) -> Result<u64, CopyError> {
+        self.write(slot, src).map(|()| 0)
+    }
+    /// Waits for copy `id` alone: once it returns, the bytes are in the slot.
+    fn wait(&self, _id: u64) -> Result<(), CopyError> {
+        Ok(())
+    }
+}
+
+/// A bundle whose window → slot copies are in flight on the device's copy stream: its window
+/// stays Copying and its slot Loading until every copy's event has completed.
+pub(super) struct InFlightCopy {
+    pub(super) li: usize,
+    pub(super) window: u32,
+    pub(super) object: ObjectId,
+    pub(super) slot: u32,
+    pub(super) version: Version,
+    pub(super) ids: Vec<CopyId>,
+    pub(super) issued: Instant,
+    pub(super) copied: u64,
+}
+
+pub(super) enum PoolMem {
+    /// Memory the Plan owns.
+    Host(AlignedBuf),
+    /// The engine's pool, once bound.
+    Engine(Option<Box<dyn SlotWriter>>),
+}
+
+/// An asynchronous copy into a slot: the pool (its index in the layer's buffer) and the id
+/// its writer returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct CopyId {
+    pub(super) pool: usize,
+    pub(super) id: u64,
+}
 
 impl Plan {
     /// The (layer, role) pool's buffer and pool, when the request agrees with the manifest.

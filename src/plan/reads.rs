@@ -246,7 +246,7 @@ impl Plan {
                     // (and its windows) lives as long as the Plan, and a Plan that fails or
                     // closes waits for every copy in flight first.
                     let id = unsafe { writer.begin(b.slot, src) }.map_err(PlanError::Copy)?;
-                    ids.push((pi, id));
+                    ids.push(CopyId { pool: pi, id });
                 }
                 PoolMem::Engine(Some(writer)) => {
                     writer.write(b.slot, src).map_err(PlanError::Copy)?;
@@ -277,8 +277,8 @@ impl Plan {
         if !c.ids.is_empty() {
             let started = Instant::now();
             let mut first = None;
-            for &(pi, id) in &c.ids {
-                let PoolMem::Engine(Some(w)) = &self.pools[self.manifest.buffer_of(c.li)][pi].mem else {
+            for &CopyId { pool, id } in &c.ids {
+                let PoolMem::Engine(Some(w)) = &self.pools[self.manifest.buffer_of(c.li)][pool].mem else {
                     unreachable!("only engine pools copy asynchronously")
                 };
                 // Every id is waited for, even after a failure: the device may still read the window.
@@ -332,8 +332,8 @@ impl Plan {
     /// device may still read those windows, so none is discarded before its event completed.
     pub(super) fn wait_copies(&mut self) {
         for c in std::mem::take(&mut self.copies) {
-            for &(pi, id) in &c.ids {
-                if let PoolMem::Engine(Some(w)) = &self.pools[self.manifest.buffer_of(c.li)][pi].mem {
+            for &CopyId { pool, id } in &c.ids {
+                if let PoolMem::Engine(Some(w)) = &self.pools[self.manifest.buffer_of(c.li)][pool].mem {
                     let _ = w.wait(id);
                 }
             }

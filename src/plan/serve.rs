@@ -109,7 +109,7 @@ impl Plan {
             *s = slot_of[id as usize];
         }
         let taken = std::mem::take(&mut self.taking);
-        self.events.entry((layer, pass)).or_default().push(taken);
+        self.events.entry(PassKey { layer, pass }).or_default().push(taken);
         Ok(())
     }
 
@@ -191,12 +191,12 @@ impl Plan {
     }
 
     pub(super) fn release_event(&mut self, layer: u32, pass: u32) -> Result<(), PlanError> {
-        let stack = self.events.get_mut(&(layer, pass));
+        let stack = self.events.get_mut(&PassKey { layer, pass });
         let Some(event) = stack.and_then(|s| s.pop()) else {
             return Err(PlanError::NoOutstandingAcquire { layer, pass });
         };
-        if self.events.get(&(layer, pass)).is_some_and(Vec::is_empty) {
-            self.events.remove(&(layer, pass));
+        if self.events.get(&PassKey { layer, pass }).is_some_and(Vec::is_empty) {
+            self.events.remove(&PassKey { layer, pass });
         }
         self.obs.tel.releases += 1;
         for Hold { li, slot, v } in event {

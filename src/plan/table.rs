@@ -131,19 +131,27 @@ impl From<LifecycleError> for SlotError {
     }
 }
 
+/// One MoE layer as the slot table holds it: its experts and its slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerShape {
+    pub layer: u32,
+    pub n_experts: u32,
+    pub n_slots: u32,
+}
+
 pub struct SlotTable<L: Lock<TableState> = std::sync::Mutex<TableState>> {
     lock: L,
 }
 
 impl<L: Lock<TableState>> SlotTable<L> {
     /// One entry per layer: (layer number, experts, slots). Every slot starts Vacant, epoch 0.
-    pub fn new(layers: &[(u32, u32, u32)]) -> Self {
+    pub fn new(layers: &[LayerShape]) -> Self {
         let layers = layers
             .iter()
-            .map(|&(layer, experts, slots)| LayerSlots {
-                layer,
-                slots: vec![SlotCell::default(); slots as usize],
-                owner: vec![None; experts as usize],
+            .map(|s| LayerSlots {
+                layer: s.layer,
+                slots: vec![SlotCell::default(); s.n_slots as usize],
+                owner: vec![None; s.n_experts as usize],
             })
             .collect();
         SlotTable { lock: L::new(TableState { epoch: 0, layers }) }
