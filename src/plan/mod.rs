@@ -19,6 +19,7 @@
 //! drains; a failed Plan's interrupted windows are left as they were and reported.
 
 pub mod budget;
+mod consumers;
 mod coverage;
 mod io;
 mod lifecycle;
@@ -250,15 +251,11 @@ pub struct Plan {
     pools: Vec<Vec<Pool>>,
     table: SlotTable,
     policy: Box<dyn ReplacementPolicy>,
-    /// Outstanding acquire events per layer and pass, innermost last.
-    events: HashMap<PassKey, Vec<Vec<Hold>>>,
-    /// Consumers held by prefetch, per layer index, until that layer's next acquire.
-    holds: Vec<Vec<Hold>>,
+    /// Consumers held on slots: by the acquire in progress, by acquire events, by prefetch.
+    consumers: consumers::Consumers,
     /// Next-layer prefetch reads submitted but not yet taken back: (layer index, loads, bundles
     /// by window). They run while the engine computes; the next Plan call completes them.
     prefetching: Option<Prefetch>,
-    /// Consumers taken by the acquire in progress (released if it fails).
-    taking: Vec<Hold>,
     status: Status,
     /// What observes the lifecycle without steering it.
     obs: Observers,
@@ -399,10 +396,8 @@ impl Plan {
             manifest,
             pools,
             policy,
-            events: HashMap::new(),
-            holds: vec![Vec::new(); n_layers],
+            consumers: consumers::Consumers::new(n_layers),
             prefetching: None,
-            taking: Vec::new(),
             status: Status::Running,
             obs: Observers { tel, tl: Timeline::default(), sem: BTreeSet::new(), sched: BTreeSet::new(), digests: None },
             advised: false,
@@ -476,7 +471,7 @@ impl Plan {
         let r = self.acquire_event(layer, pass, ids, slots);
         if let Err(e) = &r {
             slots.fill(-1);
-            for Hold { li, slot, v } in std::mem::take(&mut self.taking) {
+            for Hold { li, slot, v } in self.consumers.abandon() {
                 if self.table.release(li, slot, v).is_ok() {
                     self.obs.tel.consumer_drops += 1;
                 }
@@ -489,7 +484,7 @@ impl Plan {
     /// Drops the consumers taken by the latest outstanding acquire of (layer, pass).
     /// An acquire of (layer, pass) took consumers that no release has dropped yet.
     pub fn holds_event(&self, layer: u32, pass: u32) -> bool {
-        self.events.get(&PassKey { layer, pass }).and_then(|e| e.last()).is_some_and(|taken| !taken.is_empty())
+        self.consumers.holds_event(PassKey { layer, pass })
     }
 
     pub fn release(&mut self, layer: u32, pass: u32) -> Result<(), PlanError> {

@@ -8,7 +8,7 @@ impl Plan {
     /// Plan call completes them ([`Plan::complete_prefetch`]). Evicts nothing.
     pub(super) fn prefetch(&mut self, next: u32) -> Result<(), PlanError> {
         let Some(nli) = self.manifest.layer_index(next) else { return Ok(()) };
-        if !self.holds[nli].is_empty() || self.prefetching.is_some() {
+        if !self.consumers.prefetched(nli).is_empty() || self.prefetching.is_some() {
             return Ok(());
         }
         let (n_experts, capacity) = (self.manifest.layers[nli].n_experts, self.manifest.layers[nli].capacity());
@@ -48,7 +48,7 @@ impl Plan {
             let v = self.table.consume(nli, slot, object)?;
             self.obs.tel.consumer_takes += 1;
             self.obs.tel.prefetch_loads += 1;
-            self.holds[nli].push(Hold { li: nli, slot, v });
+            self.consumers.hold_prefetched(Hold { li: nli, slot, v });
         }
         Ok(())
     }

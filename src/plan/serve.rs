@@ -66,7 +66,7 @@ impl Plan {
         }
         // Prefetch holds of this layer end at its acquire, before misses claim slots: used ones
         // stay InUse through the consumer just taken, unused ones become Recyclable victims.
-        for Hold { li: hli, slot, v } in std::mem::take(&mut self.holds[li]) {
+        for Hold { li: hli, slot, v } in self.consumers.take_prefetched(li) {
             self.drop_consumer(hli, slot, v)?;
         }
         let mut loads = Vec::new();
@@ -91,7 +91,7 @@ impl Plan {
         for &Load { object, slot, .. } in loads {
             let v = self.table.consume(li, slot, object)?;
             self.obs.tel.consumer_takes += 1;
-            self.taking.push(Hold { li, slot, v });
+            self.consumers.take(Hold { li, slot, v });
         }
         Ok(())
     }
@@ -100,7 +100,7 @@ impl Plan {
     /// and files those consumers as the outstanding event (layer, pass).
     pub(super) fn serve_taking(&mut self, li: usize, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
         let mut slot_of = vec![-1i32; self.manifest.layers[li].n_experts as usize];
-        for &Hold { slot, v, .. } in &self.taking {
+        for &Hold { slot, v, .. } in self.consumers.taking() {
             let object = self.table.cell(li, slot)?.object.expect("a consumed slot holds an object");
             debug_assert_eq!(self.table.cell(li, slot)?.version(), v);
             slot_of[object.expert as usize] = slot as i32;
@@ -108,8 +108,7 @@ impl Plan {
         for (s, &id) in slots.iter_mut().zip(ids) {
             *s = slot_of[id as usize];
         }
-        let taken = std::mem::take(&mut self.taking);
-        self.events.entry(PassKey { layer, pass }).or_default().push(taken);
+        self.consumers.commit(PassKey { layer, pass });
         Ok(())
     }
 
@@ -118,9 +117,9 @@ impl Plan {
         let before = self.table.cell(li, slot)?;
         let v = self.table.consume(li, slot, object)?;
         self.obs.tel.consumer_takes += 1;
-        self.taking.push(Hold { li, slot, v });
+        self.consumers.take(Hold { li, slot, v });
         self.obs.tel.hits += 1;
-        if self.holds[li].iter().any(|h| h.slot == slot && h.v == v) {
+        if self.consumers.prefetched(li).iter().any(|h| h.slot == slot && h.v == v) {
             self.obs.tel.prefetch_hits += 1;
         }
         if before.state == SlotState::Recyclable && !self.manifest.is_pinned(object) {
@@ -191,13 +190,9 @@ impl Plan {
     }
 
     pub(super) fn release_event(&mut self, layer: u32, pass: u32) -> Result<(), PlanError> {
-        let stack = self.events.get_mut(&PassKey { layer, pass });
-        let Some(event) = stack.and_then(|s| s.pop()) else {
+        let Some(event) = self.consumers.release(PassKey { layer, pass }) else {
             return Err(PlanError::NoOutstandingAcquire { layer, pass });
         };
-        if self.events.get(&PassKey { layer, pass }).is_some_and(Vec::is_empty) {
-            self.events.remove(&PassKey { layer, pass });
-        }
         self.obs.tel.releases += 1;
         for Hold { li, slot, v } in event {
             self.drop_consumer(li, slot, v)?;
@@ -224,10 +219,8 @@ impl Plan {
     }
 
     pub(super) fn release_holds(&mut self) -> Result<(), PlanError> {
-        for li in 0..self.holds.len() {
-            for Hold { li: hli, slot, v } in std::mem::take(&mut self.holds[li]) {
-                self.drop_consumer(hli, slot, v)?;
-            }
+        for Hold { li, slot, v } in self.consumers.take_all_prefetched() {
+            self.drop_consumer(li, slot, v)?;
         }
         Ok(())
     }

@@ -63,7 +63,7 @@ impl Plan {
             }
         }
         if s.claimed == 0 {
-            for Hold { li: hli, slot, v } in std::mem::take(&mut self.holds[li]) {
+            for Hold { li: hli, slot, v } in self.consumers.take_prefetched(li) {
                 self.drop_consumer(hli, slot, v)?;
             }
         }
@@ -77,7 +77,7 @@ impl Plan {
             }
         }
         // Every consumer and load is the stream's now.
-        self.taking.clear();
+        let _handed_to_the_stream = self.consumers.abandon();
         for (k, (h, l)) in hits.into_iter().zip(loads).enumerate() {
             s.pending.extend(l.iter().copied());
             s.hits[s.claimed + k] = h;
@@ -122,7 +122,7 @@ impl Plan {
         })?;
         self.finish_copies_into(li, group)?;
         // Through `taking`: a failure below drops them.
-        self.taking.append(&mut s.hits[k]);
+        self.consumers.adopt(&mut s.hits[k]);
         self.take_loads(li, &s.loads[k])?;
         self.serve_taking(li, layer, k as u32, ids, slots)?;
         s.next += 1;
