@@ -2,6 +2,13 @@
 
 use super::*;
 
+/// A pool of the Plan: its layer buffer, and its place (role order) among that buffer's pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PoolIx {
+    pub(super) buffer: usize,
+    pub(super) pool: usize,
+}
+
 pub(super) struct Pool {
     pub(super) role: Role,
     pub(super) bytes_per_slot: u64,
@@ -109,7 +116,7 @@ pub(super) struct CopyId {
 
 impl Plan {
     /// The (layer, role) pool's buffer and pool, when the request agrees with the manifest.
-    pub(super) fn pool_of(&self, layer: u32, role: Role, bytes_per_slot: u64, n_slots: u32) -> Result<(usize, usize), PlanError> {
+    pub(super) fn pool_of(&self, layer: u32, role: Role, bytes_per_slot: u64, n_slots: u32) -> Result<PoolIx, PlanError> {
         let mismatch = |detail: String| PlanError::PoolMismatch { detail };
         let li = self.manifest.layer_index(layer).ok_or_else(|| mismatch(format!("layer {layer} is not managed")))?;
         let lp = &self.manifest.layers[li];
@@ -123,7 +130,7 @@ impl Plan {
                 lp.n_slots, pool.bytes_per_slot
             )));
         }
-        Ok((buffer, i))
+        Ok(PoolIx { buffer, pool: i })
     }
 
     /// Where slots of (layer, role) start past a page boundary (the engine asks before it
@@ -145,8 +152,8 @@ impl Plan {
     /// The stable address of slot 0 of the (layer, role) host pool. Refuses, without failing the
     /// Plan, any request whose role, bytes per slot or slot count disagrees with the manifest.
     pub fn pool(&self, layer: u32, role: Role, bytes_per_slot: u64, n_slots: u32) -> Result<*mut u8, PlanError> {
-        let (buffer, i) = self.pool_of(layer, role, bytes_per_slot, n_slots)?;
-        let pool = &self.pools[buffer][i];
+        let PoolIx { buffer, pool } = self.pool_of(layer, role, bytes_per_slot, n_slots)?;
+        let pool = &self.pools[buffer][pool];
         match &pool.mem {
             // SAFETY: the head lies inside the allocation (`Plan::build`).
             PoolMem::Host(buf) => Ok(unsafe { buf.as_ptr().add(pool.head.unwrap_or(0) as usize) }),
@@ -165,8 +172,8 @@ impl Plan {
         n_slots: u32,
         writer: Box<dyn SlotWriter>,
     ) -> Result<u32, PlanError> {
-        let (buffer, i) = self.pool_of(layer, role, bytes_per_slot, n_slots)?;
-        match &mut self.pools[buffer][i].mem {
+        let PoolIx { buffer, pool } = self.pool_of(layer, role, bytes_per_slot, n_slots)?;
+        match &mut self.pools[buffer][pool].mem {
             PoolMem::Host(_) => return Err(PlanError::PoolMismatch { detail: "this Plan owns its pools".into() }),
             PoolMem::Engine(w) => {
                 if w.is_none() {
