@@ -27,8 +27,8 @@ mod manifest;
 pub mod options;
 mod policy;
 mod pools;
+use pools::{Copies, CopyId, InFlightCopy, Pool, PoolMem};
 pub use pools::{CopyError, SlotWriter};
-use pools::{CopyId, InFlightCopy, Pool, PoolMem};
 mod prefetch;
 mod reads;
 pub mod report;
@@ -266,9 +266,7 @@ pub struct Plan {
     /// The streamed event whose later groups are still being read.
     stream: Option<Stream>,
     /// Copies in flight, oldest first.
-    copies: VecDeque<InFlightCopy>,
-    /// Some engine pool copies asynchronously (set as pools are bound).
-    copies_async: bool,
+    copies: Copies,
 }
 
 /// What the Plan records of its own work: counters, the timeline, the unions the bounds are
@@ -403,8 +401,7 @@ impl Plan {
             advised: false,
             passes: Passes::default(),
             stream: None,
-            copies: VecDeque::new(),
-            copies_async: false,
+            copies: Copies::default(),
         })
     }
 

@@ -99,6 +99,51 @@ pub(super) struct InFlightCopy {
     pub(super) copied: u64,
 }
 
+/// The copies into slots still in flight, oldest first: each holds its window Copying and its
+/// slot Loading until it is finished (published) or, on a failed Plan, waited for.
+#[derive(Default)]
+pub(super) struct Copies {
+    queue: VecDeque<InFlightCopy>,
+    /// Some bound pool copies asynchronously (set as pools are bound).
+    asynchronous: bool,
+}
+
+impl Copies {
+    /// A pool was bound whose writer copies asynchronously or not.
+    pub(super) fn bound(&mut self, asynchronous: bool) {
+        self.asynchronous |= asynchronous;
+    }
+
+    /// Whether any copy can be left in flight (some bound pool copies asynchronously).
+    pub(super) fn asynchronous(&self) -> bool {
+        self.asynchronous
+    }
+
+    pub(super) fn push(&mut self, c: InFlightCopy) {
+        self.queue.push_back(c);
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// The oldest copy in flight that `which` selects, no longer queued.
+    pub(super) fn take_oldest(&mut self, which: impl Fn(&InFlightCopy) -> bool) -> Option<InFlightCopy> {
+        let i = self.queue.iter().position(which)?;
+        self.queue.remove(i)
+    }
+
+    /// Whether a copy into slot `slot` of layer index `li` is in flight.
+    pub(super) fn copying_into(&self, li: usize, slot: u32) -> bool {
+        self.queue.iter().any(|c| c.li == li && c.slot == slot)
+    }
+
+    /// Every copy in flight, no longer queued.
+    pub(super) fn take_all(&mut self) -> VecDeque<InFlightCopy> {
+        std::mem::take(&mut self.queue)
+    }
+}
+
 pub(super) enum PoolMem {
     /// Memory the Plan owns.
     Host(AlignedBuf),
@@ -177,7 +222,7 @@ impl Plan {
             PoolMem::Host(_) => return Err(PlanError::PoolMismatch { detail: "this Plan owns its pools".into() }),
             PoolMem::Engine(w) => {
                 if w.is_none() {
-                    self.copies_async |= writer.asynchronous();
+                    self.copies.bound(writer.asynchronous());
                     *w = Some(writer);
                 }
             }

@@ -49,7 +49,7 @@ impl Plan {
         let free =
             |p: &Plan| p.io.windows().iter().enumerate().any(|(w, s)| *s == WindowState::Free && !inflight.contains_key(&(w as u32)));
         while !pending.is_empty() && !self.copies.is_empty() && !free(self) {
-            let c = self.copies.pop_front().expect("non-empty");
+            let c = self.copies.take_oldest(|_| true).expect("non-empty");
             self.finish_copy(c)?;
         }
         let mut jobs = Vec::new();
@@ -267,7 +267,7 @@ impl Plan {
         }
         self.obs.tel.async_copies += c.ids.len() as u64;
         self.obs.tl.copy_queued(started, c.object, c.slot, w, copied);
-        self.copies.push_back(c);
+        self.copies.push(c);
         Ok(())
     }
 
@@ -306,14 +306,9 @@ impl Plan {
 
     /// Finishes the copies in flight that `which` selects, oldest first.
     pub(super) fn finish_copies(&mut self, which: impl Fn(&InFlightCopy) -> bool) -> Result<(), PlanError> {
-        let mut i = 0;
-        while i < self.copies.len() {
-            if which(&self.copies[i]) {
-                let c = self.copies.remove(i).expect("in range");
-                self.finish_copy(c)?;
-            } else {
-                i += 1;
-            }
+        // One at a time: a copy that fails leaves the rest queued, for `wait_copies`.
+        while let Some(c) = self.copies.take_oldest(&which) {
+            self.finish_copy(c)?;
         }
         Ok(())
     }
@@ -325,13 +320,13 @@ impl Plan {
 
     /// Whether slot `slot` of layer index `li` is Loading only because its copy is in flight.
     pub(super) fn copy_in_flight(&self, li: usize, slot: u32) -> bool {
-        self.copies.iter().any(|c| c.li == li && c.slot == slot)
+        self.copies.copying_into(li, slot)
     }
 
     /// Waits for every copy still in flight without publishing its slot (a failed Plan): the
     /// device may still read those windows, so none is discarded before its event completed.
     pub(super) fn wait_copies(&mut self) {
-        for c in std::mem::take(&mut self.copies) {
+        for c in self.copies.take_all() {
             for &CopyId { pool, id } in &c.ids {
                 if let PoolMem::Engine(Some(w)) = &self.pools[self.manifest.buffer_of(c.li)][pool].mem {
                     let _ = w.wait(id);

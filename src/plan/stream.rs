@@ -143,7 +143,7 @@ impl Plan {
         pending: &mut VecDeque<Load>,
         inflight: &mut HashMap<u32, Bundle>,
     ) -> Result<(), PlanError> {
-        if !self.copies_async {
+        if !self.copies.asynchronous() {
             return Ok(());
         }
         while !inflight.is_empty() && self.io.poll_ready() {
