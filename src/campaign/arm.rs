@@ -227,17 +227,19 @@ impl Arm {
     /// the device's (`gpu_budget`, or the `rpc: local` server's cap, the lesser) where layers go
     /// to a device, else `memory_cap_bytes`.
     fn plan_budget(&self) -> Option<PlanBudget> {
-        match self.gpu_layers.filter(|g| !matches!(g, GpuLayers::Count(0))) {
-            Some(_) => {
-                let cap = self.device_memory_cap_bytes.filter(|_| self.rpc.is_some());
-                let bytes = match (self.gpu_budget, cap) {
-                    (Some(b), Some(c)) => Some(b.min(c)),
-                    (b, c) => b.or(c),
-                };
-                bytes.map(|bytes| PlanBudget { bytes, tier: Tier::Device })
-            }
+        match self.device_arm().filter(|d| d.n_gpu_layers() != 0) {
+            Some(d) => d.budget().map(|bytes| PlanBudget { bytes, tier: Tier::Device }),
             None => self.memory_cap_bytes.map(|bytes| PlanBudget { bytes, tier: Tier::Host }),
         }
+    }
+
+    /// The device fields as the arm names them (checked against each other in `program`).
+    fn device_arm(&self) -> Option<DeviceArm> {
+        self.gpu_layers.map(|gpu_layers| DeviceArm {
+            gpu_layers,
+            gpu_budget: self.gpu_budget,
+            rpc: self.rpc.map(|RpcArm::Local| LocalDevice { memory_cap_bytes: self.device_memory_cap_bytes }),
+        })
     }
 
     /// Slots, policy and source named; windows, depth and layer buffers within the Plan's
@@ -342,11 +344,7 @@ impl Arm {
         Ok(match &self.refine {
             Some(r) => Program::Refine(r.clone()),
             None => Program::Generate {
-                device: self.gpu_layers.map(|gpu_layers| DeviceArm {
-                    gpu_layers,
-                    gpu_budget: self.gpu_budget,
-                    rpc: self.rpc.map(|RpcArm::Local| LocalDevice { memory_cap_bytes: self.device_memory_cap_bytes }),
-                }),
+                device: self.device_arm(),
                 draft: self.draft.clone().zip(self.draft_max).map(|(proposer, max)| ArmDraft { proposer, max }),
             },
         })
