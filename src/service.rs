@@ -7,7 +7,7 @@ use crate::inventory::Inventory;
 use crate::plan::options::per_pass;
 use crate::plan::report::{
     CopyReport, FaultReport, ManifestReport, PlanDescription, PlanMode, PlanReport, PrefillReport, SourceBound, SourceDescription,
-    SourceReport, StepsReport, STEP_FIELDS,
+    SourceReport, StepTimes, StepsReport, STEP_FIELDS,
 };
 use crate::plan::timeline::{self, Timeline};
 use crate::plan::{CopyError, Coverage, Manifest, Passes, Plan, PlanOptions, Role, SizedFrom, Sizing, SlotState, SlotWriter, SourceKind};
@@ -40,7 +40,7 @@ pub struct PlanSource {
     /// latest acquire began or ended; with the finished steps' [read, copy, compute, wait].
     in_calls: Duration,
     marks: Option<Marks>,
-    per_step: Vec<[f64; 4]>,
+    per_step: Vec<StepTimes>,
     /// Per finished step, the bytes read and its tokens; the current step's tokens; the
     /// experts a token selects (to count a step's tokens from its selections).
     step_bytes: Vec<u64>,
@@ -259,14 +259,14 @@ struct Mark {
 impl Mark {
     /// [read, copy, compute, exposed wait] in seconds from `self` to `end`; compute is engine
     /// time outside acquire, read and copy happen inside it.
-    fn until(&self, end: &Mark) -> [f64; 4] {
+    fn until(&self, end: &Mark) -> StepTimes {
         let compute = (end.at - self.at).saturating_sub(end.in_calls - self.in_calls);
-        [
-            (end.read_ns - self.read_ns) as f64 * 1e-9,
-            (end.copy_ns - self.copy_ns) as f64 * 1e-9,
-            compute.as_secs_f64(),
-            (end.wait - self.wait).as_secs_f64(),
-        ]
+        StepTimes {
+            read_s: (end.read_ns - self.read_ns) as f64 * 1e-9,
+            copy_s: (end.copy_ns - self.copy_ns) as f64 * 1e-9,
+            compute_s: compute.as_secs_f64(),
+            exposed_wait_s: (end.wait - self.wait).as_secs_f64(),
+        }
     }
 }
 

@@ -129,7 +129,7 @@ fn spans(f: &TimelineFile) -> Spans {
     // Reads: each on the first free sub-row of its layer's lane.
     let mut free_at: HashMap<u32, Vec<u64>> = HashMap::new();
     let mut reads: Vec<(u32, u64, u64)> =
-        f.reads().into_iter().map(|(e, done)| (e.layer.unwrap_or(0), e.t_ns, done.unwrap_or(wall))).collect();
+        f.reads().into_iter().map(|r| (r.submit.layer.unwrap_or(0), r.submit.t_ns, r.done_ns.unwrap_or(wall))).collect();
     reads.sort_by_key(|r| (r.1, r.2));
     for (layer, a, b) in reads {
         let rows = free_at.entry(layer).or_default();

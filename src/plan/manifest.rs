@@ -82,6 +82,21 @@ pub struct ObjectPlan {
     pub padding_bytes: u64,
 }
 
+/// One role of a layer's slots and the bytes of one slot's region of it (the extent length of
+/// that role, identical for every expert of the layer). Written as a `[role, bytes]` pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(into = "(Role, u64)")]
+pub struct RoleBytes {
+    pub role: Role,
+    pub bytes_per_slot: u64,
+}
+
+impl From<RoleBytes> for (Role, u64) {
+    fn from(r: RoleBytes) -> (Role, u64) {
+        (r.role, r.bytes_per_slot)
+    }
+}
+
 /// One MoE layer: its slots and their per-role sizes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LayerPlan {
@@ -89,9 +104,8 @@ pub struct LayerPlan {
     pub n_experts: u32,
     /// Slots of this layer: the requested count clamped to `n_experts`.
     pub n_slots: u32,
-    /// Roles in role order with the bytes of one slot's region of that role (= the extent
-    /// length of that role, identical for every expert of the layer).
-    pub roles: Vec<(Role, u64)>,
+    /// Roles in role order with the bytes of one slot's region of each.
+    pub roles: Vec<RoleBytes>,
     /// Experts of this layer named by the pin policy.
     pub pinned: Vec<u32>,
     #[serde(skip)]
@@ -100,12 +114,12 @@ pub struct LayerPlan {
 
 impl LayerPlan {
     pub fn bytes_per_slot(&self, role: Role) -> Option<u64> {
-        self.roles.iter().find(|(r, _)| *r == role).map(|&(_, b)| b)
+        self.roles.iter().find(|r| r.role == role).map(|r| r.bytes_per_slot)
     }
 
     /// Bytes of one slot over all roles.
     pub fn slot_bytes(&self) -> u64 {
-        self.roles.iter().map(|&(_, b)| b).sum()
+        self.roles.iter().map(|r| r.bytes_per_slot).sum()
     }
 
     /// Slots available to objects that are not pinned: at least 1 (checked by the manifest).
@@ -173,14 +187,21 @@ impl Manifest {
                 bail!("layer {}: expected experts 0..{}, the inventory has {} objects", ml.layer, ml.experts, objs.len());
             }
             let first_object = objects.len();
-            let mut roles: Option<Vec<(Role, u64)>> = None;
+            let mut roles: Option<Vec<RoleBytes>> = None;
             for o in objs {
                 let plan = object_plan(o)?;
-                let these: Vec<(Role, u64)> = plan.extents.iter().map(|e| (e.role, e.extent.len)).collect();
+                let these: Vec<RoleBytes> = plan.extents.iter().map(|e| RoleBytes { role: e.role, bytes_per_slot: e.extent.len }).collect();
                 match &roles {
                     None => roles = Some(these),
                     Some(r) if *r != these => {
-                        bail!("object {}: roles/sizes {:?} differ from the layer's {:?}: slots would not be compatible", plan.id, these, r)
+                        let pairs =
+                            |r: &[RoleBytes]| r.iter().map(|r| format!("{} {}", r.role, r.bytes_per_slot)).collect::<Vec<_>>().join(", ");
+                        bail!(
+                            "object {}: roles/sizes [{}] differ from the layer's [{}]: slots would not be compatible",
+                            plan.id,
+                            pairs(&these),
+                            pairs(r)
+                        )
                     }
                     Some(_) => {}
                 }

@@ -27,23 +27,26 @@ mod manifest;
 pub mod options;
 mod policy;
 mod pools;
-use pools::{Copies, CopyId, InFlightCopy, Pool, PoolMem};
-pub use pools::{CopyError, SlotWriter};
+use pools::{Copies, CopyId, InFlightCopy, PoolIx, PoolMem, Pools};
+pub use pools::{CopyError, SlotLayout, SlotWriter};
 mod prefetch;
 mod reads;
 pub mod report;
 mod serve;
 pub mod simulate;
+mod slots;
 mod stream;
 mod table;
 use stream::groups;
 mod telemetry;
 pub mod timeline;
 mod verify;
+mod work;
+use work::{Prefetch, Stream};
 
 pub use coverage::{Coverage, CoverageError, CoverageReport, LayerCoverage};
 pub use lifecycle::{LifecycleError, SlotCell, SlotState, SlotTransition, Version, WindowState, WindowTransition};
-pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role};
+pub use manifest::{ExtentPlan, LayerPlan, Manifest, ObjectId, ObjectPlan, Role, RoleBytes};
 pub use options::{DeviceDepth, PlanOptions, SizedFrom, Sizing, SourceKind};
 pub use policy::{PolicySpec, ReplacementPolicy, Retain};
 pub use table::{LayerShape, LayerSlots, Lock, SlotError, SlotTable, TableState};
@@ -247,24 +250,19 @@ pub struct Plan {
     /// the reads may land in.
     io: io::Io,
     manifest: Manifest,
-    /// Per layer index, one pool per role in role order.
-    pools: Vec<Vec<Pool>>,
-    table: SlotTable,
-    policy: Box<dyn ReplacementPolicy>,
+    /// Per layer buffer, one slot pool per role in role order.
+    pools: Pools,
+    /// The slot table and the replacement policy, kept in step.
+    slots: slots::Slots,
     /// Consumers held on slots: by the acquire in progress, by acquire events, by prefetch.
     consumers: consumers::Consumers,
     /// Next-layer prefetch reads submitted but not yet taken back: (layer index, loads, bundles
     /// by window). They run while the engine computes; the next Plan call completes them.
-    prefetching: Option<Prefetch>,
     status: Status,
     /// What observes the lifecycle without steering it.
     obs: Observers,
-    /// The engine's host slot pools were advised huge pages ([`Plan::advise_engine_pools`]).
-    advised: bool,
-    /// How events are cut into streamed passes ([`Plan::stream_passes`]).
-    passes: Passes,
-    /// The streamed event whose later groups are still being read.
-    stream: Option<Stream>,
+    /// A prefetch in flight or a streamed event in progress, and how events are cut into passes.
+    work: work::Work,
     /// Copies in flight, oldest first.
     copies: Copies,
 }
@@ -278,17 +276,6 @@ struct Observers {
     sched: BTreeSet<ObjectId>,
     /// Expected extent digests ([`Plan::expect_digests`]); None verifies nothing.
     digests: Option<verify::Expected>,
-}
-
-/// Next-layer prefetch reads in flight while the engine computes.
-struct Prefetch {
-    /// The layer index they load.
-    li: usize,
-    /// Every load, in order; the first `submitted` have their reads out.
-    loads: Vec<Load>,
-    submitted: usize,
-    /// Bundles by window, for the loads submitted and not yet published.
-    inflight: HashMap<u32, Bundle>,
 }
 
 /// Distinct experts per engine pass where events are streamed ([`Plan::stream_passes`]).
@@ -310,25 +297,6 @@ impl Passes {
         let p = if self.n_used > 0 && n_ids == self.n_used { self.token.or(self.prompt) } else { self.prompt };
         p.filter(|&p| p > 0)
     }
-}
-
-/// A layer event served in passes while its later groups are still being read: each group is
-/// claimed (hits take consumers, misses their slots, reads go out in group order) as soon as
-/// the groups still held leave room for it in the layer's unpinned capacity, and the reads run
-/// on while the engine computes the earlier passes.
-struct Stream {
-    li: usize,
-    layer: u32,
-    /// The pass the engine asks for next.
-    next: u32,
-    /// Per pass: its experts; the first `claimed` groups have their consumers and loads.
-    groups: Vec<Vec<u32>>,
-    claimed: usize,
-    /// Per pass: the consumers its hits took when it was claimed, and its loads.
-    hits: Vec<Vec<Hold>>,
-    loads: Vec<Vec<Load>>,
-    pending: VecDeque<Load>,
-    inflight: HashMap<u32, Bundle>,
 }
 
 impl Plan {
@@ -361,25 +329,7 @@ impl Plan {
                 manifest.window_size
             )));
         }
-        let mut pools = Vec::new();
-        let n_buffers = if manifest.layer_buffers == 0 { manifest.layers.len() } else { manifest.layer_buffers as usize };
-        for (buffer, lp) in manifest.layers[..n_buffers].iter().enumerate() {
-            let mut ps = Vec::new();
-            for &(role, bytes_per_slot) in &lp.roles {
-                let head = manifest.slot_head(buffer, role);
-                let stride = Pool::stride_of(bytes_per_slot, head);
-                let mem = if host_pools {
-                    PoolMem::Host(
-                        AlignedBuf::new(head.unwrap_or(0) + stride * u64::from(lp.n_slots))
-                            .map_err(|e| config(format!("layer {} {role} pool: {e:#}", lp.layer)))?,
-                    )
-                } else {
-                    PoolMem::Engine(None)
-                };
-                ps.push(Pool::new(role, bytes_per_slot, head, mem));
-            }
-            pools.push(ps);
-        }
+        let pools = Pools::new(&manifest, host_pools)?;
         let shape: Vec<LayerShape> =
             manifest.layers.iter().map(|l| LayerShape { layer: l.layer, n_experts: l.n_experts, n_slots: l.n_slots }).collect();
         let n_layers = manifest.layers.len();
@@ -390,17 +340,13 @@ impl Plan {
         };
         Ok(Plan {
             io: io::Io::new(source),
-            table: SlotTable::new(&shape),
+            slots: slots::Slots::new(SlotTable::new(&shape), policy),
             manifest,
             pools,
-            policy,
             consumers: consumers::Consumers::new(n_layers),
-            prefetching: None,
             status: Status::Running,
             obs: Observers { tel, tl: Timeline::default(), sem: BTreeSet::new(), sched: BTreeSet::new(), digests: None },
-            advised: false,
-            passes: Passes::default(),
-            stream: None,
+            work: work::Work::new(),
             copies: Copies::default(),
         })
     }
@@ -408,7 +354,7 @@ impl Plan {
     /// Streams events of `n_used` selections (one token) in passes of `per_pass` distinct
     /// experts ([`Plan::stream_passes`]).
     pub fn stream_token_passes(&mut self, n_used: usize, per_pass: u32) {
-        self.passes = Passes { n_used, token: Some(per_pass), prompt: None };
+        self.work.set_passes(Passes { n_used, token: Some(per_pass), prompt: None });
     }
 
     /// Streams every event with more distinct experts than its pass size (the token pass for a
@@ -417,11 +363,11 @@ impl Plan {
     /// ahead as the layer's unpinned capacity allows, so the engine computes a pass while the
     /// next ones are still read. A one-token selection that fits is claimed whole at pass 0.
     pub fn stream_passes(&mut self, passes: Passes) {
-        self.passes = passes;
+        self.work.set_passes(passes);
     }
 
     pub fn passes(&self) -> Passes {
-        self.passes
+        self.work.passes()
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -429,7 +375,7 @@ impl Plan {
     }
 
     pub fn epoch(&self) -> u64 {
-        self.table.epoch()
+        self.slots.epoch()
     }
 
     /// The error that failed the Plan, if it failed.
@@ -447,7 +393,7 @@ impl Plan {
     /// The slots of a MoE layer.
     pub fn slots(&self, layer: u32) -> Option<Vec<SlotCell>> {
         let li = self.manifest.layer_index(layer)?;
-        Some(self.table.snapshot().layers.swap_remove(li).slots)
+        Some(self.slots.snapshot().layers.swap_remove(li).slots)
     }
 
     /// Tickets submitted and not yet completed.
@@ -469,7 +415,7 @@ impl Plan {
         if let Err(e) = &r {
             slots.fill(-1);
             for Hold { li, slot, v } in self.consumers.abandon() {
-                if self.table.release(li, slot, v).is_ok() {
+                if self.slots.release_failed(li, slot, v) {
                     self.obs.tel.consumer_drops += 1;
                 }
             }
@@ -552,7 +498,7 @@ impl Plan {
     /// The counters so far.
     pub fn telemetry(&self) -> Telemetry {
         let mut t = self.obs.tel.clone();
-        t.epoch = self.table.epoch();
+        t.epoch = self.slots.epoch();
         if let Some(mv) = &mut t.movement {
             let st = self.io.source().stats();
             (mv.sqes, mv.coalesced_sqes, mv.coalesced_extents) = (st.sqes, st.coalesced_sqes, st.coalesced_requests);
@@ -589,7 +535,7 @@ impl Plan {
 
     /// The ledger now (what shutdown returns).
     pub fn closure(&self) -> Closure {
-        let snap = self.table.snapshot();
+        let snap = self.slots.snapshot();
         Closure {
             epoch: snap.epoch,
             active_tickets: self.io.active() as u64,
@@ -629,20 +575,20 @@ impl Plan {
     }
 
     fn reset_inner(&mut self) -> Result<(), PlanError> {
-        if let Some(s) = &self.stream {
+        if let Some(s) = self.work.stream() {
             return Err(PlanError::OutstandingWork { detail: format!("layer {}'s streamed event is at pass {}", s.layer, s.next) });
         }
         self.complete_prefetch()?;
         self.finish_copies(|_| true)?;
         self.release_holds()?;
-        let consumers = self.table.consumers();
+        let consumers = self.slots.consumers();
         if consumers > 0 {
             return Err(PlanError::ConsumersLive { consumers });
         }
         if let Some(detail) = self.io.busy() {
             return Err(PlanError::OutstandingWork { detail });
         }
-        self.table.reset()?;
+        self.slots.reset()?;
         self.obs.tel.resets += 1;
         self.drain()
     }
@@ -654,10 +600,10 @@ impl Plan {
             self.finish_copies(|_| true)?;
         }
         self.wait_copies();
-        self.prefetching = None;
+        self.work.take_prefetch();
         self.drain()?;
         self.release_holds()?;
-        let consumers = self.table.consumers();
+        let consumers = self.slots.consumers();
         if consumers > 0 {
             return Err(PlanError::ConsumersLive { consumers });
         }
@@ -680,13 +626,7 @@ impl Drop for Plan {
         if self.io.drained() {
             return;
         }
-        let mut leaked = 0u64;
-        for pool in self.pools.iter_mut().flatten() {
-            if let PoolMem::Host(buf) = std::mem::replace(&mut pool.mem, PoolMem::Engine(None)) {
-                leaked += buf.len() as u64;
-                std::mem::forget(buf);
-            }
-        }
+        let leaked = self.pools.leak_host();
         log::warn!("the Plan's source could not be drained: {leaked} bytes of its own slot pools leaked rather than freed while reads may still land");
     }
 }

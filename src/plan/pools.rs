@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// Slot `s` of a pool starts `head + s * stride` bytes past the start of its memory, so at
+/// [`Plan::pool`] + `s * stride`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotLayout {
+    pub head: u64,
+    pub stride: u64,
+}
+
 /// A pool of the Plan: its layer buffer, and its place (role order) among that buffer's pools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct PoolIx {
@@ -41,6 +49,133 @@ impl Pool {
             PoolMem::Engine(Some(w)) => w.host(slot),
             PoolMem::Engine(None) => None,
         }
+    }
+}
+
+/// The slot pools, per layer buffer in role order: the Plan's own, allocated once, or the
+/// engine's, each bound once. Their addresses never move, and the engine's host pools are
+/// advised huge pages once, before the first read lands in them.
+pub(super) struct Pools {
+    by_buffer: Vec<Vec<Pool>>,
+    advised: bool,
+}
+
+impl Pools {
+    /// One pool per role of every layer buffer: host memory allocated now (`host`), or unbound
+    /// places for the engine's pools.
+    pub(super) fn new(manifest: &Manifest, host: bool) -> Result<Pools, PlanError> {
+        let mut by_buffer = Vec::new();
+        let n_buffers = if manifest.layer_buffers == 0 { manifest.layers.len() } else { manifest.layer_buffers as usize };
+        for (buffer, lp) in manifest.layers[..n_buffers].iter().enumerate() {
+            let mut ps = Vec::new();
+            for &RoleBytes { role, bytes_per_slot } in &lp.roles {
+                let head = manifest.slot_head(buffer, role);
+                let stride = Pool::stride_of(bytes_per_slot, head);
+                let mem = if host {
+                    PoolMem::Host(
+                        AlignedBuf::new(head.unwrap_or(0) + stride * u64::from(lp.n_slots))
+                            .map_err(|e| PlanError::Config { detail: format!("layer {} {role} pool: {e:#}", lp.layer) })?,
+                    )
+                } else {
+                    PoolMem::Engine(None)
+                };
+                ps.push(Pool::new(role, bytes_per_slot, head, mem));
+            }
+            by_buffer.push(ps);
+        }
+        Ok(Pools { by_buffer, advised: false })
+    }
+
+    /// The pools of layer buffer `buffer`, in role order.
+    pub(super) fn of_buffer(&self, buffer: usize) -> &[Pool] {
+        &self.by_buffer[buffer]
+    }
+
+    pub(super) fn get(&self, PoolIx { buffer, pool }: PoolIx) -> &Pool {
+        &self.by_buffer[buffer][pool]
+    }
+
+    /// The pool of `role` in layer buffer `buffer`.
+    pub(super) fn find(&self, buffer: usize, role: Role) -> Option<PoolIx> {
+        let pool = self.by_buffer[buffer].iter().position(|p| p.role == role)?;
+        Some(PoolIx { buffer, pool })
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Pool> {
+        self.by_buffer.iter().flatten()
+    }
+
+    /// The engine's writer of a bound pool.
+    pub(super) fn writer(&self, ix: PoolIx) -> Option<&dyn SlotWriter> {
+        match &self.get(ix).mem {
+            PoolMem::Engine(Some(w)) => Some(w.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// Binds the engine's writer to pool `ix` unless one is bound already (layers that share a
+    /// buffer share one pool); returns whether this one was, and whether it copies asynchronously.
+    pub(super) fn bind(&mut self, ix: PoolIx, writer: Box<dyn SlotWriter>) -> Result<Option<bool>, PlanError> {
+        match &mut self.by_buffer[ix.buffer][ix.pool].mem {
+            PoolMem::Host(_) => Err(PlanError::PoolMismatch { detail: "this Plan owns its pools".into() }),
+            PoolMem::Engine(Some(_)) => Ok(None),
+            PoolMem::Engine(w @ None) => {
+                let asynchronous = writer.asynchronous();
+                *w = Some(writer);
+                Ok(Some(asynchronous))
+            }
+        }
+    }
+
+    /// Forgets the Plan's own pools without freeing them (reads may still land there); returns
+    /// their bytes. The engine's pools are the engine's to keep.
+    pub(super) fn leak_host(&mut self) -> u64 {
+        let mut leaked = 0u64;
+        for pool in self.by_buffer.iter_mut().flatten() {
+            if let PoolMem::Host(buf) = std::mem::replace(&mut pool.mem, PoolMem::Engine(None)) {
+                leaked += buf.len() as u64;
+                std::mem::forget(buf);
+            }
+        }
+        leaked
+    }
+
+    /// Advises huge pages for the engine's host pools, once (`None` after the first call); a
+    /// pool in device memory, or laid out otherwise than asked, loses its head (no read goes
+    /// straight in). Returns the bytes advised over all host pools.
+    fn advise_engine(&mut self, manifest: &Manifest) -> Option<u64> {
+        if std::mem::replace(&mut self.advised, true) {
+            return None;
+        }
+        let mut advised = 0u64;
+        for (li, lp) in manifest.layers.iter().enumerate() {
+            if manifest.buffer_of(li) != li || lp.n_slots == 0 {
+                continue;
+            }
+            for pool in &mut self.by_buffer[li] {
+                let PoolMem::Engine(Some(w)) = &pool.mem else { continue };
+                let (Some(first), Some(last)) = (w.host(0), w.host(lp.n_slots - 1)) else {
+                    // Device memory: filled by copies, so no layout to honour.
+                    pool.head = None;
+                    continue;
+                };
+                let span = pool.stride as usize * (lp.n_slots as usize - 1);
+                if last.as_ptr() as usize != first.as_ptr() as usize + span {
+                    // The engine did not lay the slots out as asked: no read goes straight in.
+                    pool.head = None;
+                    continue;
+                }
+                let head = pool.head.unwrap_or(0) as usize;
+                let len = head + pool.stride as usize * lp.n_slots as usize;
+                advised += crate::source::advise_huge(first.as_ptr().wrapping_sub(head), len) as u64;
+            }
+        }
+        for pool in self.iter() {
+            if let PoolMem::Host(buf) = &pool.mem {
+                advised += buf.huge_bytes() as u64;
+            }
+        }
+        Some(advised)
     }
 }
 
@@ -166,39 +301,36 @@ impl Plan {
         let li = self.manifest.layer_index(layer).ok_or_else(|| mismatch(format!("layer {layer} is not managed")))?;
         let lp = &self.manifest.layers[li];
         let buffer = self.manifest.buffer_of(li);
-        let i =
-            self.pools[buffer].iter().position(|p| p.role == role).ok_or_else(|| mismatch(format!("layer {layer} has no {role} role")))?;
-        let pool = &self.pools[buffer][i];
+        let ix = self.pools.find(buffer, role).ok_or_else(|| mismatch(format!("layer {layer} has no {role} role")))?;
+        let pool = self.pools.get(ix);
         if pool.bytes_per_slot != bytes_per_slot || lp.n_slots != n_slots {
             return Err(mismatch(format!(
                 "layer {layer} {role}: asked {n_slots} slots of {bytes_per_slot} bytes, the manifest has {} of {}",
                 lp.n_slots, pool.bytes_per_slot
             )));
         }
-        Ok(PoolIx { buffer, pool: i })
+        Ok(ix)
     }
 
     /// Where slots of (layer, role) start past a page boundary (the engine asks before it
     /// allocates a host pool) when `bytes_per_slot` is the manifest's; `None`: packed slots.
     pub fn slot_head(&self, layer: u32, role: Role, bytes_per_slot: u64) -> Option<u64> {
         let li = self.manifest.layer_index(layer)?;
-        let pool = self.pools[self.manifest.buffer_of(li)].iter().find(|p| p.role == role)?;
+        let pool = self.pools.get(self.pools.find(self.manifest.buffer_of(li), role)?);
         (pool.bytes_per_slot == bytes_per_slot).then_some(pool.head).flatten()
     }
 
-    /// (head, stride) of the (layer, role) pool: slot `s` starts `head + s * stride` bytes past
-    /// the start of its memory, so [`Plan::pool`] + `s * stride`.
-    pub fn slot_layout(&self, layer: u32, role: Role) -> Option<(u64, u64)> {
+    /// How the slots of the (layer, role) pool lie in its memory.
+    pub fn slot_layout(&self, layer: u32, role: Role) -> Option<SlotLayout> {
         let li = self.manifest.layer_index(layer)?;
-        let pool = self.pools[self.manifest.buffer_of(li)].iter().find(|p| p.role == role)?;
-        Some((pool.head.unwrap_or(0), pool.stride))
+        let pool = self.pools.get(self.pools.find(self.manifest.buffer_of(li), role)?);
+        Some(SlotLayout { head: pool.head.unwrap_or(0), stride: pool.stride })
     }
 
     /// The stable address of slot 0 of the (layer, role) host pool. Refuses, without failing the
     /// Plan, any request whose role, bytes per slot or slot count disagrees with the manifest.
     pub fn pool(&self, layer: u32, role: Role, bytes_per_slot: u64, n_slots: u32) -> Result<*mut u8, PlanError> {
-        let PoolIx { buffer, pool } = self.pool_of(layer, role, bytes_per_slot, n_slots)?;
-        let pool = &self.pools[buffer][pool];
+        let pool = self.pools.get(self.pool_of(layer, role, bytes_per_slot, n_slots)?);
         match &pool.mem {
             // SAFETY: the head lies inside the allocation (`Plan::build`).
             PoolMem::Host(buf) => Ok(unsafe { buf.as_ptr().add(pool.head.unwrap_or(0) as usize) }),
@@ -217,17 +349,11 @@ impl Plan {
         n_slots: u32,
         writer: Box<dyn SlotWriter>,
     ) -> Result<u32, PlanError> {
-        let PoolIx { buffer, pool } = self.pool_of(layer, role, bytes_per_slot, n_slots)?;
-        match &mut self.pools[buffer][pool].mem {
-            PoolMem::Host(_) => return Err(PlanError::PoolMismatch { detail: "this Plan owns its pools".into() }),
-            PoolMem::Engine(w) => {
-                if w.is_none() {
-                    self.copies.bound(writer.asynchronous());
-                    *w = Some(writer);
-                }
-            }
+        let ix = self.pool_of(layer, role, bytes_per_slot, n_slots)?;
+        if let Some(asynchronous) = self.pools.bind(ix, writer)? {
+            self.copies.bound(asynchronous);
         }
-        Ok(buffer as u32)
+        Ok(ix.buffer as u32)
     }
 
     /// The bytes of `slot`'s region of a host pool's `role` (whatever its state: read-only
@@ -237,7 +363,7 @@ impl Plan {
         if slot >= self.manifest.layers[li].n_slots {
             return None;
         }
-        let p = self.pools[self.manifest.buffer_of(li)].iter().find(|p| p.role == role)?;
+        let p = self.pools.get(self.pools.find(self.manifest.buffer_of(li), role)?);
         let PoolMem::Host(buf) = &p.mem else { return None };
         let start = (p.head.unwrap_or(0) + u64::from(slot) * p.stride) as usize;
         Some(&buf.as_slice()[start..start + p.bytes_per_slot as usize])
@@ -252,7 +378,7 @@ impl Plan {
         if !self.io.source().reads_into_host() {
             return None;
         }
-        let pool = &self.pools[self.manifest.buffer_of(li)][i];
+        let pool = self.pools.get(PoolIx { buffer: self.manifest.buffer_of(li), pool: i });
         let head = pool.head?;
         if pool.role != e.role || pool.bytes_per_slot != e.extent.len || e.covering.head != head || e.covering.len > pool.stride {
             return None;
@@ -269,45 +395,15 @@ impl Plan {
     /// them (the Plan's own pools are advised when allocated): the pool memory exists only after
     /// the engine allocated it, which is after binding.
     pub(super) fn advise_engine_pools(&mut self) {
-        if std::mem::replace(&mut self.advised, true) {
-            return;
-        }
-        let mut advised = 0u64;
-        for (li, lp) in self.manifest.layers.iter().enumerate() {
-            if self.manifest.buffer_of(li) != li || lp.n_slots == 0 {
-                continue;
-            }
-            for pool in &mut self.pools[li] {
-                let PoolMem::Engine(Some(w)) = &pool.mem else { continue };
-                let (Some(first), Some(last)) = (w.host(0), w.host(lp.n_slots - 1)) else {
-                    // Device memory: filled by copies, so no layout to honour.
-                    pool.head = None;
-                    continue;
-                };
-                let span = pool.stride as usize * (lp.n_slots as usize - 1);
-                if last.as_ptr() as usize != first.as_ptr() as usize + span {
-                    // The engine did not lay the slots out as asked: no read goes straight in.
-                    pool.head = None;
-                    continue;
-                }
-                let head = pool.head.unwrap_or(0) as usize;
-                let len = head + pool.stride as usize * lp.n_slots as usize;
-                advised += crate::source::advise_huge(first.as_ptr().wrapping_sub(head), len) as u64;
-            }
-        }
+        let Some(advised) = self.pools.advise_engine(&self.manifest) else { return };
         let (mut direct, mut windowed) = (0, 0);
-        for pool in self.pools.iter().flatten() {
+        for pool in self.pools.iter() {
             if pool.host(0).is_some() {
                 if pool.head.is_some() {
                     direct += 1
                 } else {
                     windowed += 1
                 }
-            }
-        }
-        for pool in self.pools.iter().flatten() {
-            if let PoolMem::Host(buf) = &pool.mem {
-                advised += buf.huge_bytes() as u64;
             }
         }
         let mv = self.obs.tel.movement.get_or_insert_with(Default::default);

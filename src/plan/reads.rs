@@ -171,7 +171,7 @@ impl Plan {
         if c.window != t.window {
             return Err(self.reject(RejectKind::WrongWindow, t.id, format!("window {} for {}", c.window, t.window)));
         }
-        let epoch = self.table.epoch();
+        let epoch = self.slots.epoch();
         if c.epoch != t.epoch || t.epoch != epoch {
             return Err(self.reject(
                 RejectKind::StaleEpoch,
@@ -179,7 +179,7 @@ impl Plan {
                 format!("completion epoch {}, ticket epoch {}, current {epoch}", c.epoch, t.epoch),
             ));
         }
-        let cell = self.table.cell(li, t.slot)?;
+        let cell = self.slots.cell(li, t.slot)?;
         let bundle = inflight.get_mut(&t.window).filter(|b| b.object == t.object && b.slot == t.slot);
         if c.generation != t.generation || cell.generation != t.generation || cell.state != SlotState::Loading || bundle.is_none() {
             return Err(self.reject(
@@ -221,7 +221,7 @@ impl Plan {
         let started = Instant::now();
         let (mut direct_bytes, mut copied) = (0, 0);
         let mut ids = Vec::new();
-        let pools = &self.pools[self.manifest.buffer_of(li)];
+        let pools = self.pools.of_buffer(self.manifest.buffer_of(li));
         for (pi, ((e, pool), &direct)) in op.extents.iter().zip(pools).zip(&b.direct).enumerate() {
             assert_eq!(e.role, pool.role, "pools are in role order");
             if direct {
@@ -278,7 +278,7 @@ impl Plan {
             let started = Instant::now();
             let mut first = None;
             for &CopyId { pool, id } in &c.ids {
-                let PoolMem::Engine(Some(w)) = &self.pools[self.manifest.buffer_of(c.li)][pool].mem else {
+                let Some(w) = self.pools.writer(PoolIx { buffer: self.manifest.buffer_of(c.li), pool }) else {
                     unreachable!("only engine pools copy asynchronously")
                 };
                 // Every id is waited for, even after a failure: the device may still read the window.
@@ -296,7 +296,7 @@ impl Plan {
             }
         }
         self.io.step(c.window, WindowTransition::CopyDone)?;
-        self.table.publish(c.li, c.slot, c.version)?;
+        self.slots.publish(c.li, c.slot, c.version)?;
         self.obs.tl.published(c.object, c.slot);
         self.obs.tel.loads += 1;
         self.obs.tel.bytes_copied += c.copied;
@@ -328,7 +328,7 @@ impl Plan {
     pub(super) fn wait_copies(&mut self) {
         for c in self.copies.take_all() {
             for &CopyId { pool, id } in &c.ids {
-                if let PoolMem::Engine(Some(w)) = &self.pools[self.manifest.buffer_of(c.li)][pool].mem {
+                if let Some(w) = self.pools.writer(PoolIx { buffer: self.manifest.buffer_of(c.li), pool }) {
                     let _ = w.wait(id);
                 }
             }

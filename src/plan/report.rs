@@ -110,13 +110,45 @@ pub struct CopyReport {
 /// The names of a step's four times.
 pub const STEP_FIELDS: [&str; 4] = ["read_s", "copy_s", "compute_s", "exposed_wait_s"];
 
-/// Per step (one ubatch through the model, from its first MoE acquire) and in total:
-/// [read, copy, compute, exposed wait] seconds, named by `fields`.
+/// The four times of a step: in source reads, in window → slot copies, computing, and
+/// waiting on the source where nothing else ran. Written as an array in `fields` order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "[f64; 4]", into = "[f64; 4]")]
+pub struct StepTimes {
+    pub read_s: f64,
+    pub copy_s: f64,
+    pub compute_s: f64,
+    pub exposed_wait_s: f64,
+}
+
+impl From<[f64; 4]> for StepTimes {
+    fn from([read_s, copy_s, compute_s, exposed_wait_s]: [f64; 4]) -> StepTimes {
+        StepTimes { read_s, copy_s, compute_s, exposed_wait_s }
+    }
+}
+
+impl From<StepTimes> for [f64; 4] {
+    fn from(t: StepTimes) -> [f64; 4] {
+        [t.read_s, t.copy_s, t.compute_s, t.exposed_wait_s]
+    }
+}
+
+impl std::ops::AddAssign for StepTimes {
+    fn add_assign(&mut self, o: StepTimes) {
+        self.read_s += o.read_s;
+        self.copy_s += o.copy_s;
+        self.compute_s += o.compute_s;
+        self.exposed_wait_s += o.exposed_wait_s;
+    }
+}
+
+/// Per step (one ubatch through the model, from its first MoE acquire) and in total: its
+/// [`StepTimes`], named by `fields`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepsReport {
     pub fields: Vec<String>,
-    pub total: Option<[f64; 4]>,
-    pub per_step: Vec<[f64; 4]>,
+    pub total: Option<StepTimes>,
+    pub per_step: Vec<StepTimes>,
     /// Per step, the logical bytes read and its tokens (absent in earlier records).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_bytes: Vec<u64>,
@@ -140,22 +172,25 @@ pub struct PrefillReport {
 
 impl PrefillReport {
     /// From the per-step figures; `None` when the run began with a one-token step.
-    pub fn of(per_step: &[[f64; 4]], bytes: &[u64], tokens: &[u64]) -> Option<PrefillReport> {
+    pub fn of(per_step: &[StepTimes], bytes: &[u64], tokens: &[u64]) -> Option<PrefillReport> {
         let n = tokens.iter().take_while(|&&t| t > 1).count().min(per_step.len()).min(bytes.len());
         if n == 0 {
             return None;
         }
-        let sum = |i: usize| per_step[..n].iter().map(|s| s[i]).sum::<f64>();
+        let mut sum = StepTimes::default();
+        for &s in &per_step[..n] {
+            sum += s;
+        }
         let (tokens, read_bytes) = (tokens[..n].iter().sum::<u64>(), bytes[..n].iter().sum::<u64>());
         Some(PrefillReport {
             steps: n as u64,
             tokens,
             read_bytes,
             bytes_per_token: read_bytes as f64 / tokens as f64,
-            read_s: sum(0),
-            copy_s: sum(1),
-            compute_s: sum(2),
-            exposed_wait_s: sum(3),
+            read_s: sum.read_s,
+            copy_s: sum.copy_s,
+            compute_s: sum.compute_s,
+            exposed_wait_s: sum.exposed_wait_s,
         })
     }
 }
@@ -209,11 +244,20 @@ pub struct PlanReport {
 
 #[cfg(test)]
 mod tests {
-    use super::PrefillReport;
+    use super::{PrefillReport, StepTimes, STEP_FIELDS};
+
+    #[test]
+    fn step_times_are_written_as_the_arrays_records_hold_in_field_order() {
+        let t = StepTimes { read_s: 1.5, copy_s: 2.5, compute_s: 3.5, exposed_wait_s: 4.5 };
+        let v = serde_json::to_value(t).unwrap();
+        assert_eq!(v, serde_json::json!([1.5, 2.5, 3.5, 4.5]));
+        assert_eq!(serde_json::from_value::<StepTimes>(v).unwrap(), t);
+        assert_eq!(STEP_FIELDS, ["read_s", "copy_s", "compute_s", "exposed_wait_s"]);
+    }
 
     #[test]
     fn the_prefill_is_the_leading_steps_of_more_than_one_token() {
-        let steps = [[1.0, 0.5, 2.0, 0.25], [3.0, 0.0, 4.0, 1.0], [9.0, 9.0, 9.0, 9.0], [7.0, 7.0, 7.0, 7.0]];
+        let steps = [[1.0, 0.5, 2.0, 0.25], [3.0, 0.0, 4.0, 1.0], [9.0, 9.0, 9.0, 9.0], [7.0, 7.0, 7.0, 7.0]].map(StepTimes::from);
         let p = PrefillReport::of(&steps, &[100, 300, 5, 50], &[512, 88, 1, 4]).unwrap();
         assert_eq!((p.steps, p.tokens, p.read_bytes), (2, 600, 400));
         assert_eq!((p.read_s, p.copy_s, p.compute_s, p.exposed_wait_s), (4.0, 0.5, 6.0, 1.25));

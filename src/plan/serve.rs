@@ -8,7 +8,7 @@ impl Plan {
         if slots.len() != ids.len() {
             return Err(PlanError::SlotsLength { ids: ids.len(), slots: slots.len() });
         }
-        if let Some(s) = &self.stream {
+        if let Some(s) = self.work.stream() {
             if (s.layer, s.next) != (layer, pass) {
                 return Err(PlanError::Config {
                     detail: format!(
@@ -37,10 +37,10 @@ impl Plan {
         self.obs.tel.acquires += 1;
         if pass == 0 {
             self.obs.sem.extend(distinct.iter().map(|&expert| ObjectId { layer, expert }));
-            self.policy.observe(layer, &distinct);
+            self.slots.observe(layer, &distinct);
         }
         let pinned = |e: u32| self.manifest.is_pinned(ObjectId { layer, expert: e });
-        if let Some(per) = self.passes.per_pass(ids.len()) {
+        if let Some(per) = self.work.passes().per_pass(ids.len()) {
             let unpinned = distinct.iter().filter(|&&e| !pinned(e)).count() as u32;
             let per = per.min(capacity);
             if pass == 0 && per < unpinned {
@@ -58,7 +58,7 @@ impl Plan {
         for &expert in &group {
             let object = ObjectId { layer, expert };
             self.obs.tel.object_requests += 1;
-            let Some(slot) = self.table.find(li, expert) else {
+            let Some(slot) = self.slots.find(li, expert) else {
                 misses.push(object);
                 continue;
             };
@@ -89,7 +89,7 @@ impl Plan {
     /// One consumer on each published load, taken through `taking`.
     pub(super) fn take_loads(&mut self, li: usize, loads: &[Load]) -> Result<(), PlanError> {
         for &Load { object, slot, .. } in loads {
-            let v = self.table.consume(li, slot, object)?;
+            let v = self.slots.consume(li, slot, object)?;
             self.obs.tel.consumer_takes += 1;
             self.consumers.take(Hold { li, slot, v });
         }
@@ -101,8 +101,8 @@ impl Plan {
     pub(super) fn serve_taking(&mut self, li: usize, layer: u32, pass: u32, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
         let mut slot_of = vec![-1i32; self.manifest.layers[li].n_experts as usize];
         for &Hold { slot, v, .. } in self.consumers.taking() {
-            let object = self.table.cell(li, slot)?.object.expect("a consumed slot holds an object");
-            debug_assert_eq!(self.table.cell(li, slot)?.version(), v);
+            let object = self.slots.cell(li, slot)?.object.expect("a consumed slot holds an object");
+            debug_assert_eq!(self.slots.cell(li, slot)?.version(), v);
             slot_of[object.expert as usize] = slot as i32;
         }
         for (s, &id) in slots.iter_mut().zip(ids) {
@@ -114,16 +114,12 @@ impl Plan {
 
     /// A hit on `slot`: one more consumer, taken through `taking`.
     pub(super) fn hit(&mut self, li: usize, slot: u32, object: ObjectId) -> Result<Hold, PlanError> {
-        let before = self.table.cell(li, slot)?;
-        let v = self.table.consume(li, slot, object)?;
+        let v = self.slots.hit(li, slot, object, self.manifest.is_pinned(object))?;
         self.obs.tel.consumer_takes += 1;
         self.consumers.take(Hold { li, slot, v });
         self.obs.tel.hits += 1;
         if self.consumers.prefetched(li).iter().any(|h| h.slot == slot && h.v == v) {
             self.obs.tel.prefetch_hits += 1;
-        }
-        if before.state == SlotState::Recyclable && !self.manifest.is_pinned(object) {
-            self.policy.reused(object);
         }
         Ok(Hold { li, slot, v })
     }
@@ -131,30 +127,22 @@ impl Plan {
     /// A slot for a miss: the lowest Vacant one, else the policy's victim (Recyclable, never
     /// pinned, never in use: the table refuses anything else).
     pub(super) fn claim_slot(&mut self, li: usize, object: ObjectId) -> Result<u32, PlanError> {
-        if let Some(slot) = self.table.vacant(li) {
+        if let Some(slot) = self.slots.vacant(li) {
             return Ok(slot);
         }
-        let victim = self.policy.victim(object.layer).ok_or(PlanError::NoSlot { object })?;
+        let victim = self.slots.victim(object.layer).ok_or(PlanError::NoSlot { object })?;
         self.evict(li, victim)
     }
 
     pub(super) fn evict(&mut self, li: usize, victim: ObjectId) -> Result<u32, PlanError> {
-        if self.manifest.is_pinned(victim) || victim.layer != self.manifest.layers[li].layer {
-            return Err(PlanError::Config { detail: format!("the policy named {victim}, which it may not evict") });
-        }
-        let slot = self
-            .table
-            .find(li, victim.expert)
-            .ok_or_else(|| PlanError::Config { detail: format!("the policy named {victim}, which is not resident") })?;
-        self.table.evict(li, slot)?;
-        self.policy.evicted(victim);
+        let slot = self.slots.evict(&self.manifest, li, victim)?;
         self.obs.tel.recycles += 1;
         Ok(slot)
     }
 
     pub(super) fn begin_load(&mut self, li: usize, slot: u32, object: ObjectId) -> Result<Version, PlanError> {
         self.clear_aliases(li, slot)?;
-        let v = self.table.begin_load(li, slot, object)?;
+        let v = self.slots.begin_load(li, slot, object)?;
         *self.obs.tel.generations.entry(object.layer).or_default() += 1;
         Ok(v)
     }
@@ -169,7 +157,7 @@ impl Plan {
         let buffer = self.manifest.buffer_of(li);
         let sharing: Vec<usize> = (0..self.manifest.layers.len()).filter(|&lj| lj != li && self.manifest.buffer_of(lj) == buffer).collect();
         for lj in sharing {
-            let cell = self.table.cell(lj, slot)?;
+            let cell = self.slots.cell(lj, slot)?;
             match (cell.state, cell.object) {
                 (SlotState::Vacant, _) => {}
                 (SlotState::Recyclable, Some(victim)) => {
@@ -202,18 +190,10 @@ impl Plan {
 
     /// One consumer fewer; a slot left Recyclable goes to the policy (pinned ones stay).
     pub(super) fn drop_consumer(&mut self, li: usize, slot: u32, v: Version) -> Result<(), PlanError> {
-        let state = self.table.release(li, slot, v)?;
+        let freed = self.slots.release(&self.manifest, li, slot, v)?;
         self.obs.tel.consumer_drops += 1;
-        if state != SlotState::Recyclable {
-            return Ok(());
-        }
-        let object = self.table.cell(li, slot)?.object.expect("a Recyclable slot holds an object");
-        if self.manifest.is_pinned(object) {
-            return Ok(());
-        }
-        for victim in self.policy.released(object) {
-            let vli = self.manifest.layer_index(victim.layer).ok_or(PlanError::UnknownLayer { layer: victim.layer })?;
-            self.evict(vli, victim)?;
+        if let Some(freed) = freed {
+            self.obs.tel.recycles += self.slots.offer(&self.manifest, freed)?;
         }
         Ok(())
     }

@@ -171,7 +171,7 @@ fn replay_with(
     let n_per_pass = manifest.layers.iter().map(LayerPlan::capacity).min().unwrap_or(1).max(1);
     let experts: HashMap<u32, u32> = manifest.layers.iter().map(|l| (l.layer, l.n_experts)).collect();
     let binds: Vec<(u32, super::Role, u64, u32)> =
-        manifest.layers.iter().flat_map(|l| l.roles.iter().map(move |&(r, b)| (l.layer, r, b, l.n_slots))).collect();
+        manifest.layers.iter().flat_map(|l| l.roles.iter().map(move |r| (l.layer, r.role, r.bytes_per_slot, l.n_slots))).collect();
     let source = DrySource::new(&manifest, windows, log.clone());
     let mut plan = Plan::for_engine(manifest, policy, Box::new(source)).map_err(|e| anyhow!("{e}"))?;
     // As the engine: a one-token ubatch (n_used selections) runs passes of the token pass,

@@ -29,7 +29,7 @@ impl Plan {
         // now have their consumers (so no miss evicts them).
         let r = self.claim_ahead(&mut s, 0);
         // The stream exists from here on: what it claimed is dropped with it if this fails.
-        self.stream = Some(s);
+        self.work.put_stream(s)?;
         r?;
         self.stream_pass(ids, slots)
     }
@@ -56,7 +56,7 @@ impl Plan {
             for &expert in &s.groups[j] {
                 let object = ObjectId { layer, expert };
                 self.obs.tel.object_requests += 1;
-                match self.table.find(li, expert) {
+                match self.slots.find(li, expert) {
                     Some(slot) => hits[k].push(self.hit(li, slot, object)?),
                     None => misses[k].push(object),
                 }
@@ -91,10 +91,10 @@ impl Plan {
     /// then serves that group; the last pass ends the stream (and starts the next layer's
     /// prefetch, which never runs beside a stream).
     pub(super) fn stream_pass(&mut self, ids: &[i32], slots: &mut [i32]) -> Result<(), PlanError> {
-        let mut s = self.stream.take().expect("a stream");
+        let mut s = self.work.take_stream().expect("a stream");
         let r = self.serve_stream_pass(&mut s, ids, slots);
         if r.is_err() || (s.next as usize) < s.hits.len() {
-            self.stream = Some(s);
+            self.work.put_stream(s)?;
             return r;
         }
         match self.manifest.next_layer(s.layer) {
@@ -114,7 +114,7 @@ impl Plan {
         let group = &s.loads[k];
         self.read_until(li, &mut s.pending, &mut s.inflight, |p, _, _| {
             for &Load { slot, .. } in group {
-                if p.table.cell(li, slot)?.state == SlotState::Loading && !p.copy_in_flight(li, slot) {
+                if p.slots.cell(li, slot)?.state == SlotState::Loading && !p.copy_in_flight(li, slot) {
                     return Ok(false);
                 }
             }
@@ -158,7 +158,7 @@ impl Plan {
     /// Ends a streamed event the engine left unfinished: the consumers taken for passes it never
     /// asked for are dropped; reads still in flight are drained with the rest.
     pub(super) fn drop_stream(&mut self) -> Result<(), PlanError> {
-        if let Some(s) = self.stream.take() {
+        if let Some(s) = self.work.take_stream() {
             for Hold { li, slot, v } in s.hits.into_iter().skip(s.next as usize).flatten() {
                 self.drop_consumer(li, slot, v)?;
             }

@@ -203,7 +203,10 @@ fn manifest_of_forged_tiny() {
     assert_eq!(man.objects.len(), 48);
     for (i, lp) in man.layers.iter().enumerate() {
         assert_eq!((lp.layer, lp.n_experts, lp.n_slots, lp.capacity()), (i as u32, 16, 4, 4));
-        assert_eq!(lp.roles, vec![(Role::Gate, role_bytes), (Role::Up, role_bytes), (Role::Down, role_bytes)]);
+        let rb = |role| RoleBytes { role, bytes_per_slot: role_bytes };
+        assert_eq!(lp.roles, vec![rb(Role::Gate), rb(Role::Up), rb(Role::Down)]);
+        // Written as the (role, bytes) pairs manifests always held.
+        assert_eq!(serde_json::to_value(lp.roles[1]).unwrap(), serde_json::to_value((Role::Up, role_bytes)).unwrap());
         assert!(lp.compatible(obj(i as u32, 15), 3));
         assert!(!lp.compatible(obj(i as u32, 16), 0) && !lp.compatible(obj(i as u32, 0), 4));
         assert!(!lp.compatible(obj(i as u32 + 1, 0), 0));
@@ -282,7 +285,7 @@ fn pools_are_stable_aligned_and_refuse_disagreement() {
     let mut p = plan("zero", 4);
     let bps = 256 * 256 * 4;
     let base = p.pool(1, Role::Up, bps, 4).unwrap();
-    let (head, stride) = p.slot_layout(1, Role::Up).unwrap();
+    let SlotLayout { head, stride } = p.slot_layout(1, Role::Up).unwrap();
     // Slots start at their extents' offset within a page, a whole number of pages apart.
     let e = &p.manifest().object(obj(1, 0)).unwrap().extents[1];
     assert_eq!((e.role, head, stride), (Role::Up, e.covering.head, crate::source::align_up(head + bps)));
@@ -705,10 +708,10 @@ fn shared_layer_buffers_evict_cached_objects_and_refuse_live_ones() {
     let mut p = Plan::new(manifest, &spec, Box::new(source)).unwrap();
     let (l0, l2) = (p.manifest().layers[0].layer, p.manifest().layers[2].layer);
     let slot = p.manifest().layers[0].slot_bytes() / 3;
-    let role = p.manifest().layers[0].roles[0].0;
+    let role = p.manifest().layers[0].roles[0].role;
     assert_eq!(
-        p.pool(l0, role, p.manifest().layers[0].roles[0].1, 4).unwrap(),
-        p.pool(l2, role, p.manifest().layers[0].roles[0].1, 4).unwrap()
+        p.pool(l0, role, p.manifest().layers[0].roles[0].bytes_per_slot, 4).unwrap(),
+        p.pool(l2, role, p.manifest().layers[0].roles[0].bytes_per_slot, 4).unwrap()
     );
     assert!(slot > 0);
 
@@ -835,7 +838,7 @@ fn bound_plan(fail_role: Option<Role>, wrap: impl Fn(TestPool) -> Box<dyn SlotWr
     let mut p = Plan::for_engine(manifest, &spec, Box::new(source)).unwrap();
     let mut mems = HashMap::new();
     for lp in p.manifest().layers.clone() {
-        for &(role, bps) in &lp.roles {
+        for &RoleBytes { role, bytes_per_slot: bps } in &lp.roles {
             let mem = std::sync::Arc::new(std::sync::Mutex::new(vec![0u8; (bps * u64::from(lp.n_slots)) as usize]));
             let pool = TestPool { mem: mem.clone(), bytes_per_slot: bps as usize, fail: fail_role == Some(role) };
             assert_eq!(p.bind(lp.layer, role, bps, lp.n_slots, wrap(pool)).unwrap() as usize, p.manifest().layer_index(lp.layer).unwrap());
@@ -850,7 +853,7 @@ fn engine_pools_get_each_slot_through_the_writer() {
     let m = model();
     let (mut p, mems) = engine_plan(None);
     let layer = p.manifest().layers[1].layer;
-    let (role, bps) = p.manifest().layers[1].roles[0];
+    let RoleBytes { role, bytes_per_slot: bps } = p.manifest().layers[1].roles[0];
     // Host-pool inspection and addresses do not exist for the engine's pools.
     assert!(p.slot_bytes(layer, role, 0).is_none());
     assert!(matches!(p.pool(layer, role, bps, 4), Err(PlanError::PoolMismatch { .. })));

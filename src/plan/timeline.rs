@@ -629,6 +629,14 @@ pub fn clock_resolution_ns() -> u64 {
     }
 }
 
+/// A read's `[start, end)` in nanoseconds: its submit event, to the completion's return (None
+/// where no completion came back in the token).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimedRead {
+    pub submit: Event,
+    pub done_ns: Option<u64>,
+}
+
 impl TimelineFile {
     /// Reads a `timeline` surface; a file that is not one is one error naming it.
     pub fn parse(what: &str, bytes: &[u8]) -> anyhow::Result<TimelineFile> {
@@ -639,12 +647,15 @@ impl TimelineFile {
         Ok(f)
     }
 
-    /// Reads with their `[start, end)` in nanoseconds, one per submitted ticket: the submit's
-    /// start to the completion's return (None where no completion came back in the token).
-    pub fn reads(&self) -> Vec<(Event, Option<u64>)> {
+    /// Reads, one per submitted ticket, with when each came back.
+    pub fn reads(&self) -> Vec<TimedRead> {
         let done: std::collections::HashMap<u64, u64> =
             self.events.iter().filter(|e| e.kind == Kind::Complete).filter_map(|e| Some((e.ticket?, e.end_ns()))).collect();
-        self.events.iter().filter(|e| e.kind == Kind::Submit).map(|e| (*e, e.ticket.and_then(|t| done.get(&t).copied()))).collect()
+        self.events
+            .iter()
+            .filter(|e| e.kind == Kind::Submit)
+            .map(|e| TimedRead { submit: *e, done_ns: e.ticket.and_then(|t| done.get(&t).copied()) })
+            .collect()
     }
 }
 
@@ -659,7 +670,7 @@ mod tests {
 
     /// Busy is the union of [submit, taken back] over reads, computed here apart from the sweep.
     fn union_busy(f: &TimelineFile, end: u64) -> u64 {
-        let mut iv: Vec<(u64, u64)> = f.reads().into_iter().map(|(e, done)| (e.t_ns, done.unwrap_or(end))).collect();
+        let mut iv: Vec<(u64, u64)> = f.reads().into_iter().map(|r| (r.submit.t_ns, r.done_ns.unwrap_or(end))).collect();
         iv.sort();
         let (mut total, mut cur): (u64, Option<(u64, u64)>) = (0, None);
         for (a, b) in iv {
@@ -771,7 +782,7 @@ mod tests {
         // The sweep's busy time is the union of the read intervals, computed apart.
         assert_eq!(union_busy(&f, end.t_ns), f.times.busy_ns);
         assert!(f.events.windows(2).all(|w| w[0].t_ns <= w[1].t_ns), "events in time order");
-        assert!(f.reads().iter().all(|(_, done)| done.is_some()));
+        assert!(f.reads().iter().all(|r| r.done_ns.is_some()));
         let total: u64 = r.per_token.iter().map(|t| t.times.wall_ns).sum();
         assert_eq!(r.total.wall_ns, total);
     }

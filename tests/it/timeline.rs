@@ -25,7 +25,7 @@ fn plan_run(model: &Path, rec: &Path, extra: &[&str]) {
 
 /// The union of [submit, taken back] over the token's reads, apart from the record's sweep.
 fn union_ns(f: &TimelineFile) -> u64 {
-    let mut iv: Vec<(u64, u64)> = f.reads().into_iter().map(|(e, done)| (e.t_ns, done.expect("every read came back"))).collect();
+    let mut iv: Vec<(u64, u64)> = f.reads().into_iter().map(|r| (r.submit.t_ns, r.done_ns.expect("every read came back"))).collect();
     iv.sort();
     let mut merged: Vec<(u64, u64)> = Vec::new();
     for (a, b) in iv {
