@@ -25,6 +25,7 @@ pub mod refine;
 pub mod reproduce;
 pub mod routes;
 pub mod service;
+pub mod session;
 pub mod source;
 pub mod spec;
 pub mod stats;
