@@ -545,6 +545,19 @@ impl<'m> Context<'m> {
         Ok(())
     }
 
+    /// Forgets the whole sequence, as a new context would start: the KV cache and recurrent
+    /// states cleared with their bytes, the position back to 0, and the route capture restarted
+    /// (routes not yet taken are dropped, and ubatches count from 0 again).
+    pub fn clear(&mut self) {
+        // SAFETY: the memory handle belongs to this live context; no decode is running (&mut self).
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) };
+        self.n_past = 0;
+        if let Some(r) = self.routes.as_mut() {
+            // In place: llama.cpp holds the box's address as the callback's user data.
+            **r = RouteRecorder::default();
+        }
+    }
+
     pub fn n_past(&self) -> i32 {
         self.n_past
     }

@@ -26,6 +26,7 @@ mod records;
 mod refine;
 mod reproduce;
 mod rpc;
+mod session;
 mod slurm;
 mod speculative;
 mod timeline;
