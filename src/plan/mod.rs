@@ -456,6 +456,25 @@ impl Plan {
         r
     }
 
+    /// [`Plan::reset`], then every object left in a slot is evicted, pinned ones too, and
+    /// `policy` (a new one, built as the first was) replaces the policy and all it learnt: the
+    /// next request loads every expert it selects, as the first request of a new Plan would.
+    pub fn reset_cold(&mut self, policy: Box<dyn ReplacementPolicy>) -> Result<(), PlanError> {
+        self.running()?;
+        let r = self.reset_inner().and_then(|()| self.slots.empty(policy));
+        match r {
+            Ok(evicted) => {
+                self.obs.tel.cold_resets += 1;
+                self.obs.tel.cold_evictions += evicted;
+                Ok(())
+            }
+            Err(e) => {
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
     /// Drains the source, releases prefetch holds and closes the Plan, reporting its ledger.
     /// Refused while an engine consumer is live (the Plan stays as it was); release, then shut down.
     pub fn shutdown(&mut self) -> Result<Closure, PlanError> {

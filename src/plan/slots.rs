@@ -127,6 +127,23 @@ impl Slots {
         self.table.release(li, slot, v).is_ok()
     }
 
+    /// Evicts every object a slot still holds, pinned ones too, and starts over with `policy`,
+    /// where nothing holds or loads any (every such slot is Recyclable); else changes nothing.
+    /// Returns how many were evicted.
+    pub fn empty(&mut self, policy: Box<dyn ReplacementPolicy>) -> Result<u64, PlanError> {
+        let snapshot = self.table.snapshot();
+        let held = snapshot.layers.iter().enumerate().flat_map(|(li, l)| l.slots.iter().enumerate().map(move |(s, c)| (li, s as u32, c)));
+        let held: Vec<_> = held.filter(|(_, _, c)| c.object.is_some()).collect();
+        if let Some((_, slot, c)) = held.iter().find(|(_, _, c)| c.state != SlotState::Recyclable) {
+            return Err(PlanError::OutstandingWork { detail: format!("{} is {:?} in slot {slot}", c.object.expect("held"), c.state) });
+        }
+        for &(li, slot, _) in &held {
+            self.table.evict(li, slot)?;
+        }
+        self.policy = policy;
+        Ok(held.len() as u64)
+    }
+
     /// Advances the epoch; refused while consumers are live.
     pub fn reset(&self) -> Result<u64, PlanError> {
         Ok(self.table.reset()?)

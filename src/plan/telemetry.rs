@@ -92,6 +92,11 @@ pub struct Telemetry {
     pub recycles: u64,
     /// Of those, evictions because another layer sharing the buffer loaded into the slot.
     pub buffer_evictions: u64,
+    /// Cold resets ([`super::Plan::reset_cold`]), and the objects they evicted (not recycles).
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
+    pub cold_resets: u64,
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
+    pub cold_evictions: u64,
     /// Bundles published (demand and prefetch).
     pub loads: u64,
     pub prefetch_loads: u64,

@@ -1524,3 +1524,42 @@ fn the_manifest_holds_each_extents_xxh3_of_its_own_bytes_and_both_algorithms_pas
         assert!(p.shutdown().unwrap().is_clean());
     }
 }
+
+#[test]
+fn a_warm_reset_keeps_published_experts_and_a_cold_one_empties_every_slot() {
+    let policy = "pin:0/3+lru:4";
+    let mut p = plan(policy, 4);
+    let ids = [3, 5, 7];
+    // One request: each layer selects the same experts; every slot holds exactly its bytes.
+    let request = |p: &mut Plan| {
+        for layer in 0..3 {
+            let slots = acq(p, layer, 0, &ids).unwrap();
+            for (&e, &s) in ids.iter().zip(&slots) {
+                assert_holds(p, s as u32, obj(layer, e as u32));
+            }
+            p.release(layer, 0).unwrap();
+        }
+    };
+    request(&mut p);
+    assert_eq!(p.telemetry().misses, 9);
+    p.reset().unwrap();
+    request(&mut p);
+    assert_eq!((p.telemetry().misses, p.telemetry().hits), (9, 9), "a warm reset keeps what was published");
+    let fresh = policy.parse::<PolicySpec>().unwrap().build(p.manifest()).unwrap();
+    p.reset_cold(fresh).unwrap();
+    for layer in 0..3 {
+        assert!(p.slots(layer).unwrap().iter().all(|c| c.state == SlotState::Vacant && c.object.is_none()), "layer {layer}");
+    }
+    let t = p.telemetry();
+    // Every object, the pinned one too, was evicted; none counts as a recycle.
+    assert_eq!((t.cold_resets, t.cold_evictions, t.recycles, t.resets, t.epoch), (1, 9, 0, 2, 2));
+    request(&mut p);
+    assert_eq!((p.telemetry().misses, p.telemetry().hits), (18, 9), "a cold reset loads everything again");
+    // Refused while the engine holds a consumer, and the Plan fails closed.
+    acq(&mut p, 0, 0, &ids).unwrap();
+    let fresh = policy.parse::<PolicySpec>().unwrap().build(p.manifest()).unwrap();
+    assert_eq!(p.reset_cold(fresh).unwrap_err(), PlanError::ConsumersLive { consumers: 3 });
+    assert!(p.failure().is_some());
+    p.release(0, 0).unwrap();
+    assert!(p.shutdown().unwrap().balanced());
+}
