@@ -433,6 +433,23 @@ impl ExpertSource for PlanSource {
         self.decode_closed(ok)
     }
 
+    fn between(&mut self, between: crate::session::Between) -> Result<()> {
+        if let Some(h) = &self.held {
+            bail!("layer {} pass {}'s consumer is still held as the request ends", h.layer, h.pass);
+        }
+        if self.coverage.open_events() > 0 {
+            bail!("the request ended with {} events of its last decode outstanding", self.coverage.open_events());
+        }
+        match between {
+            crate::session::Between::Reset => self.plan.reset()?,
+            crate::session::Between::Cold => {
+                let policy = self.options.policy.build(self.plan.manifest())?;
+                self.plan.reset_cold(policy)?
+            }
+        }
+        Ok(())
+    }
+
     fn describe(&self) -> SourceDescription {
         SourceDescription::Plan(self.description())
     }

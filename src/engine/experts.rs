@@ -132,6 +132,12 @@ pub trait ExpertSource: Send {
         let _ = ok;
         Ok(())
     }
+    /// Between two requests of a session, with no event of the last one outstanding: the
+    /// source readies itself for the next request as `between` says, or refuses, and the
+    /// session fails closed. A source that serves one request only refuses.
+    fn between(&mut self, between: crate::session::Between) -> Result<()> {
+        anyhow::bail!("this expert source serves one request: it cannot go on to another ({between:?})")
+    }
     /// What the source is, for the record's parameters.
     fn describe(&self) -> SourceDescription;
     /// Closes the source after the run and reports what it saw.

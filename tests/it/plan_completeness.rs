@@ -9,9 +9,8 @@ use common::*;
 use sovereign::engine::{ExpertSource, SlotPool};
 use sovereign::generate;
 use sovereign::plan::report::{SourceDescription, SourceReport};
-use sovereign::plan::{PlanOptions, SourceKind};
+use sovereign::plan::PlanOptions;
 use sovereign::service::PlanSource;
-use sovereign::source::fault::FaultCell;
 use std::path::Path;
 
 const PROMPT: &str = "The quick brown fox jumps over the lazy dog while experts stream from storage into slots.";
@@ -101,20 +100,7 @@ fn fewer_passes_than_groups_fail_the_decode_closed() {
     let m = model(dir.path());
     let rec = dir.path().join("short");
     let spec = generate_spec(&m, &rec, PROMPT, OUTPUTS);
-    let options = PlanOptions {
-        slots: 4,
-        policy: "pin:0/0".parse().unwrap(),
-        source: SourceKind::F,
-        windows: Some(4),
-        depth: Some(4),
-        layer_buffers: 0,
-        timeline_token: None,
-        token_pass: None,
-        prompt_pass: None,
-        budget: None,
-        verify: None,
-        fault: FaultCell::None,
-    };
+    let options = PlanOptions { windows: Some(4), depth: Some(4), ..plan_options("pin:0/0", 4) };
     let e = generate::run_with(&spec, |inv| {
         let s = PlanSource::new(&m, inv, options)?;
         assert_eq!(s.n_per_pass(), 3, "4 slots, one pinned: 3 unpinned per pass");

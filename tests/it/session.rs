@@ -2,9 +2,15 @@
 //! is bitwise the request decoded in a new context.
 
 use crate::common::ok;
-use sovereign::engine::{Context, Model};
+use sovereign::engine::{Context, ExpertSource, Model};
 use sovereign::exec::ExecParams;
+use sovereign::inventory::Inventory;
+use sovereign::plan::report::SourceReport;
+use sovereign::plan::PlanOptions;
 use sovereign::routes::RouteEvent;
+use sovereign::service::PlanSource;
+use sovereign::session::Between;
+use sovereign::source::fault::FaultCell;
 use std::path::{Path, PathBuf};
 
 fn forge_arch(dir: &Path, arch: &str) -> PathBuf {
@@ -42,7 +48,7 @@ fn serve(model: &Model, ctx: &mut Context, prompt: &str, n: usize) -> Served {
 fn a_cleared_context_serves_a_request_as_a_new_one_would() {
     let dir = tempfile::tempdir().unwrap();
     sovereign::engine::init();
-    let exec = ExecParams { n_ctx: 256, n_batch: 64, n_ubatch: 64, threads: 2, threads_batch: None, flash_attn: false };
+    let exec = exec();
     let (a, b) = ("an earlier request, longer than the one after it, fills the cache", "the request that follows");
     // Attention only, hybrid (recurrent state per position of a ubatch) and recurrent with
     // snapshots.
@@ -65,5 +71,106 @@ fn a_cleared_context_serves_a_request_as_a_new_one_would() {
         assert!(serve(&model, &mut ctx, b, 6) == alone, "{arch}: the second repeat differs");
         // And the earlier request was itself what it is alone (nothing of the test is vacuous).
         assert!(first != alone);
+    }
+}
+
+fn exec() -> ExecParams {
+    ExecParams { n_ctx: 256, n_batch: 64, n_ubatch: 64, threads: 2, threads_batch: None, flash_attn: false }
+}
+
+/// The model with its experts served by a new Plan through F (`policy` over `slots` slots).
+fn served(path: &Path, policy: &str, slots: u32) -> Model {
+    let inv = Inventory::of(path).unwrap();
+    let source = PlanSource::new(path, &inv, crate::common::plan_options(policy, slots)).unwrap();
+    Model::load_with(path, Some(Box::new(source) as Box<dyn ExpertSource>)).unwrap()
+}
+
+fn bytes_read(model: &Model) -> u64 {
+    model.with_source(|s| s.bytes_read()).flatten().unwrap()
+}
+
+#[test]
+fn each_request_through_one_plan_is_the_request_alone_warm_or_cold() {
+    let dir = tempfile::tempdir().unwrap();
+    sovereign::engine::init();
+    let (a, b) = ("an earlier request, longer than the one after it, fills the cache", "the request that follows");
+    for (arch, policy) in [("qwen3moe", "lru:6"), ("qwen35moe", "lru:6+prefetch"), ("qwen3next", "pin:0/1+lru:5")] {
+        let path = forge_arch(dir.path(), arch);
+        let resident = Model::load(&path).unwrap();
+        let alone = serve(&resident, &mut Context::new(&resident, exec(), true).unwrap(), b, 6);
+        // The request alone through a new Plan: its bytes, and what it read.
+        let fresh = served(&path, policy, 6);
+        assert!(serve(&fresh, &mut Context::new(&fresh, exec(), true).unwrap(), b, 6) == alone, "{arch}: served alone");
+        let cold_bytes = bytes_read(&fresh);
+
+        let model = served(&path, policy, 6);
+        let mut ctx = Context::new(&model, exec(), true).unwrap();
+        serve(&model, &mut ctx, a, 9);
+        for between in [Between::Reset, Between::Cold, Between::Reset] {
+            ctx.clear();
+            model.with_source(|s| s.between(between)).unwrap().unwrap();
+            let before = bytes_read(&model);
+            assert!(serve(&model, &mut ctx, b, 6) == alone, "{arch}: after {between:?}");
+            let read = bytes_read(&model) - before;
+            match between {
+                // Cold: exactly what a new Plan reads for it; warm after itself: less.
+                Between::Cold => assert_eq!(read, cold_bytes, "{arch}"),
+                Between::Reset => assert!(read < cold_bytes, "{arch}: a warm request read {read} of {cold_bytes} bytes"),
+            }
+        }
+        drop(ctx);
+        let Some(Ok(SourceReport::Plan(r))) = model.with_source(|s| s.finish()) else { panic!("{arch}: no Plan report") };
+        assert!(r.clean_closure, "{arch}: {:?}", r.closure);
+        assert_eq!((r.telemetry.resets, r.telemetry.cold_resets), (3, 1), "{arch}");
+    }
+}
+
+/// A source that serves one request: the trait's own `between`.
+struct OneRequest;
+
+impl ExpertSource for OneRequest {
+    fn n_slots(&self) -> u32 {
+        1
+    }
+    fn pool(&mut self, _: u32, _: &str, _: usize, _: u32, _: sovereign::engine::SlotPool) -> anyhow::Result<u32> {
+        anyhow::bail!("no pools")
+    }
+    fn acquire(&mut self, _: u32, _: u32, _: &[i32], _: &mut [i32]) -> anyhow::Result<()> {
+        anyhow::bail!("nothing to serve")
+    }
+    fn release(&mut self, _: u32, _: u32) -> anyhow::Result<()> {
+        Ok(())
+    }
+    fn describe(&self) -> sovereign::plan::report::SourceDescription {
+        sovereign::plan::report::SourceDescription::Other(sovereign::plan::report::OtherSource::new("one", &[]))
+    }
+    fn finish(&mut self) -> anyhow::Result<SourceReport> {
+        Ok(SourceReport::Other(sovereign::plan::report::OtherSource::new("one", &[])))
+    }
+}
+
+#[test]
+fn a_source_of_one_request_refuses_a_second_and_a_failed_plan_cannot_go_on() {
+    for between in [Between::Reset, Between::Cold] {
+        let e = OneRequest.between(between).unwrap_err();
+        assert!(format!("{e}").contains("serves one request"), "{e}");
+    }
+    // A Plan that failed closed refuses to go on: the session fails closed with it.
+    let dir = tempfile::tempdir().unwrap();
+    sovereign::engine::init();
+    let path = forge_arch(dir.path(), "qwen3moe");
+    let inv = Inventory::of(&path).unwrap();
+    let mut source =
+        PlanSource::new(&path, &inv, PlanOptions { fault: FaultCell::ShortRead, ..crate::common::plan_options("lru:6", 6) }).unwrap();
+    let unused = source.between(Between::Reset);
+    assert!(unused.is_ok(), "an unused Plan resets: {unused:?}");
+    let model = Model::load_with(&path, Some(Box::new(source) as Box<dyn ExpertSource>)).unwrap();
+    let mut ctx = Context::new(&model, exec(), true).unwrap();
+    let toks = model.tokenize(b"a request the fault fails", true).unwrap();
+    assert!(ctx.decode(&toks, true, &mut Vec::new()).is_err(), "the fault fails the decode");
+    ctx.clear();
+    for between in [Between::Reset, Between::Cold] {
+        let e = model.with_source(|s| s.between(between)).unwrap().unwrap_err();
+        assert!(format!("{e:#}").contains("failed"), "{between:?}: {e:#}");
     }
 }

@@ -67,6 +67,24 @@ pub fn generate(model: &Path, prompt: &str, n: u32, record: &Path, extra: &[&str
     run(&args)
 }
 
+/// Plan options for F with `policy` over `slots` slots, every other setting its default.
+pub fn plan_options(policy: &str, slots: u32) -> sovereign::plan::PlanOptions {
+    sovereign::plan::PlanOptions {
+        slots,
+        policy: policy.parse().unwrap(),
+        source: sovereign::plan::SourceKind::F,
+        windows: None,
+        depth: None,
+        layer_buffers: 0,
+        timeline_token: None,
+        token_pass: None,
+        prompt_pass: None,
+        budget: None,
+        verify: None,
+        fault: sovereign::source::fault::FaultCell::None,
+    }
+}
+
 /// A library run's spec: 2 threads, batch 512, context 512.
 pub fn generate_spec(model: &Path, record: &Path, prompt: &str, n: u32) -> sovereign::generate::GenerateSpec {
     sovereign::generate::GenerateSpec {
