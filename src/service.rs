@@ -433,7 +433,11 @@ impl ExpertSource for PlanSource {
         self.decode_closed(ok)
     }
 
-    fn between(&mut self, between: crate::session::Between) -> Result<()> {
+    fn end_request(&mut self) -> Result<SourceReport> {
+        Ok(SourceReport::Plan(Box::new(PlanSource::end_request(self)?)))
+    }
+
+    fn between(&mut self, between: crate::session::Between, outputs: u32) -> Result<()> {
         if let Some(h) = &self.held {
             bail!("layer {} pass {}'s consumer is still held as the request ends", h.layer, h.pass);
         }
@@ -447,6 +451,7 @@ impl ExpertSource for PlanSource {
                 self.plan.reset_cold(policy)?
             }
         }
+        self.plan.timeline().expect(outputs);
         Ok(())
     }
 
@@ -553,6 +558,36 @@ impl PlanSource {
         let open = if self.coverage.open_events() > 0 { self.coverage.close_all() } else { Ok(()) };
         let closure = self.plan.shutdown().map_err(|e| anyhow!("{e}"))?;
         open.map_err(|e| anyhow!("{e}"))?;
+        Ok(self.report_of(closure))
+    }
+
+    /// Ends a request of a session with its report: the Plan settled and its ledger now, the
+    /// request's own counters, steps and timeline; then each of those starts again for the next
+    /// request. Refused where the request left an event open or a consumer held.
+    pub fn end_request(&mut self) -> Result<PlanReport> {
+        if let Some(h) = &self.held {
+            bail!("layer {} pass {}'s consumer is still held as the request ends", h.layer, h.pass);
+        }
+        if self.coverage.open_events() > 0 {
+            bail!("the request ended with {} events of its last decode outstanding", self.coverage.open_events());
+        }
+        self.plan.settle()?;
+        let report = self.report_of(self.plan.closure());
+        let layers: Vec<u32> = self.plan.manifest().layers.iter().map(|l| l.layer).collect();
+        let n_roles = self.plan.manifest().layers.iter().map(|l| l.roles.len()).max().unwrap_or(0);
+        let timeline =
+            Timeline::new(self.options.timeline_token, layers.clone(), Timeline::capacity_for(layers.len(), self.n_slots, n_roles));
+        self.plan.observe_anew(timeline);
+        self.coverage = Coverage::new(layers);
+        (self.wait, self.in_calls, self.marks, self.tokens, self.acquire_calls) = (Duration::ZERO, Duration::ZERO, None, 0, 0);
+        self.per_step.clear();
+        self.step_bytes.clear();
+        self.step_tokens.clear();
+        Ok(report)
+    }
+
+    /// The report over `closure`: the Plan's telemetry, steps, copies, faults and timeline.
+    fn report_of(&mut self, closure: crate::plan::Closure) -> PlanReport {
         let tel = self.plan.telemetry();
         let mut steps = std::mem::take(&mut self.per_step);
         let (mut step_bytes, mut step_tokens) = (std::mem::take(&mut self.step_bytes), std::mem::take(&mut self.step_tokens));
@@ -565,7 +600,7 @@ impl PlanSource {
         let m = self.plan.manifest();
         let windows = self.plan.window_states().len() as u64;
         let meta = std::mem::size_of::<Plan>() as u64;
-        Ok(PlanReport {
+        PlanReport {
             manifest: ManifestReport {
                 objects: m.objects.len() as u64,
                 managed_bytes: m.managed_bytes,
@@ -619,6 +654,6 @@ impl PlanSource {
             telemetry: tel,
             closure,
             timeline: self.plan.timeline().report(),
-        })
+        }
     }
 }

@@ -132,10 +132,17 @@ pub trait ExpertSource: Send {
         let _ = ok;
         Ok(())
     }
-    /// Between two requests of a session, with no event of the last one outstanding: the
-    /// source readies itself for the next request as `between` says, or refuses, and the
-    /// session fails closed. A source that serves one request only refuses.
-    fn between(&mut self, between: crate::session::Between) -> Result<()> {
+    /// Ends a request of a session (every event released) with what the source saw of it
+    /// alone; what it counts starts again for the next. A source that serves one request
+    /// only refuses.
+    fn end_request(&mut self) -> Result<SourceReport> {
+        anyhow::bail!("this expert source serves one request: it cannot end one and go on")
+    }
+    /// Readies the source for the next request of a session, of `outputs` tokens after its
+    /// prompt, as `between` says, or refuses (the session then fails closed). A source that
+    /// serves one request only refuses.
+    fn between(&mut self, between: crate::session::Between, outputs: u32) -> Result<()> {
+        let _ = outputs;
         anyhow::bail!("this expert source serves one request: it cannot go on to another ({between:?})")
     }
     /// What the source is, for the record's parameters.

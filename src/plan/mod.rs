@@ -276,6 +276,8 @@ struct Observers {
     sched: BTreeSet<ObjectId>,
     /// Expected extent digests ([`Plan::expect_digests`]); None verifies nothing.
     digests: Option<verify::Expected>,
+    /// The source's counters when the current request began ([`Plan::observe_anew`]).
+    source_base: crate::source::SourceStats,
 }
 
 /// Distinct experts per engine pass where events are streamed ([`Plan::stream_passes`]).
@@ -345,7 +347,14 @@ impl Plan {
             pools,
             consumers: consumers::Consumers::new(n_layers),
             status: Status::Running,
-            obs: Observers { tel, tl: Timeline::default(), sem: BTreeSet::new(), sched: BTreeSet::new(), digests: None },
+            obs: Observers {
+                tel,
+                tl: Timeline::default(),
+                sem: BTreeSet::new(),
+                sched: BTreeSet::new(),
+                digests: None,
+                source_base: Default::default(),
+            },
             work: work::Work::new(),
             copies: Copies::default(),
         })
@@ -456,6 +465,18 @@ impl Plan {
         r
     }
 
+    /// Brings the Plan to rest between requests without a new epoch: the prefetch in flight is
+    /// completed, every copy finished and the prefetch holds dropped, so that its ledger
+    /// ([`Plan::closure`]) balances once the engine has released every event.
+    pub fn settle(&mut self) -> Result<(), PlanError> {
+        self.running()?;
+        let r = self.settle_inner();
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
+    }
+
     /// [`Plan::reset`], then every object left in a slot is evicted, pinned ones too, and
     /// `policy` (a new one, built as the first was) replaces the policy and all it learnt: the
     /// next request loads every expert it selects, as the first request of a new Plan would.
@@ -490,6 +511,18 @@ impl Plan {
         r
     }
 
+    /// Starts observing a new request: its telemetry, unions and timeline (`tl`) begin again,
+    /// while the ledger (epoch, closure) and the digests expected carry on. Observers decide no
+    /// transition, so the Plan serves as it would have.
+    pub fn observe_anew(&mut self, tl: Timeline) {
+        let tel = self.obs.tel.restarted();
+        self.obs.tel = tel;
+        self.obs.tl = tl;
+        self.obs.sem.clear();
+        self.obs.sched.clear();
+        self.obs.source_base = self.io.source().stats();
+    }
+
     /// The token timeline, for the engine side's marks; off unless [`Plan::set_timeline`].
     pub fn timeline(&mut self) -> &mut Timeline {
         &mut self.obs.tl
@@ -520,7 +553,9 @@ impl Plan {
         t.epoch = self.slots.epoch();
         if let Some(mv) = &mut t.movement {
             let st = self.io.source().stats();
-            (mv.sqes, mv.coalesced_sqes, mv.coalesced_extents) = (st.sqes, st.coalesced_sqes, st.coalesced_requests);
+            let base = &self.obs.source_base;
+            (mv.sqes, mv.coalesced_sqes, mv.coalesced_extents) =
+                (st.sqes - base.sqes, st.coalesced_sqes - base.coalesced_sqes, st.coalesced_requests - base.coalesced_requests);
         }
         t.u_sched = Union {
             objects: self.obs.sched.len() as u64,
@@ -593,13 +628,17 @@ impl Plan {
         }
     }
 
+    fn settle_inner(&mut self) -> Result<(), PlanError> {
+        self.complete_prefetch()?;
+        self.finish_copies(|_| true)?;
+        self.release_holds()
+    }
+
     fn reset_inner(&mut self) -> Result<(), PlanError> {
         if let Some(s) = self.work.stream() {
             return Err(PlanError::OutstandingWork { detail: format!("layer {}'s streamed event is at pass {}", s.layer, s.next) });
         }
-        self.complete_prefetch()?;
-        self.finish_copies(|_| true)?;
-        self.release_holds()?;
+        self.settle_inner()?;
         let consumers = self.slots.consumers();
         if consumers > 0 {
             return Err(PlanError::ConsumersLive { consumers });

@@ -209,6 +209,30 @@ pub struct Closure {
     pub source: SourceStats,
 }
 
+impl Telemetry {
+    /// The counters of a new request: what names the run (policy, epoch, the layers, the pools'
+    /// layout, the digest manifest) carries on, every count starts again at zero.
+    pub fn restarted(&self) -> Telemetry {
+        Telemetry {
+            policy: self.policy.clone(),
+            epoch: self.epoch,
+            generations: self.generations.keys().map(|&l| (l, 0)).collect(),
+            movement: self.movement.map(|m| Movement {
+                huge_advised_bytes: m.huge_advised_bytes,
+                host_pools_direct: m.host_pools_direct,
+                host_pools_windowed: m.host_pools_windowed,
+                ..Default::default()
+            }),
+            digests: self.digests.as_ref().map(|d| DigestCheck {
+                manifest_sha256: d.manifest_sha256.clone(),
+                algorithm: d.algorithm.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
 impl Closure {
     /// Balanced tickets, windows, consumers and source, and no failure.
     pub fn is_clean(&self) -> bool {

@@ -5,7 +5,7 @@ use crate::common::ok;
 use sovereign::engine::{Context, ExpertSource, Model};
 use sovereign::exec::ExecParams;
 use sovereign::inventory::Inventory;
-use sovereign::plan::report::SourceReport;
+use sovereign::plan::report::{PlanReport, SourceReport};
 use sovereign::plan::PlanOptions;
 use sovereign::routes::RouteEvent;
 use sovereign::service::PlanSource;
@@ -85,8 +85,18 @@ fn served(path: &Path, policy: &str, slots: u32) -> Model {
     Model::load_with(path, Some(Box::new(source) as Box<dyn ExpertSource>)).unwrap()
 }
 
-fn bytes_read(model: &Model) -> u64 {
-    model.with_source(|s| s.bytes_read()).flatten().unwrap()
+fn end_request(model: &Model) -> PlanReport {
+    match model.with_source(|s| s.end_request()) {
+        Some(Ok(SourceReport::Plan(r))) => *r,
+        other => panic!("no Plan report: {:?}", other.map(|r| r.map(|_| ()))),
+    }
+}
+
+fn finish(model: &Model) -> PlanReport {
+    match model.with_source(|s| s.finish()) {
+        Some(Ok(SourceReport::Plan(r))) => *r,
+        other => panic!("no Plan report: {:?}", other.map(|r| r.map(|_| ()))),
+    }
 }
 
 #[test]
@@ -98,30 +108,42 @@ fn each_request_through_one_plan_is_the_request_alone_warm_or_cold() {
         let path = forge_arch(dir.path(), arch);
         let resident = Model::load(&path).unwrap();
         let alone = serve(&resident, &mut Context::new(&resident, exec(), true).unwrap(), b, 6);
-        // The request alone through a new Plan: its bytes, and what it read.
+        // The request alone through a new Plan: its bytes, and what its Plan saw.
         let fresh = served(&path, policy, 6);
-        assert!(serve(&fresh, &mut Context::new(&fresh, exec(), true).unwrap(), b, 6) == alone, "{arch}: served alone");
-        let cold_bytes = bytes_read(&fresh);
+        let mut ctx = Context::new(&fresh, exec(), true).unwrap();
+        assert!(serve(&fresh, &mut ctx, b, 6) == alone, "{arch}: served alone");
+        drop(ctx);
+        let first = finish(&fresh);
 
         let model = served(&path, policy, 6);
         let mut ctx = Context::new(&model, exec(), true).unwrap();
         serve(&model, &mut ctx, a, 9);
+        let r = end_request(&model);
+        assert!(r.clean_closure && r.selections.complete, "{arch}: {:?}", r.closure);
         for between in [Between::Reset, Between::Cold, Between::Reset] {
             ctx.clear();
-            model.with_source(|s| s.between(between)).unwrap().unwrap();
-            let before = bytes_read(&model);
+            model.with_source(|s| s.between(between, 6)).unwrap().unwrap();
             assert!(serve(&model, &mut ctx, b, 6) == alone, "{arch}: after {between:?}");
-            let read = bytes_read(&model) - before;
+            // The request's own report, its Plan at rest.
+            let r = end_request(&model);
+            let (t, f) = (&r.telemetry, &first.telemetry);
+            assert!(r.clean_closure && r.selections == first.selections, "{arch}: {:?}", r.closure);
+            assert_eq!((t.acquires, t.object_requests, t.resets), (f.acquires, f.object_requests, 1), "{arch}");
             match between {
-                // Cold: exactly what a new Plan reads for it; warm after itself: less.
-                Between::Cold => assert_eq!(read, cold_bytes, "{arch}"),
-                Between::Reset => assert!(read < cold_bytes, "{arch}: a warm request read {read} of {cold_bytes} bytes"),
+                // Cold: exactly what a new Plan reads and loads for it.
+                Between::Cold => {
+                    assert_eq!((&t.q_run, t.misses, t.hits, t.cold_resets), (&f.q_run, f.misses, f.hits, 1), "{arch}");
+                }
+                // Warm after itself: fewer bytes read.
+                Between::Reset => assert!(t.q_run.physical_bytes < f.q_run.physical_bytes && t.hits > f.hits, "{arch}: {t:?}"),
             }
         }
         drop(ctx);
-        let Some(Ok(SourceReport::Plan(r))) = model.with_source(|s| s.finish()) else { panic!("{arch}: no Plan report") };
-        assert!(r.clean_closure, "{arch}: {:?}", r.closure);
-        assert_eq!((r.telemetry.resets, r.telemetry.cold_resets), (3, 1), "{arch}");
+        // Nothing ran after the last request ended: the last report counts nothing, and the
+        // ledger closes clean after three resets.
+        let last = finish(&model);
+        assert!(last.clean_closure, "{arch}: {:?}", last.closure);
+        assert_eq!((last.telemetry.acquires, last.closure.epoch), (0, 3), "{arch}");
     }
 }
 
@@ -152,9 +174,11 @@ impl ExpertSource for OneRequest {
 #[test]
 fn a_source_of_one_request_refuses_a_second_and_a_failed_plan_cannot_go_on() {
     for between in [Between::Reset, Between::Cold] {
-        let e = OneRequest.between(between).unwrap_err();
+        let e = OneRequest.between(between, 4).unwrap_err();
         assert!(format!("{e}").contains("serves one request"), "{e}");
     }
+    let e = OneRequest.end_request().unwrap_err();
+    assert!(format!("{e}").contains("serves one request"), "{e}");
     // A Plan that failed closed refuses to go on: the session fails closed with it.
     let dir = tempfile::tempdir().unwrap();
     sovereign::engine::init();
@@ -162,7 +186,7 @@ fn a_source_of_one_request_refuses_a_second_and_a_failed_plan_cannot_go_on() {
     let inv = Inventory::of(&path).unwrap();
     let mut source =
         PlanSource::new(&path, &inv, PlanOptions { fault: FaultCell::ShortRead, ..crate::common::plan_options("lru:6", 6) }).unwrap();
-    let unused = source.between(Between::Reset);
+    let unused = source.between(Between::Reset, 4);
     assert!(unused.is_ok(), "an unused Plan resets: {unused:?}");
     let model = Model::load_with(&path, Some(Box::new(source) as Box<dyn ExpertSource>)).unwrap();
     let mut ctx = Context::new(&model, exec(), true).unwrap();
@@ -170,7 +194,7 @@ fn a_source_of_one_request_refuses_a_second_and_a_failed_plan_cannot_go_on() {
     assert!(ctx.decode(&toks, true, &mut Vec::new()).is_err(), "the fault fails the decode");
     ctx.clear();
     for between in [Between::Reset, Between::Cold] {
-        let e = model.with_source(|s| s.between(between)).unwrap().unwrap_err();
+        let e = model.with_source(|s| s.between(between, 4)).unwrap().unwrap_err();
         assert!(format!("{e:#}").contains("failed"), "{between:?}: {e:#}");
     }
 }
