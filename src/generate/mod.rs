@@ -2,6 +2,7 @@
 //! one token per target decode or, with a proposer, several (`draft`).
 
 pub mod draft;
+pub mod session;
 
 use crate::engine::{Context, ExpertSource, Model};
 use crate::exec::{DeviceCheck, ExecParams, ExecRequest, PlacementReport};

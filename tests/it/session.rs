@@ -198,3 +198,89 @@ fn a_source_of_one_request_refuses_a_second_and_a_failed_plan_cannot_go_on() {
         assert!(format!("{e:#}").contains("failed"), "{between:?}: {e:#}");
     }
 }
+
+fn request(id: &str, prompt: &str, n_predict: u32, expected: &[&str]) -> sovereign::session::Request {
+    sovereign::session::Request {
+        id: id.into(),
+        prompt: prompt.as_bytes().to_vec(),
+        prompt_file: None,
+        n_predict,
+        expected: expected.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn plan_source(path: &Path, inv: &Inventory) -> anyhow::Result<Option<Box<dyn ExpertSource>>> {
+    Ok(Some(Box::new(PlanSource::new(path, inv, crate::common::plan_options("lru:6", 6))?) as Box<dyn ExpertSource>))
+}
+
+/// The surfaces a run's record certifies (the timeline, which holds times, left out).
+fn surfaces(dir: &Path) -> Vec<(String, String)> {
+    let r = sovereign::record::format::load_generate(dir).unwrap();
+    r.surfaces.into_iter().filter(|(k, _)| k != "timeline").map(|(k, s)| (k, s.sha256)).collect()
+}
+
+#[test]
+fn a_session_through_f_with_lru_is_each_request_alone_and_its_ledger_balances() {
+    use sovereign::generate::session::{run_with, SessionSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Hybrid: the recurrent state is cleared between requests too.
+    let path = forge_arch(d, "qwen35moe");
+    let requests = vec![
+        request("q1", "the first question of the session, a longer one than the rest", 5, &["whatever it says"]),
+        request("q2", "a second, different question", 4, &[]),
+        request("q1-again", "the first question of the session, a longer one than the rest", 5, &[]),
+        request("q4", "the last question", 6, &[]),
+    ];
+    let exec = crate::common::generate_spec(&path, d, "", 0).exec;
+    // Each request alone, through a new Plan.
+    let alone: Vec<(Vec<(String, String)>, u64)> = requests
+        .iter()
+        .map(|r| {
+            let rec = d.join(format!("alone-{}", r.id));
+            let spec = sovereign::generate::GenerateSpec {
+                ignore_eos: true,
+                ..crate::common::generate_spec(&path, &rec, std::str::from_utf8(&r.prompt).unwrap(), r.n_predict)
+            };
+            sovereign::generate::run_with(&spec, |inv| plan_source(&path, inv)).unwrap();
+            let g = sovereign::record::format::load_generate(&rec).unwrap();
+            let read = g.experts().and_then(|e| match e {
+                sovereign::record::format::ExpertsReport::Plan(p) => Some(p.telemetry.q_run.physical_bytes),
+                _ => None,
+            });
+            (surfaces(&rec), read.unwrap())
+        })
+        .collect();
+    for between in [Between::Reset, Between::Cold] {
+        let root = d.join(format!("session-{between:?}"));
+        let spec = SessionSpec {
+            model: path.clone(),
+            requests: requests.clone(),
+            between,
+            exec,
+            ignore_eos: true,
+            record: root.clone(),
+            seal: true,
+        };
+        let s = run_with(&spec, |inv| plan_source(&path, inv)).unwrap();
+        assert_eq!(s.outcome, sovereign::record::format::Outcome::Completed);
+        assert!(s.closure.as_ref().is_some_and(|c| c.is_clean()), "{:?}", s.closure);
+        assert_eq!(s.requests.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["q1", "q2", "q1-again", "q4"]);
+        // Only q1 named an answer: one scored request.
+        assert_eq!(s.scores.map(|a| a.scored), Some(1));
+        for (i, (e, (want, read))) in s.requests.iter().zip(&alone).enumerate() {
+            let rec = root.join(&e.record);
+            assert_eq!(&surfaces(&rec), want, "{between:?} {}: every surface is the request alone's", e.id);
+            assert_eq!(sovereign::util::sha256_file(&rec.join("record.json")).unwrap(), e.record_sha256);
+            let served = e.served.unwrap();
+            assert_eq!(served.epoch, i as u64, "one reset before each request after the first");
+            match (between, e.id.as_str()) {
+                (Between::Cold, _) | (_, "q1") => assert_eq!(served.read_bytes, *read, "{between:?} {}: as a new Plan", e.id),
+                (Between::Reset, "q1-again") => assert!(served.read_bytes < *read, "warm after itself: {} of {read}", served.read_bytes),
+                _ => {}
+            }
+        }
+        // The session's record is sealed beside its requests'.
+        assert!(root.join("session/record.json").exists());
+    }
+}
