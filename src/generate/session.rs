@@ -51,6 +51,39 @@ pub struct SessionRecord {
     /// The expert source's ledger at teardown (served runs): it must balance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closure: Option<Closure>,
+    /// Requests, resets and epochs over the session (served runs): checked at teardown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<SessionLedger>,
+}
+
+/// The session's own closure: every request after the first began with one reset (cold ones
+/// counted too), the Plan's epoch is the number of resets, and its ledger balanced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionLedger {
+    pub requests: u64,
+    pub resets: u64,
+    pub cold_resets: u64,
+    pub epoch: u64,
+    pub balanced: bool,
+}
+
+impl SessionLedger {
+    /// Why the ledger of a session that ran every request with `between` does not close.
+    pub fn unbalanced(&self, between: Between) -> Option<String> {
+        let expect_cold = if between == Between::Cold { self.requests.saturating_sub(1) } else { 0 };
+        let why = if !self.balanced {
+            "the Plan's ledger did not balance"
+        } else if self.resets != self.requests.saturating_sub(1) {
+            "not one reset before each request after the first"
+        } else if self.cold_resets != expect_cold {
+            "cold resets do not match `between`"
+        } else if self.epoch != self.resets {
+            "the epoch is not the number of resets"
+        } else {
+            return None;
+        };
+        Some(format!("the session's ledger does not close: {why} ({self:?})"))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,6 +111,9 @@ pub struct Served {
     pub hits: u64,
     pub misses: u64,
     pub epoch: u64,
+    /// The resets before it, and of those the cold ones.
+    pub resets: u64,
+    pub cold_resets: u64,
 }
 
 /// Runs every request in order through one model load and the source `make_source` builds
@@ -127,6 +163,7 @@ pub fn run_with(
         requests: Vec::new(),
         scores: None,
         closure: None,
+        ledger: None,
     };
     let shared = Shared { model_id, experts, exec, load_s };
     let mut failed = None;
@@ -143,9 +180,18 @@ pub fn run_with(
         let closed = model.with_source(|s| s.finish()).transpose();
         match closed {
             Ok(Some(crate::plan::report::SourceReport::Plan(p))) => {
-                if !p.clean_closure && failed.is_none() {
-                    failed = Some(format!("the Plan's ledger did not balance at teardown: {:?}", p.closure));
+                let sum = |f: fn(&Served) -> u64| record.requests.iter().filter_map(|r| r.served.as_ref()).map(f).sum();
+                let ledger = SessionLedger {
+                    requests: record.requests.len() as u64,
+                    resets: sum(|s| s.resets),
+                    cold_resets: sum(|s| s.cold_resets),
+                    epoch: p.closure.epoch,
+                    balanced: p.clean_closure,
+                };
+                if failed.is_none() {
+                    failed = ledger.unbalanced(spec.between);
                 }
+                record.ledger = Some(ledger);
                 record.closure = Some(p.closure);
             }
             Ok(_) => {}
@@ -218,6 +264,8 @@ fn serve_request(
             hits: p.telemetry.hits,
             misses: p.telemetry.misses,
             epoch: p.closure.epoch,
+            resets: p.telemetry.resets,
+            cold_resets: p.telemetry.cold_resets,
         }),
         _ => None,
     };

@@ -221,7 +221,7 @@ fn surfaces(dir: &Path) -> Vec<(String, String)> {
 
 #[test]
 fn a_session_through_f_with_lru_is_each_request_alone_and_its_ledger_balances() {
-    use sovereign::generate::session::{run_with, SessionSpec};
+    use sovereign::generate::session::{run_with, SessionLedger, SessionSpec};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // Hybrid: the recurrent state is cleared between requests too.
@@ -265,6 +265,19 @@ fn a_session_through_f_with_lru_is_each_request_alone_and_its_ledger_balances() 
         let s = run_with(&spec, |inv| plan_source(&path, inv)).unwrap();
         assert_eq!(s.outcome, sovereign::record::format::Outcome::Completed);
         assert!(s.closure.as_ref().is_some_and(|c| c.is_clean()), "{:?}", s.closure);
+        let cold = if between == Between::Cold { 3 } else { 0 };
+        let ledger = sovereign::generate::session::SessionLedger { requests: 4, resets: 3, cold_resets: cold, epoch: 3, balanced: true };
+        assert_eq!(s.ledger, Some(ledger));
+        assert_eq!(ledger.unbalanced(between), None);
+        // Each way it could fail to close is said.
+        for (broken, says) in [
+            (SessionLedger { balanced: false, ..ledger }, "did not balance"),
+            (SessionLedger { resets: 2, epoch: 2, ..ledger }, "not one reset before each request"),
+            (SessionLedger { cold_resets: 3 - cold, ..ledger }, "cold resets do not match"),
+            (SessionLedger { epoch: 4, ..ledger }, "the epoch is not the number of resets"),
+        ] {
+            assert!(broken.unbalanced(between).is_some_and(|e| e.contains(says)), "{broken:?}");
+        }
         assert_eq!(s.requests.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["q1", "q2", "q1-again", "q4"]);
         // Only q1 named an answer: one scored request.
         assert_eq!(s.scores.map(|a| a.scored), Some(1));
