@@ -121,9 +121,7 @@ impl PlanSource {
         };
         let source = FaultySource::wrap(source, options.fault);
         let coverage = Coverage::new(manifest.layers.iter().map(|l| l.layer));
-        let n_roles = manifest.layers.iter().map(|l| l.roles.len()).max().unwrap_or(0);
-        let capacity = Timeline::capacity_for(manifest.layers.len(), n_slots, n_roles);
-        let timeline = Timeline::new(options.timeline_token, manifest.layers.iter().map(|l| l.layer).collect(), capacity);
+        let timeline = new_timeline(&manifest, n_slots, options.timeline_token);
         let mut plan = Plan::for_engine(manifest, &policy, source).map_err(|e| anyhow!("{e}"))?;
         plan.set_timeline(timeline);
         let n_per_pass = per_pass(plan.manifest(), n_slots);
@@ -268,6 +266,13 @@ impl Mark {
             exposed_wait_s: (end.wait - self.wait).as_secs_f64(),
         }
     }
+}
+
+/// A timeline of the manifest's layers, with room for one token's events.
+fn new_timeline(manifest: &Manifest, n_slots: u32, token: Option<u32>) -> Timeline {
+    let n_roles = manifest.layers.iter().map(|l| l.roles.len()).max().unwrap_or(0);
+    let capacity = Timeline::capacity_for(manifest.layers.len(), n_slots, n_roles);
+    Timeline::new(token, manifest.layers.iter().map(|l| l.layer).collect(), capacity)
 }
 
 /// How the source's windows are allocated, and how the record says it: from the offload
@@ -438,12 +443,7 @@ impl ExpertSource for PlanSource {
     }
 
     fn between(&mut self, between: crate::session::Between, outputs: u32) -> Result<()> {
-        if let Some(h) = &self.held {
-            bail!("layer {} pass {}'s consumer is still held as the request ends", h.layer, h.pass);
-        }
-        if self.coverage.open_events() > 0 {
-            bail!("the request ended with {} events of its last decode outstanding", self.coverage.open_events());
-        }
+        self.request_over()?;
         match between {
             crate::session::Between::Reset => self.plan.reset()?,
             crate::session::Between::Cold => {
@@ -565,25 +565,27 @@ impl PlanSource {
     /// request's own counters, steps and timeline; then each of those starts again for the next
     /// request. Refused where the request left an event open or a consumer held.
     pub fn end_request(&mut self) -> Result<PlanReport> {
+        self.request_over()?;
+        self.plan.settle()?;
+        let report = self.report_of(self.plan.closure());
+        self.plan.observe_anew(new_timeline(self.plan.manifest(), self.n_slots, self.options.timeline_token));
+        self.coverage = Coverage::new(self.plan.manifest().layers.iter().map(|l| l.layer));
+        (self.wait, self.in_calls, self.marks, self.tokens, self.acquire_calls) = (Duration::ZERO, Duration::ZERO, None, 0, 0);
+        self.per_step.clear();
+        self.step_bytes.clear();
+        self.step_tokens.clear();
+        Ok(report)
+    }
+
+    /// Refused while the request still holds a consumer or has an event of its last decode open.
+    fn request_over(&self) -> Result<()> {
         if let Some(h) = &self.held {
             bail!("layer {} pass {}'s consumer is still held as the request ends", h.layer, h.pass);
         }
         if self.coverage.open_events() > 0 {
             bail!("the request ended with {} events of its last decode outstanding", self.coverage.open_events());
         }
-        self.plan.settle()?;
-        let report = self.report_of(self.plan.closure());
-        let layers: Vec<u32> = self.plan.manifest().layers.iter().map(|l| l.layer).collect();
-        let n_roles = self.plan.manifest().layers.iter().map(|l| l.roles.len()).max().unwrap_or(0);
-        let timeline =
-            Timeline::new(self.options.timeline_token, layers.clone(), Timeline::capacity_for(layers.len(), self.n_slots, n_roles));
-        self.plan.observe_anew(timeline);
-        self.coverage = Coverage::new(layers);
-        (self.wait, self.in_calls, self.marks, self.tokens, self.acquire_calls) = (Duration::ZERO, Duration::ZERO, None, 0, 0);
-        self.per_step.clear();
-        self.step_bytes.clear();
-        self.step_tokens.clear();
-        Ok(report)
+        Ok(())
     }
 
     /// The report over `closure`: the Plan's telemetry, steps, copies, faults and timeline.

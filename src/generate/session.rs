@@ -26,7 +26,7 @@ pub struct SessionSpec {
     /// Without a context, the session's is its largest request's work.
     pub exec: ExecRequest,
     pub ignore_eos: bool,
-    /// The session's directory (must not exist): `requests/NNN-ID` per request, `session`.
+    /// The session's directory (must not exist): `requests/NNNN` per request, by its place, and `session`.
     pub record: PathBuf,
     pub seal: bool,
 }
@@ -233,7 +233,7 @@ fn serve_request(
     ctx: &mut Context,
 ) -> Result<(RequestEntry, Option<String>)> {
     let started = Instant::now();
-    let dir = format!("requests/{i:03}-{}", r.id);
+    let dir = format!("requests/{i:04}");
     let rspec = GenerateSpec {
         model: spec.model.clone(),
         prompt: r.prompt.clone(),
@@ -279,22 +279,21 @@ fn serve_request(
         load_s: if i == 0 { shared.load_s } else { 0.0 },
     };
     let mut failed = None;
-    let (committed, outcome, response) = match closing_checks(decoded, &report, &mut ran.params) {
+    let prompt_tokens = ran.prompt.len();
+    let (committed, outcome, generated_tokens, response) = match closing_checks(decoded, &report, &mut ran.params) {
         Err(e) => {
             let d = commit_failed(staging, ran, &e, report)?;
             failed = Some(format!("request {:?} failed: {e:#}", r.id));
-            (d, Outcome::Failed, None)
+            (d, Outcome::Failed, 0, None)
         }
         Ok(()) => {
             let report = report.transpose()?;
             let mut staging = staging;
             write_surfaces(&mut staging, &rspec, &ran, &run, &routes, &surfaces)?;
             let s = commit_completed(staging, ran, run, routes, report, None)?;
-            (s.record, Outcome::Completed, Some(s.response))
+            (s.record, Outcome::Completed, s.generated_tokens, Some(s.response))
         }
     };
-    let counts = crate::record::format::load_generate(&committed)?.counts;
-    let (prompt_tokens, generated_tokens) = counts.map_or((0, 0), |c| (c.prompt_tokens, c.generated_tokens));
     let entry = RequestEntry {
         id: r.id.clone(),
         record: dir,

@@ -13,8 +13,8 @@ pub const MAX_REQUESTS: usize = 10_000;
 /// A requests file's size, and its prompts' bytes in all, at most.
 pub const MAX_REQUESTS_FILE_BYTES: u64 = 64 << 20;
 pub const MAX_SESSION_PROMPT_BYTES: u64 = 256 << 20;
-/// A request id names its record's directory: at most this many bytes of `[A-Za-z0-9._-]`.
-pub const MAX_REQUEST_ID_BYTES: usize = 64;
+/// A request id (a string or a whole number, as datasets write them) has at most this many bytes.
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
 
 /// One request of a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,11 +31,18 @@ pub struct Request {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Line {
-    id: String,
+    id: Id,
     prompt: Option<String>,
     prompt_file: Option<PathBuf>,
     n_predict: Option<u32>,
     expected: Option<Expected>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Id {
+    Text(String),
+    Number(u64),
 }
 
 #[derive(Deserialize)]
@@ -84,7 +91,10 @@ pub fn parse(path: &Path, text: &str, n_predict: u32) -> Result<Vec<Request>> {
 
 fn request(raw: &str, base: &Path, default_n_predict: u32) -> Result<Request> {
     let line: Line = serde_json::from_str(raw).context("not a request")?;
-    request_id(&line.id)?;
+    let id = match line.id {
+        Id::Text(id) => request_id(id)?,
+        Id::Number(n) => n.to_string(),
+    };
     let (prompt, prompt_file) = match (line.prompt, line.prompt_file) {
         (Some(p), None) => (p.into_bytes(), None),
         (None, Some(f)) => {
@@ -92,37 +102,35 @@ fn request(raw: &str, base: &Path, default_n_predict: u32) -> Result<Request> {
             bounds::prompt_text(&f.display().to_string(), &bytes)?;
             (bytes, Some(f))
         }
-        (Some(_), Some(_)) => bail!("request {:?} gives both `prompt` and `prompt_file`", line.id),
-        (None, None) => bail!("request {:?} gives neither `prompt` nor `prompt_file`", line.id),
+        (Some(_), Some(_)) => bail!("request {:?} gives both `prompt` and `prompt_file`", id),
+        (None, None) => bail!("request {:?} gives neither `prompt` nor `prompt_file`", id),
     };
     if prompt.is_empty() {
-        bail!("request {:?} has an empty prompt", line.id);
+        bail!("request {:?} has an empty prompt", id);
     }
     let n_predict = line.n_predict.unwrap_or(default_n_predict);
     if n_predict == 0 || n_predict > MAX_N_PREDICT {
-        bail!("request {:?}: `n_predict` must be 1 to {MAX_N_PREDICT} (got {n_predict})", line.id);
+        bail!("request {:?}: `n_predict` must be 1 to {MAX_N_PREDICT} (got {n_predict})", id);
     }
     let expected = match line.expected {
         None => Vec::new(),
         Some(Expected::One(a)) => vec![a],
-        Some(Expected::Any(a)) if a.is_empty() => bail!("request {:?}: `expected` lists no answer", line.id),
+        Some(Expected::Any(a)) if a.is_empty() => bail!("request {:?}: `expected` lists no answer", id),
         Some(Expected::Any(a)) => a,
     };
-    Ok(Request { id: line.id, prompt, prompt_file, n_predict, expected })
+    Ok(Request { id, prompt, prompt_file, n_predict, expected })
 }
 
-/// A request id: bounded, and only characters that are safe in a directory name.
-fn request_id(id: &str) -> Result<()> {
+/// A request id: not empty, bounded, and without control characters (it is shown in one-line
+/// errors and tables). Records are named by the request's place, so any such id is kept as given.
+fn request_id(id: String) -> Result<String> {
     if id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES {
         bail!("a request id must have 1 to {MAX_REQUEST_ID_BYTES} bytes (it has {})", id.len());
     }
-    if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        bail!("request id {id:?}: letters, digits, `.`, `_` and `-` only (found {c:?})");
+    if let Some(c) = id.chars().find(|c| c.is_control()) {
+        bail!("request id {id:?} holds the control character {c:?}");
     }
-    if id.starts_with('.') {
-        bail!("request id {id:?} may not start with `.`");
-    }
-    Ok(())
+    Ok(id)
 }
 
 #[cfg(test)]
@@ -144,12 +152,14 @@ mod tests {
                 "{\"id\": \"q1\", \"prompt\": \"What is it?\", \"expected\": \"a tower\"}\n",
                 "\n",
                 "{\"id\": \"q-2.b_c\", \"prompt_file\": \"long.txt\", \"n_predict\": 3, \"expected\": [\"x\", \"y\"]}\n",
-                "{\"id\": \"free\", \"prompt\": \"ünïcode\"}",
+                "{\"id\": \"free\", \"prompt\": \"ünïcode\"}\n",
+                "{\"id\": 57, \"prompt\": \"a numbered request\"}\n",
+                "{\"id\": \"../ a/b .c\", \"prompt\": \"any id is kept as given\"}",
             ),
         )
         .unwrap();
         let r = read(&path, 16).unwrap();
-        assert_eq!(r.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["q1", "q-2.b_c", "free"]);
+        assert_eq!(r.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["q1", "q-2.b_c", "free", "57", "../ a/b .c"]);
         assert_eq!((r[0].prompt.as_slice(), r[0].n_predict, r[0].expected.clone()), (&b"What is it?"[..], 16, vec!["a tower".to_string()]));
         assert_eq!((r[1].prompt.as_slice(), r[1].prompt_file.clone()), (&b"a prompt from a file"[..], Some(PathBuf::from("long.txt"))));
         assert_eq!((r[1].n_predict, r[1].expected.len()), (3, 2));
@@ -165,9 +175,9 @@ mod tests {
             ("{\"id\": \"a\", \"prompt\": \"p\"\n", "r.jsonl:1: not a request"),
             (&format!("{ok}{{\"id\": \"b\", \"promt\": \"p\"}}"), "r.jsonl:2: not a request: unknown field `promt`"),
             (&format!("{ok}{ok}"), "r.jsonl:2: request id \"a\" is already used on line 1"),
-            ("{\"id\": \"a/b\", \"prompt\": \"p\"}", "found '/'"),
-            ("{\"id\": \".a\", \"prompt\": \"p\"}", "may not start with `.`"),
-            ("{\"id\": \"\", \"prompt\": \"p\"}", "1 to 64 bytes"),
+            ("{\"id\": \"a\\tb\", \"prompt\": \"p\"}", "the control character '\\t'"),
+            ("{\"id\": \"\", \"prompt\": \"p\"}", "1 to 256 bytes"),
+            ("{\"id\": -3, \"prompt\": \"p\"}", "not a request"),
             ("{\"id\": \"a\"}", "neither `prompt` nor `prompt_file`"),
             ("{\"id\": \"a\", \"prompt\": \"p\", \"prompt_file\": \"f\"}", "both `prompt` and `prompt_file`"),
             ("{\"id\": \"a\", \"prompt\": \"\"}", "an empty prompt"),
