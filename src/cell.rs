@@ -70,6 +70,12 @@ pub enum Experts {
 pub enum Prompt {
     Text(String),
     File(PathBuf),
+    /// A session: the requests of a JSON Lines file, served in order through one model load
+    /// and one expert source; the cell's record is the session's.
+    Requests {
+        file: PathBuf,
+        between: crate::session::Between,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,6 +139,11 @@ pub struct RefineCell {
 /// What an in-process run produced.
 pub enum Done {
     Generate(generate::Summary),
+    /// A session's record and where it was committed.
+    Session {
+        record: PathBuf,
+        session: Box<format::SessionRecord>,
+    },
     Refine(refine::Summary),
     Measure(crate::measure::Summary),
 }
@@ -190,6 +201,7 @@ impl Cell {
     /// The format of the record this cell writes.
     pub fn format(&self) -> &'static str {
         match self {
+            Cell::Generate(g) if g.session().is_some() => format::SESSION_FORMAT,
             Cell::Generate(_) => format::GENERATE_FORMAT,
             Cell::Refine(_) => format::REFINE_FORMAT,
             Cell::Envelope(_) => format::ENVELOPE_FORMAT,
@@ -206,8 +218,9 @@ impl Cell {
                 if let Some(d) = &mut g.draft {
                     d.model = f(&d.model);
                 }
-                if let Prompt::File(p) = &mut g.prompt {
-                    *p = f(p);
+                match &mut g.prompt {
+                    Prompt::File(p) | Prompt::Requests { file: p, .. } => *p = f(p),
+                    Prompt::Text(_) => {}
                 }
                 g.record = f(&g.record);
             }
@@ -257,11 +270,22 @@ impl Cell {
                         "drafts one traversal checks, below the ubatch",
                     )?;
                 }
-                if let Prompt::File(f) = &g.prompt {
-                    bounds::regular_file("--prompt-file", f)?;
+                match &g.prompt {
+                    Prompt::Text(_) | Prompt::File(_) => {
+                        if let Prompt::File(f) = &g.prompt {
+                            bounds::regular_file("--prompt-file", f)?;
+                        }
+                        let what = if matches!(g.prompt, Prompt::Text(_)) { "--prompt" } else { "--prompt-file" };
+                        bounds::prompt_text(what, &g.prompt_bytes()?)?;
+                    }
+                    Prompt::Requests { file, .. } => {
+                        if g.draft.is_some() {
+                            bail!("--draft with --requests: a session's requests are decoded without a proposer");
+                        }
+                        bounds::regular_file("--requests", file)?;
+                        crate::session::requests::read(file, g.n_predict)?;
+                    }
                 }
-                let what = if matches!(g.prompt, Prompt::Text(_)) { "--prompt" } else { "--prompt-file" };
-                bounds::prompt_text(what, &g.prompt_bytes()?)?;
             }
             Cell::Refine(r) => {
                 run_params(&r.exec, 0)?;
@@ -314,10 +338,20 @@ fn check_plan(p: &PlanOptions) -> Result<()> {
 }
 
 impl GenerateCell {
+    /// The one prompt of a cell that is not a session.
     pub fn prompt_bytes(&self) -> Result<Vec<u8>> {
         match &self.prompt {
             Prompt::Text(t) => Ok(t.as_bytes().to_vec()),
             Prompt::File(f) => bounds::read_file("the prompt file", f, bounds::MAX_PROMPT_FILE_BYTES),
+            Prompt::Requests { file, .. } => bail!("{}: a session's requests are not one prompt", file.display()),
+        }
+    }
+
+    /// The requests file and what carries between its requests, for a session's cell.
+    pub fn session(&self) -> Option<(&Path, crate::session::Between)> {
+        match &self.prompt {
+            Prompt::Requests { file, between } => Some((file.as_path(), *between)),
+            Prompt::Text(_) | Prompt::File(_) => None,
         }
     }
 }
@@ -341,67 +375,7 @@ pub fn run(cell: &Cell) -> Result<Done> {
     cell.check()?;
     engine::set_placement(cell.placement())?;
     match cell {
-        Cell::Generate(g) => {
-            if !g.rpc.is_empty() {
-                // A device that goes away must be an error of the engine (which names it), not
-                // a SIGPIPE that says nothing.
-                // SAFETY: setting a signal disposition; no handler runs.
-                let _ = unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigIgn) };
-            }
-            for e in &g.rpc {
-                // ggml-rpc aborts when it cannot connect: ask first, and say how to fix it.
-                let addr: std::net::SocketAddr = e.parse().map_err(|err| anyhow::anyhow!("--rpc {e:?}: not HOST:PORT ({err})"))?;
-                std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)).map_err(|err| {
-                    anyhow::anyhow!("--rpc {e}: no RPC server answers ({err}); start one with `sovereign device serve --listen {e}`")
-                })?;
-                engine::backends::rpc_add_server(e).map_err(|e| anyhow::anyhow!(e))?;
-            }
-            let placed = engine::placement_report();
-            if placed.gpu_layers != crate::exec::GpuLayers::Count(0) && placed.gpu_devices.is_empty() {
-                // Offload asked for and nowhere to go: a run on the CPU would not be what was asked.
-                let found: Vec<String> = engine::backends::devices().into_iter().map(|d| format!("{} ({})", d.name, d.kind)).collect();
-                anyhow::bail!(
-                    "--gpu-layers: no GPU device is loaded (devices found: {}); load a GPU backend module (--backend-dir DIR with libggml-cuda.so), name an RPC device (--rpc HOST:PORT of `sovereign device serve`), or leave --gpu-layers out",
-                    found.join(", ")
-                );
-            }
-            let spec = GenerateSpec {
-                model: g.model.clone(),
-                prompt: g.prompt_bytes()?,
-                n_predict: g.n_predict,
-                exec: g.exec,
-                ignore_eos: g.ignore_eos,
-                draft: g.draft.clone(),
-                record: g.record.clone(),
-                seal: g.seal,
-            };
-            if let Some(dir) = &g.device_cgroup {
-                // Before the run, so that a wrong path is refused before anything is decoded.
-                crate::observe::audit_device(dir).context("--device-cgroup")?;
-                generate::audit_device_at(dir.clone());
-            }
-            let plan = match &g.experts {
-                Experts::Plan(o) => Some(o.clone()),
-                Experts::Resident | Experts::Host => None,
-            };
-            let (model, n_decode) = (g.model.clone(), g.n_predict.saturating_sub(1));
-            let (exec, prompt, n_predict) = (spec.exec, spec.prompt.clone(), spec.n_predict);
-            let s = generate::run_with(&spec, move |inv: &Inventory| match plan {
-                None => Ok(None),
-                Some(o) => {
-                    // Slots and policy left to the budget: sized by a probe load first.
-                    let (o, sized) = match o.budget {
-                        Some(b) => {
-                            let (o, s) = crate::budget::size(&model, inv, &o, b, exec, &prompt, n_predict)?;
-                            (o, Some(s))
-                        }
-                        None => (o, None),
-                    };
-                    Ok(Some(Box::new(PlanSource::new(&model, inv, o)?.expecting(n_decode).sized_by(sized)) as Box<dyn ExpertSource>))
-                }
-            })?;
-            Ok(Done::Generate(s))
-        }
+        Cell::Generate(g) => run_generate(g),
         Cell::Refine(r) => {
             let prompt_bytes = r.prompt_bytes()?;
             let spec = RefineSpec {
@@ -425,6 +399,176 @@ pub fn run(cell: &Cell) -> Result<Done> {
         }
         Cell::Envelope(e) => Ok(Done::Measure(crate::measure::Summary::Envelope(Box::new(crate::measure::run_envelope(e)?)))),
         Cell::ReadReplay(r) => Ok(Done::Measure(crate::measure::Summary::ReadReplay(Box::new(crate::measure::run_read_replay(r)?)))),
+    }
+}
+
+/// A generate cell in this process: one prompt, or a session of requests.
+fn run_generate(g: &GenerateCell) -> Result<Done> {
+    if !g.rpc.is_empty() {
+        // A device that goes away must be an error of the engine (which names it), not
+        // a SIGPIPE that says nothing.
+        // SAFETY: setting a signal disposition; no handler runs.
+        let _ = unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigIgn) };
+    }
+    for e in &g.rpc {
+        // ggml-rpc aborts when it cannot connect: ask first, and say how to fix it.
+        let addr: std::net::SocketAddr = e.parse().map_err(|err| anyhow::anyhow!("--rpc {e:?}: not HOST:PORT ({err})"))?;
+        std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)).map_err(|err| {
+            anyhow::anyhow!("--rpc {e}: no RPC server answers ({err}); start one with `sovereign device serve --listen {e}`")
+        })?;
+        engine::backends::rpc_add_server(e).map_err(|e| anyhow::anyhow!(e))?;
+    }
+    let placed = engine::placement_report();
+    if placed.gpu_layers != crate::exec::GpuLayers::Count(0) && placed.gpu_devices.is_empty() {
+        // Offload asked for and nowhere to go: a run on the CPU would not be what was asked.
+        let found: Vec<String> = engine::backends::devices().into_iter().map(|d| format!("{} ({})", d.name, d.kind)).collect();
+        anyhow::bail!(
+            "--gpu-layers: no GPU device is loaded (devices found: {}); load a GPU backend module (--backend-dir DIR with libggml-cuda.so), name an RPC device (--rpc HOST:PORT of `sovereign device serve`), or leave --gpu-layers out",
+            found.join(", ")
+        );
+    }
+    if let Some(dir) = &g.device_cgroup {
+        // Before the run, so that a wrong path is refused before anything is decoded.
+        crate::observe::audit_device(dir).context("--device-cgroup")?;
+        generate::audit_device_at(dir.clone());
+    }
+    let plan = match &g.experts {
+        Experts::Plan(o) => Some(o.clone()),
+        Experts::Resident | Experts::Host => None,
+    };
+    if let Some((file, between)) = g.session() {
+        let requests = crate::session::requests::read(file, g.n_predict)?;
+        if between == crate::session::Between::Separate {
+            let session = Box::new(run_separate(g, &requests)?);
+            return Ok(Done::Session { record: g.record.clone(), session });
+        }
+        // A budget sizes the Plan for the request with the longest prompt and the most outputs.
+        let prompt = requests.iter().map(|r| &r.prompt).max_by_key(|p| p.len()).cloned().unwrap_or_default();
+        let most = requests.iter().map(|r| r.n_predict).max().unwrap_or(0);
+        let first = requests.first().map_or(0, |r| r.n_predict);
+        let spec = generate::session::SessionSpec {
+            model: g.model.clone(),
+            requests,
+            between,
+            exec: g.exec,
+            ignore_eos: g.ignore_eos,
+            record: g.record.clone(),
+            seal: g.seal,
+        };
+        let make = expert_source(g.model.clone(), plan, g.exec, prompt, most, first.saturating_sub(1));
+        let session = Box::new(generate::session::run_with(&spec, make)?);
+        return Ok(Done::Session { record: g.record.clone(), session });
+    }
+    let spec = GenerateSpec {
+        model: g.model.clone(),
+        prompt: g.prompt_bytes()?,
+        n_predict: g.n_predict,
+        exec: g.exec,
+        ignore_eos: g.ignore_eos,
+        draft: g.draft.clone(),
+        record: g.record.clone(),
+        seal: g.seal,
+    };
+    let make = expert_source(g.model.clone(), plan, g.exec, spec.prompt.clone(), g.n_predict, g.n_predict.saturating_sub(1));
+    Ok(Done::Generate(generate::run_with(&spec, make)?))
+}
+
+/// A session whose every request runs in a worker process of its own, one after another: a
+/// new model load and a new expert source each, the page cache as the last left it. Each
+/// request's record (and its worker's log, `NNNN.log`) is committed inside the session's, whose
+/// record names them as a session's does; the first request that fails ends it closed.
+fn run_separate(g: &GenerateCell, requests: &[crate::session::Request]) -> Result<format::SessionRecord> {
+    use crate::record::format::{load_generate, RequestEntry, Served, SessionRecord};
+    let staging = Staging::new(&g.record)?.sealing(g.seal);
+    std::fs::create_dir(staging.dir().join("requests"))?;
+    let (mut entries, mut failed, mut load_s, mut model) = (Vec::new(), None, 0.0, None);
+    for (i, r) in requests.iter().enumerate() {
+        let place = format!("requests/{i:04}");
+        let prompt = String::from_utf8(r.prompt.clone()).with_context(|| format!("request {:?}: the prompt is not UTF-8", r.id))?;
+        let cell = Cell::Generate(GenerateCell {
+            prompt: Prompt::Text(prompt),
+            n_predict: r.n_predict,
+            record: staging.dir().join(&place),
+            seal: g.seal,
+            ..g.clone()
+        });
+        let (spec, log) = (staging.dir().join(format!("{place}.spec.json")), staging.dir().join(format!("{place}.log")));
+        let started = std::time::Instant::now();
+        let mut cmd = worker_command(None, &cell, SpecFrom::File(&spec), WorkerOutput::Log(std::fs::File::create(&log)?), &[])?;
+        observe::die_with_parent(&mut cmd);
+        let status = cmd.status().context("starting a request's worker");
+        std::fs::remove_file(&spec)?;
+        let status = status?;
+        let wall_s = started.elapsed().as_secs_f64();
+        if !status.success() {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            failed = Some(format!("request {:?} failed: {}", r.id, observe::worker_failure(&RunStatus::from_exit(status), None, &said)));
+            break;
+        }
+        let dir = staging.dir().join(&place);
+        let rec = load_generate(&dir)?;
+        load_s += rec.timing.as_ref().map_or(0.0, |t| t.load_s);
+        model = model.or(rec.model.clone());
+        let response = match rec.surfaces.get("response") {
+            Some(s) => String::from_utf8_lossy(&crate::oracle::read_checked(&dir, s)?).into_owned(),
+            None => String::new(),
+        };
+        entries.push(RequestEntry {
+            id: r.id.clone(),
+            record_sha256: crate::util::sha256_file(&dir.join(crate::record::RECORD_FILE))?,
+            record: place,
+            outcome: rec.outcome,
+            prompt_tokens: rec.counts.as_ref().map_or(0, |c| c.prompt_tokens),
+            generated_tokens: rec.counts.as_ref().map_or(0, |c| c.generated_tokens),
+            between_s: 0.0,
+            wall_s,
+            served: rec.plan().map(|p| Served {
+                read_bytes: p.telemetry.q_run.physical_bytes,
+                hits: p.telemetry.hits,
+                misses: p.telemetry.misses,
+                epoch: p.closure.epoch,
+                resets: 0,
+                cold_resets: 0,
+            }),
+            score: crate::session::score::score(&response, &r.expected),
+        });
+    }
+    let mut record = SessionRecord::begun(model, build_identity()?, Some(crate::session::Between::Separate));
+    if let Some(e) = &failed {
+        record.fail(e.clone());
+    }
+    record.take_requests(staging.dir(), entries, load_s)?;
+    record.scores = crate::session::score::aggregate(record.requests.iter().map(|r| &r.score));
+    let dir = staging.commit(&record)?;
+    match failed {
+        Some(e) => bail!("{e}; session record {}", dir.display()),
+        None => Ok(record),
+    }
+}
+
+/// What builds a run's expert source once the model's inventory is known: none for a resident
+/// run, else a Plan (its slots and policy sized by a probe load first where a budget is left
+/// to size them, for `prompt` and `n_predict`) expecting `n_decode` tokens after its prompt.
+fn expert_source(
+    model: PathBuf,
+    plan: Option<PlanOptions>,
+    exec: ExecRequest,
+    prompt: Vec<u8>,
+    n_predict: u32,
+    n_decode: u32,
+) -> impl FnOnce(&Inventory) -> Result<Option<Box<dyn ExpertSource>>> {
+    move |inv: &Inventory| match plan {
+        None => Ok(None),
+        Some(o) => {
+            let (o, sized) = match o.budget {
+                Some(b) => {
+                    let (o, s) = crate::budget::size(&model, inv, &o, b, exec, &prompt, n_predict)?;
+                    (o, Some(s))
+                }
+                None => (o, None),
+            };
+            Ok(Some(Box::new(PlanSource::new(&model, inv, o)?.expecting(n_decode).sized_by(sized)) as Box<dyn ExpertSource>))
+        }
     }
 }
 

@@ -443,10 +443,13 @@ impl ExpertSource for PlanSource {
     }
 
     fn between(&mut self, between: crate::session::Between, outputs: u32) -> Result<()> {
+        if between == crate::session::Between::Separate {
+            anyhow::bail!("separate requests are served by processes of their own, not by one source");
+        }
         self.request_over()?;
         match between {
             crate::session::Between::Reset => self.plan.reset()?,
-            crate::session::Between::Cold => {
+            crate::session::Between::Cold | crate::session::Between::Separate => {
                 let policy = self.options.policy.build(self.plan.manifest())?;
                 self.plan.reset_cold(policy)?
             }

@@ -5,6 +5,7 @@ use super::print_json;
 use anyhow::Result;
 use clap::Args;
 use sovereign::cell::{self, Done};
+use sovereign::record::format::SessionRecord;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -51,8 +52,50 @@ fn print_done(done: &Done, json: bool) -> Result<()> {
             }
             Ok(())
         }
+        Done::Session { record, session } if json => {
+            let mut v = super::session_json(session)?;
+            v["record"] = serde_json::to_value(record)?;
+            print_json(&v)
+        }
+        Done::Session { record, session } => {
+            print_session(record, session);
+            Ok(())
+        }
         Done::Refine(s) => super::refine::print_summary(s, json),
         Done::Measure(sovereign::measure::Summary::Envelope(r)) => print_json(r),
         Done::Measure(sovereign::measure::Summary::ReadReplay(r)) => print_json(r),
+    }
+}
+
+fn print_session(record: &std::path::Path, s: &SessionRecord) {
+    println!("record    {}", record.display());
+    println!(
+        "session   {} requests, between {}, load {:.2} s, requests+resets {:.2} s",
+        s.requests.len(),
+        s.between.map_or("-", sovereign::session::Between::name),
+        s.timing.map_or(0.0, |t| t.load_s),
+        s.timing.map_or(0.0, |t| t.requests_wall_s)
+    );
+    for r in &s.requests {
+        let served = r.served.map_or(String::new(), |v| format!(", read {} bytes, {} hits / {} misses", v.read_bytes, v.hits, v.misses));
+        let score = r.score.map_or(String::new(), |v| format!(", F1 {:.3} EM {:.0}", v.f1, v.exact_match));
+        println!(
+            "  {:<16} {} {} + {} tokens, {:.2} s ({:.3} s before){served}{score}",
+            r.id,
+            r.outcome.name(),
+            r.prompt_tokens,
+            r.generated_tokens,
+            r.wall_s,
+            r.between_s
+        );
+    }
+    if let Some(a) = s.scores {
+        println!("scores    {} scored: F1 {:.4}, exact match {:.4}", a.scored, a.f1, a.exact_match);
+    }
+    if let Some(l) = s.ledger {
+        println!(
+            "ledger    {} requests, {} resets ({} cold), epoch {}, balanced {}",
+            l.requests, l.resets, l.cold_resets, l.epoch, l.balanced
+        );
     }
 }

@@ -10,6 +10,7 @@ use sovereign::generate;
 use sovereign::observe::ContainSpec;
 use sovereign::plan::{PlanOptions, SourceKind};
 use sovereign::record::format::{Outcome, TypedRecord};
+use sovereign::session::BetweenMode;
 use sovereign::source::fault::FaultCell;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -146,10 +147,19 @@ impl ContainArgs {
 pub struct GenerateArgs {
     #[arg(long)]
     model: PathBuf,
-    #[arg(long, conflicts_with = "prompt_file", required_unless_present = "prompt_file")]
+    #[arg(long, conflicts_with_all = ["prompt_file", "requests"], required_unless_present_any = ["prompt_file", "requests"])]
     prompt: Option<String>,
-    #[arg(long)]
+    #[arg(long, conflicts_with = "requests")]
     prompt_file: Option<PathBuf>,
+    /// A session: requests as JSON Lines (`{"id": .., "prompt": .. | "prompt_file": ..,
+    /// "n_predict": .., "expected": ..}`), served in order through one model load and one
+    /// expert source, each request's sequence cleared before it; --n-predict is the default of
+    /// a request that names none. The record is the session's, each request's record inside it.
+    #[arg(long, help_heading = "Sessions")]
+    requests: Option<PathBuf>,
+    /// What the expert source carries from one request of a session to the next (default: auto).
+    #[arg(long, value_parser = super::choices::parser::<BetweenMode>(), help_heading = "Sessions")]
+    between: Option<BetweenMode>,
     #[arg(long, default_value_t = 64)]
     n_predict: u32,
     /// Engine threads decoding one token at a time (default: every core, less one when
@@ -235,16 +245,22 @@ impl GenerateArgs {
 
     /// The flags as the cell they ask for.
     fn cell(&self) -> Result<Cell> {
+        if self.between.is_some() && self.requests.is_none() {
+            // Not clap's `requires`: it lets a flag through beside one that conflicts with
+            // the flag it requires.
+            bail!("--between needs --requests (it says what carries between a session's requests)");
+        }
         if self.experts != ExpertsMode::Plan && !self.plan_given.is_empty() {
             let flags: Vec<String> = self.plan_given.iter().map(|f| f.replace('_', "-")).collect();
             bail!("--{} need --experts plan (resident runs load every expert)", flags.join(", --"));
         }
         Ok(Cell::Generate(GenerateCell {
             model: self.model.clone(),
-            prompt: match (&self.prompt, &self.prompt_file) {
-                (Some(p), _) => Prompt::Text(p.clone()),
-                (None, Some(f)) => Prompt::File(f.clone()),
-                (None, None) => bail!("give --prompt or --prompt-file"),
+            prompt: match (&self.prompt, &self.prompt_file, &self.requests) {
+                (Some(p), _, _) => Prompt::Text(p.clone()),
+                (None, Some(f), _) => Prompt::File(f.clone()),
+                (None, None, Some(file)) => Prompt::Requests { file: file.clone(), between: self.between.unwrap_or_default().resolve() },
+                (None, None, None) => bail!("give --prompt, --prompt-file or --requests"),
             },
             n_predict: self.n_predict,
             exec: ExecParams::new(
@@ -341,6 +357,7 @@ pub fn print_contained(rec: &TypedRecord, dir: &std::path::Path, json: bool) -> 
                 v["digests"] =
                     serde_json::to_value(g.surfaces.iter().map(|(k, s)| (k, &s.sha256)).collect::<std::collections::BTreeMap<_, _>>())?;
             }
+            TypedRecord::Session(s) => v["session"] = super::session_json(s)?,
             TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => {}
         }
         return print_json(&v);

@@ -180,3 +180,17 @@ fn status(ok: bool) -> ExitCode {
         ExitCode::from(1)
     }
 }
+
+/// A session's summary as JSON: each request's outcome, tokens, times, bytes and score; the
+/// scores' aggregate, the ledger, and the session's request+reset wall time.
+pub fn session_json(s: &sovereign::record::format::SessionRecord) -> Result<serde_json::Value> {
+    Ok(serde_json::json!({
+        "outcome": s.outcome,
+        "error": s.error,
+        "between": s.between,
+        "timing": s.timing,
+        "requests": s.requests,
+        "scores": s.scores,
+        "ledger": s.ledger,
+    }))
+}

@@ -8,16 +8,14 @@ use super::{
 use crate::engine::{Context, ExpertSource};
 use crate::exec::ExecRequest;
 use crate::inventory::Inventory;
-use crate::plan::Closure;
 use crate::record::format::{ExpertsParams, ExpertsReport, ModelIdentity, Outcome};
 use crate::record::Staging;
-use crate::session::{score, Aggregate, Between, Request, Score};
+use crate::session::{score, Between, Request};
 use anyhow::{anyhow, bail, Result};
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
 
-pub const SESSION_FORMAT: &str = "sovereign.session/1";
+pub use crate::record::format::{RequestEntry, Served, SessionLedger, SessionRecord, SESSION_FORMAT};
 
 pub struct SessionSpec {
     pub model: PathBuf,
@@ -26,94 +24,10 @@ pub struct SessionSpec {
     /// Without a context, the session's is its largest request's work.
     pub exec: ExecRequest,
     pub ignore_eos: bool,
-    /// The session's directory (must not exist): `requests/NNNN` per request, by its place, and `session`.
+    /// The session's record (must not exist); each request's record is committed inside it,
+    /// at `requests/NNNN` by its place, before the session's is.
     pub record: PathBuf,
     pub seal: bool,
-}
-
-/// The session's record: its requests in order, what each took, and the source's ledger at
-/// teardown.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SessionRecord {
-    pub format: String,
-    pub outcome: Outcome,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    pub model: ModelIdentity,
-    /// What the source carried from each request to the next (resident runs carry nothing).
-    pub between: Between,
-    pub n_ctx: u32,
-    pub load_s: f64,
-    pub requests: Vec<RequestEntry>,
-    /// The mean task scores of the requests that named expected answers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scores: Option<Aggregate>,
-    /// The expert source's ledger at teardown (served runs): it must balance.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub closure: Option<Closure>,
-    /// Requests, resets and epochs over the session (served runs): checked at teardown.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ledger: Option<SessionLedger>,
-}
-
-/// The session's own closure: every request after the first began with one reset (cold ones
-/// counted too), the Plan's epoch is the number of resets, and its ledger balanced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionLedger {
-    pub requests: u64,
-    pub resets: u64,
-    pub cold_resets: u64,
-    pub epoch: u64,
-    pub balanced: bool,
-}
-
-impl SessionLedger {
-    /// Why the ledger of a session that ran every request with `between` does not close.
-    pub fn unbalanced(&self, between: Between) -> Option<String> {
-        let expect_cold = if between == Between::Cold { self.requests.saturating_sub(1) } else { 0 };
-        let why = if !self.balanced {
-            "the Plan's ledger did not balance"
-        } else if self.resets != self.requests.saturating_sub(1) {
-            "not one reset before each request after the first"
-        } else if self.cold_resets != expect_cold {
-            "cold resets do not match `between`"
-        } else if self.epoch != self.resets {
-            "the epoch is not the number of resets"
-        } else {
-            return None;
-        };
-        Some(format!("the session's ledger does not close: {why} ({self:?})"))
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RequestEntry {
-    pub id: String,
-    /// Its record, relative to the session's directory, and that record's `record.json` digest.
-    pub record: String,
-    pub record_sha256: String,
-    pub outcome: Outcome,
-    pub prompt_tokens: usize,
-    pub generated_tokens: usize,
-    /// Readying the source before it (none for the first), and that plus its decoding.
-    pub between_s: f64,
-    pub wall_s: f64,
-    /// What a Plan served it: bytes read from storage, hits and misses, and its epoch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub served: Option<Served>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub score: Option<Score>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Served {
-    pub read_bytes: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub epoch: u64,
-    /// The resets before it, and of those the cold ones.
-    pub resets: u64,
-    pub cold_resets: u64,
 }
 
 /// Runs every request in order through one model load and the source `make_source` builds
@@ -126,9 +40,7 @@ pub fn run_with(
     if spec.requests.is_empty() {
         bail!("a session needs at least one request");
     }
-    if std::fs::symlink_metadata(&spec.record).is_ok() {
-        bail!("{}: already exists; records are write-once", spec.record.display());
-    }
+    let staging = Staging::new(&spec.record)?.sealing(spec.seal);
     let inv = Inventory::of(&spec.model)?;
     let mut source = make_source(&inv)?;
     let loads = if source.is_some() { crate::digests::Loads::NonExpert } else { crate::digests::Loads::All };
@@ -152,30 +64,21 @@ pub fn run_with(
     }
     let exec = spec.exec.with_ctx(n_ctx);
     let mut ctx = Context::new(&model, exec, true)?;
-    let mut record = SessionRecord {
-        format: SESSION_FORMAT.into(),
-        outcome: Outcome::Completed,
-        error: None,
-        model: model_id.clone(),
-        between: spec.between,
-        n_ctx,
-        load_s,
-        requests: Vec::new(),
-        scores: None,
-        closure: None,
-        ledger: None,
-    };
-    let shared = Shared { model_id, experts, exec, load_s };
+    let mut record = SessionRecord::begun(Some(model_id.clone()), crate::identity::build_identity()?, Some(spec.between));
+    record.n_ctx = Some(n_ctx);
+    let shared = Shared { model_id, experts, exec, load_s, root: staging.dir().to_path_buf() };
     let mut failed = None;
+    let mut entries = Vec::with_capacity(spec.requests.len());
     for (i, (r, prompt)) in spec.requests.iter().zip(prompts).enumerate() {
         let (entry, failure) = serve_request(spec, &shared, i, r, prompt, &model, &mut ctx)?;
-        record.requests.push(entry);
+        entries.push(entry);
         if failure.is_some() {
             failed = failure;
             break;
         }
     }
     drop(ctx);
+    record.take_requests(staging.dir(), entries, load_s)?;
     if served {
         let closed = model.with_source(|s| s.finish()).transpose();
         match closed {
@@ -202,10 +105,8 @@ pub fn run_with(
     }
     record.scores = score::aggregate(record.requests.iter().map(|r| &r.score));
     if let Some(e) = &failed {
-        record.outcome = Outcome::Failed;
-        record.error = Some(e.clone());
+        record.fail(e.clone());
     }
-    let staging = Staging::new(&spec.record.join("session"))?.sealing(spec.seal);
     let dir = staging.commit(&record)?;
     match failed {
         Some(e) => Err(anyhow!("{e}; session record {}", dir.display())),
@@ -219,6 +120,8 @@ struct Shared {
     experts: ExpertsParams,
     exec: crate::exec::ExecParams,
     load_s: f64,
+    /// The session's staging directory, where each request's record is committed.
+    root: PathBuf,
 }
 
 /// Request `i` of the session: its sequence cleared and its source readied (after the first),
@@ -241,7 +144,7 @@ fn serve_request(
         exec: spec.exec,
         ignore_eos: spec.ignore_eos,
         draft: None,
-        record: spec.record.join(&dir),
+        record: shared.root.join(&dir),
         seal: spec.seal,
     };
     let staging = Staging::new(&rspec.record)?.sealing(spec.seal);
@@ -250,7 +153,7 @@ fn serve_request(
         Ok(())
     } else {
         ctx.clear();
-        model.with_source(|s| s.between(spec.between, r.n_predict)).unwrap_or(Ok(()))
+        model.with_source(|s| s.between(spec.between, r.n_predict.saturating_sub(1))).unwrap_or(Ok(()))
     };
     let between_s = started.elapsed().as_secs_f64();
     let mut run = Decoding::new(prompt.len() + r.n_predict as usize, model.n_vocab(), r.n_predict);

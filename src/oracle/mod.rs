@@ -17,8 +17,20 @@ pub const SURFACES: &[&str] = &["tokens", "logits", "response", "routes"];
 pub const MODEL_SURFACES: &[&str] = &["recurrent", "recurrent_state"];
 
 /// The surfaces a record's exactness covers: every output surface and the model surfaces it has.
-pub fn surfaces_of(record: &std::collections::BTreeMap<String, Surface>) -> Vec<&'static str> {
-    SURFACES.iter().chain(MODEL_SURFACES.iter().filter(|s| record.contains_key(**s))).copied().collect()
+/// A session's record names its requests' surfaces under `requests/NNNN/`: each of those the
+/// exactness covers, so two sessions are exact where every request is.
+pub fn surfaces_of(record: &std::collections::BTreeMap<String, Surface>) -> Vec<String> {
+    let covered = |name: &str| SURFACES.contains(&name) || MODEL_SURFACES.contains(&name);
+    let requests: Vec<String> = record.keys().filter(|k| k.split_once('/').is_some_and(|_| covered(base_name(k)))).cloned().collect();
+    if !requests.is_empty() {
+        return requests;
+    }
+    SURFACES.iter().chain(MODEL_SURFACES.iter().filter(|s| record.contains_key(**s))).map(|s| s.to_string()).collect()
+}
+
+/// A surface's own name: the last part of a session's `requests/NNNN/NAME`.
+fn base_name(surface: &str) -> &str {
+    surface.rsplit('/').next().unwrap_or(surface)
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -72,7 +84,7 @@ pub fn compare(a: &Path, b: &Path) -> Result<Vec<SurfaceComparison>> {
     let mut names = surfaces_of(&sa);
     names.extend(surfaces_of(&sb).into_iter().filter(|n| !names.contains(n)).collect::<Vec<_>>());
     for name in names {
-        let outcome = match (sa.get(name), sb.get(name)) {
+        let outcome = match (sa.get(&name), sb.get(&name)) {
             (Some(x), Some(y)) => {
                 let (da, db) = (read_checked(a, x)?, read_checked(b, y)?);
                 let unit = x.unit_bytes.max(1);
@@ -92,14 +104,14 @@ pub fn compare(a: &Path, b: &Path) -> Result<Vec<SurfaceComparison>> {
             }
             (x, y) => Outcome::Missing { in_a: x.is_some(), in_b: y.is_some() },
         };
-        out.push(SurfaceComparison { surface: name.to_string(), outcome });
+        out.push(SurfaceComparison { surface: name, outcome });
     }
     Ok(out)
 }
 
 /// The element a surface's unit is called in messages.
 pub fn unit_name(surface: &str) -> &'static str {
-    match surface {
+    match base_name(surface) {
         "logits" => "row",
         "routes" => "event",
         "tokens" => "token",

@@ -27,6 +27,8 @@ pub const REFINE_FORMAT: &str = "sovereign.refine/1";
 pub const ENVELOPE_FORMAT: &str = "sovereign.envelope/1";
 /// The format of a `read_replay` measurement cell's record.
 pub const READ_REPLAY_FORMAT: &str = "sovereign.read_replay/1";
+/// The format of a session's record (many requests through one process).
+pub const SESSION_FORMAT: &str = "sovereign.session/1";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -605,6 +607,181 @@ impl ReadReplayRecord {
     }
 }
 
+/// `record.json` of a session: its requests in order (each a generate record of its own under
+/// `requests/NNNN`, named here with its digest), what each took, and the source's ledger at
+/// teardown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRecord {
+    pub format: String,
+    pub outcome: Outcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelIdentity>,
+    pub build: BuildIdentity,
+    /// What the source carried from each request to the next (resident runs carry nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub between: Option<crate::session::Between>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_ctx: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<SessionCounts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<SessionTiming>,
+    #[serde(default)]
+    pub requests: Vec<RequestEntry>,
+    /// The mean task scores of the requests that named expected answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scores: Option<crate::session::Aggregate>,
+    /// The expert source's ledger at teardown (served runs): it must balance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closure: Option<crate::plan::Closure>,
+    /// Requests, resets and epochs over the session (served runs): checked at teardown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<SessionLedger>,
+    /// Every surface of every request's record, under `requests/NNNN/NAME` (its file's path in
+    /// this record), so that two sessions compare request by request as two records do.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub surfaces: BTreeMap<String, Surface>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_protocol: Option<String>,
+}
+
+/// A session's tokens, over the requests that ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionCounts {
+    pub requests: usize,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+}
+
+/// A session's times: the model's load (once, or summed over separate processes) and every
+/// request's readying and decoding (its request+reset wall time).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionTiming {
+    pub load_s: f64,
+    pub requests_wall_s: f64,
+}
+
+impl SessionRecord {
+    /// A session's record before its requests: completed until something fails.
+    pub fn begun(model: Option<ModelIdentity>, build: BuildIdentity, between: Option<crate::session::Between>) -> SessionRecord {
+        SessionRecord {
+            format: SESSION_FORMAT.into(),
+            outcome: Outcome::Completed,
+            error: None,
+            model,
+            build,
+            between,
+            n_ctx: None,
+            counts: None,
+            timing: None,
+            requests: Vec::new(),
+            scores: None,
+            closure: None,
+            ledger: None,
+            surfaces: BTreeMap::new(),
+            resources: None,
+            cache_protocol: None,
+        }
+    }
+
+    /// The session failed closed, for `why`.
+    pub fn fail(&mut self, why: String) {
+        self.outcome = Outcome::Failed;
+        self.error = Some(why);
+    }
+
+    /// A record of `requests` (each committed at `requests/NNNN` of `root`): its counts, its
+    /// request+reset wall time, and every request's surfaces under its place.
+    pub fn take_requests(&mut self, root: &Path, requests: Vec<RequestEntry>, load_s: f64) -> Result<()> {
+        for r in &requests {
+            let (_, surfaces) = super::load(&root.join(&r.record))?;
+            for (name, mut s) in surfaces {
+                s.file = format!("{}/{}", r.record, s.file);
+                self.surfaces.insert(format!("{}/{name}", r.record), s);
+            }
+        }
+        self.counts = Some(SessionCounts {
+            requests: requests.len(),
+            prompt_tokens: requests.iter().map(|r| r.prompt_tokens).sum(),
+            generated_tokens: requests.iter().map(|r| r.generated_tokens).sum(),
+        });
+        self.timing = Some(SessionTiming { load_s, requests_wall_s: requests.iter().map(|r| r.wall_s).sum() });
+        self.requests = requests;
+        Ok(())
+    }
+}
+
+/// The session's own closure: every request after the first began with one reset (cold ones
+/// counted too), the Plan's epoch is the number of resets, and its ledger balanced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionLedger {
+    pub requests: u64,
+    pub resets: u64,
+    pub cold_resets: u64,
+    pub epoch: u64,
+    pub balanced: bool,
+}
+
+impl SessionLedger {
+    /// Why the ledger of a session that ran every request with `between` does not close.
+    pub fn unbalanced(&self, between: crate::session::Between) -> Option<String> {
+        let expect_cold = if between == crate::session::Between::Cold { self.requests.saturating_sub(1) } else { 0 };
+        let why = if !self.balanced {
+            "the Plan's ledger did not balance"
+        } else if self.resets != self.requests.saturating_sub(1) {
+            "not one reset before each request after the first"
+        } else if self.cold_resets != expect_cold {
+            "cold resets do not match `between`"
+        } else if self.epoch != self.resets {
+            "the epoch is not the number of resets"
+        } else {
+            return None;
+        };
+        Some(format!("the session's ledger does not close: {why} ({self:?})"))
+    }
+}
+
+/// One request of a session, as its record names it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestEntry {
+    pub id: String,
+    /// Its record, relative to the session's directory, and that record's `record.json` digest.
+    pub record: String,
+    pub record_sha256: String,
+    pub outcome: Outcome,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Readying the source before it (none for the first), and that plus its decoding.
+    pub between_s: f64,
+    pub wall_s: f64,
+    /// What a Plan served it: bytes read from storage, hits and misses, and its epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served: Option<Served>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<crate::session::Score>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Served {
+    pub read_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub epoch: u64,
+    /// The resets before it, and of those the cold ones.
+    pub resets: u64,
+    pub cold_resets: u64,
+}
+
 /// A field that is present (null or not) deserializes to `Some`: absent and null differ.
 fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
     T::deserialize(d).map(Some)
@@ -643,6 +820,7 @@ pub enum TypedRecord {
     Refine(Box<RefineRecord>),
     Envelope(Box<EnvelopeRecord>),
     ReadReplay(Box<ReadReplayRecord>),
+    Session(Box<SessionRecord>),
 }
 
 /// The parts both formats share, for readers that take either.
@@ -653,6 +831,7 @@ impl TypedRecord {
             TypedRecord::Refine(_) => REFINE_FORMAT,
             TypedRecord::Envelope(_) => ENVELOPE_FORMAT,
             TypedRecord::ReadReplay(_) => READ_REPLAY_FORMAT,
+            TypedRecord::Session(_) => SESSION_FORMAT,
         }
     }
 
@@ -662,6 +841,7 @@ impl TypedRecord {
             TypedRecord::Refine(r) => r.outcome,
             TypedRecord::Envelope(r) => r.outcome,
             TypedRecord::ReadReplay(r) => r.outcome,
+            TypedRecord::Session(r) => r.outcome,
         }
     }
 
@@ -671,6 +851,7 @@ impl TypedRecord {
             TypedRecord::Refine(r) => r.model.as_ref(),
             TypedRecord::Envelope(r) => r.model.as_ref(),
             TypedRecord::ReadReplay(r) => r.model.as_ref(),
+            TypedRecord::Session(r) => r.model.as_ref(),
         }
     }
 
@@ -684,6 +865,7 @@ impl TypedRecord {
                 .collect(),
             TypedRecord::Envelope(r) => r.model.iter().map(|m| ("model", m)).collect(),
             TypedRecord::ReadReplay(r) => r.model.iter().map(|m| ("model", m)).collect(),
+            TypedRecord::Session(r) => r.model.iter().map(|m| ("model", m)).collect(),
         }
     }
 
@@ -693,6 +875,7 @@ impl TypedRecord {
             TypedRecord::Refine(r) => &r.build,
             TypedRecord::Envelope(r) => &r.build,
             TypedRecord::ReadReplay(r) => &r.build,
+            TypedRecord::Session(r) => &r.build,
         }
     }
 
@@ -702,6 +885,7 @@ impl TypedRecord {
             TypedRecord::Refine(r) => &r.surfaces,
             TypedRecord::Envelope(r) => &r.surfaces,
             TypedRecord::ReadReplay(r) => &r.surfaces,
+            TypedRecord::Session(r) => &r.surfaces,
         }
     }
 
@@ -709,6 +893,7 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.resources.as_ref(),
             TypedRecord::Refine(r) => r.resources.as_ref(),
+            TypedRecord::Session(r) => r.resources.as_ref(),
             TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => None,
         }
     }
@@ -718,6 +903,7 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.counts.as_ref().map(|c| c.prompt_tokens),
             TypedRecord::Refine(r) => r.counts.as_ref().and_then(|c| c.prompt_tokens),
+            TypedRecord::Session(r) => r.counts.map(|c| c.prompt_tokens),
             TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => None,
         }
     }
@@ -726,6 +912,7 @@ impl TypedRecord {
         match self {
             TypedRecord::Generate(r) => r.counts.as_ref().map(|c| c.generated_tokens),
             TypedRecord::Refine(r) => r.counts.as_ref().map(|c| c.generated_tokens),
+            TypedRecord::Session(r) => r.counts.map(|c| c.generated_tokens),
             TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => None,
         }
     }
@@ -794,6 +981,11 @@ impl TypedRecord {
                 decode: None,
                 surfaces: BTreeMap::new(),
             })),
+            SESSION_FORMAT => {
+                let mut r = SessionRecord::begun(None, build, None);
+                r.fail(error);
+                TypedRecord::Session(Box::new(r))
+            }
             other => bail!("unknown record format {other:?}"),
         })
     }
@@ -804,6 +996,7 @@ impl TypedRecord {
             TypedRecord::Refine(r) => r.error.as_deref(),
             TypedRecord::Envelope(r) => r.error.as_deref(),
             TypedRecord::ReadReplay(r) => r.error.as_deref(),
+            TypedRecord::Session(r) => r.error.as_deref(),
         }
     }
 
@@ -812,6 +1005,7 @@ impl TypedRecord {
         let (r, c) = match self {
             TypedRecord::Generate(g) => (&mut g.resources, &mut g.cache_protocol),
             TypedRecord::Refine(g) => (&mut g.resources, &mut g.cache_protocol),
+            TypedRecord::Session(g) => (&mut g.resources, &mut g.cache_protocol),
             // Measurement cells never run contained (their arms take no memory cap).
             TypedRecord::Envelope(_) | TypedRecord::ReadReplay(_) => return,
         };
@@ -827,6 +1021,7 @@ impl Serialize for TypedRecord {
             TypedRecord::Refine(r) => r.serialize(s),
             TypedRecord::Envelope(r) => r.serialize(s),
             TypedRecord::ReadReplay(r) => r.serialize(s),
+            TypedRecord::Session(r) => r.serialize(s),
         }
     }
 }
@@ -856,8 +1051,9 @@ pub fn parse(path: &Path, text: &str) -> Result<TypedRecord> {
         Some(REFINE_FORMAT) => TypedRecord::Refine(Box::new(serde_json::from_str(text).map_err(field)?)),
         Some(ENVELOPE_FORMAT) => TypedRecord::Envelope(Box::new(serde_json::from_str(text).map_err(field)?)),
         Some(READ_REPLAY_FORMAT) => TypedRecord::ReadReplay(Box::new(serde_json::from_str(text).map_err(field)?)),
+        Some(SESSION_FORMAT) => TypedRecord::Session(Box::new(serde_json::from_str(text).map_err(field)?)),
         _ => bail!(
-            "{}: unknown record format {format} (known: {GENERATE_FORMAT}, {REFINE_FORMAT}, {ENVELOPE_FORMAT}, {READ_REPLAY_FORMAT})",
+            "{}: unknown record format {format} (known: {GENERATE_FORMAT}, {REFINE_FORMAT}, {ENVELOPE_FORMAT}, {READ_REPLAY_FORMAT}, {SESSION_FORMAT})",
             path.display()
         ),
     })

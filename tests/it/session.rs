@@ -136,11 +136,14 @@ fn each_request_through_one_plan_is_the_request_alone_warm_or_cold() {
                 }
                 // Warm after itself: fewer bytes read.
                 Between::Reset => assert!(t.q_run.physical_bytes < f.q_run.physical_bytes && t.hits > f.hits, "{arch}: {t:?}"),
+                Between::Separate => unreachable!("not asked of one source"),
             }
         }
         drop(ctx);
         // Nothing ran after the last request ended: the last report counts nothing, and the
         // ledger closes clean after three resets.
+        // Separate requests are processes of their own: one source refuses to serve them so.
+        assert!(model.with_source(|s| s.between(Between::Separate, 6)).unwrap().is_err(), "{arch}");
         let last = finish(&model);
         assert!(last.clean_closure, "{arch}: {:?}", last.closure);
         assert_eq!((last.telemetry.acquires, last.closure.epoch), (0, 3), "{arch}");
@@ -293,7 +296,101 @@ fn a_session_through_f_with_lru_is_each_request_alone_and_its_ledger_balances() 
                 _ => {}
             }
         }
-        // The session's record is sealed beside its requests'.
-        assert!(root.join("session/record.json").exists());
+        // The session's record is sealed around its requests'.
+        assert!(root.join("record.json").exists() && root.join("manifest.json").exists());
+    }
+}
+
+/// `generate --requests` as a user runs it: a session of requests through F with LRU, reset or
+/// cold, and the same requests as separate processes, each request bitwise the resident
+/// session's (compared request by request through the session records' surfaces); a contained
+/// session is admitted with its ledger; a bad line is refused before anything runs.
+#[test]
+fn generate_requests_serves_a_session_that_compares_request_by_request() {
+    use crate::common::{assert_one_line_error, run};
+    use sovereign::record::format::{load_typed, TypedRecord};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = forge_arch(d, "qwen3moe");
+    std::fs::write(d.join("long.txt"), "a prompt kept in a file of its own, longer than the others are").unwrap();
+    let requests = d.join("requests.jsonl");
+    std::fs::write(
+        &requests,
+        [
+            r#"{"id": "q1", "prompt": "the first question of the session", "n_predict": 5, "expected": ["the first answer", "an answer"]}"#,
+            r#"{"id": 2, "prompt_file": "long.txt"}"#,
+            r#"{"id": "q1 again", "prompt": "the first question of the session", "n_predict": 5}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let session = |name: &str, extra: &[&str]| -> (PathBuf, sovereign::record::format::SessionRecord) {
+        let rec = d.join(name);
+        let (m, q, r) = (model.to_str().unwrap(), requests.to_str().unwrap(), rec.to_str().unwrap());
+        let mut args = vec!["generate", "--model", m, "--requests", q, "--n-predict", "4", "--ignore-eos", "--record", r, "--json"];
+        args.extend_from_slice(extra);
+        let out = ok(&args);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        match load_typed(&rec).unwrap() {
+            TypedRecord::Session(s) => {
+                // A contained run's summary holds the session's under `session`.
+                let listed = v.pointer("/requests").or(v.pointer("/session/requests"));
+                assert_eq!(listed.and_then(|l| l.as_array()).map(Vec::len), Some(3), "{}", out.stdout);
+                (rec, *s)
+            }
+            other => panic!("{name}: not a session record: {}", other.format()),
+        }
+    };
+    let plan = ["--experts", "plan", "--policy", "lru:4", "--slots", "4"];
+    let (resident, r) = session("resident", &[]);
+    assert_eq!(r.counts.map(|c| (c.requests, c.generated_tokens)), Some((3, 14)));
+    assert_eq!(r.requests.iter().map(|q| q.id.as_str()).collect::<Vec<_>>(), ["q1", "2", "q1 again"]);
+    assert!(r.scores.is_some_and(|a| a.scored == 1), "{:?}", r.scores);
+    sovereign::record::verify_sealed(&resident).unwrap();
+    for (name, between) in [("reset", "auto"), ("cold", "cold"), ("separate", "separate")] {
+        let (rec, s) = session(name, &[&plan[..], &["--between", between]].concat());
+        assert_eq!(s.outcome, sovereign::record::format::Outcome::Completed, "{name}: {:?}", s.error);
+        sovereign::record::verify_sealed(&rec).unwrap();
+        // Every request's every output surface, compared through the two sessions' records.
+        let cmp = sovereign::oracle::compare(&resident, &rec).unwrap();
+        assert_eq!(cmp.len(), 12, "{name}: four surfaces of three requests: {cmp:?}");
+        assert!(cmp.iter().all(|c| c.is_exact()), "{name}: {cmp:?}");
+        for q in &s.requests {
+            assert_eq!(sovereign::util::sha256_file(&rec.join(&q.record).join("record.json")).unwrap(), q.record_sha256);
+        }
+        let read: Vec<u64> = s.requests.iter().map(|q| q.served.unwrap().read_bytes).collect();
+        match name {
+            "reset" => {
+                assert_eq!(s.ledger.map(|l| (l.resets, l.cold_resets, l.balanced)), Some((2, 0, true)));
+                assert!(read[2] < read[0], "{name}: the repeated request is served warm: {read:?}");
+            }
+            "cold" => {
+                assert_eq!(s.ledger.map(|l| (l.resets, l.cold_resets, l.balanced)), Some((2, 2, true)));
+                assert_eq!(read[2], read[0], "{name}: the repeated request reads as a new Plan: {read:?}");
+            }
+            _ => {
+                assert_eq!(s.ledger, None, "separate processes share no Plan");
+                assert_eq!(read[2], read[0]);
+            }
+        }
+    }
+    // A session is a different record from a single run: not exact against one.
+    let single = d.join("single");
+    crate::common::generate(&model, "the first question of the session", 5, &single, &["--ignore-eos"]);
+    assert!(sovereign::oracle::compare(&single, &resident).unwrap().iter().any(|c| !c.is_exact()));
+    // A bad line: one line naming the file and line, and nothing written.
+    std::fs::write(d.join("bad.jsonl"), "{\"id\": 1, \"prompt\": \"a\"}\n{\"id\": 2, \"promt\": \"b\"}\n").unwrap();
+    let bad = d.join("bad-session");
+    let (m, q, b) = (model.to_str().unwrap(), d.join("bad.jsonl"), bad.to_str().unwrap().to_string());
+    let r = run(&["generate", "--model", m, "--requests", q.to_str().unwrap(), "--record", &b]);
+    assert_one_line_error(&r, &["bad.jsonl:2", "promt"]);
+    assert!(!bad.exists());
+    let r = run(&["generate", "--model", m, "--prompt", "p", "--between", "cold", "--record", &b]);
+    assert_eq!(r.code, 2, "--between without --requests: {}", r.stderr);
+    if crate::common::cgroups_usable() {
+        let (rec, s) = session("contained", &[&plan[..], &["--memory-max", "1G"]].concat());
+        let res = s.resources.expect("a contained session states its resources");
+        assert!(res.admission.admitted, "{:?}", res.admission);
+        assert!(sovereign::oracle::compare(&resident, &rec).unwrap().iter().all(|c| c.is_exact()));
     }
 }
