@@ -6,7 +6,8 @@
 # a 24 x 256-expert model under a third of its size; BENCH_PREFILL=0 leaves it out), then the
 # skewed-routing bench (campaigns/bench-skew.yaml, its model made
 # from its recipe; BENCH_SKEW=0 leaves it out), then temporal amortization
-# (campaigns/bench-draft.yaml; BENCH_DRAFT=0 leaves it out).
+# (campaigns/bench-draft.yaml; BENCH_DRAFT=0 leaves it out), then sessions of eight requests
+# against separate runs (campaigns/bench-session.yaml; BENCH_SESSION=0 leaves it out).
 #
 # BENCH_OUTPUTS (tokens per cell) and BENCH_BLOCKS (counterbalanced blocks, at most the
 # shipped eight) scale it down: the scaled campaign is written under results/bench-campaigns/
@@ -104,4 +105,12 @@ if [ "${BENCH_DRAFT:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ];
   "$BIN" export --campaign bench-draft-1 --results "$RESULTS" --out "$RESULTS/export-bench-draft-1"
   echo "== F/F-base-2 decode time, paired"
   "$BIN" stats pairs --csv "$RESULTS/export-bench-draft-1/pairs.csv" --a a --b b
+fi
+
+if [ "${BENCH_SESSION:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; then
+  echo "== campaign bench-session-1 (campaigns/bench-session.yaml)"
+  "$BIN" campaign run campaigns/bench-session.yaml --results "$RESULTS"
+  "$BIN" export --campaign bench-session-1 --results "$RESULTS" --out "$RESULTS/export-bench-session-1"
+  echo "== session (reset) over separate runs: request+reset wall time, paired"
+  "$BIN" stats pairs --csv "$RESULTS/export-bench-session-1/pairs.csv" --a a --b b
 fi

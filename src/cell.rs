@@ -518,6 +518,7 @@ fn run_separate(g: &GenerateCell, requests: &[crate::session::Request]) -> Resul
             record_sha256: crate::util::sha256_file(&dir.join(crate::record::RECORD_FILE))?,
             record: place,
             outcome: rec.outcome,
+            n_predict: r.n_predict,
             prompt_tokens: rec.counts.as_ref().map_or(0, |c| c.prompt_tokens),
             generated_tokens: rec.counts.as_ref().map_or(0, |c| c.generated_tokens),
             between_s: 0.0,

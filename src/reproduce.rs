@@ -235,10 +235,10 @@ fn find_campaign(id: &str, sha: &str, given: Option<&Loaded>, results: &Path, al
 /// Every input a campaign names: (what, campaign path, digest).
 fn needed(c: &Loaded) -> Vec<(&'static str, String, String)> {
     let s = &c.spec;
-    let mut v = vec![
-        ("model", s.model.path.value.clone(), s.model.sha256.0.clone()),
-        ("prompt", s.workload.prompt_file.value.clone(), s.workload.prompt_sha256.0.clone()),
-    ];
+    let mut v = vec![("model", s.model.path.value.clone(), s.model.sha256.0.clone())];
+    if let Ok(i) = s.workload.input() {
+        v.push((if i.session { "requests" } else { "prompt" }, i.file.value.clone(), i.sha256.0.clone()));
+    }
     if let Some(r) = &s.refine {
         v.push(("model", r.verifier.path.value.clone(), r.verifier.sha256.0.clone()));
         v.push(("model", r.reference.path.value.clone(), r.reference.sha256.0.clone()));

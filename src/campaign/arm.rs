@@ -48,7 +48,8 @@ pub enum ArmExperts {
 pub enum Program {
     /// `sovereign generate`, with layers on a device when the arm names `gpu_layers`, and
     /// with a proposer when it names `draft`.
-    Generate { device: Option<DeviceArm>, draft: Option<ArmDraft> },
+    /// With a session workload, `between` says what carries from one request to the next.
+    Generate { device: Option<DeviceArm>, draft: Option<ArmDraft>, between: Option<crate::session::BetweenMode> },
     /// `sovereign refine` (on the CPU: no device fields).
     Refine(RefineArm),
 }
@@ -319,6 +320,9 @@ impl Arm {
             msgs.push(format!("`device_memory_cap_bytes` {c} is out of range (1 MiB up to 1 PiB)"));
         }
         msgs.extend(self.draft_problems());
+        if self.draft.is_some() && self.between.is_some() {
+            msgs.push("`draft` with `between`: a session's requests are decoded without a proposer".to_string());
+        }
         if self.refine.is_some() {
             // A refine cell runs on the CPU: device fields would be silently ignored.
             let fields = [
@@ -326,6 +330,7 @@ impl Arm {
                 ("gpu_layers", self.gpu_layers.is_some()),
                 ("gpu_budget", self.gpu_budget.is_some()),
                 ("draft", self.draft.is_some()),
+                ("between", self.between.is_some()),
             ];
             for (field, set) in fields {
                 if set {
@@ -346,6 +351,7 @@ impl Arm {
             None => Program::Generate {
                 device: self.device_arm(),
                 draft: self.draft.clone().zip(self.draft_max).map(|(proposer, max)| ArmDraft { proposer, max }),
+                between: self.between,
             },
         })
     }
@@ -382,6 +388,7 @@ impl Arm {
             ("warm", self.warm),
             ("draft", self.draft.is_some()),
             ("draft_max", self.draft_max.is_some()),
+            ("between", self.between.is_some()),
         ];
         let set = self.plan_fields().into_iter().chain(run_fields).filter(|(_, set)| *set);
         let mut out: Vec<String> = set.map(|(name, _)| format!("arm `{id}`: `{name}` does not apply to a `measure` arm")).collect();
@@ -452,7 +459,7 @@ mod tests {
         let c = parse(crate::campaign::tests::GOOD).unwrap();
         let ArmKind::Run(o) = arm(&c, "O") else { panic!("O is a run") };
         assert_eq!((o.threads, &o.experts, o.memory_cap_bytes), (Some(1), &ArmExperts::Resident { warm: false }, None));
-        assert_eq!(o.program, Program::Generate { device: None, draft: None });
+        assert_eq!(o.program, Program::Generate { device: None, draft: None, between: None });
         let ArmKind::Run(d) = arm(&c, "D") else { panic!("D is a run") };
         assert_eq!(d.memory_cap_bytes, Some(16_777_216));
         let plan = d.plan().expect("D streams");

@@ -243,7 +243,12 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
         }),
         _ => Cell::Generate(GenerateCell {
             model: p.model.to_path_buf(),
-            prompt: Prompt::File(p.prompt_file.to_path_buf()),
+            prompt: match (cell.workload.is_session(), &arm.program) {
+                (true, Program::Generate { between, .. }) => {
+                    Prompt::Requests { file: p.prompt_file.to_path_buf(), between: between.unwrap_or_default().resolve() }
+                }
+                _ => Prompt::File(p.prompt_file.to_path_buf()),
+            },
             n_predict: *cell.workload.outputs,
             exec: exec(),
             ignore_eos: cell.workload.ignore_eos,
@@ -403,7 +408,8 @@ impl CellExecutor for ProcessExecutor {
     }
 
     fn run(&self, cell: &CellSpec, inputs: &CellInputs, staging: &Path, log: &Path) -> Result<CellOutcome> {
-        let paths = RunPaths { model: self.base.join(&cell.model.path), prompt: self.base.join(&cell.workload.prompt_file), staging, log };
+        let input = cell.workload.input().map_err(anyhow::Error::msg)?;
+        let paths = RunPaths { model: self.base.join(&cell.model.path), prompt: self.base.join(&input.file.value), staging, log };
         // An `rpc: local` arm's device: started for this cell, stopped when the cell ends.
         let mut server: Option<DeviceServer> = None;
         let kind = cell.arm.kind();
@@ -551,7 +557,8 @@ fn failure_line(cell: &CellSpec, paths: &RunPaths, end: &WorkerExit, complete: b
         None => own(),
     });
     let mut line = line.replace(&paths.staging.display().to_string(), "<record>");
-    for (abs, rel) in [(&paths.model, &cell.model.path), (&paths.prompt, &cell.workload.prompt_file)] {
+    let input = cell.workload.input().map_or("", |i| i.file.value.as_str());
+    for (abs, rel) in [(&paths.model, cell.model.path.value.as_str()), (&paths.prompt, input)] {
         line = line.replace(&abs.display().to_string(), rel);
     }
     line
@@ -583,7 +590,7 @@ impl ProcessExecutor {
             arm,
             &CellPaths {
                 model: Path::new(&cell.model.path),
-                prompt_file: Path::new(&cell.workload.prompt_file),
+                prompt_file: Path::new(cell.workload.input().map_or("", |i| i.file.value.as_str())),
                 record: Path::new("<record>"),
                 refine: cell.refine.as_ref().map(|r| (Path::new(&r.verifier.path), Path::new(&r.reference.path))),
                 rpc: &shown_rpc,

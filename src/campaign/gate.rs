@@ -36,32 +36,50 @@ pub fn refuse(c: &Loaded, recipes: Recipes) -> Result<()> {
 }
 
 /// The prompt is read as a cell reads it (a regular file under the cap), hashed, and must be
-/// UTF-8 (llama.cpp's tokenizer aborts on anything else).
+/// UTF-8 (llama.cpp's tokenizer aborts on anything else). A session's requests are read as
+/// `generate --requests` reads them, every prompt inline, so that the pinned digest is the
+/// digest of every prompt the cells run.
 fn prompt(c: &Campaign, base: &Path) -> Option<Diagnostic> {
     let w = &c.workload;
-    let path = base.join(&w.prompt_file);
-    let bytes = match crate::bounds::read_file("workload.prompt_file", &path, crate::bounds::MAX_PROMPT_FILE_BYTES) {
+    // Neither or both: the spec's own check says so.
+    let input = w.input().ok()?;
+    let path = base.join(&input.file.value);
+    let field = input.field();
+    let bytes = match crate::bounds::read_file(field, &path, crate::bounds::MAX_PROMPT_FILE_BYTES) {
         Ok(b) => b,
-        Err(e) => return Some(Diagnostic::at(&w.prompt_file, format!("{e:#}"))),
+        Err(e) => return Some(Diagnostic::at(input.file, format!("{e:#}"))),
     };
     let got = crate::util::sha256(&bytes);
-    if got != w.prompt_sha256.0 {
-        let message =
-            format!("workload.prompt_sha256: {} has sha256 {got}, but the campaign pins {}", w.prompt_file.value, w.prompt_sha256.0);
-        return Some(Diagnostic::at(&w.prompt_sha256, message));
+    if got != input.sha256.0 {
+        let message = format!("{}: {} has sha256 {got}, but the campaign pins {}", input.digest_field(), input.file.value, input.sha256.0);
+        return Some(Diagnostic::at(input.sha256, message));
     }
-    crate::bounds::prompt_text(&format!("workload.prompt_file {}", w.prompt_file.value), &bytes)
-        .err()
-        .map(|e| Diagnostic::at(&w.prompt_file, e.to_string()))
+    if let Err(e) = crate::bounds::prompt_text(&format!("{field} {}", input.file.value), &bytes) {
+        return Some(Diagnostic::at(input.file, e.to_string()));
+    }
+    if !input.session {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    match crate::session::requests::parse(&path, &text, *w.outputs) {
+        Err(e) => Some(Diagnostic::at(input.file, format!("{e:#}"))),
+        Ok(requests) => requests.iter().find(|r| r.prompt_file.is_some()).map(|r| {
+            let message = format!(
+                "{field}: request {:?} names a prompt_file; a campaign's requests give their prompts inline, so that requests_sha256 covers them",
+                r.id
+            );
+            Diagnostic::at(input.file, message)
+        }),
+    }
 }
 
 /// A cell's context is its work (`prompt_tokens + outputs`), which must fit the model's trained
 /// length: a campaign cannot pass `--ctx`, so work that does not fit would fail every cell.
-/// Refinement campaigns count `prompt_tokens` over all their prompts, an upper bound of each
-/// one's work: their cells size each context themselves. A model not (yet) readable is the
+/// Refinement campaigns and sessions count `prompt_tokens` over all their prompts, an upper
+/// bound of each one's work: their cells size each context themselves. A model not (yet) readable is the
 /// models' check's to refuse.
 fn context(c: &Campaign, base: &Path) -> Option<Diagnostic> {
-    if c.refine.is_some() {
+    if c.refine.is_some() || c.workload.is_session() {
         return None;
     }
     let g = crate::gguf::Gguf::open_model(&base.join(&*c.model.path)).ok()?;

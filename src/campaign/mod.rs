@@ -482,6 +482,43 @@ analysis:
         }
     }
 
+    /// A workload names one prompt or a session's requests, each with its digest; `between`
+    /// belongs to a session's arms, and a session is not a refinement or a floor analysis.
+    #[test]
+    fn a_session_workload_names_its_requests_and_its_arms_what_carries_between_them() {
+        const PROMPT: &str =
+            "  prompt_file: p.txt\n  prompt_sha256: \"0000000000000000000000000000000000000000000000000000000000000000\"\n";
+        let zeros = "\"0000000000000000000000000000000000000000000000000000000000000000\"";
+        let requests = format!("  requests: r.jsonl\n  requests_sha256: {zeros}\n");
+        let session = GOOD.replacen(PROMPT, &requests, 1);
+        assert_ne!(session, GOOD);
+        let c = parse(&session.replacen("    source: d\n", "    source: d\n    between: cold\n", 1)).unwrap();
+        let input = c.workload.input().unwrap();
+        assert!(input.session && input.file.value == "r.jsonl" && c.workload.is_session());
+        // Plain and session workloads keep their digests: the new fields are left out when absent.
+        assert!(!spec::canonical(&parse(GOOD).unwrap()).unwrap().0.contains("requests"));
+        for (text, line, needle) in [
+            (GOOD.replacen(PROMPT, "", 1), 8, "name `prompt_file` (one prompt) or `requests` (a session)"),
+            (GOOD.replacen(PROMPT, &format!("{PROMPT}{requests}"), 1), 12, "not both"),
+            (session.replacen(&format!("  requests_sha256: {zeros}\n"), "", 1), 9, "workload.requests needs `requests_sha256`"),
+            (
+                GOOD.replacen("  prompt_sha256: \"0000000000000000000000000000000000000000000000000000000000000000\"\n", "", 1),
+                9,
+                "needs `prompt_sha256`",
+            ),
+            (
+                GOOD.replacen("    source: d\n", "    source: d\n    between: reset\n", 1),
+                19,
+                "sets `between`, but the workload names no `requests`",
+            ),
+        ] {
+            let d = diag(&text);
+            assert!(d.len() == 1 && d[0].line == line && d[0].message.contains(needle), "{needle}: {d:?}");
+        }
+        let d = diag(&session.replacen("    source: d\n", "    source: d\n    between: sometimes\n", 1));
+        assert!(d.iter().any(|d| d.message.contains("sometimes")), "{d:?}");
+    }
+
     /// Every count in the file is bounded by `bounds`, at its value.
     #[test]
     fn counts_are_bounded() {

@@ -151,13 +151,18 @@ fn validity(spec: &Campaign, cell: &CellSpec, staging: &Path, outcome: &CellOutc
                 }
                 // A refinement record counts the outputs of all its prompts.
                 let per = if spec.refine.is_some() { refine.and_then(|r| r.counts.as_ref()).map_or(0, |c| c.prompts as u64) } else { 1 };
-                let outputs = u64::from(*spec.workload.outputs) * per;
+                let outputs = match &rec {
+                    // A session's outputs are its requests' own.
+                    record::TypedRecord::Session(s) => s.requests.iter().map(|r| u64::from(r.n_predict)).sum(),
+                    _ => u64::from(*spec.workload.outputs) * per,
+                };
                 let generated = rec.generated_tokens().map(|n| n as u64);
                 if spec.workload.ignore_eos && generated != Some(outputs) {
                     problems.push(format!("{generated:?} outputs where {outputs} were preregistered"));
                 }
-                if let Some(prompt) = rec.surfaces().get("prompt") {
-                    if prompt.sha256 != spec.workload.prompt_sha256.0 {
+                let pinned = spec.workload.input().ok().filter(|i| !i.session).map(|i| i.sha256.0.as_str());
+                if let (Some(prompt), Some(pinned)) = (rec.surfaces().get("prompt"), pinned) {
+                    if prompt.sha256 != pinned {
                         problems.push("prompt bytes differ from the preregistered prompt".into());
                     }
                 }

@@ -213,15 +213,77 @@ fn default_refine_mode() -> RefineMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Workload {
-    /// Relative paths are taken from the campaign file's directory.
-    pub prompt_file: At<String>,
-    pub prompt_sha256: At<Sha256Hex>,
-    /// Expected prompt length in tokens; a record with another count is invalid.
+    /// One prompt, and its digest. Relative paths are taken from the campaign file's directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_file: Option<At<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_sha256: Option<At<Sha256Hex>>,
+    /// Instead of one prompt, a session's requests (JSON Lines, as `generate --requests` reads
+    /// them, prompts inline so that the file's digest covers them), and its digest: every
+    /// cell serves them in order through one process, as its arm's `between` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<At<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_sha256: Option<At<Sha256Hex>>,
+    /// Expected prompt length in tokens (a session's: over all its requests); a record with
+    /// another count is invalid.
     pub prompt_tokens: At<u32>,
-    /// Tokens to generate (greedy).
+    /// Tokens to generate (greedy); a session's requests that name no `n_predict` take it.
     pub outputs: At<u32>,
     /// Keep generating past end-of-generation tokens, so every cell has `outputs` outputs.
     pub ignore_eos: bool,
+}
+
+/// The file a workload names as its input and that file's pinned digest.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkloadInput<'a> {
+    pub file: &'a At<String>,
+    pub sha256: &'a At<Sha256Hex>,
+    /// A session's requests, not one prompt.
+    pub session: bool,
+}
+
+impl WorkloadInput<'_> {
+    /// The field that names the file, as a campaign file spells it.
+    pub fn field(&self) -> &'static str {
+        if self.session {
+            "workload.requests"
+        } else {
+            "workload.prompt_file"
+        }
+    }
+
+    /// The field that pins its digest.
+    pub fn digest_field(&self) -> &'static str {
+        if self.session {
+            "workload.requests_sha256"
+        } else {
+            "workload.prompt_sha256"
+        }
+    }
+}
+
+impl Workload {
+    /// The one prompt or the session's requests, with its digest: exactly one pair is given.
+    pub fn input(&self) -> Result<WorkloadInput<'_>, String> {
+        match (&self.prompt_file, &self.prompt_sha256, &self.requests, &self.requests_sha256) {
+            (Some(file), Some(sha256), None, None) => Ok(WorkloadInput { file, sha256, session: false }),
+            (None, None, Some(file), Some(sha256)) => Ok(WorkloadInput { file, sha256, session: true }),
+            (Some(_), _, Some(_), _) | (Some(_), _, _, Some(_)) | (_, Some(_), Some(_), _) | (_, Some(_), _, Some(_)) => {
+                Err("workload: give `prompt_file` (one prompt) or `requests` (a session), not both".into())
+            }
+            (Some(_), None, ..) => Err("workload.prompt_file needs `prompt_sha256`".into()),
+            (None, Some(_), ..) => Err("workload.prompt_sha256 needs `prompt_file`".into()),
+            (_, _, Some(_), None) => Err("workload.requests needs `requests_sha256`".into()),
+            (_, _, None, Some(_)) => Err("workload.requests_sha256 needs `requests`".into()),
+            (None, None, None, None) => Err("workload: name `prompt_file` (one prompt) or `requests` (a session)".into()),
+        }
+    }
+
+    /// Whether every cell is a session of requests.
+    pub fn is_session(&self) -> bool {
+        self.requests.is_some()
+    }
 }
 
 /// Expected build identity: the pinned engine tree and the patch series.
@@ -340,6 +402,11 @@ pub struct Arm {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warm: bool,
     /// Decode with a proposer, as `generate --draft`: the name of one of the campaign's
+    /// With a session workload (`workload.requests`): what carries from one request to the
+    /// next, as `generate --between` (`auto`, `reset`, `cold`, or `separate`: every request
+    /// a process of its own, a session's baseline). Absent: `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub between: Option<crate::session::BetweenMode>,
     /// `proposers`, whose greedy drafts the target checks `draft_max` at a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft: Option<String>,
@@ -638,6 +705,7 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     validate_oracle(c, &known, &mut out);
     out.extend(validate_refine(c));
     out.extend(validate_proposers(c));
+    out.extend(validate_session(c));
     if let Some(p) = c.analysis.as_ref().and_then(|a| a.pairs.as_ref()) {
         validate_pairs(p, &known, &mut out);
     }
@@ -673,6 +741,9 @@ fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
     let outputs = &c.workload.outputs;
     if outputs.value == 0 || outputs.value > crate::bounds::MAX_N_PREDICT {
         out.push(Diagnostic::at(outputs, format!("workload.outputs {}: expected 1..={}", outputs.value, crate::bounds::MAX_N_PREDICT)));
+    }
+    if let Err(e) = c.workload.input() {
+        out.push(Diagnostic::at(outputs, e));
     }
     let prompt_tokens = &c.workload.prompt_tokens;
     if prompt_tokens.value == 0 || prompt_tokens.value > crate::bounds::MAX_PROMPT_TOKENS {
@@ -977,6 +1048,30 @@ fn validate_proposers(c: &Campaign) -> Vec<Diagnostic> {
                     how(&o.draft, o.draft_max)
                 ),
             ));
+        }
+    }
+    out
+}
+
+/// `between` belongs to a session workload's arms; a session is not one run whose decode a
+/// floor analysis reads, nor a refinement's prompts.
+fn validate_session(c: &Campaign) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let Some(requests) = &c.workload.requests else {
+        for a in c.arms.iter().filter(|a| a.between.is_some()) {
+            out.push(Diagnostic::at(&a.id, format!("arm `{}` sets `between`, but the workload names no `requests`", a.id.value)));
+        }
+        return out;
+    };
+    if c.refine.is_some() {
+        out.push(Diagnostic::at(requests, "workload.requests: a refinement campaign refines `prompt_file`'s prompts, not a session"));
+    }
+    let analysis = c.analysis.as_ref();
+    for (name, set) in
+        [("floor", analysis.is_some_and(|a| a.floor.is_some())), ("prefill_floor", analysis.is_some_and(|a| a.prefill_floor.is_some()))]
+    {
+        if set {
+            out.push(Diagnostic::at(requests, format!("analysis.{name} reads one run's steps; a session's cells are many runs")));
         }
     }
     out

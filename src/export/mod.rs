@@ -8,6 +8,8 @@
 //! Files written to the output directory:
 //! - `cells.csv`: one row per cell (identity, arm, block, order, state, times, bytes, peaks,
 //!   events, validity, exactness, admission);
+//! - `requests.csv` (session campaigns): one row per request of every sealed session (its
+//!   place, id, outcome, tokens, times, bytes, hits, epoch, scores, record digest);
 //! - `pairs.csv`: one row per block holding both arms of `analysis.pairs` (a, b, b/a);
 //! - `pairs_summary.csv`: the paired geometric ratio and its paired-log t interval;
 //! - `pairs.svg`, `pairs.png`: the pair ratios with the overall ratio and interval;
@@ -673,6 +675,13 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
     let cells_csv = out.join("cells.csv");
     write_table(&cells_csv, &rows)?;
     files.push(cells_csv);
+    if spec.workload.is_session() {
+        let rows: Vec<tables::RequestRow> =
+            cells.iter().filter_map(|c| Some(tables::RequestRow::of(c, sealed.get(&c.key)?))).flatten().collect();
+        let requests_csv = out.join("requests.csv");
+        write_table(&requests_csv, &rows)?;
+        files.push(requests_csv);
+    }
 
     let analysis = spec.analysis.as_ref();
     let (pairs, summary) = match analysis.and_then(|a| a.pairs.as_ref()) {

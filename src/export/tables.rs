@@ -116,6 +116,79 @@ pub(super) struct CellRow {
     accepted: Option<u64>,
     #[serde(serialize_with = "shown::opt")]
     expert_bytes_per_output: Option<f64>,
+    // Sessions (`workload.requests`): what carried between requests, how many ran, their
+    // request+reset wall time and the mean task scores.
+    between: Option<&'static str>,
+    requests: Option<usize>,
+    #[serde(serialize_with = "shown::opt")]
+    requests_wall_s: Option<f64>,
+    scored: Option<u64>,
+    #[serde(serialize_with = "shown::opt")]
+    f1: Option<f64>,
+    #[serde(serialize_with = "shown::opt")]
+    exact_match: Option<f64>,
+}
+
+/// `requests.csv` (session campaigns): one row per request of every sealed session.
+#[derive(Serialize, Default)]
+pub(super) struct RequestRow {
+    cell: String,
+    arm: String,
+    block: usize,
+    record: String,
+    between: Option<&'static str>,
+    place: usize,
+    id: String,
+    outcome: &'static str,
+    n_predict: u32,
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    #[serde(serialize_with = "shown::f64")]
+    between_s: f64,
+    #[serde(serialize_with = "shown::f64")]
+    wall_s: f64,
+    read_bytes: Option<u64>,
+    hits: Option<u64>,
+    misses: Option<u64>,
+    epoch: Option<u64>,
+    #[serde(serialize_with = "shown::opt")]
+    f1: Option<f64>,
+    #[serde(serialize_with = "shown::opt")]
+    exact_match: Option<f64>,
+    request_record_sha256: String,
+}
+
+impl RequestRow {
+    /// The rows of a sealed session's requests, in order.
+    pub(super) fn of(cell: &CellSpec, sealed: &Sealed) -> Vec<RequestRow> {
+        let Some(TypedRecord::Session(s)) = &sealed.record else { return Vec::new() };
+        s.requests
+            .iter()
+            .enumerate()
+            .map(|(place, r)| RequestRow {
+                cell: cell.key.clone(),
+                arm: cell.arm.id.value.clone(),
+                block: cell.block,
+                record: sealed.digest.clone(),
+                between: s.between.map(crate::session::Between::name),
+                place,
+                id: r.id.clone(),
+                outcome: r.outcome.name(),
+                n_predict: r.n_predict,
+                prompt_tokens: r.prompt_tokens,
+                generated_tokens: r.generated_tokens,
+                between_s: r.between_s,
+                wall_s: r.wall_s,
+                read_bytes: r.served.map(|v| v.read_bytes),
+                hits: r.served.map(|v| v.hits),
+                misses: r.served.map(|v| v.misses),
+                epoch: r.served.map(|v| v.epoch),
+                f1: r.score.map(|v| v.f1),
+                exact_match: r.score.map(|v| v.exact_match),
+                request_record_sha256: r.record_sha256.clone(),
+            })
+            .collect()
+    }
 }
 
 impl CellRow {
@@ -139,6 +212,11 @@ impl CellRow {
         let best = sealed.and_then(Sealed::envelope).and_then(|e| e.best.as_ref());
         let t = doc.map(|d| &d.outcome.telemetry);
         let fault = doc.and_then(|d| d.fault.as_ref()).map(|f| &f.validation);
+        let session = match rec {
+            Some(TypedRecord::Session(s)) => Some(s),
+            _ => None,
+        };
+        let scores = session.and_then(|s| s.scores);
         CellRow {
             campaign: c.id.value.clone(),
             campaign_sha256: digest.to_string(),
@@ -165,7 +243,10 @@ impl CellRow {
             exact: doc.and_then(|d| d.oracle.exact),
             admission: doc.and_then(|d| d.admission.passed),
             wall_s: doc.map(|d| d.outcome.wall_s),
-            load_s: s(timing.map(|t| t.load_s).or(refine.and_then(|r| r.timing.as_ref()).map(|t| t.load_s))),
+            load_s: s(timing
+                .map(|t| t.load_s)
+                .or(refine.and_then(|r| r.timing.as_ref()).map(|t| t.load_s))
+                .or(session.and_then(|s| s.timing).map(|t| t.load_s))),
             prefill_s: s(timing.map(|t| t.prefill_s)),
             decode_s: s(timing.map(|t| t.decode_s)),
             prefill_tokens_per_s: s(timing.map(|t| t.prefill_tokens_per_s)),
@@ -203,6 +284,12 @@ impl CellRow {
             drafted: speculative.map(|r| r.drafted),
             accepted: speculative.map(|r| r.accepted),
             expert_bytes_per_output: speculative.and_then(|r| r.expert_bytes_per_output),
+            between: session.and_then(|s| s.between).map(crate::session::Between::name),
+            requests: session.map(|s| s.requests.len()),
+            requests_wall_s: session.and_then(|s| s.timing).map(|t| t.requests_wall_s),
+            scored: scores.map(|a| a.scored),
+            f1: scores.map(|a| a.f1),
+            exact_match: scores.map(|a| a.exact_match),
         }
     }
 }

@@ -202,6 +202,7 @@ fn serve_request(
         record: dir,
         record_sha256: crate::util::sha256_file(&committed.join("record.json"))?,
         outcome,
+        n_predict: r.n_predict,
         prompt_tokens,
         generated_tokens,
         between_s,

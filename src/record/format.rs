@@ -758,6 +758,8 @@ pub struct RequestEntry {
     pub record: String,
     pub record_sha256: String,
     pub outcome: Outcome,
+    /// The outputs it asked for.
+    pub n_predict: u32,
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
     /// Readying the source before it (none for the first), and that plus its decoding.

@@ -71,7 +71,7 @@ fn scaled_bench(outputs: u32) -> (tempfile::TempDir, PathBuf) {
 }
 
 /// A campaign's text with its `build:` block naming this build's engine tree and patches.
-fn with_this_build(text: &str) -> String {
+pub fn with_this_build(text: &str) -> String {
     let v: Value = serde_json::from_str(&ok(&["build-info", "--json"]).stdout).unwrap();
     let e = &v["engine"];
     let mut build = format!("build:\n  engine_tree_sha256: {}\n  patches:", e["tree_sha256"].as_str().unwrap());

@@ -394,3 +394,123 @@ fn generate_requests_serves_a_session_that_compares_request_by_request() {
         assert!(sovereign::oracle::compare(&resident, &rec).unwrap().iter().all(|c| c.is_exact()));
     }
 }
+
+/// `DIR/campaigns/bench-session.yaml`: the shipped session campaign on a forged stand-in for
+/// its model, 4 slots and 4 outputs a request, with this build's identity.
+fn session_campaign(dir: &Path) -> PathBuf {
+    use crate::common::forge;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let models = dir.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let model = forge(&models, "bench.gguf", 1, &["--alignment", "4096"]);
+    let mut text = std::fs::read_to_string(root.join("campaigns/bench-session.yaml")).unwrap();
+    let subs = [
+        ("971ca7bfa1e0d9df8942bb2e6645e8df78e8620ccfb6e68a1c04dbb790049aea", sovereign::util::sha256_file(&model).unwrap()),
+        ("  forge: { preset: bench, seed: 1 }\n", String::new()),
+        ("outputs: 16", "outputs: 4".into()),
+        ("horizon: 16", "horizon: 4".into()),
+        ("id: bench-session-1", "id: session-tiny".into()),
+    ];
+    for (from, to) in subs {
+        assert!(text.contains(from), "campaigns/bench-session.yaml no longer holds {from:?}");
+        text = text.replacen(from, &to, 1);
+    }
+    let text = text.replace("slots: 16", "slots: 4").replace("\"lru:16\"", "\"lru:4\"");
+    let text = crate::bench::with_this_build(&text);
+    let c = dir.join("campaigns");
+    std::fs::create_dir_all(c.join("prompts")).unwrap();
+    std::fs::copy(root.join("campaigns/prompts/session.jsonl"), c.join("prompts/session.jsonl")).unwrap();
+    let file = c.join("bench-session.yaml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+/// A session campaign's requests are checked before anything runs: their digest, every line as
+/// `generate --requests` reads it, and every prompt inline (a prompt file would escape the
+/// pinned digest).
+#[test]
+fn a_session_campaign_refuses_requests_its_digest_does_not_cover() {
+    use crate::common::run;
+    let t = tempfile::tempdir().unwrap();
+    let file = session_campaign(t.path());
+    let f = file.to_str().unwrap();
+    ok(&["campaign", "check", f]);
+    let requests = t.path().join("campaigns/prompts/session.jsonl");
+    let good = std::fs::read_to_string(&requests).unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let pinned = sovereign::util::sha256(good.as_bytes());
+    for (lines, says) in [
+        (format!("{good}{{\"id\": \"extra\", \"prompt_file\": \"p.txt\"}}\n"), "names a prompt_file"),
+        (format!("{good}{{\"id\": \"extra\", \"promt\": \"x\"}}\n"), "session.jsonl:9"),
+        (good.replacen("plan-1", "cgroup-1", 1), "session.jsonl:2: request id \"cgroup-1\" is already used on line 1"),
+    ] {
+        std::fs::write(t.path().join("campaigns/prompts/p.txt"), "a prompt").unwrap();
+        std::fs::write(&requests, &lines).unwrap();
+        // With the digest of the file as changed: the lines themselves are refused.
+        std::fs::write(&file, text.replace(&pinned, &sovereign::util::sha256(lines.as_bytes()))).unwrap();
+        let r = run(&["campaign", "check", f]);
+        assert!(r.code != 0 && (r.stderr.contains(says) || r.stdout.contains(says)), "{says}: {}{}", r.stdout, r.stderr);
+        // With the old digest: refused for the digest, naming the field.
+        std::fs::write(&file, &text).unwrap();
+        let r = run(&["campaign", "check", f]);
+        assert!(r.code != 0 && (r.stderr + &r.stdout).contains("workload.requests_sha256"), "{says}");
+    }
+}
+
+/// The shipped session campaign on a forged stand-in for its model (4 slots, 4 outputs a
+/// request, this build's identity): every session (reset, cold, separate) is exact against the
+/// resident session request by request; `requests.csv` has a row per request of every cell;
+/// the pair is the sessions' request+reset wall time; the claim verifies and replays.
+#[test]
+fn the_shipped_session_campaign_runs_sessions_against_separate_runs_and_exports_each_request() {
+    use crate::common::anchored_claim;
+    if !crate::common::cgroups_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let file = session_campaign(t.path());
+    let (f, results, out) = (file.to_str().unwrap(), t.path().join("results"), t.path().join("export"));
+    let (results, out) = (results.to_str().unwrap(), out.to_str().unwrap());
+    ok(&["campaign", "run", f, "--results", results, "--no-progress"]);
+    let exported = ok(&["export", "--campaign", "session-tiny", "--results", results, "--out", out]);
+    let table = |name: &str| -> (csv::StringRecord, Vec<csv::StringRecord>) {
+        let mut rd = csv::Reader::from_path(Path::new(out).join(name)).unwrap();
+        (rd.headers().unwrap().clone(), rd.records().map(Result::unwrap).collect())
+    };
+    let (h, cells) = table("cells.csv");
+    let col = |h: &csv::StringRecord, n: &str| h.iter().position(|c| c == n).unwrap_or_else(|| panic!("{n} in {h:?}"));
+    assert_eq!(cells.len(), 10);
+    for row in &cells {
+        let arm = &row[col(&h, "arm")];
+        assert_eq!(&row[col(&h, "status")], "completed", "{arm}: {}", &row[col(&h, "error")]);
+        assert_eq!(&row[col(&h, "valid")], "true", "{arm}");
+        assert_eq!(&row[col(&h, "requests")], "8", "{arm}");
+        assert_eq!(&row[col(&h, "prompt_tokens")], "2784", "{arm}");
+        assert_eq!(&row[col(&h, "generated_tokens")], "32", "{arm}");
+        assert_eq!(&row[col(&h, "scored")], "8", "{arm}");
+        if arm != "resident" {
+            assert_eq!(&row[col(&h, "exact")], "true", "{arm}: every request, every surface");
+            assert_eq!(&row[col(&h, "admission")], "true", "{arm}");
+            assert_eq!(&row[col(&h, "between")], arm);
+        }
+    }
+    let (rh, requests) = table("requests.csv");
+    assert_eq!(requests.len(), 80, "eight requests of ten sessions");
+    for arm in ["reset", "cold", "separate"] {
+        let rows: Vec<&csv::StringRecord> = requests.iter().filter(|r| &r[col(&rh, "arm")] == arm).collect();
+        assert_eq!(rows.len(), 24);
+        let epochs: Vec<&str> = rows.iter().take(8).map(|r| &r[col(&rh, "epoch")]).collect();
+        let want: Vec<String> = (0..8).map(|i| if arm == "separate" { "0".to_string() } else { i.to_string() }).collect();
+        assert_eq!(epochs, want, "{arm}: one reset before each request after the first, in one Plan");
+        assert!(rows.iter().all(|r| r[col(&rh, "read_bytes")].parse::<u64>().unwrap() > 0 && !r[col(&rh, "f1")].is_empty()));
+    }
+    // The pair: request+reset wall time of the session over the separate runs', per block.
+    let (ph, pairs) = table("pairs_summary.csv");
+    assert_eq!(&pairs[0][col(&ph, "metric_pointer")], "/timing/requests_wall_s");
+    assert_eq!(&pairs[0][col(&ph, "n")], "3");
+    let claim = anchored_claim(&exported.stdout, "session-tiny");
+    let ledger = Path::new(out).join("claims.json");
+    let l = ledger.to_str().unwrap();
+    assert!(ok(&["verify", "--claim", &claim, "--ledger", l, "--results", results]).stdout.contains("verify passed"));
+    assert!(ok(&["replay", "--claim", &claim, "--ledger", l, "--results", results]).stdout.contains("replay passed"));
+}
