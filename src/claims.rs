@@ -108,6 +108,51 @@ pub enum Replay {
     Admission { records: Vec<String>, expect: Vec<Option<bool>> },
     /// A fault cell's validation, recomputed from its record and its control's.
     Fault { record: String, cell: FaultCell, control: Option<String>, expect: Verdict },
+    /// A prespecified criterion: `mean(b) - mean(a) >= min_difference` over the records'
+    /// `metric`, stated whether it held or not.
+    Criterion { a: Vec<String>, b: Vec<String>, metric: Operand, min_difference: f64, expect: CriterionExpect },
+}
+
+/// What a criterion gave: each side's mean and whether it held.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CriterionExpect {
+    pub mean_a: f64,
+    pub mean_b: f64,
+    pub holds: bool,
+    pub tolerance: f64,
+}
+
+impl CriterionExpect {
+    /// The criterion over each side's values (none: no mean, an error).
+    pub fn of(a: &[f64], b: &[f64], min_difference: f64) -> Result<CriterionExpect> {
+        let mean = |v: &[f64], side: &str| -> Result<f64> {
+            if v.is_empty() || v.iter().any(|x| !x.is_finite()) {
+                bail!("criterion: arm {side} has no finite value to average ({} values)", v.len());
+            }
+            Ok(v.iter().sum::<f64>() / v.len() as f64)
+        };
+        let (mean_a, mean_b) = (mean(a, "a")?, mean(b, "b")?);
+        Ok(CriterionExpect { mean_a, mean_b, holds: mean_b - mean_a >= min_difference, tolerance: 1e-9 })
+    }
+
+    /// `mean_b - mean_a = d >= min: held` as the ledger and reports show it.
+    pub fn show(&self, min_difference: f64) -> String {
+        format!(
+            "{:.6} - {:.6} = {:.6} >= {min_difference}: {}",
+            self.mean_b,
+            self.mean_a,
+            self.mean_b - self.mean_a,
+            if self.holds { "holds" } else { "does not hold" }
+        )
+    }
+}
+
+/// The criterion recomputed from the records' own values.
+pub fn criterion(recs: &mut Records, a: &[String], b: &[String], metric: &Operand, min_difference: f64) -> Result<CriterionExpect> {
+    let values = |recs: &mut Records, side: &[String]| side.iter().map(|x| recs.number(x, metric)).collect::<Result<Vec<f64>>>();
+    let (va, vb) = (values(recs, a)?, values(recs, b)?);
+    CriterionExpect::of(&va, &vb, min_difference)
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -452,10 +497,18 @@ fn replayed_values(recs: &mut Records) -> Vec<f64> {
     let mut out = Vec::new();
     let claim = recs.claim;
     for rp in &claim.replay {
-        if let Replay::PairedRatio { pairs, metric, level, .. } = rp {
-            if let Ok(p) = paired(recs, pairs, metric, *level) {
-                out.extend([Some(p.ratio), p.lo, p.hi].into_iter().flatten());
+        match rp {
+            Replay::PairedRatio { pairs, metric, level, .. } => {
+                if let Ok(p) = paired(recs, pairs, metric, *level) {
+                    out.extend([Some(p.ratio), p.lo, p.hi].into_iter().flatten());
+                }
             }
+            Replay::Criterion { a, b, metric, min_difference, .. } => {
+                if let Ok(k) = criterion(recs, a, b, metric, *min_difference) {
+                    out.extend([k.mean_b, k.mean_a, k.mean_b - k.mean_a, *min_difference]);
+                }
+            }
+            Replay::Exactness { .. } | Replay::Admission { .. } | Replay::Fault { .. } => {}
         }
     }
     out
@@ -761,6 +814,18 @@ pub fn replay(ledger_path: &Path, id: &str, results: &Path, how: Checking) -> Re
                 }
             }
             Replay::Fault { record, cell, control, expect } => fault_item(&mut r, &recs, record, *cell, control.as_deref(), expect),
+            Replay::Criterion { a, b, metric, min_difference, expect } => {
+                let what = format!("criterion {}{}: mean over {} records less mean over {}", metric.file, metric.pointer, b.len(), a.len());
+                match criterion(&mut recs, a, b, metric, *min_difference) {
+                    Ok(got) => {
+                        let ok = close(got.mean_a, expect.mean_a, expect.tolerance)
+                            && close(got.mean_b, expect.mean_b, expect.tolerance)
+                            && got.holds == expect.holds;
+                        r.push(what, ok, format!("recomputed {} vs stated {}", got.show(*min_difference), expect.show(*min_difference)));
+                    }
+                    Err(e) => r.push(what, false, format!("{e:#}")),
+                }
+            }
         }
     }
     unvalidated_faults(&mut r, &recs);
@@ -814,6 +879,17 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_criterion_is_judged_when_it_fails_and_refused_without_values() {
+        let k = CriterionExpect::of(&[0.5, 0.7], &[0.55, 0.6], -0.01).unwrap();
+        assert_eq!((k.mean_a, k.mean_b, k.holds), (0.6, 0.575, false));
+        assert!(k.show(-0.01).ends_with("does not hold"), "{}", k.show(-0.01));
+        assert!(CriterionExpect::of(&[0.5, 0.7], &[0.55, 0.6], -0.03).unwrap().holds);
+        assert!(CriterionExpect::of(&[0.2], &[0.2], 0.0).unwrap().holds, "a difference of 0 meets 0");
+        assert!(CriterionExpect::of(&[], &[0.2], 0.0).unwrap_err().to_string().contains("arm a has no finite value"));
+        assert!(CriterionExpect::of(&[0.2], &[f64::NAN], 0.0).is_err());
+    }
 
     #[test]
     fn statements_state_only_replayed_values() {

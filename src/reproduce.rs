@@ -584,6 +584,19 @@ fn overlap(a: (Option<f64>, Option<f64>), b: (Option<f64>, Option<f64>)) -> bool
 
 fn judge_replay(rp: &Replay, old: &mut Records, new: &mut Records) -> Vec<Judged> {
     match rp {
+        Replay::Criterion { a, b, metric, min_difference, expect } => {
+            let (holds, reproduced) = match claims::criterion(new, a, b, metric, *min_difference) {
+                Ok(got) => (got.holds == expect.holds, got.show(*min_difference)),
+                Err(e) => (false, format!("{e:#}")),
+            };
+            vec![Judged {
+                kind: "criterion",
+                what: format!("criterion {}{}", metric.file, metric.pointer),
+                original: expect.show(*min_difference),
+                reproduced,
+                holds,
+            }]
+        }
         Replay::Fault { record, cell, control, expect } => {
             let mut r = claims::Report { claim: String::new(), statement: String::new(), ok: true, items: Vec::new() };
             claims::fault_item(&mut r, new, record, *cell, control.as_deref(), expect);

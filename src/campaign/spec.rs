@@ -588,6 +588,23 @@ pub struct Analysis {
     /// Arms' prefill time against its floor, per block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_floor: Option<PrefillFloorAnalysis>,
+    /// A prespecified criterion on a recorded number (a session's task score, say), judged by
+    /// `export` and by the claim's `replay` like any assertion, when it fails too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub criterion: Option<CriterionAnalysis>,
+}
+
+/// `mean(b) - mean(a) >= min_difference`, the means of `metric` over each arm's completed
+/// cells: for example `{ a: separate, b: reset, metric: { pointer: /scores/f1 },
+/// min_difference: -0.01 }`, "the session's aggregate F1 is at least the separate runs' less
+/// 0.01".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CriterionAnalysis {
+    pub a: At<String>,
+    pub b: At<String>,
+    pub metric: Operand,
+    pub min_difference: f64,
 }
 
 /// Per block, the floor of an arm's prefill is max(the `compute` arm's prefill seconds (a
@@ -714,6 +731,12 @@ pub fn validate(c: &Campaign) -> Vec<Diagnostic> {
     }
     if let Some(f) = c.analysis.as_ref().and_then(|a| a.prefill_floor.as_ref()) {
         validate_prefill_floor(c, f, &known, &mut out);
+    }
+    if let Some(k) = c.analysis.as_ref().and_then(|a| a.criterion.as_ref()) {
+        known.all([&k.a, &k.b], "analysis.criterion", &mut out);
+        if !k.min_difference.is_finite() {
+            out.push(Diagnostic::at(&k.a, "analysis.criterion.min_difference must be a finite number"));
+        }
     }
     if let Some(w) = c.analysis.as_ref().and_then(|a| a.wall.as_ref()) {
         known.all(std::iter::once(&w.baseline), "analysis.wall.baseline", &mut out);

@@ -174,6 +174,19 @@ pub fn export(a: ExportArgs) -> Result<ExitCode> {
             s.prefill_invalid.join("; ")
         );
     }
+    if let Some(k) = &s.criterion {
+        let a = &k.analysis;
+        let what =
+            format!("criterion mean {}{} of {} less {}'s >= {}", a.metric.file, a.metric.pointer, a.b.value, a.a.value, a.min_difference);
+        match &k.judged {
+            Ok(e) => println!("{what}: {}", e.show(a.min_difference)),
+            Err(e) => {
+                // A criterion that cannot be judged is a failed analysis, not a result.
+                eprintln!("error: {what}: not judged: {e}");
+                return Ok(ExitCode::from(1));
+            }
+        }
+    }
     if !s.floor_invalid.is_empty() {
         // An impossible figure is a failed measurement, not a result.
         eprintln!("error: ratio to floor: invalid measurement ({} blocks): {}", s.floor_invalid.len(), s.floor_invalid.join("; "));

@@ -20,12 +20,14 @@
 //!   values as computed now, every fault cell's validation included), ready for `verify` /
 //!   `replay`.
 
+mod criterion;
 mod figure;
 mod prefill;
 mod refine;
 mod tables;
 pub mod timeline;
 
+pub use criterion::CriterionResult;
 pub use figure::envelope as envelope_figure;
 pub use figure::{curves as curves_figure, Curve};
 pub use prefill::PrefillSummary;
@@ -71,6 +73,8 @@ pub struct ExportSummary {
     pub prefill_invalid: Vec<String>,
     /// One row per arm: the bench table.
     pub arms: Vec<ArmRow>,
+    /// `analysis.criterion`, judged.
+    pub criterion: Option<CriterionResult>,
     pub files: Vec<PathBuf>,
     /// Each drafted claim as `ID@DIGEST`: what `verify` and `replay` take to refuse a claim
     /// changed after it was published.
@@ -715,10 +719,17 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
         files.extend(refine::write(out, &title, &cells, &sealed)?);
     }
     write_timelines(out, results, &cells, &sealed, &mut files)?;
+    let criterion = match analysis.and_then(|a| a.criterion.as_ref()) {
+        Some(k) => {
+            files.push(out.join("criterion.csv"));
+            Some(criterion::judge(out, k, &cells, &sealed)?)
+        }
+        None => None,
+    };
 
     // A draft claim ledger: what the records say now, for `verify` and `replay` later.
     let ledger_pairs: Vec<(String, String)> = pairs.iter().map(|r| (r.a_cell.clone(), r.b_cell.clone())).collect();
-    let ledger = draft_ledger(results, &spec, &cells, &sealed, &ledger_pairs, summary.as_ref());
+    let ledger = draft_ledger(results, &spec, &cells, &sealed, &ledger_pairs, summary.as_ref(), criterion.as_ref());
     let lpath = out.join("claims.json");
     std::fs::write(&lpath, serde_json::to_string_pretty(&ledger)? + "\n")?;
     files.push(lpath);
@@ -738,6 +749,7 @@ pub fn export(results: &Path, id: &str, out: &Path) -> Result<ExportSummary> {
         prefill: prefill.arms,
         prefill_invalid: prefill.invalid,
         arms,
+        criterion,
         files,
         claims,
         ledger,
@@ -751,6 +763,7 @@ fn draft_ledger(
     sealed: &BTreeMap<String, Sealed>,
     pairs: &[(String, String)],
     summary: Option<&PairedRatio>,
+    criterion: Option<&CriterionResult>,
 ) -> Ledger {
     let id = &spec.id.value;
     let records: BTreeMap<String, String> = sealed.iter().map(|(k, v)| (k.clone(), v.digest.clone())).collect();
@@ -837,6 +850,7 @@ fn draft_ledger(
         faults.push((c.key.clone(), expect.clone()));
         replay.push(Replay::Fault { record: c.key.clone(), cell: f, control, expect });
     }
+    let judged = criterion.map_or(String::new(), |k| k.stated(&mut replay));
     let statement = match summary {
         Some(s) => format!(
             "campaign {id}: {} cells sealed; paired {}/{} ratio {:.6}{}",
@@ -850,7 +864,8 @@ fn draft_ledger(
             }
         ),
         None => format!("campaign {id}: {} cells sealed", sealed.len()),
-    } + &fault_statement(&faults);
+    } + &judged
+        + &fault_statement(&faults);
     let mut claims = BTreeMap::new();
     claims.insert(id.clone(), Claim { statement, records, assertions, replay });
     Ledger { format: LEDGER_FORMAT.into(), claims }

@@ -508,9 +508,25 @@ fn the_shipped_session_campaign_runs_sessions_against_separate_runs_and_exports_
     let (ph, pairs) = table("pairs_summary.csv");
     assert_eq!(&pairs[0][col(&ph, "metric_pointer")], "/timing/requests_wall_s");
     assert_eq!(&pairs[0][col(&ph, "n")], "3");
+    // The criterion: the sessions' mean F1 against the separate runs', judged and stated.
+    let (kh, k) = table("criterion.csv");
+    assert_eq!((&k[0][col(&kh, "difference")], &k[0][col(&kh, "holds")], &k[0][col(&kh, "b_cells")]), ("0", "true", "3"));
+    assert!(exported.stdout.contains("criterion mean record.json/scores/f1 of reset less separate's >= -0.01"), "{}", exported.stdout);
     let claim = anchored_claim(&exported.stdout, "session-tiny");
     let ledger = Path::new(out).join("claims.json");
     let l = ledger.to_str().unwrap();
     assert!(ok(&["verify", "--claim", &claim, "--ledger", l, "--results", results]).stdout.contains("verify passed"));
-    assert!(ok(&["replay", "--claim", &claim, "--ledger", l, "--results", results]).stdout.contains("replay passed"));
+    let replayed = ok(&["replay", "--claim", &claim, "--ledger", l, "--results", results]).stdout;
+    assert!(replayed.contains("replay passed") && replayed.contains("criterion record.json/scores/f1"), "{replayed}");
+    // A criterion stated otherwise than the records give fails the replay.
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let replay = v["claims"]["session-tiny"]["replay"].as_array_mut().unwrap();
+    let k = replay.iter_mut().find_map(|r| r.get_mut("criterion")).expect("the claim states the criterion");
+    k["expect"]["holds"] = false.into();
+    let forged = Path::new(out).join("forged.json");
+    std::fs::write(&forged, serde_json::to_string(&v).unwrap()).unwrap();
+    let f = forged.to_str().unwrap();
+    let r = crate::common::run(&["replay", "--claim", "session-tiny", "--unanchored", "--ledger", f, "--results", results]);
+    assert!(r.code != 0 && r.stdout.contains("criterion"), "{}{}", r.stdout, r.stderr);
 }
