@@ -518,6 +518,24 @@ fn the_shipped_session_campaign_runs_sessions_against_separate_runs_and_exports_
     assert!(ok(&["verify", "--claim", &claim, "--ledger", l, "--results", results]).stdout.contains("verify passed"));
     let replayed = ok(&["replay", "--claim", &claim, "--ledger", l, "--results", results]).stdout;
     assert!(replayed.contains("replay passed") && replayed.contains("criterion record.json/scores/f1"), "{replayed}");
+    // Reproduced from the claim's pinned identity: every session again, bitwise, request by
+    // request; the criterion, exactness and admission hold again (timings may move).
+    let repro = t.path().join("repro");
+    let (c, r) = (repro.to_str().unwrap(), file.to_str().unwrap());
+    let args = ["reproduce", "--claim", &claim, "--ledger", l, "--results", results, "--out", c, "--campaign", r, "--json"];
+    let v: serde_json::Value = serde_json::from_str(&crate::common::run(&args).stdout).unwrap();
+    let report = &v["report"];
+    let records = report["records"].as_array().unwrap();
+    assert_eq!(records.len(), 10, "{report:#}");
+    for p in records {
+        let surfaces = p["surfaces"].as_object().unwrap();
+        assert_eq!(surfaces.len(), 32, "four surfaces of eight requests: {p}");
+        assert!(surfaces.values().all(|x| x == "exact"), "{p}");
+    }
+    for a in report["assertions"].as_array().unwrap().iter().filter(|a| a["kind"] != "timing") {
+        assert_eq!(a["holds"], true, "{a}");
+    }
+    assert!(report["assertions"].as_array().unwrap().iter().any(|a| a["kind"] == "criterion"), "{report:#}");
     // A criterion stated otherwise than the records give fails the replay.
     let text = std::fs::read_to_string(&ledger).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
