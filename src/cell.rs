@@ -445,7 +445,6 @@ fn run_generate(g: &GenerateCell) -> Result<Done> {
         // A budget sizes the Plan for the request with the longest prompt and the most outputs.
         let prompt = requests.iter().map(|r| &r.prompt).max_by_key(|p| p.len()).cloned().unwrap_or_default();
         let most = requests.iter().map(|r| r.n_predict).max().unwrap_or(0);
-        let first = requests.first().map_or(0, |r| r.n_predict);
         let spec = generate::session::SessionSpec {
             model: g.model.clone(),
             requests,
@@ -455,7 +454,7 @@ fn run_generate(g: &GenerateCell) -> Result<Done> {
             record: g.record.clone(),
             seal: g.seal,
         };
-        let make = expert_source(g.model.clone(), plan, g.exec, prompt, most, first.saturating_sub(1));
+        let make = expert_source(g.model.clone(), plan, g.exec, prompt, most);
         let session = Box::new(generate::session::run_with(&spec, make)?);
         return Ok(Done::Session { record: g.record.clone(), session });
     }
@@ -469,8 +468,9 @@ fn run_generate(g: &GenerateCell) -> Result<Done> {
         record: g.record.clone(),
         seal: g.seal,
     };
-    let make = expert_source(g.model.clone(), plan, g.exec, spec.prompt.clone(), g.n_predict, g.n_predict.saturating_sub(1));
-    Ok(Done::Generate(generate::run_with(&spec, make)?))
+    let make = expert_source(g.model.clone(), plan, g.exec, spec.prompt.clone(), g.n_predict);
+    let n_decode = g.n_predict.saturating_sub(1);
+    Ok(Done::Generate(generate::run_with(&spec, move |inv: &Inventory| make(inv, None, n_decode))?))
 }
 
 /// A session whose every request runs in a worker process of its own, one after another: a
@@ -485,9 +485,17 @@ fn run_separate(g: &GenerateCell, requests: &[crate::session::Request]) -> Resul
     for (i, r) in requests.iter().enumerate() {
         let place = format!("requests/{i:04}");
         let prompt = String::from_utf8(r.prompt.clone()).with_context(|| format!("request {:?}: the prompt is not UTF-8", r.id))?;
+        let experts = match (&g.experts, r.fault) {
+            (e, crate::source::fault::FaultCell::None) => e.clone(),
+            (Experts::Plan(o), fault) => Experts::Plan(PlanOptions { fault, ..o.clone() }),
+            (_, fault) => {
+                bail!("request {:?} names the fault cell {fault:?}: fault cells perturb a Plan's reads, and this session has none", r.id)
+            }
+        };
         let cell = Cell::Generate(GenerateCell {
             prompt: Prompt::Text(prompt),
             n_predict: r.n_predict,
+            experts,
             record: staging.dir().join(&place),
             seal: g.seal,
             ..g.clone()
@@ -548,28 +556,34 @@ fn run_separate(g: &GenerateCell, requests: &[crate::session::Request]) -> Resul
 }
 
 /// What builds a run's expert source once the model's inventory is known: none for a resident
-/// run, else a Plan (its slots and policy sized by a probe load first where a budget is left
-/// to size them, for `prompt` and `n_predict`) expecting `n_decode` tokens after its prompt.
+/// run, else a Plan (its slots and policy sized by a probe load first, once, where a budget is
+/// left to size them, for `prompt` and `n_predict`) with `fault` where given (else its own
+/// cell), expecting `n_decode` tokens after its prompt. A session builds one per Plan it runs.
 fn expert_source(
     model: PathBuf,
     plan: Option<PlanOptions>,
     exec: ExecRequest,
     prompt: Vec<u8>,
     n_predict: u32,
-    n_decode: u32,
-) -> impl FnOnce(&Inventory) -> Result<Option<Box<dyn ExpertSource>>> {
-    move |inv: &Inventory| match plan {
-        None => Ok(None),
-        Some(o) => {
-            let (o, sized) = match o.budget {
-                Some(b) => {
-                    let (o, s) = crate::budget::size(&model, inv, &o, b, exec, &prompt, n_predict)?;
-                    (o, Some(s))
-                }
-                None => (o, None),
-            };
-            Ok(Some(Box::new(PlanSource::new(&model, inv, o)?.expecting(n_decode).sized_by(sized)) as Box<dyn ExpertSource>))
-        }
+) -> impl Fn(&Inventory, Option<crate::source::fault::FaultCell>, u32) -> Result<Option<Box<dyn ExpertSource>>> {
+    let sized = std::cell::OnceCell::new();
+    move |inv: &Inventory, fault, n_decode| {
+        let Some(o) = &plan else { return Ok(None) };
+        let (o, by) = match sized.get() {
+            Some(done) => done,
+            None => {
+                let done = match o.budget {
+                    Some(b) => {
+                        let (o, s) = crate::budget::size(&model, inv, o, b, exec, &prompt, n_predict)?;
+                        (o, Some(s))
+                    }
+                    None => (o.clone(), None),
+                };
+                sized.get_or_init(|| done)
+            }
+        };
+        let o = PlanOptions { fault: fault.unwrap_or(o.fault), ..o.clone() };
+        Ok(Some(Box::new(PlanSource::new(&model, inv, o)?.expecting(n_decode).sized_by(by.clone())) as Box<dyn ExpertSource>))
     }
 }
 

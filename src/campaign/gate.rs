@@ -63,12 +63,15 @@ fn prompt(c: &Campaign, base: &Path) -> Option<Diagnostic> {
     let text = String::from_utf8_lossy(&bytes);
     match crate::session::requests::parse(&path, &text, *w.outputs) {
         Err(e) => Some(Diagnostic::at(input.file, format!("{e:#}"))),
-        Ok(requests) => requests.iter().find(|r| r.prompt_file.is_some()).map(|r| {
-            let message = format!(
-                "{field}: request {:?} names a prompt_file; a campaign's requests give their prompts inline, so that requests_sha256 covers them",
-                r.id
-            );
-            Diagnostic::at(input.file, message)
+        Ok(requests) => requests.iter().find_map(|r| {
+            let message = if r.prompt_file.is_some() {
+                format!("{field}: request {:?} names a prompt_file; a campaign's requests give their prompts inline, so that requests_sha256 covers them", r.id)
+            } else if r.fault != crate::source::fault::FaultCell::None {
+                format!("{field}: request {:?} names a fault cell; a campaign's fault cells are its arms' (`fault`)", r.id)
+            } else {
+                return None;
+            };
+            Some(Diagnostic::at(input.file, message))
         }),
     }
 }

@@ -152,9 +152,11 @@ pub struct GenerateArgs {
     #[arg(long, conflicts_with = "requests")]
     prompt_file: Option<PathBuf>,
     /// A session: requests as JSON Lines (`{"id": .., "prompt": .. | "prompt_file": ..,
-    /// "n_predict": .., "expected": ..}`), served in order through one model load and one
-    /// expert source, each request's sequence cleared before it; --n-predict is the default of
-    /// a request that names none. The record is the session's, each request's record inside it.
+    /// "n_predict": .., "expected": .., "fault": ..}`), served in order through one model load
+    /// and one expert source, each request's sequence cleared before it; --n-predict is the
+    /// default of a request that names none. A request that fails closed (or names its own
+    /// fault cell) is followed by a new Plan. The record is the session's, each request's
+    /// record inside it.
     #[arg(long, help_heading = "Sessions")]
     requests: Option<PathBuf>,
     /// What the expert source carries from one request of a session to the next (default: auto).

@@ -640,6 +640,9 @@ pub struct SessionRecord {
     /// Requests, resets and epochs over the session (served runs): checked at teardown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger: Option<SessionLedger>,
+    /// New Plans put in place of the one before a request, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub renewals: Vec<Renewal>,
     /// Every surface of every request's record, under `requests/NNNN/NAME` (its file's path in
     /// this record), so that two sessions compare request by request as two records do.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -685,6 +688,7 @@ impl SessionRecord {
             scores: None,
             closure: None,
             ledger: None,
+            renewals: Vec::new(),
             surfaces: BTreeMap::new(),
             resources: None,
             cache_protocol: None,
@@ -718,35 +722,59 @@ impl SessionRecord {
     }
 }
 
-/// The session's own closure: every request after the first began with one reset (cold ones
-/// counted too), the Plan's epoch is the number of resets, and its ledger balanced.
+/// The session's own closure: every request after the first was readied once, by a reset of
+/// the Plan (cold ones counted too) or by a new Plan in its place (a renewal: after a request
+/// that failed, around one with its own fault cell); the Plan in use at teardown has as its
+/// epoch the resets since it began, and its ledger balanced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionLedger {
     pub requests: u64,
     pub resets: u64,
     pub cold_resets: u64,
+    /// New Plans put in place of the one before a request.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub renewals: u64,
+    /// Resets since the Plan in use at teardown began.
+    pub plan_resets: u64,
     pub epoch: u64,
     pub balanced: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl SessionLedger {
     /// Why the ledger of a session that ran every request with `between` does not close.
     pub fn unbalanced(&self, between: crate::session::Between) -> Option<String> {
-        let expect_cold = if between == crate::session::Between::Cold { self.requests.saturating_sub(1) } else { 0 };
+        let cold = if between == crate::session::Between::Cold { self.resets } else { 0 };
+        let readied = self.resets + self.renewals;
         let why = if !self.balanced {
             "the Plan's ledger did not balance"
-        } else if self.resets != self.requests.saturating_sub(1) {
-            "not one reset before each request after the first"
-        } else if self.cold_resets != expect_cold {
+        } else if readied != self.requests.saturating_sub(1) {
+            "not one reset or renewal before each request after the first"
+        } else if self.cold_resets != cold {
             "cold resets do not match `between`"
-        } else if self.epoch != self.resets {
-            "the epoch is not the number of resets"
+        } else if self.epoch != self.plan_resets {
+            "the epoch is not the number of resets of the Plan in use"
         } else {
             return None;
         };
         Some(format!("the session's ledger does not close: {why} ({self:?})"))
     }
+}
+
+/// A new Plan (with a new load of the model) put in place before a request: after one that
+/// failed, or around one with its own fault cell (`fault`, `none` for the session's own), and
+/// how the Plan it replaced closed (its epoch where it reported one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Renewal {
+    pub before_request: usize,
+    pub fault: crate::source::fault::FaultCell,
+    pub replaced_epoch: Option<u64>,
+    pub replaced_clean: bool,
 }
 
 /// One request of a session, as its record names it.

@@ -1,8 +1,9 @@
 //! A session's requests, as a user writes them: JSON Lines, one request per line,
-//! `{"id": ..., "prompt": ... | "prompt_file": ..., "n_predict": ..., "expected": ...}`.
+//! `{"id": ..., "prompt": ... | "prompt_file": ..., "n_predict": ..., "expected": ..., "fault": ...}`.
 //! Every request is checked before any runs, and a bad line is refused with its line number.
 
 use crate::bounds::{self, MAX_N_PREDICT, MAX_PROMPT_FILE_BYTES};
+use crate::source::fault::FaultCell;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -26,6 +27,9 @@ pub struct Request {
     pub n_predict: u32,
     /// Answers the response is scored against (none: not scored).
     pub expected: Vec<String>,
+    /// A deterministic fault cell for this request alone: it runs through a Plan of its own
+    /// whose source the cell perturbs (`none`: the session's own).
+    pub fault: FaultCell,
 }
 
 #[derive(Deserialize)]
@@ -36,6 +40,7 @@ struct Line {
     prompt_file: Option<PathBuf>,
     n_predict: Option<u32>,
     expected: Option<Expected>,
+    fault: Option<FaultCell>,
 }
 
 #[derive(Deserialize)]
@@ -118,7 +123,7 @@ fn request(raw: &str, base: &Path, default_n_predict: u32) -> Result<Request> {
         Some(Expected::Any(a)) if a.is_empty() => bail!("request {:?}: `expected` lists no answer", id),
         Some(Expected::Any(a)) => a,
     };
-    Ok(Request { id, prompt, prompt_file, n_predict, expected })
+    Ok(Request { id, prompt, prompt_file, n_predict, expected, fault: line.fault.unwrap_or_default() })
 }
 
 /// A request id: not empty, bounded, and without control characters (it is shown in one-line
@@ -154,7 +159,7 @@ mod tests {
                 "{\"id\": \"q-2.b_c\", \"prompt_file\": \"long.txt\", \"n_predict\": 3, \"expected\": [\"x\", \"y\"]}\n",
                 "{\"id\": \"free\", \"prompt\": \"ünïcode\"}\n",
                 "{\"id\": 57, \"prompt\": \"a numbered request\"}\n",
-                "{\"id\": \"../ a/b .c\", \"prompt\": \"any id is kept as given\"}",
+                "{\"id\": \"../ a/b .c\", \"prompt\": \"any id is kept as given\", \"fault\": \"corrupt_byte\"}",
             ),
         )
         .unwrap();
@@ -164,6 +169,7 @@ mod tests {
         assert_eq!((r[1].prompt.as_slice(), r[1].prompt_file.clone()), (&b"a prompt from a file"[..], Some(PathBuf::from("long.txt"))));
         assert_eq!((r[1].n_predict, r[1].expected.len()), (3, 2));
         assert_eq!((r[2].prompt.clone(), r[2].expected.clone()), ("ünïcode".as_bytes().to_vec(), Vec::<String>::new()));
+        assert_eq!((r[0].fault, r[4].fault), (FaultCell::None, FaultCell::CorruptByte));
     }
 
     #[test]
@@ -185,6 +191,7 @@ mod tests {
             ("{\"id\": \"a\", \"prompt\": \"p\", \"n_predict\": -1}", "not a request"),
             ("{\"id\": \"a\", \"prompt\": \"p\", \"expected\": []}", "lists no answer"),
             ("{\"id\": \"a\", \"prompt\": \"p\", \"expected\": 3}", "not a request"),
+            ("{\"id\": \"a\", \"prompt\": \"p\", \"fault\": \"sometimes\"}", "not a request"),
             ("{\"id\": \"a\", \"prompt_file\": \"missing.txt\"}", "/nowhere/missing.txt: cannot read a prompt file"),
         ] {
             let e = err(text);

@@ -11,9 +11,10 @@ use std::collections::{HashMap, VecDeque};
 use std::ptr::NonNull;
 
 /// A deterministic fault cell (seed 000 §5.4, Table 7); `none` is the no-fault control.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FaultCell {
+    #[default]
     None,
     ShortRead,
     Eio,

@@ -209,11 +209,14 @@ fn request(id: &str, prompt: &str, n_predict: u32, expected: &[&str]) -> soverei
         prompt_file: None,
         n_predict,
         expected: expected.iter().map(|s| s.to_string()).collect(),
+        fault: FaultCell::None,
     }
 }
 
-fn plan_source(path: &Path, inv: &Inventory) -> anyhow::Result<Option<Box<dyn ExpertSource>>> {
-    Ok(Some(Box::new(PlanSource::new(path, inv, crate::common::plan_options("lru:6", 6))?) as Box<dyn ExpertSource>))
+/// F with LRU over 6 slots, with `fault` where given.
+fn plan_source(path: &Path, inv: &Inventory, fault: Option<FaultCell>) -> anyhow::Result<Option<Box<dyn ExpertSource>>> {
+    let options = PlanOptions { fault: fault.unwrap_or_default(), ..crate::common::plan_options("lru:6", 6) };
+    Ok(Some(Box::new(PlanSource::new(path, inv, options)?) as Box<dyn ExpertSource>))
 }
 
 /// The surfaces a run's record certifies (the timeline, which holds times, left out).
@@ -245,7 +248,7 @@ fn a_session_through_f_with_lru_is_each_request_alone_and_its_ledger_balances() 
                 ignore_eos: true,
                 ..crate::common::generate_spec(&path, &rec, std::str::from_utf8(&r.prompt).unwrap(), r.n_predict)
             };
-            sovereign::generate::run_with(&spec, |inv| plan_source(&path, inv)).unwrap();
+            sovereign::generate::run_with(&spec, |inv| plan_source(&path, inv, None)).unwrap();
             let g = sovereign::record::format::load_generate(&rec).unwrap();
             let read = g.experts().and_then(|e| match e {
                 sovereign::record::format::ExpertsReport::Plan(p) => Some(p.telemetry.q_run.physical_bytes),
@@ -265,17 +268,26 @@ fn a_session_through_f_with_lru_is_each_request_alone_and_its_ledger_balances() 
             record: root.clone(),
             seal: true,
         };
-        let s = run_with(&spec, |inv| plan_source(&path, inv)).unwrap();
+        let s = run_with(&spec, |inv, fault, _| plan_source(&path, inv, fault)).unwrap();
         assert_eq!(s.outcome, sovereign::record::format::Outcome::Completed);
         assert!(s.closure.as_ref().is_some_and(|c| c.is_clean()), "{:?}", s.closure);
         let cold = if between == Between::Cold { 3 } else { 0 };
-        let ledger = sovereign::generate::session::SessionLedger { requests: 4, resets: 3, cold_resets: cold, epoch: 3, balanced: true };
+        let ledger = sovereign::generate::session::SessionLedger {
+            requests: 4,
+            resets: 3,
+            cold_resets: cold,
+            renewals: 0,
+            plan_resets: 3,
+            epoch: 3,
+            balanced: true,
+        };
         assert_eq!(s.ledger, Some(ledger));
         assert_eq!(ledger.unbalanced(between), None);
         // Each way it could fail to close is said.
         for (broken, says) in [
             (SessionLedger { balanced: false, ..ledger }, "did not balance"),
-            (SessionLedger { resets: 2, epoch: 2, ..ledger }, "not one reset before each request"),
+            (SessionLedger { resets: 2, plan_resets: 2, epoch: 2, ..ledger }, "not one reset or renewal before each request"),
+            (SessionLedger { renewals: 1, ..ledger }, "not one reset or renewal before each request"),
             (SessionLedger { cold_resets: 3 - cold, ..ledger }, "cold resets do not match"),
             (SessionLedger { epoch: 4, ..ledger }, "the epoch is not the number of resets"),
         ] {
@@ -298,6 +310,72 @@ fn a_session_through_f_with_lru_is_each_request_alone_and_its_ledger_balances() 
         }
         // The session's record is sealed around its requests'.
         assert!(root.join("record.json").exists() && root.join("manifest.json").exists());
+    }
+}
+
+/// A request that fails closed (its own fault cell) fails the session, and the session goes on:
+/// a new Plan takes the failed one's place, and the requests after it are bitwise what they are
+/// alone, reading what a new Plan reads; a recoverable fault's request is exact too.
+#[test]
+fn a_session_goes_on_after_a_request_that_failed_closed_each_later_request_as_alone() {
+    use sovereign::generate::session::{run_with, SessionSpec};
+    use sovereign::record::format::Outcome;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let path = forge_arch(d, "qwen3moe");
+    let (first, other) = ("the first question of the session, a longer one than the rest", "another question");
+    let exec = crate::common::generate_spec(&path, d, "", 0).exec;
+    let alone = |name: &str, prompt: &str, n: u32| -> (Vec<(String, String)>, u64) {
+        let rec = d.join(name);
+        let spec = sovereign::generate::GenerateSpec { ignore_eos: true, ..crate::common::generate_spec(&path, &rec, prompt, n) };
+        sovereign::generate::run_with(&spec, |inv| plan_source(&path, inv, None)).unwrap();
+        let g = sovereign::record::format::load_generate(&rec).unwrap();
+        (surfaces(&rec), g.plan().unwrap().telemetry.q_run.physical_bytes)
+    };
+    let (a, b) = (alone("alone-a", first, 5), alone("alone-b", other, 4));
+    let faulted = |cell: FaultCell| sovereign::session::Request { fault: cell, ..request("faulted", first, 5, &[]) };
+    for between in [Between::Reset, Between::Cold] {
+        let requests = vec![
+            request("a", first, 5, &[]),
+            faulted(FaultCell::CorruptByte),
+            request("b", other, 4, &[]),
+            faulted(FaultCell::OutOfOrder),
+            request("a again", first, 5, &[]),
+        ];
+        let root = d.join(format!("session-{between:?}"));
+        let spec = SessionSpec { model: path.clone(), requests, between, exec, ignore_eos: true, record: root.clone(), seal: true };
+        let e = run_with(&spec, |inv, fault, _| plan_source(&path, inv, fault)).unwrap_err();
+        assert!(format!("{e:#}").contains("request \"faulted\" failed"), "{e:#}");
+        let s = match sovereign::record::format::load_typed(&root).unwrap() {
+            sovereign::record::format::TypedRecord::Session(s) => *s,
+            other => panic!("{}", other.format()),
+        };
+        assert_eq!(s.outcome, Outcome::Failed);
+        let outcomes: Vec<Outcome> = s.requests.iter().map(|r| r.outcome).collect();
+        assert_eq!(outcomes, [Outcome::Completed, Outcome::Failed, Outcome::Completed, Outcome::Completed, Outcome::Completed]);
+        // A new Plan around each faulted request and after the one that failed.
+        let renewed: Vec<(usize, FaultCell, bool)> = s.renewals.iter().map(|r| (r.before_request, r.fault, r.replaced_clean)).collect();
+        assert!(s.renewals.iter().all(|r| r.replaced_epoch == Some(0)), "{:?}", s.renewals);
+        assert_eq!(
+            renewed,
+            [(1, FaultCell::CorruptByte, true), (2, FaultCell::None, false), (3, FaultCell::OutOfOrder, true), (4, FaultCell::None, true)],
+            "{between:?}"
+        );
+        let ledger = s.ledger.unwrap();
+        assert_eq!((ledger.renewals, ledger.resets, ledger.plan_resets, ledger.epoch, ledger.balanced), (4, 0, 0, 0, true), "{ledger:?}");
+        assert_eq!(ledger.unbalanced(between), None);
+        let rec = |i: usize| root.join(&s.requests[i].record);
+        let read = |i: usize| s.requests[i].served.unwrap().read_bytes;
+        // The failed request's record says it failed closed and shows nothing of its outputs.
+        let failed = sovereign::record::format::load_generate(&rec(1)).unwrap();
+        assert_eq!(failed.outcome, Outcome::Failed);
+        assert!(!failed.surfaces.contains_key("tokens"), "{:?}", failed.surfaces.keys());
+        // Before it, after it, after the recoverable fault, and the recoverable request itself:
+        // each as alone, the later ones through a new Plan (its bytes read as a new Plan's).
+        for (i, (want, bytes)) in [(0, &a), (2, &b), (3, &a), (4, &a)] {
+            assert_eq!(&surfaces(&rec(i)), want, "{between:?}: request {i}");
+            assert_eq!(read(i), *bytes, "{between:?}: request {i} reads as a new Plan");
+        }
     }
 }
 
@@ -442,6 +520,7 @@ fn a_session_campaign_refuses_requests_its_digest_does_not_cover() {
     for (lines, says) in [
         (format!("{good}{{\"id\": \"extra\", \"prompt_file\": \"p.txt\"}}\n"), "names a prompt_file"),
         (format!("{good}{{\"id\": \"extra\", \"promt\": \"x\"}}\n"), "session.jsonl:9"),
+        (format!("{good}{{\"id\": \"extra\", \"prompt\": \"x\", \"fault\": \"eio\"}}\n"), "names a fault cell"),
         (good.replacen("plan-1", "cgroup-1", 1), "session.jsonl:2: request id \"cgroup-1\" is already used on line 1"),
     ] {
         std::fs::write(t.path().join("campaigns/prompts/p.txt"), "a prompt").unwrap();
