@@ -271,12 +271,10 @@ impl Cell {
                     )?;
                 }
                 match &g.prompt {
-                    Prompt::Text(_) | Prompt::File(_) => {
-                        if let Prompt::File(f) = &g.prompt {
-                            bounds::regular_file("--prompt-file", f)?;
-                        }
-                        let what = if matches!(g.prompt, Prompt::Text(_)) { "--prompt" } else { "--prompt-file" };
-                        bounds::prompt_text(what, &g.prompt_bytes()?)?;
+                    Prompt::Text(_) => bounds::prompt_text("--prompt", &g.prompt_bytes()?)?,
+                    Prompt::File(f) => {
+                        bounds::regular_file("--prompt-file", f)?;
+                        bounds::prompt_text("--prompt-file", &g.prompt_bytes()?)?;
                     }
                     Prompt::Requests { file, .. } => {
                         if g.draft.is_some() {
@@ -531,14 +529,7 @@ fn run_separate(g: &GenerateCell, requests: &[crate::session::Request]) -> Resul
             generated_tokens: rec.counts.as_ref().map_or(0, |c| c.generated_tokens),
             between_s: 0.0,
             wall_s,
-            served: rec.plan().map(|p| Served {
-                read_bytes: p.telemetry.q_run.physical_bytes,
-                hits: p.telemetry.hits,
-                misses: p.telemetry.misses,
-                epoch: p.closure.epoch,
-                resets: 0,
-                cold_resets: 0,
-            }),
+            served: rec.plan().map(Served::of),
             score: crate::session::score::score(&response, &r.expected),
         });
     }

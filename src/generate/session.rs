@@ -250,14 +250,7 @@ fn serve_request(
     let surfaces = model.with_source(|s| s.surfaces()).unwrap_or_default();
     let report = model.with_source(|s| s.end_request().map(ExpertsReport::from));
     let entry_served = match &report {
-        Some(Ok(ExpertsReport::Plan(p))) => Some(Served {
-            read_bytes: p.telemetry.q_run.physical_bytes,
-            hits: p.telemetry.hits,
-            misses: p.telemetry.misses,
-            epoch: p.closure.epoch,
-            resets: p.telemetry.resets,
-            cold_resets: p.telemetry.cold_resets,
-        }),
+        Some(Ok(ExpertsReport::Plan(p))) => Some(Served::of(p)),
         _ => None,
     };
     let route_k = ctx.route_k().unwrap_or(0);

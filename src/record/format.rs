@@ -812,6 +812,21 @@ pub struct Served {
     pub cold_resets: u64,
 }
 
+impl Served {
+    /// What the Plan's report of one request says it served.
+    pub fn of(p: &PlanReport) -> Served {
+        let t = &p.telemetry;
+        Served {
+            read_bytes: t.q_run.physical_bytes,
+            hits: t.hits,
+            misses: t.misses,
+            epoch: p.closure.epoch,
+            resets: t.resets,
+            cold_resets: t.cold_resets,
+        }
+    }
+}
+
 /// A field that is present (null or not) deserializes to `Some`: absent and null differ.
 fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
     T::deserialize(d).map(Some)
