@@ -168,7 +168,12 @@ fn dims(f: &ForgeRecipe) -> Result<crate::forge::Dims> {
 }
 
 fn forge(f: &ForgeRecipe, out: &Path) -> Result<String> {
-    let variant = crate::forge::Variant { f16_router: f.f16_router, tied_output: f.tied_output, router_skew: f.router_skew };
+    let variant = crate::forge::Variant {
+        f16_router: f.f16_router,
+        tied_output: f.tied_output,
+        router_skew: f.router_skew,
+        mtp_layers: f.mtp_layers,
+    };
     crate::forge::forge_variant(f.arch, dims(f)?, variant, f.seed, out)?;
     Ok(forge_command(f))
 }
@@ -198,6 +203,9 @@ fn forge_command(f: &ForgeRecipe) -> String {
     }
     if f.router_skew > 0.0 {
         s += &format!(" --router-skew {}", f.router_skew);
+    }
+    if f.mtp_layers > 0 {
+        s += &format!(" --mtp-layers {}", f.mtp_layers);
     }
     s
 }
@@ -235,7 +243,13 @@ fn check_recipe(field: &str, m: &ModelSpec, path: &Path) -> Result<()> {
         let checks = [
             ("arch", arch.to_string(), f.arch.name().to_string()),
             ("seed", seed.map_or("none (not forged)".into(), |s| s.to_string()), f.seed.to_string()),
-            ("layers", opt(g.arch_u64("block_count")), d.layers.to_string()),
+            // block_count counts the nextn blocks after the trunk's layers.
+            (
+                "layers",
+                opt(g.arch_u64("block_count").map(|b| b - g.arch_u64("nextn_predict_layers").unwrap_or(0).min(b))),
+                d.layers.to_string(),
+            ),
+            ("mtp_layers", g.arch_u64("nextn_predict_layers").unwrap_or(0).to_string(), f.mtp_layers.to_string()),
             ("experts", opt(g.arch_u64("expert_count")), d.experts.to_string()),
             ("top_k", opt(g.arch_u64("expert_used_count")), d.top_k.to_string()),
             ("alignment", g.alignment.to_string(), d.alignment.to_string()),

@@ -107,6 +107,9 @@ pub struct ForgeRecipe {
     pub tied_output: bool,
     #[serde(default, skip_serializing_if = "crate::util::is_zero_f32")]
     pub router_skew: f32,
+    /// Nextn (MTP) blocks after the trunk (`model forge --mtp-layers`).
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
+    pub mtp_layers: u64,
 }
 
 /// A forge recipe as written. [`ForgeRecipe`] is it with the architecture resolved, so that a
@@ -141,6 +144,8 @@ struct ForgeRecipeFile {
     tied_output: bool,
     #[serde(default)]
     router_skew: f32,
+    #[serde(default)]
+    mtp_layers: u64,
 }
 
 impl From<ForgeRecipeFile> for ForgeRecipe {
@@ -160,6 +165,7 @@ impl From<ForgeRecipeFile> for ForgeRecipe {
             f16_router: f.f16_router,
             tied_output: f.tied_output,
             router_skew: f.router_skew,
+            mtp_layers: f.mtp_layers,
         }
     }
 }
@@ -1036,15 +1042,25 @@ fn validate_measure_schedule(c: &Campaign) -> Vec<Diagnostic> {
 
 /// A refinement campaign: every arm refines, with the token relation and outputs fixed.
 /// Proposers are named as arms are, and each arm's `draft` names one of them.
+/// `draft: mtp`: the arm drafts with the campaign model's own MTP head; no proposer may take
+/// the name.
+pub const MTP: &str = "mtp";
+
 fn validate_proposers(c: &Campaign) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for (name, m) in &c.proposers {
         if !valid_name(name, &[]) {
             out.push(Diagnostic::at(&m.path, format!("proposer name {name:?} must be letters, digits, `_`, `-`")));
         }
+        if name == MTP {
+            out.push(Diagnostic::at(
+                &m.path,
+                format!("proposer name `{name}` is `draft: {name}`, the model's own MTP head; name the proposer otherwise"),
+            ));
+        }
     }
     for a in &c.arms {
-        if let Some(d) = a.draft.as_ref().filter(|d| !c.proposers.contains_key(*d)) {
+        if let Some(d) = a.draft.as_ref().filter(|d| *d != MTP && !c.proposers.contains_key(*d)) {
             let names = c.proposers.keys().cloned().collect::<Vec<_>>().join(", ");
             out.push(Diagnostic::at(
                 &a.id,

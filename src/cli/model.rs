@@ -66,6 +66,10 @@ pub enum ModelCommand {
         /// forged routers are; 1.5 sends most selections of a layer to a tenth of its experts).
         #[arg(long, default_value_t = 0.0)]
         router_skew: f32,
+        /// Multi-token-prediction (nextn) blocks after the trunk, as qwen35moe's loader takes
+        /// them (`generate --draft mtp` drafts with them).
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        mtp_layers: u64,
         /// Forge straight into a shard set of files of at most this much tensor data each
         /// (e.g. 2G), as gguf-split --split-max-size cuts one; --out is then the set's prefix
         /// (OUT-00001-of-0000N.gguf ...).
@@ -171,6 +175,7 @@ pub fn model(c: ModelCommand) -> Result<ExitCode> {
             f16_router,
             tied_output,
             router_skew,
+            mtp_layers,
             split_max_size,
             json,
         } => {
@@ -190,10 +195,8 @@ pub fn model(c: ModelCommand) -> Result<ExitCode> {
             }
             let t = std::time::Instant::now();
             let mut shown = ForgeProgress::new();
-            let f =
-                forge::forge_into(arch, dims, forge::Variant { f16_router, tied_output, router_skew }, seed, &out, split, &mut |d, t| {
-                    shown.at(d, t)
-                })?;
+            let variant = forge::Variant { f16_router, tied_output, router_skew, mtp_layers };
+            let f = forge::forge_into(arch, dims, variant, seed, &out, split, &mut |d, t| shown.at(d, t))?;
             shown.finish();
             let out = f.shards.first().cloned().unwrap_or(out);
             if json {
@@ -410,6 +413,12 @@ pub fn inventory(a: InventoryArgs) -> Result<ExitCode> {
     println!("T_repr     {} bytes ({})", inv.t_repr_bytes, inv.t_repr_rule);
     println!("experts    {} bytes in {} objects over {} MoE layers", inv.expert_bytes, inv.objects.len(), inv.moe_layers.len());
     println!("non-expert {} bytes", inv.non_expert_bytes);
+    for &l in &inv.mtp_layers {
+        let prefix = format!("blk.{l}.");
+        let tensors = inv.tensors.iter().filter(|t| t.name.starts_with(&prefix)).count();
+        let objects = inv.objects.iter().filter(|o| o.layer == l).count();
+        println!("MTP        layer {l} (nextn block): {tensors} tensors, {objects} expert objects");
+    }
     println!("extents    {} duplicates, {} overlaps", inv.extent_duplicates, inv.extent_overlaps);
     if inv.is_set() {
         for (i, s) in inv.shards.iter().enumerate() {

@@ -31,6 +31,22 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     Ok(())
 }
 
+/// Nextn blocks: only where forge writes them, and no more than the trunk has layers (llama.cpp
+/// asserts `n_layer_nextn <= n_layer`).
+pub(super) fn check_mtp(arch: Arch, d: &Dims, mtp: u64) -> Result<()> {
+    if mtp == 0 {
+        return Ok(());
+    }
+    if !super::MTP_FAMILIES.contains(&arch) {
+        let names: Vec<&str> = super::MTP_FAMILIES.iter().map(|a| a.name()).collect();
+        bail!("--mtp-layers: forge writes nextn blocks for {} only, not {}", names.join(", "), arch.name());
+    }
+    if mtp > d.layers {
+        bail!("--mtp-layers {mtp}: at most the trunk's {} layers", d.layers);
+    }
+    Ok(())
+}
+
 /// deepseek2's expert groups: routing keeps the best 2 groups of 4.
 const DEEPSEEK2_GROUPS: u64 = 4;
 const DEEPSEEK2_GROUPS_USED: u64 = 2;
@@ -125,8 +141,13 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
     }
 }
 
+/// `block_count` counts the nextn blocks too (llama.cpp's `n_layer_all`).
 fn hp_common(d: &Dims, b: &mut Builder) {
-    b.u32("context_length", d.context).u32("embedding_length", d.embd).u32("block_count", d.layers);
+    let mtp = b.variant.mtp_layers;
+    b.u32("context_length", d.context).u32("embedding_length", d.embd).u32("block_count", d.layers + mtp);
+    if mtp > 0 {
+        b.u32("nextn_predict_layers", mtp);
+    }
 }
 
 /// Standard multi-head attention keys; `rot` rotary dimensions (0: the key is left out).
@@ -362,6 +383,41 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             }
         }
     }
+    nextn_blocks(b, d, q, kv);
+}
+
+/// The variant's nextn blocks, after the trunk's layers.
+fn nextn_blocks(b: &mut Builder, d: &Dims, q: u64, kv: u64) {
+    for l in d.layers..d.layers + b.variant.mtp_layers {
+        nextn_block(b, d, l, q, kv);
+    }
+}
+
+/// A qwen35moe nextn block (`load_block_mtp`): a gated full-attention MoE decoder block, and the
+/// projection of the normed token embedding beside the normed hidden state (`eh_proj`,
+/// [2 x embd, embd]). Its head is the model's own (no `shared_head_*`, no `embed_tokens`). Its
+/// output projections are drawn at a fiftieth of their scale (see `Variant::mtp_layers`).
+fn nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    b.t(n("post_attention_norm"), &[d.embd]);
+    b.t(n("attn_q"), &[d.embd, 2 * q]);
+    b.t(n("attn_k"), &[d.embd, kv]);
+    b.t(n("attn_v"), &[d.embd, kv]);
+    b.std(n("attn_output"), &[q, d.embd], 0.02 / (q as f32).sqrt());
+    b.t(n("attn_q_norm"), &[d.head_dim]);
+    b.t(n("attn_k_norm"), &[d.head_dim]);
+    b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
+    b.t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]);
+    b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);
+    b.std(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts], 0.02 / (d.expert_ff as f32).sqrt());
+    b.t(n("ffn_gate_inp_shexp"), &[d.embd]);
+    b.t(n("ffn_gate_shexp"), &[d.embd, 2 * d.expert_ff]);
+    b.t(n("ffn_up_shexp"), &[d.embd, 2 * d.expert_ff]);
+    b.std(n("ffn_down_shexp"), &[2 * d.expert_ff, d.embd], 0.02 / (2.0 * d.expert_ff as f32).sqrt());
+    b.t(n("nextn.eh_proj"), &[2 * d.embd, d.embd]);
+    b.t(n("nextn.enorm"), &[d.embd]);
+    b.t(n("nextn.hnorm"), &[d.embd]);
 }
 
 /// deepseek2 and glm4moe: layer 0 is a dense MLP; the others a sigmoid-routed MoE with a

@@ -87,7 +87,19 @@ pub struct Variant {
     /// experts; forged ones are nearly uniform. Each layer ranks its experts by a permutation
     /// of its own and biases expert `e`'s logit by a few logits times `(rank(e) + 1)^-skew`.
     pub router_skew: f32,
+    /// Multi-token-prediction (nextn) blocks after the trunk's layers, each a full-attention
+    /// MoE decoder block with its nextn projection and norms (`<arch>.nextn_predict_layers`).
+    /// The target never runs them; an MTP context does. A trained head follows its trunk; a
+    /// drawn one would agree with nothing, so a model forged with one writes its trunk layers'
+    /// outputs into the residual stream at a tenth of their scale (the next token then leans on
+    /// the current one), and its head passes the token's normed embedding through its
+    /// projection and writes its own block's outputs small: its drafts agree often, not always.
+    pub mtp_layers: u64,
 }
+
+/// The families whose nextn blocks forge writes: qwen35moe's (`load_block_mtp`). The pin's
+/// deepseek2, glm4moe, step35 and dots3note loaders take nextn blocks too; forge leaves them out.
+pub const MTP_FAMILIES: [Arch; 1] = [Arch::Qwen35moe];
 
 /// The largest router skew forge takes: beyond it every token picks the same experts.
 pub const MAX_ROUTER_SKEW: f32 = 8.0;
@@ -261,6 +273,10 @@ mod scale {
     pub const EMBED: f32 = 1.0;
     pub const ROUTER: f32 = 1.5;
     pub const OUTPUT: f32 = 4.0;
+    /// How much of the target's hidden state a forged MTP head mixes in beside the token.
+    pub const NEXTN_STATE: f32 = 0.5;
+    /// The trunk's output projections of a model forged with an MTP head.
+    pub const MTP_TRUNK_WRITE: f32 = 0.1;
 }
 
 pub fn forge(arch: Arch, dims: Dims, seed: u64, out: &Path) -> Result<Forged> {
@@ -285,6 +301,7 @@ pub fn forge_into(
 ) -> Result<Forged> {
     let d = dims;
     families::check(arch, &d)?;
+    families::check_mtp(arch, &d, variant.mtp_layers)?;
     if !(variant.router_skew.is_finite() && (0.0..=MAX_ROUTER_SKEW).contains(&variant.router_skew)) {
         anyhow::bail!("router skew {}: expected 0..={MAX_ROUTER_SKEW}", variant.router_skew);
     }
@@ -327,6 +344,14 @@ pub fn forge_into(
                 draw(seed, &t.name, &mut vals, std);
                 if let Some(k) = &skew {
                     k.router(seed, &t.name, &mut vals);
+                }
+            }
+            Init::PassToken(std) => {
+                draw(seed, &t.name, &mut vals, std);
+                let inputs = t.dims[0] as usize;
+                for (j, row) in vals.chunks_exact_mut(inputs).enumerate() {
+                    row[..inputs / 2].fill(0.0);
+                    row[j] = 1.0;
                 }
             }
             Init::Between(lo, hi) => {
@@ -375,6 +400,9 @@ enum Init {
     Between(f32, f32),
     /// A router: uniform, each expert's row then scaled by the variant's skew.
     Router(f32),
+    /// A nextn projection [2 x embd, embd]: the token's normed embedding passed through, the
+    /// hidden state's half drawn at this standard deviation.
+    PassToken(f32),
 }
 
 /// Router skew: a direction `u` shared by every token embedding (so every hidden state keeps a
@@ -467,7 +495,7 @@ impl Builder {
     fn t(&mut self, name: String, dims: &[u64]) {
         let kind = name.rsplit('.').nth(1).unwrap_or("");
         let fan_in = dims[0] as f32;
-        let ones = name.ends_with(".scale") || kind.ends_with("_norm") || kind.ends_with("_scale") || kind == "rope_freqs";
+        let ones = name.ends_with(".scale") || kind.ends_with("norm") || kind.ends_with("_scale") || kind == "rope_freqs";
         let (ty, init) = if ones {
             (GgmlType::F32, Init::Const(1.0))
         } else {
@@ -476,6 +504,10 @@ impl Builder {
                 "ffn_gate_inp" if self.variant.f16_router => (GgmlType::F16, Init::Router(scale::ROUTER / fan_in.sqrt())),
                 "ffn_gate_inp" => (GgmlType::F32, Init::Router(scale::ROUTER / fan_in.sqrt())),
                 "output" => (GgmlType::F32, Init::Head(scale::OUTPUT / fan_in.sqrt())),
+                "eh_proj" => (GgmlType::F32, Init::PassToken(scale::NEXTN_STATE / fan_in.sqrt())),
+                "attn_output" | "ssm_out" | "ffn_down_exps" | "ffn_down_shexp" if self.variant.mtp_layers > 0 => {
+                    (GgmlType::F32, Init::Uniform(scale::MTP_TRUNK_WRITE / fan_in.sqrt()))
+                }
                 _ => (GgmlType::F32, Init::Uniform(1.0 / fan_in.sqrt())),
             }
         };

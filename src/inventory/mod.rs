@@ -128,6 +128,10 @@ pub struct Inventory {
     pub context_length: Option<u64>,
     pub tensors: Vec<Tensor>,
     pub moe_layers: Vec<MoeLayer>,
+    /// The multi-token-prediction (nextn) blocks: the last `<arch>.nextn_predict_layers` of
+    /// `<arch>.block_count`, which the target never runs and an MTP context does.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mtp_layers: Vec<u32>,
     pub objects: Vec<ExpertObject>,
     pub extent_duplicates: u64,
     pub extent_overlaps: u64,
@@ -138,6 +142,14 @@ impl Inventory {
     /// fits a u32.
     pub fn n_used(&self) -> Option<u32> {
         self.expert_used_count.and_then(|n| u32::try_from(n).ok())
+    }
+
+    /// The MTP head's layer index, where the model has exactly one nextn block.
+    pub fn mtp_head(&self) -> Option<u32> {
+        match self.mtp_layers[..] {
+            [l] => Some(l),
+            _ => None,
+        }
     }
 
     /// The trained context length and the key that states it, for sizing a run's context. A
@@ -222,6 +234,10 @@ impl Inventory {
             }
         }
         let t_repr_bytes: u64 = g.tensors.iter().map(|t| t.bytes).sum();
+        // gguf::check bounds both counts (nextn within the blocks).
+        let blocks = g.arch_u64("block_count").unwrap_or(0);
+        let nextn = g.arch_u64("nextn_predict_layers").unwrap_or(0).min(blocks);
+        let mtp_layers = (blocks - nextn..blocks).map(|l| l as u32).collect();
         Ok(Inventory {
             file: g.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
             architecture,
@@ -259,6 +275,7 @@ impl Inventory {
                 })
                 .collect(),
             moe_layers: layers.into_values().collect(),
+            mtp_layers,
             objects,
             extent_duplicates: duplicates,
             extent_overlaps: overlaps,

@@ -516,6 +516,7 @@ mod tests {
             context_length: None,
             tensors: Vec::new(),
             moe_layers: (0..layers).map(|layer| MoeLayer { layer, experts, tensors: BTreeMap::new() }).collect(),
+            mtp_layers: Vec::new(),
             objects,
             extent_duplicates: 0,
             extent_overlaps: 0,
