@@ -45,6 +45,8 @@ pub struct PlanSource {
     /// experts a token selects (to count a step's tokens from its selections).
     step_bytes: Vec<u64>,
     step_tokens: Vec<u64>,
+    /// Steps of the prompt, once the run said it was decoded (`ExpertSource::prompted`).
+    prompt_steps: Option<usize>,
     tokens: u64,
     n_used: u64,
     /// The backend devices holding the slot pools (where window → slot copies go), and the
@@ -165,6 +167,7 @@ impl PlanSource {
             per_step: Vec::new(),
             step_bytes: Vec::new(),
             step_tokens: Vec::new(),
+            prompt_steps: None,
             tokens: 0,
             n_used: u64::from(inv.n_used().unwrap_or(1).max(1)),
             devices: BTreeSet::new(),
@@ -432,6 +435,11 @@ impl ExpertSource for PlanSource {
         self.plan.timeline().begin(n_tokens, reads);
     }
 
+    fn prompted(&mut self) {
+        // The step still open (its next layer-0 pass has not begun) is the prompt's last.
+        self.prompt_steps = Some(self.per_step.len() + usize::from(self.marks.is_some()));
+    }
+
     fn decoded(&mut self, ok: bool) -> Result<()> {
         let reads = self.plan.reads();
         self.plan.timeline().end(reads);
@@ -601,7 +609,7 @@ impl PlanSource {
             step_bytes.push(last.read_bytes - step.read_bytes);
             step_tokens.push(self.tokens);
         }
-        let prefill = PrefillReport::of(&steps, &step_bytes, &step_tokens);
+        let prefill = PrefillReport::of(&steps, &step_bytes, &step_tokens, self.prompt_steps.take());
         let m = self.plan.manifest();
         let windows = self.plan.window_states().len() as u64;
         let meta = std::mem::size_of::<Plan>() as u64;

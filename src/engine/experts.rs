@@ -126,6 +126,9 @@ pub trait ExpertSource: Send {
     fn decoding(&mut self, n_tokens: usize) {
         let _ = n_tokens;
     }
+    /// The request's prompt is decoded: the decodes so far are its prefill (a drafted run's
+    /// traversals that follow feed several tokens too, and are not).
+    fn prompted(&mut self) {}
     /// A decode returned (`ok`) or failed: the events it started are over. An error fails
     /// that decode closed.
     fn decoded(&mut self, ok: bool) -> Result<()> {

@@ -171,9 +171,12 @@ pub struct PrefillReport {
 }
 
 impl PrefillReport {
-    /// From the per-step figures; `None` when the run began with a one-token step.
-    pub fn of(per_step: &[StepTimes], bytes: &[u64], tokens: &[u64]) -> Option<PrefillReport> {
-        let n = tokens.iter().take_while(|&&t| t > 1).count().min(per_step.len()).min(bytes.len());
+    /// From the per-step figures: the first `prompt_steps` where the run said where its prompt
+    /// ended, else the leading steps of more than one token; `None` when the run began with a
+    /// one-token step.
+    pub fn of(per_step: &[StepTimes], bytes: &[u64], tokens: &[u64], prompt_steps: Option<usize>) -> Option<PrefillReport> {
+        let leading = tokens.iter().take_while(|&&t| t > 1).count();
+        let n = prompt_steps.map_or(leading, |p| p.min(leading)).min(per_step.len()).min(bytes.len());
         if n == 0 {
             return None;
         }
@@ -258,12 +261,15 @@ mod tests {
     #[test]
     fn the_prefill_is_the_leading_steps_of_more_than_one_token() {
         let steps = [[1.0, 0.5, 2.0, 0.25], [3.0, 0.0, 4.0, 1.0], [9.0, 9.0, 9.0, 9.0], [7.0, 7.0, 7.0, 7.0]].map(StepTimes::from);
-        let p = PrefillReport::of(&steps, &[100, 300, 5, 50], &[512, 88, 1, 4]).unwrap();
+        let p = PrefillReport::of(&steps, &[100, 300, 5, 50], &[512, 88, 1, 4], None).unwrap();
         assert_eq!((p.steps, p.tokens, p.read_bytes), (2, 600, 400));
         assert_eq!((p.read_s, p.copy_s, p.compute_s, p.exposed_wait_s), (4.0, 0.5, 6.0, 1.25));
         assert_eq!(p.bytes_per_token, 400.0 / 600.0);
         // A run that begins with one token has no prefill.
-        assert_eq!(PrefillReport::of(&steps, &[1, 2, 3, 4], &[1, 512, 1, 1]), None);
-        assert_eq!(PrefillReport::of(&[], &[], &[]), None);
+        assert_eq!(PrefillReport::of(&steps, &[1, 2, 3, 4], &[1, 512, 1, 1], None), None);
+        assert_eq!(PrefillReport::of(&[], &[], &[], None), None);
+        // A drafted run's traversals after its prompt feed several tokens each: not prefill.
+        let p = PrefillReport::of(&steps, &[100, 300, 5, 50], &[512, 88, 5, 4], Some(2)).unwrap();
+        assert_eq!((p.steps, p.tokens, p.read_bytes), (2, 600, 400));
     }
 }
