@@ -189,7 +189,7 @@ impl Cell {
     /// The model files the cell reads.
     pub fn models(&self) -> Vec<&Path> {
         match self {
-            Cell::Generate(g) => std::iter::once(g.model.as_path()).chain(g.draft.as_ref().map(|d| d.model.as_path())).collect(),
+            Cell::Generate(g) => std::iter::once(g.model.as_path()).chain(g.draft.as_ref().and_then(|d| d.model())).collect(),
             Cell::Refine(r) => {
                 [Some(&r.base), Some(&r.verifier), r.reference.as_ref()].into_iter().flatten().map(PathBuf::as_path).collect()
             }
@@ -215,8 +215,8 @@ impl Cell {
         match &mut c {
             Cell::Generate(g) => {
                 g.model = f(&g.model);
-                if let Some(d) = &mut g.draft {
-                    d.model = f(&d.model);
+                if let Some(generate::Draft { proposer: generate::Proposer::Model(m), .. }) = &mut g.draft {
+                    *m = f(m);
                 }
                 match &mut g.prompt {
                     Prompt::File(p) | Prompt::Requests { file: p, .. } => *p = f(p),
@@ -261,7 +261,9 @@ impl Cell {
                 }
                 bounds::regular_file("--model", &g.model)?;
                 if let Some(d) = &g.draft {
-                    bounds::regular_file("--draft", &d.model)?;
+                    if let Some(m) = d.model() {
+                        bounds::regular_file("--draft", m)?;
+                    }
                     bounds::range(
                         "--draft-max",
                         d.max as u64,

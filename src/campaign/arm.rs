@@ -54,11 +54,20 @@ pub enum Program {
     Refine(RefineArm),
 }
 
-/// A generate arm's proposer (`draft`, `draft_max`): one of the campaign's `proposers`.
+/// A generate arm's proposer (`draft`, `draft_max`): one of the campaign's `proposers`, or
+/// [`MTP`], the model's own multi-token-prediction head.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ArmDraft {
     pub proposer: String,
     pub max: u32,
+}
+
+pub use super::spec::MTP;
+
+impl ArmDraft {
+    pub fn is_mtp(&self) -> bool {
+        self.proposer == MTP
+    }
 }
 
 /// Layers placed on a device, and what only such an arm may name.

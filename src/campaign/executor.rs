@@ -261,7 +261,13 @@ pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
             gpu_budget: arm.device().and_then(DeviceArm::budget),
             rpc: p.rpc.to_vec(),
             device_cgroup: p.device_cgroup.map(Path::to_path_buf),
-            draft: arm.draft().zip(p.proposer).map(|(d, model)| crate::generate::Draft { model: model.to_path_buf(), max: d.max }),
+            draft: arm.draft().and_then(|d| {
+                let proposer = match d.is_mtp() {
+                    true => crate::generate::Proposer::Mtp,
+                    false => crate::generate::Proposer::Model(p.proposer?.to_path_buf()),
+                };
+                Some(crate::generate::Draft { proposer, max: d.max })
+            }),
             record: p.record.to_path_buf(),
             // The campaign seals each record under its digest.
             seal: false,

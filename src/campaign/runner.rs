@@ -140,10 +140,14 @@ fn validity(spec: &Campaign, cell: &CellSpec, staging: &Path, outcome: &CellOutc
                     record::TypedRecord::Generate(g) => g.params.as_ref().and_then(|p| p.draft.as_ref()),
                     _ => None,
                 };
-                let want = cell.proposer.as_ref().map(|m| (m.sha256.0.as_str(), cell.arm.draft_max.unwrap_or(0)));
-                let had = draft.map(|d| (d.model.sha256.as_str(), d.draft_max));
+                let k = cell.arm.draft_max.unwrap_or(0);
+                let want = cell.arm.draft.as_deref().and_then(|d| match d == super::spec::MTP {
+                    true => Some((record::format::ProposerKind::Mtp, cell.model.sha256.0.as_str(), k)),
+                    false => cell.proposer.as_ref().map(|m| (record::format::ProposerKind::Model, m.sha256.0.as_str(), k)),
+                });
+                let had = draft.map(|d| (d.proposer, d.model.sha256.as_str(), d.draft_max));
                 if want != had {
-                    problems.push(format!("proposer (sha256, draft_max) {had:?} is not the preregistered {want:?}"));
+                    problems.push(format!("proposer (kind, sha256, draft_max) {had:?} is not the preregistered {want:?}"));
                 }
                 let prompt_tokens = rec.prompt_tokens().map(|n| n as u64);
                 if prompt_tokens != Some(u64::from(*spec.workload.prompt_tokens)) {

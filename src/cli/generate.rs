@@ -208,7 +208,8 @@ pub struct GenerateArgs {
     device_cgroup: Option<PathBuf>,
     /// A proposer (a model with the target's vocabulary, resident) whose greedy drafts the
     /// target checks several per traversal; committed tokens stay the target's own greedy ones.
-    #[arg(long, help_heading = "Temporal amortization")]
+    /// `mtp`: the model's own multi-token-prediction head, its experts served as the target's.
+    #[arg(long, value_name = "MODEL|mtp", help_heading = "Temporal amortization")]
     draft: Option<PathBuf>,
     /// Drafts one target traversal checks at most.
     #[arg(long, requires = "draft", default_value_t = 4, help_heading = "Temporal amortization")]
@@ -285,7 +286,11 @@ impl GenerateArgs {
             gpu_budget: self.contained.gpu_budget,
             rpc: self.rpc.clone(),
             device_cgroup: self.device_cgroup.clone(),
-            draft: self.draft.as_ref().map(|m| generate::Draft { model: m.clone(), max: self.draft_max }),
+            draft: self.draft.as_ref().map(|m| generate::Draft {
+                // `mtp` names the model's own head; a file of that name is `./mtp`.
+                proposer: if m.as_os_str() == "mtp" { generate::Proposer::Mtp } else { generate::Proposer::Model(m.clone()) },
+                max: self.draft_max,
+            }),
             record: self.record.clone(),
             seal: true,
         }))

@@ -5,6 +5,7 @@
 
 pub mod backends;
 mod experts;
+mod nextn;
 pub mod pin;
 mod routes;
 
@@ -250,6 +251,12 @@ impl Model {
     /// source serves into slot pools; the file is read, not mapped, so expert bytes never enter
     /// the process through a mapping.
     pub fn load_with(path: &Path, source: Option<Box<dyn ExpertSource>>) -> Result<Model> {
+        Self::load_full(path, source, false)
+    }
+
+    /// As [`Model::load_with`]; `mtp` also loads the model's nextn (MTP) blocks, which only an
+    /// MTP context runs (their experts are served by the source like the trunk's).
+    pub fn load_full(path: &Path, source: Option<Box<dyn ExpertSource>>, mtp: bool) -> Result<Model> {
         if let Some(e) = backend_error() {
             bail!("engine backends: {e}");
         }
@@ -275,6 +282,7 @@ impl Model {
                 p.tensor_buft_overrides = overrides.as_ptr();
             }
             p.use_extra_bufts = false;
+            p.load_mtp = mtp;
             p.load_mode = sys::llama_load_mode_LLAMA_LOAD_MODE_MMAP;
             if let Some(b) = bridge {
                 p.expert_source = &(*b.as_ptr()).c;
@@ -417,6 +425,8 @@ pub struct Context<'m> {
     // Boxed so the callback's user-data pointer stays valid while the context lives.
     routes: Option<Box<RouteRecorder>>,
     n_past: i32,
+    /// The hidden rows (`h_nextn`) kept from the last decode, where asked for.
+    hidden: Option<nextn::Hidden>,
 }
 
 impl<'m> Context<'m> {
@@ -428,6 +438,16 @@ impl<'m> Context<'m> {
     /// that [`Context::trim`] can take back up to that many positions of a recurrent or hybrid
     /// model (llama.cpp's `n_rs_seq`; it is 0, no rollback, for architectures without it).
     pub fn with_rollback(model: &'m Model, params: ExecParams, capture_routes: bool, rollback: u32) -> Result<Context<'m>> {
+        Self::of_type(model, params, capture_routes, rollback, sys::llama_context_type_LLAMA_CONTEXT_TYPE_DEFAULT)
+    }
+
+    fn of_type(
+        model: &'m Model,
+        params: ExecParams,
+        capture_routes: bool,
+        rollback: u32,
+        ctx_type: sys::llama_context_type,
+    ) -> Result<Context<'m>> {
         let mut routes = capture_routes.then(|| Box::new(RouteRecorder::default()));
         // SAFETY: params are plain data; the recorder outlives the context (dropped after it).
         let ptr = unsafe {
@@ -445,6 +465,7 @@ impl<'m> Context<'m> {
             };
             p.no_perf = true;
             p.n_rs_seq = rollback;
+            p.ctx_type = ctx_type;
             if let Some(r) = routes.as_mut() {
                 p.cb_eval = Some(routes::eval_callback);
                 p.cb_eval_user_data = (&mut **r) as *mut RouteRecorder as *mut c_void;
@@ -453,7 +474,7 @@ impl<'m> Context<'m> {
         };
         let ptr =
             NonNull::new(ptr).ok_or_else(|| anyhow!("{}: llama.cpp could not create a context: {}", model.path.display(), last_log()))?;
-        Ok(Context { ptr, model, params, routes, n_past: 0 })
+        Ok(Context { ptr, model, params, routes, n_past: 0, hidden: None })
     }
 
     pub fn params(&self) -> ExecParams {
@@ -464,15 +485,27 @@ impl<'m> Context<'m> {
     /// `rows` every token's logits row (`all_logits`) or only the last token's. llama.cpp keeps
     /// only the last batch's rows, so they are taken after each batch.
     pub fn decode(&mut self, tokens: &[i32], all_logits: bool, rows: &mut Vec<f32>) -> Result<()> {
+        self.decode_states(tokens, None, all_logits, rows)
+    }
+
+    /// [`Context::decode`], each token with a state row beside it where `states` holds n_embd
+    /// floats a token (an MTP context's hidden-state input).
+    fn decode_states(&mut self, tokens: &[i32], states: Option<&[f32]>, all_logits: bool, rows: &mut Vec<f32>) -> Result<()> {
         if tokens.is_empty() {
             bail!("nothing to decode");
         }
         if self.n_past as usize + tokens.len() > self.params.n_ctx as usize {
             bail!("context of {} tokens exceeded", self.params.n_ctx);
         }
-        let n_chunks = tokens.len().div_ceil(self.params.n_batch as usize);
-        for (c, chunk) in tokens.chunks(self.params.n_batch as usize).enumerate() {
+        let n_batch = self.params.n_batch as usize;
+        let width = states.map(|s| s.len() / tokens.len());
+        if let Some(h) = self.hidden.as_mut() {
+            h.rows.clear();
+        }
+        let n_chunks = tokens.len().div_ceil(n_batch);
+        for (c, chunk) in tokens.chunks(n_batch).enumerate() {
             let n = chunk.len() as i32;
+            let state = states.zip(width).map(|(s, w)| &s[c * n_batch * w..(c * n_batch + chunk.len()) * w]);
             self.model.with_source(|s| s.decoding(chunk.len()));
             // SAFETY: the batch is allocated for n tokens with one sequence id each and freed below.
             let rc = unsafe {
@@ -485,7 +518,12 @@ impl<'m> Context<'m> {
                     *b.logits.add(i) = i8::from(all_logits || i + 1 == chunk.len());
                 }
                 b.n_tokens = n;
+                // Borrowed for the call: llama.cpp copies the rows into its own batch.
+                if let Some(s) = state {
+                    b.embd = s.as_ptr() as *mut f32;
+                }
                 let rc = sys::llama_decode(self.ptr.as_ptr(), b);
+                b.embd = std::ptr::null_mut();
                 sys::llama_batch_free(b);
                 rc
             };
@@ -504,6 +542,7 @@ impl<'m> Context<'m> {
                 bail!("llama_decode failed closed: expert source: {e:#}");
             }
             self.n_past += n;
+            self.keep_hidden_rows(chunk.len(), all_logits)?;
             if all_logits {
                 for i in 0..chunk.len() {
                     rows.extend_from_slice(self.logits(i as i32)?);

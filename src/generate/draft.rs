@@ -50,13 +50,25 @@ pub struct Drafted {
 }
 
 /// Decodes `prompt` greedily with `proposer`'s drafts checked by the target (`ctx`, empty).
-pub fn decode_prompt(d: &Drafting, target: &Model, ctx: &mut Context, proposer: &mut Proposer, prompt: &[i32]) -> Result<Drafted> {
+pub fn decode_prompt(d: &Drafting, target: &Model, ctx: &mut Context, proposer: &mut dyn Drafter, prompt: &[i32]) -> Result<Drafted> {
     let n_vocab = target.n_vocab();
     let mut run = Decoding::new(prompt.len() + d.n_predict as usize, n_vocab, d.n_predict);
     let report = run.decode_drafted(d, target, ctx, proposer, prompt)?;
     // The prompt's rows before its last predict nothing of the outputs.
     let rows = run.logits.split_off((prompt.len() - 1) * n_vocab);
     Ok(Drafted { tokens: run.generated, origins: run.origins, rows, report })
+}
+
+/// What drafts for a target: told the prompt and every traversal's outcome, with the target's
+/// hidden rows of that decode (empty unless the target keeps them, [`Context::keep_hidden`]).
+pub trait Drafter {
+    /// The target decoded the prompt.
+    fn prompted(&mut self, prompt: &[i32], hidden: &[f32], report: &mut SpeculativeReport) -> Result<()>;
+    /// Up to `k` drafts after the committed tokens, the last of which, `next`, the target has
+    /// not been fed yet. A draft at or past `n_target` (the target's vocabulary) ends them.
+    fn draft(&mut self, next: i32, k: usize, n_target: usize, name: &str, report: &mut SpeculativeReport) -> Result<Vec<i32>>;
+    /// The traversal that checked `drafts` committed `accepted` of them.
+    fn settle(&mut self, drafts: &[i32], accepted: usize, hidden: &[f32], report: &mut SpeculativeReport) -> Result<()>;
 }
 
 /// The proposer: its own context over the committed tokens, fed lazily.
@@ -73,6 +85,7 @@ pub struct Proposer<'m> {
     /// The target committed a token outside the proposer's vocabulary: no more drafts.
     lost: bool,
     n_vocab: usize,
+    rows: Vec<f32>,
 }
 
 /// Whether `ctx` can take back `n` positions of its last ubatch by trimming (KV cells, or the
@@ -87,7 +100,7 @@ impl<'m> Proposer<'m> {
     /// proposer decodes one token at a time, so a recurrent proposer always snapshots.
     pub fn new(model: &Model, ctx: Context<'m>) -> Proposer<'m> {
         let snapshots = model.has_recurrent_state();
-        Proposer { ctx, unfed: Vec::new(), snapshot: None, snapshots, fed: 0, lost: false, n_vocab: model.n_vocab() }
+        Proposer { ctx, unfed: Vec::new(), snapshot: None, snapshots, fed: 0, lost: false, n_vocab: model.n_vocab(), rows: Vec::new() }
     }
 
     /// The proposer's context back (its memory holds what it was fed).
@@ -108,7 +121,21 @@ impl<'m> Proposer<'m> {
     /// its own greedy tokens one at a time (the last draft is not fed).
     /// A draft outside the target's vocabulary (a larger, padded proposer vocabulary) ends the
     /// drafts there: the target could not be fed it, and would never have chosen it.
-    fn draft(&mut self, k: usize, n_target: usize, name: &str, rows: &mut Vec<f32>, report: &mut SpeculativeReport) -> Result<Vec<i32>> {
+    fn draft_k(&mut self, k: usize, n_target: usize, name: &str, report: &mut SpeculativeReport) -> Result<Vec<i32>> {
+        let mut rows = std::mem::take(&mut self.rows);
+        let drafts = self.draft_into(k, n_target, name, &mut rows, report);
+        self.rows = rows;
+        drafts
+    }
+
+    fn draft_into(
+        &mut self,
+        k: usize,
+        n_target: usize,
+        name: &str,
+        rows: &mut Vec<f32>,
+        report: &mut SpeculativeReport,
+    ) -> Result<Vec<i32>> {
         let mut drafts = Vec::with_capacity(k);
         let feed = std::mem::take(&mut self.unfed);
         // A committed token the proposer's (smaller) vocabulary lacks: it cannot follow the
@@ -141,7 +168,7 @@ impl<'m> Proposer<'m> {
 
     /// After a traversal that committed `accepted` of the drafts: forgets the rejected ones it
     /// fed, and keeps an accepted one it never fed to feed.
-    fn settle(&mut self, drafts: &[i32], accepted: usize) -> Result<()> {
+    fn settle_fed(&mut self, drafts: &[i32], accepted: usize) -> Result<()> {
         let fed = self.fed;
         if accepted < fed {
             match &self.snapshot {
@@ -158,6 +185,29 @@ impl<'m> Proposer<'m> {
             self.unfed.push(drafts[fed]);
         }
         Ok(())
+    }
+}
+
+impl Drafter for Proposer<'_> {
+    fn prompted(&mut self, prompt: &[i32], _: &[f32], _: &mut SpeculativeReport) -> Result<()> {
+        self.unfed.extend_from_slice(prompt);
+        Ok(())
+    }
+
+    fn draft(&mut self, next: i32, k: usize, n_target: usize, name: &str, report: &mut SpeculativeReport) -> Result<Vec<i32>> {
+        self.unfed.push(next);
+        if k == 0 {
+            self.fed = 0;
+            return Ok(Vec::new());
+        }
+        self.draft_k(k, n_target, name, report)
+    }
+
+    fn settle(&mut self, drafts: &[i32], accepted: usize, _: &[f32], _: &mut SpeculativeReport) -> Result<()> {
+        if drafts.is_empty() {
+            return Ok(());
+        }
+        self.settle_fed(drafts, accepted)
     }
 }
 
@@ -183,7 +233,7 @@ impl Decoding {
         spec: &Drafting,
         model: &Model,
         ctx: &mut Context,
-        proposer: &mut Proposer,
+        proposer: &mut dyn Drafter,
         prompt: &[i32],
     ) -> Result<SpeculativeReport> {
         let (n_vocab, k_max) = (model.n_vocab(), spec.k_max);
@@ -198,15 +248,16 @@ impl Decoding {
         ctx.decode(prompt, true, &mut self.logits)?;
         check_finite(&self.logits, n_vocab, 0).with_context(|| format!("{} logits from position 0", spec.target))?;
         self.prefill_s = t1.elapsed().as_secs_f64();
+        model.with_source(|s| s.prompted());
         let prefill_routes = ctx.take_routes();
         let ubatches = prefill_routes.last().map_or(0, |e| e.ubatch + 1);
         self.routes.extend(prefill_routes);
         self.recurrent.capture(ctx)?;
-        proposer.unfed.extend_from_slice(prompt);
         let t2 = Instant::now();
         let bytes_before = source_bytes(model);
+        let mut meter = ProposerBytes { model, bytes: 0 };
+        meter.around(|| proposer.prompted(prompt, ctx.hidden(), &mut report))?;
         let (mut union_sum, mut union_n) = (0u64, 0u64);
-        let mut prow = Vec::new();
         let mut rows = Vec::new();
         let mut next = argmax(&self.logits[self.logits.len() - n_vocab..]) as i32;
         let mut origin = Origin::Target;
@@ -224,15 +275,15 @@ impl Decoding {
             // Each traversal commits at most k + 1 tokens: never past n_predict.
             let k = (k_max as usize).min(n - self.generated.len() - 1);
             let pt = Instant::now();
-            proposer.unfed.push(next);
-            let drafts = if k > 0 { proposer.draft(k, n_vocab, spec.proposer, &mut prow, &mut report)? } else { Vec::new() };
+            let drafts = meter.around(|| proposer.draft(next, k, n_vocab, spec.proposer, &mut report))?;
             report.proposer_s += pt.elapsed().as_secs_f64();
             let base = ctx.n_past();
             let fed: Vec<i32> = std::iter::once(next).chain(drafts.iter().copied()).collect();
             let snapshot = if k > 0 && !trims(model, ctx, k as u32) { Some(ctx.snapshot()?) } else { None };
             rows.clear();
             ctx.decode(&fed, true, &mut rows)?;
-            report.traversals += 1;
+            report.traversal(fed.len(), model.has_recurrent_state());
+            let hidden = ctx.hidden().to_vec();
             let events = ctx.take_routes();
             let (u, l) = union_per_layer(&events);
             union_sum += u;
@@ -262,9 +313,9 @@ impl Decoding {
             if accepted < drafts.len() {
                 take_back(ctx, model, snapshot.as_deref(), &fed, base, accepted, &mut report)?;
             }
-            if k > 0 {
-                proposer.settle(&drafts, accepted)?;
-            }
+            let pt = Instant::now();
+            meter.around(|| proposer.settle(&drafts, accepted, &hidden, &mut report))?;
+            report.proposer_s += pt.elapsed().as_secs_f64();
             self.recurrent.capture(ctx)?;
             // The target's own token after the accepted drafts: committed at the loop's top.
             next = argmax(row(accepted)) as i32;
@@ -278,6 +329,7 @@ impl Decoding {
             report.expert_bytes = Some(b - a);
             report.expert_bytes_per_output = Some((b - a) as f64 / report.outputs.max(1) as f64);
             report.expert_bytes_per_traversal = Some((b - a) as f64 / report.traversals.max(1) as f64);
+            report.proposer_expert_bytes = Some(meter.bytes);
         }
         Ok(report)
     }
@@ -306,7 +358,35 @@ impl Decoding {
     }
 }
 
+/// Expert bytes the target's source reads while the proposer works.
+struct ProposerBytes<'a> {
+    model: &'a Model,
+    bytes: u64,
+}
+
+impl ProposerBytes<'_> {
+    fn around<T>(&mut self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let before = source_bytes(self.model);
+        let r = f();
+        if let (Some(b), Some(a)) = (before, source_bytes(self.model)) {
+            self.bytes += a - b;
+        }
+        r
+    }
+}
+
 impl SpeculativeReport {
+    /// A target traversal fed `positions`: with recurrent state, one state staged a position,
+    /// the winner committed and the others rebased onto it.
+    fn traversal(&mut self, positions: usize, recurrent: bool) {
+        self.traversals += 1;
+        if recurrent {
+            self.state_stages += positions as u64;
+            self.winner_commits += 1;
+            self.loser_rebases += positions as u64 - 1;
+        }
+    }
+
     /// A traversal offered `drafted` drafts and accepted the first `accepted`.
     fn count(&mut self, drafted: usize, accepted: usize) {
         for i in 0..drafted {

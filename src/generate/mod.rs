@@ -2,6 +2,7 @@
 //! one token per target decode or, with a proposer, several (`draft`).
 
 pub mod draft;
+pub mod mtp;
 pub mod session;
 
 use crate::engine::{Context, ExpertSource, Model};
@@ -9,7 +10,7 @@ use crate::exec::{DeviceCheck, ExecParams, ExecRequest, PlacementReport};
 use crate::identity::build_identity;
 use crate::inventory::Inventory;
 use crate::record::format::{
-    DraftParams, ExpertsParams, ExpertsReport, GenerateCounts, GenerateParams, Outcome, ProcessReport, SpeculativeReport,
+    DraftParams, ExpertsParams, ExpertsReport, GenerateCounts, GenerateParams, Outcome, ProcessReport, ProposerKind, SpeculativeReport,
 };
 use crate::record::{GenerateRecord, Staging, GENERATE_FORMAT};
 use crate::routes::RouteEvent;
@@ -34,13 +35,37 @@ pub struct GenerateSpec {
     pub seal: bool,
 }
 
-/// Temporal amortization's proposer: a model with the target's vocabulary, resident, and the
-/// most drafts one target traversal checks.
+/// Temporal amortization's proposer and the most drafts one target traversal checks.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Draft {
-    pub model: PathBuf,
+    pub proposer: Proposer,
     pub max: u32,
+}
+
+/// Who drafts for the target.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Proposer {
+    /// Another model with the target's vocabulary, resident, in its own context.
+    Model(PathBuf),
+    /// The target's own multi-token-prediction (nextn) head, in an MTP context on the same
+    /// model, fed the target's hidden rows; its experts come from the target's source.
+    Mtp,
+}
+
+impl Draft {
+    /// The proposer's file, where it is another model.
+    pub fn model(&self) -> Option<&std::path::Path> {
+        match &self.proposer {
+            Proposer::Model(m) => Some(m),
+            Proposer::Mtp => None,
+        }
+    }
+
+    pub fn is_mtp(&self) -> bool {
+        self.proposer == Proposer::Mtp
+    }
 }
 
 pub use crate::record::format::{ModelIdentity, Timing};
@@ -49,8 +74,13 @@ pub use crate::record::format::{ModelIdentity, Timing};
 /// non-expert tensors through the page cache; those pages are copies, not the run's working
 /// set, so they are given back rather than kept charged.
 pub fn load_model(path: &std::path::Path, source: Option<Box<dyn ExpertSource>>) -> Result<Model> {
+    load_model_full(path, source, false)
+}
+
+/// [`load_model`], with the model's nextn (MTP) blocks where `mtp`.
+pub fn load_model_full(path: &std::path::Path, source: Option<Box<dyn ExpertSource>>, mtp: bool) -> Result<Model> {
     let served = source.is_some();
-    let model = Model::load_with(path, source)?;
+    let model = Model::load_full(path, source, mtp)?;
     if served {
         for f in crate::gguf::set::files(path)? {
             crate::util::drop_file_cache(&f)?;
@@ -208,6 +238,9 @@ pub fn run_with(spec: &GenerateSpec, make_source: impl FnOnce(&Inventory) -> Res
     // A drafted target takes back up to `max` positions per traversal, recurrent states too.
     let rollback = spec.draft.as_ref().map_or(0, |d| d.max);
     let mut ctx = Context::with_rollback(&model, exec, true, rollback)?;
+    if spec.draft.as_ref().is_some_and(Draft::is_mtp) {
+        ctx.keep_hidden(false);
+    }
     let mut params = params_before_decode(spec, exec, experts, &ctx)?;
     let mut run = Decoding::new(prompt.len() + spec.n_predict as usize, n_vocab, spec.n_predict);
     let (decoded, speculative) = match &spec.draft {
@@ -235,9 +268,10 @@ pub fn run_with(spec: &GenerateSpec, make_source: impl FnOnce(&Inventory) -> Res
 }
 
 impl Decoding {
-    /// Loads the proposer, resident, refusing one whose vocabulary is not the target's (its
-    /// drafts are token ids the target checks), names it in the run's parameters and decodes
-    /// with it. Any failure fails the run closed, on record.
+    /// Readies the proposer (another model, resident, refused where its vocabulary is not the
+    /// target's, since its drafts are token ids the target checks; or the target's own MTP
+    /// head), names it in the run's parameters and decodes with it. Any failure fails the run
+    /// closed, on record.
     fn drafted(
         &mut self,
         spec: &GenerateSpec,
@@ -254,21 +288,39 @@ impl Decoding {
         if d.max >= spec.exec.n_ubatch {
             bail!("{} drafts and the committed token do not fit one ubatch of {}", d.max, spec.exec.n_ubatch);
         }
-        let inv = Inventory::of(&d.model).map_err(|e| anyhow::anyhow!("the proposer {}: {e:#}", d.model.display()))?;
-        params.draft = Some(DraftParams { model: ModelIdentity::of(&d.model, &inv, Some(crate::digests::Loads::All))?, draft_max: d.max });
-        let m = Model::load(&d.model)?;
-        if let Some(diff) = target.vocabulary_difference(&m) {
-            bail!("the proposer {} does not share the target's vocabulary ({diff}): refused", d.model.display());
-        }
-        // The proposer's context is the target's: its work is the same prompt and outputs.
-        let mut proposer = draft::Proposer::new(&m, Context::new(&m, ctx.params(), false)?);
-        let drafting = draft::Drafting {
+        let mut drafting = draft::Drafting {
             n_predict: spec.n_predict,
             ignore_eos: spec.ignore_eos,
             k_max: d.max,
             target: "target",
             proposer: "proposer",
         };
+        let Some(path) = d.model() else {
+            let inv = Inventory::of(&spec.model)?;
+            let head = mtp::check(&inv, target)?;
+            params.draft = Some(DraftParams {
+                model: ModelIdentity::of(&spec.model, &inv, None)?,
+                draft_max: d.max,
+                proposer: ProposerKind::Mtp,
+                head_layer: Some(head),
+            });
+            drafting.proposer = "MTP head";
+            let mut proposer = mtp::MtpHead::new(target, Context::mtp(target, ctx.params(), false)?);
+            return self.decode_drafted(&drafting, target, ctx, &mut proposer, prompt);
+        };
+        let inv = Inventory::of(path).map_err(|e| anyhow::anyhow!("the proposer {}: {e:#}", path.display()))?;
+        params.draft = Some(DraftParams {
+            model: ModelIdentity::of(path, &inv, Some(crate::digests::Loads::All))?,
+            draft_max: d.max,
+            proposer: ProposerKind::Model,
+            head_layer: None,
+        });
+        let m = Model::load(path)?;
+        if let Some(diff) = target.vocabulary_difference(&m) {
+            bail!("the proposer {} does not share the target's vocabulary ({diff}): refused", path.display());
+        }
+        // The proposer's context is the target's: its work is the same prompt and outputs.
+        let mut proposer = draft::Proposer::new(&m, Context::new(&m, ctx.params(), false)?);
         self.decode_drafted(&drafting, target, ctx, &mut proposer, prompt)
     }
 }
@@ -295,7 +347,7 @@ fn load_for_run(spec: &GenerateSpec, inv: &Inventory, mut source: Option<Box<dyn
         None => ExpertsParams::Resident,
     };
     let t0 = Instant::now();
-    let model = load_model(&spec.model, source)?;
+    let model = load_model_full(&spec.model, source, spec.draft.as_ref().is_some_and(Draft::is_mtp))?;
     let load_s = t0.elapsed().as_secs_f64();
     let prompt = model.tokenize(&spec.prompt, true)?;
     if prompt.is_empty() {
@@ -368,6 +420,7 @@ impl Decoding {
         ctx.decode(prompt, true, &mut self.logits)?;
         check_finite(&self.logits, n_vocab, 0)?;
         self.prefill_s = t1.elapsed().as_secs_f64();
+        model.with_source(|s| s.prompted());
         self.recurrent.capture(ctx)?;
         let t2 = Instant::now();
         while self.generated.len() < spec.n_predict as usize {

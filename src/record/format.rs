@@ -55,12 +55,26 @@ pub struct Timing {
     pub decode_tokens_per_s: f64,
 }
 
-/// A drafted run's proposer: the model whose greedy drafts the target checks, and how many
-/// drafts one traversal checks at most.
+/// A drafted run's proposer: the model whose greedy drafts the target checks (for an MTP head,
+/// the target itself), and how many drafts one traversal checks at most.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DraftParams {
     pub model: ModelIdentity,
     pub draft_max: u32,
+    #[serde(default)]
+    pub proposer: ProposerKind,
+    /// The MTP head's layer index (its nextn block, after the trunk's layers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_layer: Option<u32>,
+}
+
+/// What drafted: another model, or the target's own multi-token-prediction head.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProposerKind {
+    #[default]
+    Model,
+    Mtp,
 }
 
 /// Temporal amortization as a run saw it (seed 000 §3.5): target traversals against the
@@ -98,6 +112,15 @@ pub struct SpeculativeReport {
     /// target decode each).
     pub state_restores: u64,
     pub refed_positions: u64,
+    /// The state ledger of a target with recurrent state (seed 000 A.1): every traversal
+    /// stages a state for each position it feeds, commits the winner (the state after its last
+    /// committed position) and rebases the others, the losers, onto it.
+    #[serde(default)]
+    pub state_stages: u64,
+    #[serde(default)]
+    pub winner_commits: u64,
+    #[serde(default)]
+    pub loser_rebases: u64,
     /// Distinct experts a layer selected in one traversal, averaged over layers and traversals
     /// (the union a streamed target reads).
     pub mean_union_experts: f64,
@@ -108,6 +131,10 @@ pub struct SpeculativeReport {
     pub expert_bytes_per_output: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_bytes_per_traversal: Option<f64>,
+    /// Of `expert_bytes`, those read for the proposer's decodes (an MTP head's experts come
+    /// from the target's source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposer_expert_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -16,6 +16,7 @@ mod families;
 mod faults;
 mod gguf_fuzz;
 mod inputs;
+mod mtp;
 mod observe;
 mod plan_completeness;
 mod plan_differential;

@@ -12,45 +12,22 @@ use crate::common;
 use common::*;
 use serde_json::Value;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const PROMPT: &str = "A proposer drafts, the target checks every draft in one traversal.";
 const OUTPUTS: u32 = 24;
 
-fn forge_arch(dir: &Path, arch: &str, seed: &str, extra: &[&str]) -> PathBuf {
-    let out = dir.join(format!("{arch}-{seed}{}.gguf", extra.concat()));
-    let mut args = vec!["model", "forge", "--arch", arch, "--preset", "tiny", "--seed", seed, "--out", out.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    ok(&args);
-    out
-}
-
-fn record(rec: &Path) -> Value {
-    serde_json::from_str(&fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
-}
-
 fn gen(model: &Path, rec: &Path, extra: &[&str]) -> Value {
-    let mut args = vec!["--ignore-eos"];
-    args.extend_from_slice(extra);
-    let r = generate(model, PROMPT, OUTPUTS, rec, &args);
-    assert_eq!(r.code, 0, "{} {extra:?}: {}{}", model.display(), r.stdout, r.stderr);
-    record(rec)
-}
-
-/// Surface name -> exact, from `compare --json`.
-fn compare(a: &Path, b: &Path) -> Vec<(String, bool)> {
-    let r = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
-    let v: Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", r.stdout, r.stderr));
-    v["surfaces"].as_array().unwrap().iter().map(|s| (s["surface"].as_str().unwrap().to_string(), s["status"] == "exact")).collect()
+    generate_record(model, PROMPT, OUTPUTS, rec, extra)
 }
 
 fn assert_all_exact(a: &Path, b: &Path) {
-    let c = compare(a, b);
+    let c = compare_surfaces(a, b);
     assert!(c.len() >= 4 && c.iter().all(|(_, e)| *e), "{} vs {}: {c:?}", a.display(), b.display());
 }
 
 fn assert_exact_surfaces(a: &Path, b: &Path, which: &[&str]) {
-    let c = compare(a, b);
+    let c = compare_surfaces(a, b);
     for w in which {
         assert!(c.iter().any(|(s, e)| s == w && *e), "{w} of {} vs {}: {c:?}", a.display(), b.display());
     }
@@ -169,7 +146,7 @@ fn a_proposer_of_another_vocabulary_is_refused_in_one_line() {
     let r = generate(&target, PROMPT, 8, &rec, &["--draft", other.to_str().unwrap()]);
     assert_one_line_error(&r, &["vocabulary", "257 tokens against 600"]);
     // Failed closed, with the reason on record and no output surface.
-    let v = record(&rec);
+    let v = record_json(&rec);
     assert_eq!(v["outcome"], "failed");
     assert!(v["error"].as_str().unwrap().contains("vocabulary"));
     assert!(v["surfaces"].get("tokens").is_none());
@@ -274,9 +251,7 @@ build:\n  engine_tree_sha256: {tree}\n{patches}\
 arms:\n  - {{ id: R-draft, experts: resident, threads: 2, draft: base, draft_max: 3 }}\n  - {{ id: F-draft, experts: plan, slots: 8, policy: zero, source: f, threads: 2, draft: base, draft_max: 3 }}\n\
 schedule:\n  lead: [R-draft]\n  blocks:\n    preordered:\n      - [F-draft]\n\
 oracle:\n  arm: R-draft\n  relation: all_surfaces\n  horizon: 12\n\
-admission:\n  require_exact: true\n  min_headroom_bytes: 0\n  max_limit_events: 0\n\
-stop:\n  arm_after_admission_failure: true\n  campaign_after_oracle_failure: true\n\
-repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n",
+{CAMPAIGN_TAIL}",
         model = sha(&target),
         base = sha(&pinned),
         prompt = sha(&prompt),
@@ -312,18 +287,14 @@ repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n",
 
     fs::write(&file, &text).unwrap();
     let results = t.path().join("results");
-    let r = ok(&["campaign", "run", &s(&file), "--results", &s(&results), "--json"]);
-    assert!(t.path().join("base.gguf").is_file(), "run made the proposer from its recipe");
-    let v: Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(v["sealed"], 2, "{v}");
     let out = t.path().join("export");
-    let claim = anchored_claim(&ok(&["export", "--campaign", "draft-1", "--results", &s(&results), "--out", &s(&out)]).stdout, "draft-1");
-    let mut rd = csv::Reader::from_path(out.join("cells.csv")).unwrap();
-    let h = rd.headers().unwrap().clone();
-    let col = |name: &str| h.iter().position(|c| c == name).unwrap_or_else(|| panic!("{name} in {h:?}"));
-    let rows: Vec<csv::StringRecord> = rd.records().map(Result::unwrap).collect();
+    let claim = run_and_export(&file, "draft-1", &results, &out, 2);
+    assert!(t.path().join("base.gguf").is_file(), "run made the proposer from its recipe");
+    let table = Table::read(&out.join("cells.csv"));
+    let col = |name: &str| table.col(name);
+    let rows = &table.rows;
     assert_eq!(rows.len(), 2);
-    for row in &rows {
+    for row in rows {
         assert_eq!(&row[col("status")], "completed");
         assert_eq!(&row[col("valid")], "true", "{row:?}");
         assert_eq!(&row[col("draft")], "base");
@@ -340,23 +311,7 @@ repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n",
     let r = rows.iter().find(|r| &r[col("arm")] == "R-draft").unwrap();
     assert_eq!(&r[col("expert_bytes_per_output")], "", "a resident target reads no expert bytes");
     // The claim reproduces from its pinned inputs, the proposer found by its digest.
-    let repro = t.path().join("repro");
-    let ledger = out.join("claims.json");
-    let r = ok(&[
-        "reproduce",
-        "--claim",
-        &claim,
-        "--ledger",
-        &s(&ledger),
-        "--results",
-        &s(&results),
-        "--out",
-        &s(&repro),
-        "--campaign",
-        &s(&file),
-        "--json",
-    ]);
-    let v: Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(v["report"]["holds"], true, "{:#}", v["report"]);
-    assert_eq!(v["report"]["records"].as_array().unwrap().len(), 2);
+    let report = reproduce_claim(&claim, &out.join("claims.json"), &results, &t.path().join("repro"), &file);
+    assert_eq!(report["holds"], true, "{report:#}");
+    assert_eq!(report["records"].as_array().unwrap().len(), 2);
 }

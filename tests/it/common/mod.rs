@@ -305,3 +305,88 @@ pub fn anchored_claim(export_stdout: &str, id: &str) -> String {
         .map(|d| format!("{id}@{d}"))
         .unwrap_or_else(|| panic!("export printed no claim {id}:\n{export_stdout}"))
 }
+
+/// A record directory's `record.json`.
+pub fn record_json(rec: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
+}
+
+/// Surface name -> exact, from `compare --json`.
+pub fn compare_surfaces(a: &Path, b: &Path) -> Vec<(String, bool)> {
+    let r = run(&["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", r.stdout, r.stderr));
+    v["surfaces"].as_array().unwrap().iter().map(|s| (s["surface"].as_str().unwrap().to_string(), s["status"] == "exact")).collect()
+}
+
+/// A CSV table: its rows, and a column's index by name.
+pub struct Table {
+    pub headers: csv::StringRecord,
+    pub rows: Vec<csv::StringRecord>,
+}
+
+impl Table {
+    pub fn read(path: &Path) -> Table {
+        let mut rd = csv::Reader::from_path(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let headers = rd.headers().unwrap().clone();
+        Table { headers, rows: rd.records().map(Result::unwrap).collect() }
+    }
+
+    pub fn col(&self, name: &str) -> usize {
+        self.headers.iter().position(|c| c == name).unwrap_or_else(|| panic!("{name} in {:?}", self.headers))
+    }
+}
+
+/// `reproduce` of a claim from an export's ledger; its report (`holds`, `records`, ...).
+pub fn reproduce_claim(claim: &str, ledger: &Path, results: &Path, out: &Path, campaign: &Path) -> serde_json::Value {
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let r = ok(&[
+        "reproduce",
+        "--claim",
+        claim,
+        "--ledger",
+        &s(ledger),
+        "--results",
+        &s(results),
+        "--out",
+        &s(out),
+        "--campaign",
+        &s(campaign),
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    v["report"].clone()
+}
+
+/// Runs `campaign` into `results`, checks how many records it sealed, exports it into `out`
+/// and returns its anchored claim (`ID@DIGEST`).
+pub fn run_and_export(campaign: &Path, id: &str, results: &Path, out: &Path, sealed: u64) -> String {
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let r = ok(&["campaign", "run", &s(campaign), "--results", &s(results), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["sealed"], sealed, "{v}");
+    anchored_claim(&ok(&["export", "--campaign", id, "--results", &s(results), "--out", &s(out)]).stdout, id)
+}
+
+/// A tiny forged model of `arch` at `seed`, named after its arguments.
+pub fn forge_arch(dir: &Path, arch: &str, seed: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(format!("{arch}-{seed}{}.gguf", extra.concat()));
+    let mut args = vec!["model", "forge", "--arch", arch, "--preset", "tiny", "--seed", seed, "--out", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ok(&args);
+    out
+}
+
+/// `generate --ignore-eos` that must succeed; its record.
+pub fn generate_record(model: &Path, prompt: &str, n: u32, rec: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["--ignore-eos"];
+    args.extend_from_slice(extra);
+    let r = generate(model, prompt, n, rec, &args);
+    assert_eq!(r.code, 0, "{} {extra:?}: {}{}", model.display(), r.stdout, r.stderr);
+    record_json(rec)
+}
+
+/// A campaign's closing sections as the tests write them: exactness required, no headroom
+/// asked, stops on failure, no reruns.
+pub const CAMPAIGN_TAIL: &str = "admission:\n  require_exact: true\n  min_headroom_bytes: 0\n  max_limit_events: 0\n\
+stop:\n  arm_after_admission_failure: true\n  campaign_after_oracle_failure: true\n\
+repetition:\n  outcome_selected_reruns: none\n  max_interrupted_attempts: 3\n";

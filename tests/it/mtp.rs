@@ -1,0 +1,211 @@
+//! Temporal amortization with the model's own multi-token-prediction head (`generate --draft
+//! mtp`, seed 000 A.1): qwen35moe (hybrid: its recurrent states are rebased) with one nextn
+//! block, resident and through F with LRU. The committed tokens, response and routes are the
+//! target's one-token greedy ones; every surface (all logits rows, every recurrent state) equals
+//! the same MTP-drafted run with the target resident.
+
+use crate::common;
+
+use common::*;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const PROMPT: &str = "A head drafts from the target's own hidden state, several tokens a traversal.";
+const OUTPUTS: u32 = 32;
+
+/// qwen35moe at the tiny preset, seed 1, with `extra` (`--mtp-layers N`).
+fn forge_mtp(dir: &Path, extra: &[&str]) -> PathBuf {
+    forge_arch(dir, "qwen35moe", "1", extra)
+}
+
+fn gen(model: &Path, rec: &Path, extra: &[&str]) -> Value {
+    generate_record(model, PROMPT, OUTPUTS, rec, extra)
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"))
+}
+
+#[test]
+fn the_mtp_head_drafts_the_targets_greedy_tokens_and_f_with_lru_holds_every_surface() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = forge_mtp(d, &["--mtp-layers", "1"]);
+    // The inventory names the nextn block: its layer, its tensors and expert objects.
+    let inv: Value = serde_json::from_str(&ok(&["inventory", model.to_str().unwrap(), "--json"]).stdout).unwrap();
+    assert_eq!(inv["mtp_layers"], serde_json::json!([3]));
+    assert!(inv["tensors"].as_array().unwrap().iter().any(|t| t["name"] == "blk.3.nextn.eh_proj.weight"));
+    assert_eq!(inv["objects"].as_array().unwrap().iter().filter(|o| o["layer"] == 3).count(), 16);
+    let text = ok(&["inventory", model.to_str().unwrap()]).stdout;
+    assert!(text.contains("MTP        layer 3 (nextn block)"), "{text}");
+
+    let plain = d.join("plain");
+    gen(&model, &plain, &[]);
+    let drafted = d.join("drafted");
+    let r = gen(&model, &drafted, &["--draft", "mtp", "--draft-max", "3"]);
+    let c = compare_surfaces(&plain, &drafted);
+    for w in ["tokens", "response", "routes"] {
+        assert!(c.iter().any(|(s, e)| s == w && *e), "{w}: {c:?}");
+    }
+    let s = &r["speculative"];
+    let (traversals, accepted, drafted_n) = (u(s, "traversals"), u(s, "accepted"), u(s, "drafted"));
+    assert_eq!(u(s, "outputs"), u64::from(OUTPUTS) - 1);
+    assert_eq!(u(s, "outputs"), accepted + traversals, "{s}");
+    // The head agrees often and not always: both the accepted and the rebased paths run.
+    assert!(accepted > 0 && accepted < drafted_n, "{s}");
+    assert!(s["outputs_per_traversal"].as_f64().unwrap() > 1.0, "{s}");
+    // The state ledger: a state staged for every fed position, one winner per traversal,
+    // the rest rebased onto it; qwen35moe takes rejected positions back per position.
+    let fed = traversals + drafted_n;
+    assert_eq!(u(s, "state_stages"), fed, "{s}");
+    assert_eq!(u(s, "winner_commits"), traversals, "{s}");
+    assert_eq!(u(s, "loser_rebases"), fed - traversals, "{s}");
+    assert!(u(s, "state_rollbacks") > 0, "{s}");
+    assert!(s["expert_bytes"].is_null(), "a resident target reads no expert bytes");
+    let p = &r["params"]["draft"];
+    assert_eq!(p["proposer"], "mtp");
+    assert_eq!(p["head_layer"], 3);
+    assert_eq!(p["draft_max"], 3);
+    assert_eq!(p["model"]["sha256"], r["model"]["sha256"]);
+
+    // F with LRU through fewer slots than the layers have experts, the head's layer included:
+    // every surface equals the resident MTP-drafted run's, and the head's reads are counted.
+    let served = d.join("served");
+    let f = gen(&model, &served, &["--draft", "mtp", "--draft-max", "3", "--experts", "plan", "--slots", "8", "--policy", "lru:8"]);
+    let c = compare_surfaces(&drafted, &served);
+    assert!(c.len() >= 6 && c.iter().all(|(_, e)| *e), "{c:?}");
+    assert!(c.iter().any(|(s, _)| s == "recurrent_state"), "{c:?}");
+    let fs_ = &f["speculative"];
+    assert_eq!(fs_["traversals"], s["traversals"]);
+    let (bytes, head) = (u(fs_, "expert_bytes"), u(fs_, "proposer_expert_bytes"));
+    assert!(head > 0 && head < bytes, "{fs_}");
+    assert_eq!(f["experts"]["closure"]["active_tickets"], 0, "{}", f["experts"]);
+
+    // Without drafts the head's layer is never run (its slots stay empty): the plain run
+    // through F holds to the resident plain run.
+    let plain_f = d.join("plain-f");
+    gen(&model, &plain_f, &["--experts", "plan", "--slots", "8", "--policy", "lru:8"]);
+    assert!(compare_surfaces(&plain, &plain_f).iter().all(|(_, e)| *e));
+}
+
+#[test]
+fn a_model_without_a_head_a_non_finite_draft_and_a_fault_fail_closed_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Forge writes nextn blocks only where it knows the loader's.
+    let r = run(&[
+        "model",
+        "forge",
+        "--arch",
+        "qwen3moe",
+        "--preset",
+        "tiny",
+        "--mtp-layers",
+        "1",
+        "--out",
+        d.join("x.gguf").to_str().unwrap(),
+    ]);
+    assert_one_line_error(&r, &["--mtp-layers", "qwen35moe"]);
+
+    // No nextn block: refused once the run started, a failed record saying why.
+    let none = forge_mtp(d, &[]);
+    let rec = d.join("none");
+    let r = generate(&none, PROMPT, 8, &rec, &["--draft", "mtp"]);
+    assert_one_line_error(&r, &["--draft mtp", "no MTP"]);
+    let v = record_json(&rec);
+    assert_eq!(v["outcome"], "failed");
+    assert!(v["surfaces"].get("tokens").is_none());
+
+    // Two nextn blocks: llama.cpp's qwen35moe head asserts one; refused, never an abort.
+    let two = forge_mtp(d, &["--mtp-layers", "2"]);
+    let r = generate(&two, PROMPT, 8, &d.join("two"), &["--draft", "mtp"]);
+    assert_one_line_error(&r, &["--draft mtp", "one nextn block", "2"]);
+
+    // A head whose rows are NaN drafts nothing: the run fails closed naming the head.
+    let model = forge_mtp(d, &["--mtp-layers", "1"]);
+    let nan = with_nan(&model, "blk.3.nextn.eh_proj.weight", &d.join("nan.gguf"));
+    let rec = d.join("nan");
+    let r = generate(&nan, PROMPT, 8, &rec, &["--ignore-eos", "--draft", "mtp"]);
+    assert_one_line_error(&r, &["MTP head logits", "not finite"]);
+    let v = record_json(&rec);
+    assert_eq!(v["outcome"], "failed");
+    assert!(v["surfaces"].get("tokens").is_none());
+
+    // K beyond a traversal's ubatch: refused before anything loads.
+    let r = generate(&model, PROMPT, 8, &d.join("k"), &["--draft", "mtp", "--draft-max", "100000"]);
+    assert_one_line_error(&r, &["--draft-max"]);
+
+    // A fatal fault cell while traversals draft through the Plan: nothing committed.
+    let rec = d.join("fault");
+    let r = generate(
+        &model,
+        PROMPT,
+        OUTPUTS,
+        &rec,
+        &["--ignore-eos", "--draft", "mtp", "--experts", "plan", "--slots", "8", "--policy", "lru:8", "--fault", "corrupt_byte"],
+    );
+    assert_ne!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let v = record_json(&rec);
+    assert_eq!(v["outcome"], "failed");
+    assert!(v["surfaces"].get("tokens").is_none() && v["surfaces"].get("logits").is_none(), "{}", v["surfaces"]);
+}
+
+/// `draft: mtp` in a campaign: the model's own head drafts, a Plan-served arm held to the
+/// resident MTP-drafted oracle on every surface, the proposer on record as the model's head,
+/// and the claim reproduced from its pinned inputs.
+#[test]
+fn a_campaign_arm_drafts_with_the_models_own_head() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("campaigns");
+    fs::create_dir_all(&dir).unwrap();
+    let model = forge_mtp(t.path(), &["--mtp-layers", "1"]);
+    let prompt = dir.join("prompt.txt");
+    fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("campaigns/prompts/demo.txt"), &prompt).unwrap();
+    let sha = |p: &Path| sovereign::util::sha256_file(p).unwrap();
+    let (tree, patches) = build_identity();
+    let text = format!(
+        "id: mtp-1\n\
+model:\n  path: ../qwen35moe-1--mtp-layers1.gguf\n  sha256: {model}\n  forge: {{ arch: qwen35moe, preset: tiny, seed: 1, mtp_layers: 1 }}\n\
+workload:\n  prompt_file: prompt.txt\n  prompt_sha256: {prompt}\n  prompt_tokens: 181\n  outputs: 16\n  ignore_eos: true\n\
+build:\n  engine_tree_sha256: {tree}\n{patches}\
+arms:\n  - {{ id: R-mtp, experts: resident, threads: 2, draft: mtp, draft_max: 3 }}\n  - {{ id: F-mtp, experts: plan, slots: 8, policy: lru:8, source: f, threads: 2, draft: mtp, draft_max: 3 }}\n\
+schedule:\n  lead: [R-mtp]\n  blocks:\n    preordered:\n      - [F-mtp]\n\
+oracle:\n  arm: R-mtp\n  relation: all_surfaces\n  horizon: 16\n\
+{CAMPAIGN_TAIL}",
+        model = sha(&model),
+        prompt = sha(&prompt),
+    );
+    let file = dir.join("mtp.yaml");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    // `mtp` is the head's name: a proposer may not take it.
+    let taken = text.replacen(
+        "workload:",
+        "proposers:\n  mtp:\n    path: ../x.gguf\n    sha256: 0000000000000000000000000000000000000000000000000000000000000000\nworkload:",
+        1,
+    );
+    fs::write(&file, &taken).unwrap();
+    let r = run(&["campaign", "check", &s(&file)]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("proposer name `mtp`"), "{}", r.stderr);
+
+    fs::write(&file, &text).unwrap();
+    let results = t.path().join("results");
+    let out = t.path().join("export");
+    let claim = run_and_export(&file, "mtp-1", &results, &out, 2);
+    let cells = Table::read(&out.join("cells.csv"));
+    let col = |name: &str| cells.col(name);
+    assert_eq!(cells.rows.len(), 2);
+    for row in &cells.rows {
+        assert_eq!(&row[col("status")], "completed");
+        assert_eq!(&row[col("valid")], "true", "{row:?}");
+        assert_eq!(&row[col("draft")], "mtp");
+        let per: f64 = row[col("outputs_per_traversal")].parse().unwrap();
+        assert!(per > 1.0 && per <= 4.0, "{per}");
+    }
+    let f = cells.rows.iter().find(|r| &r[col("arm")] == "F-mtp").unwrap();
+    assert_eq!(&f[col("exact")], "true", "the Plan-served MTP arm against the resident MTP oracle, every surface");
+    assert!(f[col("expert_bytes_per_output")].parse::<f64>().unwrap() > 0.0);
+    let report = reproduce_claim(&claim, &out.join("claims.json"), &results, &t.path().join("repro"), &file);
+    assert_eq!(report["holds"], true, "{report:#}");
+}
