@@ -166,6 +166,7 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
             "layer_events": rec.events.len(),
             "rows": rows,
             "drafted": drafts,
+            "mtp_head": rec.mtp_head.map(|(layer, per)| serde_json::json!({ "layer": layer, "bytes_per_output": per })),
         }))?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -185,6 +186,9 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
         println!("{:<24} {:>6} {:>6} {:>10} {:>16} {:>8}", "policy", "slots", "K", "traversals", "bytes per output", "vs K=0");
         for r in d {
             println!("{:<24} {:>6} {:>6} {:>10} {:>16.0} {:>8.3}", r.policy, r.slots, r.draft, r.traversals, r.bytes_per_output, r.ratio);
+        }
+        if let Some((layer, per)) = rec.mtp_head {
+            println!("the run drafted with its MTP head (layer {layer}): the head's own reads, {per:.0} bytes per output as measured, come on top");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -254,9 +254,10 @@ impl Decoding {
         self.routes.extend(prefill_routes);
         self.recurrent.capture(ctx)?;
         let t2 = Instant::now();
+        // The proposer's pass over the prompt (an MTP head's) is the prompt's, not a traversal's.
+        proposer.prompted(prompt, ctx.hidden(), &mut report)?;
         let bytes_before = source_bytes(model);
         let mut meter = ProposerBytes { model, bytes: 0 };
-        meter.around(|| proposer.prompted(prompt, ctx.hidden(), &mut report))?;
         let (mut union_sum, mut union_n) = (0u64, 0u64);
         let mut rows = Vec::new();
         let mut next = argmax(&self.logits[self.logits.len() - n_vocab..]) as i32;

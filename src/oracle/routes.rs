@@ -4,7 +4,7 @@
 use crate::inventory::Inventory;
 use crate::plan::simulate::{layer_events, LayerEvent};
 use crate::plan::{Passes, SizedFrom};
-use crate::record::format::Outcome;
+use crate::record::format::{Outcome, ProposerKind};
 use anyhow::{anyhow, bail, Result};
 use std::path::{Path, PathBuf};
 
@@ -20,6 +20,10 @@ pub struct Recorded {
     pub prompt_pass_sized: bool,
     /// The first ubatch that decodes an output (after the prompt's), if the run decoded any.
     pub decode_from: Option<u32>,
+    /// Where the run drafted with the model's own MTP head through a source: the head's layer
+    /// and the expert bytes per output its decodes read. The routes are the target's only, so
+    /// a replay of them leaves the head's reads out.
+    pub mtp_head: Option<(u32, f64)>,
 }
 
 /// Reads the routes of the completed generate record `dir` (digest checked) and inventories
@@ -65,7 +69,11 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
     let plan = rec.params.as_ref().and_then(|p| p.experts.plan());
     let passes = Passes { n_used: k, token: plan.and_then(|d| d.token_pass), prompt: plan.and_then(|d| d.prompt_pass) };
     let prompt_pass_sized = plan.and_then(|d| d.sizing.as_ref()).and_then(|s| s.prompt_pass_from) == Some(SizedFrom::Manifest);
-    Ok(Recorded { events, inventory, model, passes, prompt_pass_sized, decode_from })
+    let draft = rec.params.as_ref().and_then(|p| p.draft.as_ref()).filter(|d| d.proposer == ProposerKind::Mtp);
+    let mtp_head = draft
+        .and_then(|d| d.head_layer)
+        .zip(rec.speculative.as_ref().and_then(|s| s.proposer_expert_bytes.map(|b| b as f64 / s.outputs.max(1) as f64)));
+    Ok(Recorded { events, inventory, model, passes, prompt_pass_sized, decode_from, mtp_head })
 }
 
 #[cfg(test)]

@@ -81,6 +81,18 @@ fn the_mtp_head_drafts_the_targets_greedy_tokens_and_f_with_lru_holds_every_surf
     let (bytes, head) = (u(fs_, "expert_bytes"), u(fs_, "proposer_expert_bytes"));
     assert!(head > 0 && head < bytes, "{fs_}");
     assert_eq!(f["experts"]["closure"]["active_tickets"], 0, "{}", f["experts"]);
+    // The drafting run's prefill is its prompt alone: its traversals feed several tokens too.
+    assert_eq!(f["experts"]["prefill"]["tokens"], f["counts"]["prompt_tokens"], "{}", f["experts"]["prefill"]);
+    // `plan simulate --draft-max` replays the target's routes; the head's own reads, which
+    // the routes leave out, are named beside the bounds as the run measured them.
+    let (routes, m) = (served.to_str().unwrap(), model.to_str().unwrap());
+    let sim =
+        ok(&["plan", "simulate", "--routes", routes, "--model", m, "--draft-max", "3", "--slots", "8", "--policy", "lru:8", "--json"]);
+    let sim: Value = serde_json::from_str(&sim.stdout).unwrap();
+    assert_eq!(sim["mtp_head"]["layer"], 3, "{}", sim["mtp_head"]);
+    let per = sim["mtp_head"]["bytes_per_output"].as_f64().unwrap();
+    assert!((per - head as f64 / u(fs_, "outputs") as f64).abs() < 1e-6, "{per}");
+    assert_eq!(sim["drafted"].as_array().unwrap().len(), 4);
 
     // Without drafts the head's layer is never run (its slots stay empty): the plain run
     // through F holds to the resident plain run.
