@@ -69,7 +69,8 @@ test: deps lint
 # F's prefill over its floor, stock's over F's, budget-sized against hand-sized decode
 # (BENCH_PREFILL=0 leaves it out); then the same bench
 # model with skewed routing (campaigns/bench-skew.yaml): F and F+LRU against stock; then F
-# with proposers (campaigns/bench-draft.yaml, BENCH_DRAFT=0 leaves it out) against plain F;
+# with proposers, its own MTP head among them, on a bench-sized qwen35moe with one MTP block
+# (campaigns/bench-draft.yaml, BENCH_DRAFT=0 leaves it out) against plain F;
 # then eight requests as one session through F with LRU (reset, cold) against separate runs
 # (campaigns/bench-session.yaml, BENCH_SESSION=0 leaves it out)
 # (BENCH_OUTPUTS, BENCH_BLOCKS scale the first down; BENCH_SKEW=0 leaves the second out).

@@ -100,11 +100,11 @@ if [ "${BENCH_SKEW:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; 
 fi
 
 if [ "${BENCH_DRAFT:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; then
-  echo "== campaign bench-draft-1 (campaigns/bench-draft.yaml)"
+  echo "== campaign bench-draft-2 (campaigns/bench-draft.yaml)"
   "$BIN" campaign run campaigns/bench-draft.yaml --results "$RESULTS"
-  "$BIN" export --campaign bench-draft-1 --results "$RESULTS" --out "$RESULTS/export-bench-draft-1"
-  echo "== F/F-base-2 decode time, paired"
-  "$BIN" stats pairs --csv "$RESULTS/export-bench-draft-1/pairs.csv" --a a --b b
+  "$BIN" export --campaign bench-draft-2 --results "$RESULTS" --out "$RESULTS/export-bench-draft-2"
+  echo "== F/F-mtp-4 decode time, paired"
+  "$BIN" stats pairs --csv "$RESULTS/export-bench-draft-2/pairs.csv" --a a --b b
 fi
 
 if [ "${BENCH_SESSION:-1}" != 0 ] && [ -z "${BENCH_OUTPUTS:-}${BENCH_BLOCKS:-}" ]; then
