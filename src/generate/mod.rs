@@ -305,8 +305,10 @@ impl Decoding {
                 head_layer: Some(head),
             });
             drafting.proposer = "MTP head";
-            let mut proposer = mtp::MtpHead::new(target, Context::mtp(target, ctx.params(), false)?);
-            return self.decode_drafted(&drafting, target, ctx, &mut proposer, prompt);
+            let mut proposer = mtp::MtpHead::new(target, Context::mtp(target, ctx.params(), true)?);
+            let report = self.decode_drafted(&drafting, target, ctx, &mut proposer, prompt);
+            self.head_routes = proposer.into_routes();
+            return report;
         };
         let inv = Inventory::of(path).map_err(|e| anyhow::anyhow!("the proposer {}: {e:#}", path.display()))?;
         params.draft = Some(DraftParams {
@@ -395,6 +397,9 @@ struct Decoding {
     routes: Vec<RouteEvent>,
     /// Where each generated token came from (a drafted run's).
     origins: Vec<draft::Origin>,
+    /// The proposer's routes where it is the model's own MTP head: every decode of its block,
+    /// drafts and catch-ups, as its context numbered them.
+    head_routes: Vec<RouteEvent>,
 }
 
 impl Decoding {
@@ -409,6 +414,7 @@ impl Decoding {
             recurrent: RecurrentStates::default(),
             routes: Vec::new(),
             origins: Vec::new(),
+            head_routes: Vec::new(),
         }
     }
 
@@ -513,6 +519,10 @@ fn write_surfaces(
     staging.surface("logits", "logits.bin", &f32_bytes(&run.logits), ran.n_vocab as u64 * 4, true)?;
     staging.surface("response", "response.bin", &run.response, 1, false)?;
     staging.surface("routes", "routes.bin", &crate::routes::encode(routes), crate::routes::unit_bytes(ran.route_k), false)?;
+    if !run.head_routes.is_empty() {
+        let bytes = crate::routes::encode(&run.head_routes);
+        staging.surface("mtp_routes", "mtp_routes.bin", &bytes, crate::routes::unit_bytes(ran.route_k), false)?;
+    }
     if let Some(last) = &run.recurrent.last {
         // One SHA-256 per state (after prefill, after each decode step), and the last state.
         staging.surface("recurrent", "recurrent.bin", &run.recurrent.digests, 32, false)?;

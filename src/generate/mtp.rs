@@ -14,6 +14,7 @@ use super::draft::Drafter;
 use crate::engine::{Context, Model};
 use crate::inventory::Inventory;
 use crate::record::format::SpeculativeReport;
+use crate::routes::RouteEvent;
 use anyhow::{bail, Context as _, Result};
 
 /// The architectures whose nextn graph the driver runs: one trained head each.
@@ -49,12 +50,24 @@ pub struct MtpHead<'m> {
     /// The committed token fed first, kept for a traversal without drafts.
     next: i32,
     rows: Vec<f32>,
+    /// Every routing of the head's block, in decode order.
+    routes: Vec<RouteEvent>,
 }
 
 impl<'m> MtpHead<'m> {
     pub fn new(model: &Model, ctx: Context<'m>) -> MtpHead<'m> {
         let width = model.n_embd_out();
-        MtpHead { ctx, n_vocab: model.n_vocab(), width, pending: vec![0.0; width], base: 0, fed_first: false, next: 0, rows: Vec::new() }
+        MtpHead {
+            ctx,
+            n_vocab: model.n_vocab(),
+            width,
+            pending: vec![0.0; width],
+            base: 0,
+            fed_first: false,
+            next: 0,
+            rows: Vec::new(),
+            routes: Vec::new(),
+        }
     }
 
     /// Feeds entries (token, state row) at the head's next positions; keeps the last logits row.
@@ -62,8 +75,14 @@ impl<'m> MtpHead<'m> {
         let at = self.ctx.n_past() as usize + tokens.len() - 1;
         self.rows.clear();
         self.ctx.decode_with_states(tokens, states, false, &mut self.rows).with_context(|| format!("the {name}"))?;
+        self.routes.extend(self.ctx.take_routes());
         report.proposer_decodes += 1;
         check_finite(&self.rows, self.n_vocab, 0).with_context(|| format!("{name} logits from position {at}"))
+    }
+
+    /// The head's routes (its context captures them when made so).
+    pub fn into_routes(self) -> Vec<RouteEvent> {
+        self.routes
     }
 
     /// The target's hidden row `i` of a decode's rows.

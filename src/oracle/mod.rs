@@ -11,10 +11,11 @@ use std::path::Path;
 
 /// Output surfaces of a generate record, in the order they are reported.
 pub const SURFACES: &[&str] = &["tokens", "logits", "response", "routes"];
-/// Surfaces only some models have: the recurrent state of hybrid and recurrent families (a
-/// digest per state after prefill and every decode step, and the last state's bytes). Compared
-/// whenever either record has them; a record that lacks one the other has is not exact.
-pub const MODEL_SURFACES: &[&str] = &["recurrent", "recurrent_state"];
+/// Surfaces only some runs have: the recurrent state of hybrid and recurrent families (a
+/// digest per state after prefill and every decode step, and the last state's bytes), and the
+/// routes of a run's MTP head where it drafted with it. Compared whenever either record has
+/// them; a record that lacks one the other has is not exact.
+pub const MODEL_SURFACES: &[&str] = &["recurrent", "recurrent_state", "mtp_routes"];
 
 /// The surfaces a record's exactness covers: every output surface and the model surfaces it has.
 /// A session's record names its requests' surfaces under `requests/NNNN/`: each of those the

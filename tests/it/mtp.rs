@@ -48,6 +48,8 @@ fn the_mtp_head_drafts_the_targets_greedy_tokens_and_f_with_lru_holds_every_surf
     for w in ["tokens", "response", "routes"] {
         assert!(c.iter().any(|(s, e)| s == w && *e), "{w}: {c:?}");
     }
+    // A run that drafted with its head has the head's routes; the plain run has none.
+    assert!(c.iter().any(|(s, e)| s == "mtp_routes" && !*e), "{c:?}");
     let s = &r["speculative"];
     let (traversals, accepted, drafted_n) = (u(s, "traversals"), u(s, "accepted"), u(s, "drafted"));
     assert_eq!(u(s, "outputs"), u64::from(OUTPUTS) - 1);
@@ -75,7 +77,8 @@ fn the_mtp_head_drafts_the_targets_greedy_tokens_and_f_with_lru_holds_every_surf
     let f = gen(&model, &served, &["--draft", "mtp", "--draft-max", "3", "--experts", "plan", "--slots", "8", "--policy", "lru:8"]);
     let c = compare_surfaces(&drafted, &served);
     assert!(c.len() >= 6 && c.iter().all(|(_, e)| *e), "{c:?}");
-    assert!(c.iter().any(|(s, _)| s == "recurrent_state"), "{c:?}");
+    // The head's own routing, every decode of its block, is a surface of its own and exact too.
+    assert!(c.iter().any(|(s, _)| s == "recurrent_state") && c.iter().any(|(s, _)| s == "mtp_routes"), "{c:?}");
     let fs_ = &f["speculative"];
     assert_eq!(fs_["traversals"], s["traversals"]);
     let (bytes, head) = (u(fs_, "expert_bytes"), u(fs_, "proposer_expert_bytes"));
