@@ -240,16 +240,13 @@ fn check_recipe(field: &str, m: &ModelSpec, path: &Path) -> Result<()> {
         let d = dims(f)?;
         let seed = g.get("sovereign.forge.seed").and_then(|v| v.as_u64());
         let arch = g.architecture().unwrap_or("");
+        // block_count counts the nextn blocks after the trunk's layers.
+        let nextn = g.arch_u64("nextn_predict_layers").unwrap_or(0);
         let checks = [
             ("arch", arch.to_string(), f.arch.name().to_string()),
             ("seed", seed.map_or("none (not forged)".into(), |s| s.to_string()), f.seed.to_string()),
-            // block_count counts the nextn blocks after the trunk's layers.
-            (
-                "layers",
-                opt(g.arch_u64("block_count").map(|b| b - g.arch_u64("nextn_predict_layers").unwrap_or(0).min(b))),
-                d.layers.to_string(),
-            ),
-            ("mtp_layers", g.arch_u64("nextn_predict_layers").unwrap_or(0).to_string(), f.mtp_layers.to_string()),
+            ("layers", opt(g.arch_u64("block_count").map(|b| b - nextn.min(b))), d.layers.to_string()),
+            ("mtp_layers", nextn.to_string(), f.mtp_layers.to_string()),
             ("experts", opt(g.arch_u64("expert_count")), d.experts.to_string()),
             ("top_k", opt(g.arch_u64("expert_used_count")), d.top_k.to_string()),
             ("alignment", g.alignment.to_string(), d.alignment.to_string()),

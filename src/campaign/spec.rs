@@ -1040,12 +1040,12 @@ fn validate_measure_schedule(c: &Campaign) -> Vec<Diagnostic> {
     out
 }
 
-/// A refinement campaign: every arm refines, with the token relation and outputs fixed.
-/// Proposers are named as arms are, and each arm's `draft` names one of them.
 /// `draft: mtp`: the arm drafts with the campaign model's own MTP head; no proposer may take
 /// the name.
 pub const MTP: &str = "mtp";
 
+/// A refinement campaign: every arm refines, with the token relation and outputs fixed.
+/// Proposers are named as arms are, and each arm's `draft` names one of them.
 fn validate_proposers(c: &Campaign) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for (name, m) in &c.proposers {

@@ -121,13 +121,6 @@ impl<'m> Proposer<'m> {
     /// its own greedy tokens one at a time (the last draft is not fed).
     /// A draft outside the target's vocabulary (a larger, padded proposer vocabulary) ends the
     /// drafts there: the target could not be fed it, and would never have chosen it.
-    fn draft_k(&mut self, k: usize, n_target: usize, name: &str, report: &mut SpeculativeReport) -> Result<Vec<i32>> {
-        let mut rows = std::mem::take(&mut self.rows);
-        let drafts = self.draft_into(k, n_target, name, &mut rows, report);
-        self.rows = rows;
-        drafts
-    }
-
     fn draft_into(
         &mut self,
         k: usize,
@@ -200,7 +193,11 @@ impl Drafter for Proposer<'_> {
             self.fed = 0;
             return Ok(Vec::new());
         }
-        self.draft_k(k, n_target, name, report)
+        // The row buffer is reused across traversals; `draft_into` borrows self beside it.
+        let mut rows = std::mem::take(&mut self.rows);
+        let drafts = self.draft_into(k, n_target, name, &mut rows, report);
+        self.rows = rows;
+        drafts
     }
 
     fn settle(&mut self, drafts: &[i32], accepted: usize, _: &[f32], _: &mut SpeculativeReport) -> Result<()> {

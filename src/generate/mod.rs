@@ -244,7 +244,7 @@ pub fn run_with(spec: &GenerateSpec, make_source: impl FnOnce(&Inventory) -> Res
     let mut params = params_before_decode(spec, exec, experts, &ctx)?;
     let mut run = Decoding::new(prompt.len() + spec.n_predict as usize, n_vocab, spec.n_predict);
     let (decoded, speculative) = match &spec.draft {
-        Some(d) => match run.drafted(spec, d, &model, &mut ctx, &prompt, &mut params) {
+        Some(d) => match run.drafted(spec, d, Target { model: &model, inv: &inv, id: &model_id }, &mut ctx, &prompt, &mut params) {
             Ok(r) => (Ok(()), Some(r)),
             Err(e) => (Err(e), None),
         },
@@ -267,6 +267,13 @@ pub fn run_with(spec: &GenerateSpec, make_source: impl FnOnce(&Inventory) -> Res
     commit_completed(staging, ran, run, routes, source_report, speculative)
 }
 
+/// The model a drafted run decodes, with its inventory and identity as the run has them.
+struct Target<'a> {
+    model: &'a Model,
+    inv: &'a Inventory,
+    id: &'a ModelIdentity,
+}
+
 impl Decoding {
     /// Readies the proposer (another model, resident, refused where its vocabulary is not the
     /// target's, since its drafts are token ids the target checks; or the target's own MTP
@@ -276,7 +283,7 @@ impl Decoding {
         &mut self,
         spec: &GenerateSpec,
         d: &Draft,
-        target: &Model,
+        Target { model: target, inv, id }: Target,
         ctx: &mut Context,
         prompt: &[i32],
         params: &mut GenerateParams,
@@ -296,14 +303,8 @@ impl Decoding {
             proposer: "proposer",
         };
         let Some(path) = d.model() else {
-            let inv = Inventory::of(&spec.model)?;
-            let head = mtp::check(&inv, target)?;
-            params.draft = Some(DraftParams {
-                model: ModelIdentity::of(&spec.model, &inv, None)?,
-                draft_max: d.max,
-                proposer: ProposerKind::Mtp,
-                head_layer: Some(head),
-            });
+            let head = mtp::check(inv, target)?;
+            params.draft = Some(DraftParams { model: id.clone(), draft_max: d.max, proposer: ProposerKind::Mtp, head_layer: Some(head) });
             drafting.proposer = "MTP head";
             let mut proposer = mtp::MtpHead::new(target, Context::mtp(target, ctx.params(), true)?);
             let report = self.decode_drafted(&drafting, target, ctx, &mut proposer, prompt);
