@@ -80,6 +80,8 @@ echo "== F's replay plus its device idle per token (no read in flight, its timel
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a floor_s_per_token --b idle_bound_s_per_token
 echo "== F decode time per token over its idle bound (its replay plus its device idle): what F loses beyond the router's dependence"
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a idle_bound_s_per_token --b arm_s_per_token
+echo "== F decode time per token over its layer bound (its reads replayed one layer after the other, plus its device idle): what F loses beyond the router's barriers, queue drains included"
+"$BIN" stats pairs --csv "$OUT/floor.csv" --a layer_bound_s_per_token --b arm_s_per_token
 echo "== The replay of F's reads, bytes per second over the envelope's best cell: the most F's reads allow"
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a envelope_mib_per_s --b replay_mib_per_s
 

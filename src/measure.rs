@@ -8,7 +8,9 @@
 //! (`q_run`: reads, logical and physical bytes), or the replay fails. The covering reads of
 //! each ubatch are then read with io_uring O_DIRECT into aligned buffers, at most `depth` in
 //! flight, one ubatch after the other (a token's routes are not known before the previous
-//! token's compute, so the floor keeps that barrier and no other).
+//! token's compute, so the floor keeps that barrier and no other). The decode's reads are then
+//! read again one layer event after the other, each drained before the next goes out, as the
+//! router's dependence queues a run's: what that barrier costs the device, apart from compute.
 
 use crate::envelope::{self, Landing, Places};
 use crate::identity::build_identity;
@@ -190,6 +192,17 @@ pub struct Sequence {
     pub plan_traffic: Traffic,
     /// The run's slot pools: the memory its reads land in.
     pub pool_bytes: u64,
+    /// Each layer event's reads: its ubatch and their range in that ubatch's step.
+    pub events: Vec<(usize, std::ops::Range<usize>)>,
+}
+
+/// Where a replay waits for every read in flight before the next go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Barrier {
+    /// Between ubatches (tokens): the floor's.
+    Ubatch,
+    /// Between layer events too: as a run's router orders its reads.
+    Layer,
 }
 
 /// The reads the Plan with `plan`'s settings submits for `events` (every layer event of a
@@ -204,8 +217,11 @@ pub fn sequence(inv: &Inventory, plan: &PlanOptions, events: &[LayerEvent], pref
     let trace = simulate::reads(manifest, &policy, events, sizing.windows, passes)?;
     let n_steps = events.last().map_or(0, |e| e.ubatch as usize + 1);
     let mut steps: Vec<Vec<Read>> = vec![Vec::new(); n_steps];
+    let mut by_event = Vec::with_capacity(events.len());
     let mut traffic = Traffic::default();
     for (n, ev) in events.iter().enumerate() {
+        let start = steps[ev.ubatch as usize].len();
+        by_event.push((ev.ubatch as usize, start..start + trace.starts[n + 1] - trace.starts[n]));
         for r in &trace.requests[trace.starts[n]..trace.starts[n + 1]] {
             let cov = Covering::of(r.offset, r.len);
             steps[ev.ubatch as usize].push(Read { offset: cov.offset, len: cov.len, logical: r.len, end: cov.head + r.len });
@@ -218,7 +234,7 @@ pub fn sequence(inv: &Inventory, plan: &PlanOptions, events: &[LayerEvent], pref
     if prefill_steps > n_steps {
         bail!("{prefill_steps} prompt ubatches, but the routes hold only {n_steps} ubatches");
     }
-    Ok(Sequence { steps, prefill_steps, traffic, plan_traffic: trace.telemetry.q_run, pool_bytes })
+    Ok(Sequence { steps, prefill_steps, traffic, plan_traffic: trace.telemetry.q_run, pool_bytes, events: by_event })
 }
 
 /// The sequence of generate record `of` (its routes, its model, its Plan settings), checked
@@ -308,9 +324,11 @@ fn phase(steps: &[Vec<Read>], times: &[f64]) -> ReplayPhase {
     }
 }
 
-/// Replays the sequence's reads from the model's files (one, or each shard of its set), one
-/// ubatch after the other; each ubatch's time, and the bytes of memory the reads landed in.
-pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> Result<(Vec<f64>, u64)> {
+/// Replays the sequence's reads of ubatches `from..` from the model's files (one, or each
+/// shard of its set), one ubatch after the other, and within each ubatch one layer event
+/// after the other where `barrier` is [`Barrier::Layer`]; each ubatch's time, and the bytes of
+/// memory the reads landed in.
+pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, from: usize, depth: u32, barrier: Barrier) -> Result<(Vec<f64>, u64)> {
     let largest = seq.steps.iter().flatten().map(|r| r.len).max().unwrap_or(crate::source::ALIGN);
     check_depth(depth, largest)?;
     let files = crate::source::ModelFiles::open(model, true)?;
@@ -323,11 +341,28 @@ pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> 
     // buffers a virtual disk's host keeps warm.
     let landing = Landing::new(seq.pool_bytes, largest * depth as u64)?;
     let mut places = landing.places(largest as usize);
-    let mut times = Vec::with_capacity(seq.steps.len());
-    for step in &seq.steps {
-        let t = Instant::now();
-        read_step(&mut ring, fds.len(), &mut places, depth as usize, step)?;
-        times.push(t.elapsed().as_secs_f64());
+    let mut times = vec![0.0; seq.steps.len().saturating_sub(from)];
+    match barrier {
+        Barrier::Ubatch => {
+            for (step, time) in seq.steps[from.min(seq.steps.len())..].iter().zip(&mut times) {
+                let t = Instant::now();
+                read_step(&mut ring, fds.len(), &mut places, depth as usize, step)?;
+                *time = t.elapsed().as_secs_f64();
+            }
+        }
+        Barrier::Layer => {
+            let mut replayed = vec![0usize; times.len()];
+            for (u, range) in seq.events.iter().filter(|(u, _)| *u >= from) {
+                let t = Instant::now();
+                read_step(&mut ring, fds.len(), &mut places, depth as usize, &seq.steps[*u][range.clone()])?;
+                times[u - from] += t.elapsed().as_secs_f64();
+                replayed[u - from] += range.len();
+            }
+            // The layer events partition each ubatch's reads: every read once, none twice.
+            if let Some(u) = (0..replayed.len()).find(|&i| replayed[i] != seq.steps[from + i].len()) {
+                bail!("ubatch {}: its layer events hold {} reads, the ubatch {}", from + u, replayed[u], seq.steps[from + u].len());
+            }
+        }
     }
     Ok((times, landing.len()))
 }
@@ -354,6 +389,7 @@ pub fn run_read_replay(c: &ReadReplayCell) -> Result<ReadReplayRecord> {
         check: None,
         prefill: None,
         decode: None,
+        decode_by_layer: None,
         surfaces: BTreeMap::new(),
     };
     let ran = (|| -> Result<()> {
@@ -370,13 +406,15 @@ pub fn run_read_replay(c: &ReadReplayCell) -> Result<ReadReplayRecord> {
                 run.logical_bytes
             );
         }
-        let (times, landing) = replay_reads(&inv.paths(), &seq, c.depth)?;
+        let (times, landing) = replay_reads(&inv.paths(), &seq, 0, c.depth, Barrier::Ubatch)?;
         if let Some(p) = rec.params.as_mut() {
             p.landing_bytes = Some(landing);
         }
         let p = seq.prefill_steps;
         rec.prefill = Some(phase(&seq.steps[..p], &times[..p]));
         rec.decode = Some(phase(&seq.steps[p..], &times[p..]));
+        let (by_layer, _) = replay_reads(&inv.paths(), &seq, p, c.depth, Barrier::Layer)?;
+        rec.decode_by_layer = Some(phase(&seq.steps[p..], &by_layer));
         Ok(())
     })();
     seal(staging, rec, ran, "read replay failed closed")

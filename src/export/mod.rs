@@ -247,6 +247,13 @@ impl FloorRow<'_> {
         self.arm.sealed.decode_idle_s_per_token().map(|idle| idle_bound(self.replay.s_per_token, idle, self.compute.s_per_token))
     }
 
+    /// The idle bound with the reads replayed one layer event after the other, as the router
+    /// orders the arm's: what the arm loses beyond that dependence, queue drains included.
+    fn layer_bound(&self) -> Option<f64> {
+        let by_layer = self.replay.sealed.read_replay()?.decode_by_layer_s_per_token()?;
+        self.arm.sealed.decode_idle_s_per_token().map(|idle| idle_bound(by_layer, idle, self.compute.s_per_token))
+    }
+
     /// Which term of the floor or the envelope this block breaks, if any.
     fn broken_term(&self) -> Option<&'static str> {
         broken_floor(self.arm.s_per_token, self.replay.s_per_token, self.compute.s_per_token)

@@ -398,6 +398,13 @@ pub(super) struct FloorLine {
     /// That bound over the floor; empty where the floor is broken.
     #[serde(serialize_with = "shown::opt")]
     idle_bound_over_floor: Option<f64>,
+    /// The replay's reads again with every layer event drained before the next went out.
+    #[serde(serialize_with = "shown::opt")]
+    read_by_layer_s_per_token: Option<f64>,
+    /// That replay plus the arm's idle: the idle bound under the router's own barriers. Empty
+    /// where the floor is broken or the arm beat it (an instrument fault, not a result).
+    #[serde(serialize_with = "shown::opt")]
+    layer_bound_s_per_token: Option<f64>,
 }
 
 impl FloorLine {
@@ -438,6 +445,8 @@ impl FloorLine {
             arm_idle_s_per_token: r.arm.sealed.decode_idle_s_per_token(),
             idle_bound_s_per_token: bound,
             idle_bound_over_floor: bound.filter(|_| broken.is_none()).map(|b| b / r.floor()),
+            read_by_layer_s_per_token: r.replay.sealed.read_replay().and_then(|x| x.decode_by_layer_s_per_token()),
+            layer_bound_s_per_token: r.layer_bound().filter(|&b| broken.is_none() && r.arm.s_per_token >= b),
         }
     }
 }

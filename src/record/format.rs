@@ -623,6 +623,10 @@ pub struct ReadReplayRecord {
     pub prefill: Option<ReplayPhase>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode: Option<ReplayPhase>,
+    /// The decode's reads again, each layer event's drained before the next layer's go out,
+    /// as a run's router orders them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_by_layer: Option<ReplayPhase>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub surfaces: BTreeMap<String, Surface>,
 }
@@ -631,6 +635,12 @@ impl ReadReplayRecord {
     /// Read seconds per decode token (None where the replay did not complete).
     pub fn decode_s_per_token(&self) -> Option<f64> {
         self.decode.as_ref().filter(|_| self.outcome == Outcome::Completed).map(|d| d.seconds_per_step)
+    }
+
+    /// Read seconds per decode token with a barrier after every layer event (None where the
+    /// replay did not complete or has no such phase).
+    pub fn decode_by_layer_s_per_token(&self) -> Option<f64> {
+        self.decode_by_layer.as_ref().filter(|_| self.outcome == Outcome::Completed).map(|d| d.seconds_per_step)
     }
 }
 
@@ -1051,6 +1061,7 @@ impl TypedRecord {
                 check: None,
                 prefill: None,
                 decode: None,
+                decode_by_layer: None,
                 surfaces: BTreeMap::new(),
             })),
             SESSION_FORMAT => {

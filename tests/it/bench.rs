@@ -164,7 +164,7 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
     // first (outside the cell's wall time).
     let model_bytes = fs::metadata(t.path().join("models/bench.gguf")).unwrap().len();
     let mut envelope_best = 0.0f64;
-    let (mut ratios, mut reads, mut rates, mut idles) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut ratios, mut reads, mut rates, mut idles, mut layered) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (block, f_key, replay_key, env_key, compute_key) in [
         (1, "b01-p3-F", "b01-p4-replay-F", "b01-p0-envelope", "b01-p1-compute"),
         (2, "b02-p2-F", "b02-p3-replay-F", "b02-p0-envelope", "b02-p1-compute"),
@@ -220,6 +220,16 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         let per: Vec<f64> = dec["per_step_s"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         let read = dec["seconds_per_step"].as_f64().unwrap();
         assert!(close(read, per.iter().sum::<f64>() / per.len() as f64));
+        // The decode again with a barrier after every layer event: the same reads and steps,
+        // its own times.
+        let by_layer = &rep["decode_by_layer"];
+        for k in ["steps", "reads", "logical_bytes", "physical_bytes"] {
+            assert_eq!(by_layer[k], dec[k], "block {block}: {k}");
+        }
+        let per_layer: Vec<f64> = by_layer["per_step_s"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(per_layer.len(), per.len());
+        assert!(per_layer.iter().all(|&t| t > 0.0), "{per_layer:?}");
+        let read_by_layer = by_layer["seconds_per_step"].as_f64().unwrap();
         // The floor, recomputed from the records.
         let arm = s_per_token(&f);
         let floor = read.max(compute);
@@ -236,11 +246,21 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         let idle = tl["total"]["idle_ns"].as_u64().unwrap() as f64 / 1e9 / tokens as f64;
         assert!(idle > 0.0 && idle < arm, "block {block}: idle {idle} s of {arm} s per token");
         idles.push((idle, (read + idle).max(compute)));
+        layered.push((read_by_layer, (read_by_layer + idle).max(compute)));
     }
     let rows: Vec<csv::StringRecord> = csv::Reader::from_path(out.join("floor.csv")).unwrap().records().map(Result::unwrap).collect();
     assert_eq!(rows.len(), 2);
     let fh = csv::Reader::from_path(out.join("floor.csv")).unwrap().headers().unwrap().clone();
     let fcol = |n: &str| fh.iter().position(|c| c == n).unwrap_or_else(|| panic!("floor.csv has no {n}"));
+    for (row, (&(by_layer, bound), &(arm, _, _))) in rows.iter().zip(layered.iter().zip(&ratios)) {
+        assert!(close(row[fcol("read_by_layer_s_per_token")].parse().unwrap(), by_layer), "{row:?}");
+        let shown = &row[fcol("layer_bound_s_per_token")];
+        if &row[fcol("valid")] == "true" && arm >= bound {
+            assert!(close(shown.parse().unwrap(), bound), "{row:?}");
+        } else {
+            assert_eq!(shown, "", "no layer bound an arm beat or over a broken floor: {row:?}");
+        }
+    }
     for (row, ((idle, bound), (_, floor, _))) in rows.iter().zip(idles.iter().zip(&ratios)) {
         assert!(close(row[fcol("arm_idle_s_per_token")].parse().unwrap(), *idle), "{row:?}");
         assert!(close(row[fcol("idle_bound_s_per_token")].parse().unwrap(), *bound), "{row:?}");
