@@ -476,7 +476,9 @@ fn run_generate(g: &GenerateCell) -> Result<Done> {
 /// A session whose every request runs in a worker process of its own, one after another: a
 /// new model load and a new expert source each, the page cache as the last left it. Each
 /// request's record (and its worker's log, `NNNN.log`) is committed inside the session's, whose
-/// record names them as a session's does; the first request that fails ends it closed.
+/// record names them as a session's does. A request that fails fails the session, which goes on
+/// as a session in one process does (each request is a new process anyway); a worker that left
+/// no record of its request ends it.
 fn run_separate(g: &GenerateCell, requests: &[crate::session::Request]) -> Result<format::SessionRecord> {
     use crate::record::format::{load_generate, RequestEntry, Served, SessionRecord};
     let staging = Staging::new(&g.record)?.sealing(g.seal);
@@ -508,12 +510,16 @@ fn run_separate(g: &GenerateCell, requests: &[crate::session::Request]) -> Resul
         std::fs::remove_file(&spec)?;
         let status = status?;
         let wall_s = started.elapsed().as_secs_f64();
+        let dir = staging.dir().join(&place);
         if !status.success() {
             let said = std::fs::read_to_string(&log).unwrap_or_default();
-            failed = Some(format!("request {:?} failed: {}", r.id, observe::worker_failure(&RunStatus::from_exit(status), None, &said)));
-            break;
+            let why = format!("request {:?} failed: {}", r.id, observe::worker_failure(&RunStatus::from_exit(status), None, &said));
+            failed.get_or_insert(why);
+            // Failed closed, its record says so; a worker that died before it wrote one ends the session.
+            if !dir.join(crate::record::RECORD_FILE).exists() {
+                break;
+            }
         }
-        let dir = staging.dir().join(&place);
         let rec = load_generate(&dir)?;
         load_s += rec.timing.as_ref().map_or(0.0, |t| t.load_s);
         model = model.or(rec.model.clone());

@@ -379,6 +379,45 @@ fn a_session_goes_on_after_a_request_that_failed_closed_each_later_request_as_al
     }
 }
 
+/// Separate processes go on after a request that failed closed, as a session in one process
+/// does: the session fails, the failed request's record says so, and every later request is
+/// served and bitwise what the reset session served.
+#[test]
+fn separate_requests_go_on_after_one_that_failed_closed() {
+    use crate::common::run;
+    use sovereign::record::format::{load_typed, Outcome, TypedRecord};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = forge_arch(d, "qwen3moe");
+    let requests = d.join("requests.jsonl");
+    std::fs::write(
+        &requests,
+        [
+            r#"{"id": "a", "prompt": "the first question of the session", "n_predict": 4}"#,
+            r#"{"id": "faulted", "prompt": "the first question of the session", "n_predict": 4, "fault": "corrupt_byte"}"#,
+            r#"{"id": "b", "prompt": "another question", "n_predict": 3}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let mut served = Vec::new();
+    for between in ["auto", "separate"] {
+        let rec = d.join(between);
+        let (m, q, r) = (model.to_str().unwrap(), requests.to_str().unwrap(), rec.to_str().unwrap());
+        let args = ["generate", "--model", m, "--requests", q, "--ignore-eos", "--record", r, "--experts", "plan", "--policy", "lru:4"];
+        let out = run(&[&args[..], &["--slots", "4", "--between", between]].concat());
+        assert_ne!(out.code, 0, "{between}: a session with a failed request fails: {}", out.stderr);
+        assert!(out.stderr.contains("request \"faulted\" failed"), "{between}: {}", out.stderr);
+        let TypedRecord::Session(s) = load_typed(&rec).unwrap() else { panic!("{between}: not a session record") };
+        assert_eq!(s.outcome, Outcome::Failed, "{between}");
+        let outcomes: Vec<Outcome> = s.requests.iter().map(|q| q.outcome).collect();
+        assert_eq!(outcomes, [Outcome::Completed, Outcome::Failed, Outcome::Completed], "{between}");
+        assert!(!load_typed(&rec.join(&s.requests[1].record)).unwrap().surfaces().contains_key("tokens"), "{between}");
+        served.push([0, 2].map(|i| surfaces(&rec.join(&s.requests[i].record))));
+    }
+    assert_eq!(served[0], served[1], "each request served alone, wherever it ran");
+}
+
 /// `generate --requests` as a user runs it: a session of requests through F with LRU, reset or
 /// cold, and the same requests as separate processes, each request bitwise the resident
 /// session's (compared request by request through the session records' surfaces); a contained
