@@ -171,7 +171,7 @@ impl Verify {
 }
 
 /// An expert extent's digests in the manifest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExtentHashes {
     pub blake3: [u8; 32],
     pub xxh3: u128,

@@ -1496,6 +1496,13 @@ fn a_flipped_byte_read_straight_into_a_slot_is_caught_by_the_digest() {
         let err = acq(&mut p, 1, 0, &[6]).unwrap_err();
         assert!(matches!(&err, PlanError::Rejected { kind: RejectKind::DigestMismatch, .. }), "{err:?}");
         assert!(err.to_string().contains(with.name()), "{err}");
+        // The message spells both digests in the algorithm's width, and they differ.
+        let msg = err.to_string();
+        let after = |k: &str| msg.split(k).nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_default().to_string();
+        let (got, want) = (after("hash to "), after(" says "));
+        let width = if with == crate::digests::Verify::Xxh3 { 32 } else { 64 };
+        assert!(got.len() == width && want.len() == width && got != want, "{msg}");
+        assert!(got.chars().chain(want.chars()).all(|c| c.is_ascii_hexdigit()), "{msg}");
         assert_eq!(p.telemetry().digests.unwrap().algorithm.as_deref(), Some(with.name()));
         assert_eq!(p.telemetry().loads, 0);
         assert_failed_closed_direct(p, 1, None);

@@ -76,16 +76,15 @@ impl Plan {
         let started = Instant::now();
         let bytes = self.landed(li, t, direct);
         let len = bytes.len() as u64;
-        let (ok, got) = match with {
-            Verify::Xxh3 => {
-                let x = xxhash_rust::xxh3::xxh3_128(bytes);
-                (want.is_some_and(|w| w.xxh3 == x), format!("{x:032x}"))
-            }
-            Verify::Blake3 => {
-                let b: [u8; 32] = *blake3::hash(bytes).as_bytes();
-                (want.is_some_and(|w| w.blake3 == b), hex::encode(b))
-            }
+        // On the hot path: the digest is spelled only for a mismatch's message.
+        let got = match with {
+            Verify::Xxh3 => ExtentHashes { xxh3: xxhash_rust::xxh3::xxh3_128(bytes), ..Default::default() },
+            Verify::Blake3 => ExtentHashes { blake3: *blake3::hash(bytes).as_bytes(), ..Default::default() },
         };
+        let ok = want.is_some_and(|w| match with {
+            Verify::Xxh3 => w.xxh3 == got.xxh3,
+            Verify::Blake3 => w.blake3 == got.blake3,
+        });
         let ns = started.elapsed().as_nanos() as u64;
         let check = self.obs.tel.digests.get_or_insert_with(Default::default);
         check.hash_ns += ns;
@@ -97,9 +96,10 @@ impl Plan {
                 RejectKind::DigestMismatch,
                 t.id,
                 format!(
-                    "object {} extent {}: its {len} bytes hash to {got} ({}), the digest manifest {manifest} says {}",
+                    "object {} extent {}: its {len} bytes hash to {} ({}), the digest manifest {manifest} says {}",
                     t.object,
                     t.extent,
+                    hex_of(with, &got),
                     with.name(),
                     want.map_or("nothing".into(), |w| hex_of(with, &w))
                 ),
