@@ -196,13 +196,12 @@ pub struct Sequence {
     pub events: Vec<(usize, std::ops::Range<usize>)>,
 }
 
-/// Where a replay waits for every read in flight before the next go out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Barrier {
-    /// Between ubatches (tokens): the floor's.
-    Ubatch,
-    /// Between layer events too: as a run's router orders its reads.
-    Layer,
+/// What a replay measured: each ubatch's read time, each decode ubatch's again with every
+/// layer event drained before the next went out, and the bytes of memory the reads landed in.
+pub struct Replayed {
+    pub times: Vec<f64>,
+    pub decode_by_layer: Vec<f64>,
+    pub landing_bytes: u64,
 }
 
 /// The reads the Plan with `plan`'s settings submits for `events` (every layer event of a
@@ -324,11 +323,9 @@ fn phase(steps: &[Vec<Read>], times: &[f64]) -> ReplayPhase {
     }
 }
 
-/// Replays the sequence's reads of ubatches `from..` from the model's files (one, or each
-/// shard of its set), one ubatch after the other, and within each ubatch one layer event
-/// after the other where `barrier` is [`Barrier::Layer`]; each ubatch's time, and the bytes of
-/// memory the reads landed in.
-pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, from: usize, depth: u32, barrier: Barrier) -> Result<(Vec<f64>, u64)> {
+/// Replays the sequence's reads from the model's files (one, or each shard of its set), one
+/// ubatch after the other; then the decode's again, one layer event after the other.
+pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> Result<Replayed> {
     let largest = seq.steps.iter().flatten().map(|r| r.len).max().unwrap_or(crate::source::ALIGN);
     check_depth(depth, largest)?;
     let files = crate::source::ModelFiles::open(model, true)?;
@@ -341,30 +338,25 @@ pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, from: usize, de
     // buffers a virtual disk's host keeps warm.
     let landing = Landing::new(seq.pool_bytes, largest * depth as u64)?;
     let mut places = landing.places(largest as usize);
-    let mut times = vec![0.0; seq.steps.len().saturating_sub(from)];
-    match barrier {
-        Barrier::Ubatch => {
-            for (step, time) in seq.steps[from.min(seq.steps.len())..].iter().zip(&mut times) {
-                let t = Instant::now();
-                read_step(&mut ring, fds.len(), &mut places, depth as usize, step)?;
-                *time = t.elapsed().as_secs_f64();
-            }
-        }
-        Barrier::Layer => {
-            let mut replayed = vec![0usize; times.len()];
-            for (u, range) in seq.events.iter().filter(|(u, _)| *u >= from) {
-                let t = Instant::now();
-                read_step(&mut ring, fds.len(), &mut places, depth as usize, &seq.steps[*u][range.clone()])?;
-                times[u - from] += t.elapsed().as_secs_f64();
-                replayed[u - from] += range.len();
-            }
-            // The layer events partition each ubatch's reads: every read once, none twice.
-            if let Some(u) = (0..replayed.len()).find(|&i| replayed[i] != seq.steps[from + i].len()) {
-                bail!("ubatch {}: its layer events hold {} reads, the ubatch {}", from + u, replayed[u], seq.steps[from + u].len());
-            }
-        }
+    let mut times = Vec::with_capacity(seq.steps.len());
+    for step in &seq.steps {
+        let t = Instant::now();
+        read_step(&mut ring, fds.len(), &mut places, depth as usize, step)?;
+        times.push(t.elapsed().as_secs_f64());
     }
-    Ok((times, landing.len()))
+    let from = seq.prefill_steps;
+    let (mut by_layer, mut replayed) = (vec![0.0; seq.steps.len() - from], vec![0usize; seq.steps.len() - from]);
+    for (u, range) in seq.events.iter().filter(|(u, _)| *u >= from) {
+        let t = Instant::now();
+        read_step(&mut ring, fds.len(), &mut places, depth as usize, &seq.steps[*u][range.clone()])?;
+        by_layer[u - from] += t.elapsed().as_secs_f64();
+        replayed[u - from] += range.len();
+    }
+    // The layer events partition each ubatch's reads: every read once, none twice.
+    if let Some(u) = (0..replayed.len()).find(|&i| replayed[i] != seq.steps[from + i].len()) {
+        bail!("ubatch {}: its layer events hold {} reads, the ubatch {}", from + u, replayed[u], seq.steps[from + u].len());
+    }
+    Ok(Replayed { times, decode_by_layer: by_layer, landing_bytes: landing.len() })
 }
 
 /// Runs a read_replay cell and writes its record. A sequence that differs from the run's own
@@ -406,15 +398,14 @@ pub fn run_read_replay(c: &ReadReplayCell) -> Result<ReadReplayRecord> {
                 run.logical_bytes
             );
         }
-        let (times, landing) = replay_reads(&inv.paths(), &seq, 0, c.depth, Barrier::Ubatch)?;
+        let r = replay_reads(&inv.paths(), &seq, c.depth)?;
         if let Some(p) = rec.params.as_mut() {
-            p.landing_bytes = Some(landing);
+            p.landing_bytes = Some(r.landing_bytes);
         }
         let p = seq.prefill_steps;
-        rec.prefill = Some(phase(&seq.steps[..p], &times[..p]));
-        rec.decode = Some(phase(&seq.steps[p..], &times[p..]));
-        let (by_layer, _) = replay_reads(&inv.paths(), &seq, p, c.depth, Barrier::Layer)?;
-        rec.decode_by_layer = Some(phase(&seq.steps[p..], &by_layer));
+        rec.prefill = Some(phase(&seq.steps[..p], &r.times[..p]));
+        rec.decode = Some(phase(&seq.steps[p..], &r.times[p..]));
+        rec.decode_by_layer = Some(phase(&seq.steps[p..], &r.decode_by_layer));
         Ok(())
     })();
     seal(staging, rec, ran, "read replay failed closed")
