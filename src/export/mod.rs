@@ -485,11 +485,27 @@ impl Sealed {
         Some(g.timing.as_ref()?.decode_s / steps as f64)
     }
 
-    /// Decode seconds per decode token with no read in flight (the Plan's timeline): the device
-    /// sat idle while the engine finished a layer and ran the next one's router.
+    /// Decode seconds per decode token with no read in flight while the engine computed (the
+    /// Plan's timeline): the device sat idle while the engine finished a layer, ran the next
+    /// one's router or chose the next token, the idle the router's dependence leaves.
     fn decode_idle_s_per_token(&self) -> Option<f64> {
+        let (t, n) = self.decode_timeline()?;
+        let i = &t.idle;
+        Some((i.between_ns + i.compute_ns + i.expert_compute_ns) as f64 / 1e9 / n)
+    }
+
+    /// Decode seconds per decode token with no read in flight while the Plan worked (verified,
+    /// copied, kept its books or waited on nothing): the arm's own idle, no bound forgives it.
+    fn decode_plan_idle_s_per_token(&self) -> Option<f64> {
+        let (t, n) = self.decode_timeline()?;
+        let i = &t.idle;
+        Some((i.plan_ns + i.copy_ns + i.submit_ns + i.wait_ns) as f64 / 1e9 / n)
+    }
+
+    /// A completed generate run's decode timeline totals and its token count.
+    fn decode_timeline(&self) -> Option<(crate::plan::timeline::Times, f64)> {
         let t = self.generate().filter(|_| self.completed())?.plan()?.timeline.as_ref()?;
-        (t.tokens > 0).then(|| t.total.idle_ns as f64 / 1e9 / t.tokens as f64)
+        (t.tokens > 0).then_some((t.total, t.tokens as f64))
     }
 }
 

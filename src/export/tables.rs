@@ -389,9 +389,14 @@ pub(super) struct FloorLine {
     envelope_mib_per_s: Option<f64>,
     #[serde(serialize_with = "shown::opt")]
     arm_over_envelope: Option<f64>,
-    /// Decode seconds per token with no read in flight (the arm's timeline); empty without one.
+    /// Decode seconds per token with no read in flight while the engine computed (the arm's
+    /// timeline); empty without one.
     #[serde(serialize_with = "shown::opt")]
     arm_idle_s_per_token: Option<f64>,
+    /// Decode seconds per token with no read in flight while the Plan verified, copied or kept
+    /// its books: the arm's own, outside every bound.
+    #[serde(serialize_with = "shown::opt")]
+    arm_plan_idle_s_per_token: Option<f64>,
     /// The replay's time plus that idle: the least the arm could take with its idle unchanged.
     #[serde(serialize_with = "shown::opt")]
     idle_bound_s_per_token: Option<f64>,
@@ -443,6 +448,7 @@ impl FloorLine {
                 _ => None,
             },
             arm_idle_s_per_token: r.arm.sealed.decode_idle_s_per_token(),
+            arm_plan_idle_s_per_token: r.arm.sealed.decode_plan_idle_s_per_token(),
             idle_bound_s_per_token: bound,
             idle_bound_over_floor: bound.filter(|_| broken.is_none()).map(|b| b / r.floor()),
             read_by_layer_s_per_token: r.replay.sealed.read_replay().and_then(|x| x.decode_by_layer_s_per_token()),

@@ -107,6 +107,13 @@ impl Io {
         self.source.poll_ready()
     }
 
+    /// Reads the device has not yet been seen to finish (see [`Source::in_flight`]), and
+    /// finished ones the source holds for `wait`.
+    pub(super) fn in_flight(&self) -> (usize, usize) {
+        let n = self.source.in_flight();
+        (n, self.source.outstanding().saturating_sub(n))
+    }
+
     /// The next completion still queued in the source, its ticket taken back; `None` once
     /// nothing is outstanding.
     pub(super) fn drain_one(&mut self) -> Result<Option<Completion>, SourceError> {

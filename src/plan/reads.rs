@@ -147,7 +147,8 @@ impl Plan {
         let c = self.io.wait();
         self.obs.tel.read_ns += started.elapsed().as_nanos() as u64;
         if let Ok(c) = &c {
-            self.obs.tl.completed(started, c);
+            let (in_flight, held) = self.io.in_flight();
+            self.obs.tl.completed(started, c, in_flight, held);
         }
         c
     }
@@ -339,7 +340,8 @@ impl Plan {
     /// Takes every queued completion out of the source; none becomes visible.
     pub(super) fn drain(&mut self) -> Result<(), PlanError> {
         while let Some(c) = self.io.drain_one()? {
-            self.obs.tl.completed(std::time::Instant::now(), &c);
+            let (in_flight, held) = self.io.in_flight();
+            self.obs.tl.completed(std::time::Instant::now(), &c, in_flight, held);
             self.obs.tel.drained_completions += 1;
         }
         Ok(())

@@ -10,12 +10,15 @@
 //! way it is charged to what the engine's thread was doing then, so the parts add up to the
 //! token's wall time exactly, in the clock's nanoseconds.
 //!
-//! Busy is what the Plan can see: a read the device finished while the engine computed counts
-//! as busy until the Plan takes its completion back, so busy bounds the device's own from above.
+//! Busy is what the host can see: a read counts as busy until the source is seen to hold its
+//! completion (io_uring's completion queue reaped), which may be before the Plan takes it back
+//! (while it verifies the ones ahead of it); a read the device finished while the engine
+//! computed counts as busy until the next look. So busy bounds the device's own from above.
 
 use super::ObjectId;
 use crate::source::Completion;
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 /// The format of the `timeline` surface.
@@ -34,7 +37,8 @@ pub enum Kind {
     /// A read went to the source: `dur_ns` is the time inside the source's submit (a
     /// synchronous source reads there).
     Submit,
-    /// A completion was taken back at `t_ns + dur_ns`, after `dur_ns` blocked waiting for it.
+    /// A completion was taken back at `t_ns + dur_ns`, after `dur_ns` blocked waiting for it;
+    /// the source was first seen to hold it at `landed_ns`, at or before then.
     Complete,
     /// A window was copied into a slot during `[t_ns, t_ns + dur_ns)`; for an asynchronous copy
     /// (`window` set) the time to queue it, and the copy is in flight until its `CopyDone`.
@@ -75,6 +79,8 @@ pub struct Event {
     pub slot: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub landed_ns: Option<u64>,
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -95,6 +101,7 @@ impl Event {
             bytes: None,
             slot: None,
             window: None,
+            landed_ns: None,
         }
     }
 
@@ -295,8 +302,11 @@ pub struct Timeline {
     open: Option<Open>,
     next: u32,
     last_end: Option<Instant>,
-    /// Reads submitted and not yet taken back (across tokens).
+    /// Reads submitted and not yet seen finished (across tokens).
     outstanding: u64,
+    /// When the completions seen finished and not yet taken back were seen, in the order the
+    /// source hands them out.
+    landed: VecDeque<Instant>,
     /// Asynchronous copies queued and not yet seen complete.
     copies_in_flight: u64,
     per_token: Vec<TokenTime>,
@@ -314,6 +324,7 @@ impl Timeline {
             want: token.unwrap_or(u32::MAX),
             layers,
             events: Vec::with_capacity(capacity),
+            landed: VecDeque::with_capacity(64),
             ..Default::default()
         }
     }
@@ -454,19 +465,31 @@ impl Timeline {
         self.push(started, dur(started, now), e, Kind::Submit);
     }
 
-    /// A completion taken back after waiting from `started`.
-    pub(crate) fn completed(&mut self, started: Instant, c: &Completion) {
+    /// A completion taken back after waiting from `started`; then `in_flight` reads are still
+    /// at the device and `held` more finished ones wait in the source to be taken (see
+    /// [`crate::source::Source::in_flight`]).
+    pub(crate) fn completed(&mut self, started: Instant, c: &Completion, in_flight: usize, held: usize) {
         if !self.on {
             return;
         }
         let now = Instant::now();
         self.advance(started, Cpu::Wait);
         self.advance(now, Cpu::Plan);
-        self.outstanding = self.outstanding.saturating_sub(1);
+        // Those no longer in flight were seen finished now; this one is the oldest seen (marks
+        // of completions a drain discarded are dropped).
+        let seen = self.outstanding.saturating_sub(in_flight as u64);
+        self.landed.extend(std::iter::repeat_n(now, seen as usize));
+        while self.landed.len() > held + 1 {
+            self.landed.pop_front();
+        }
+        let landed = if self.landed.len() == held + 1 { self.landed.pop_front().unwrap_or(now) } else { now };
+        self.outstanding = in_flight as u64;
+        let landed_ns = self.open.as_ref().map(|o| landed.saturating_duration_since(o.origin).as_nanos() as u64);
         if let Some(o) = &mut self.open {
             o.times.completions += 1;
         }
         let e = |e| Event {
+            landed_ns,
             ticket: Some(c.ticket),
             layer: Some(c.object.layer),
             expert: Some(c.object.expert),
@@ -649,8 +672,12 @@ impl TimelineFile {
 
     /// Reads, one per submitted ticket, with when each came back.
     pub fn reads(&self) -> Vec<TimedRead> {
-        let done: std::collections::HashMap<u64, u64> =
-            self.events.iter().filter(|e| e.kind == Kind::Complete).filter_map(|e| Some((e.ticket?, e.end_ns()))).collect();
+        let done: std::collections::HashMap<u64, u64> = self
+            .events
+            .iter()
+            .filter(|e| e.kind == Kind::Complete)
+            .filter_map(|e| Some((e.ticket?, e.landed_ns.unwrap_or(e.end_ns()))))
+            .collect();
         self.events
             .iter()
             .filter(|e| e.kind == Kind::Submit)
@@ -709,10 +736,11 @@ mod tests {
                 tl.submitted(started, token * 10 + u64::from(x), ObjectId { layer: 0, expert: 1 }, x, 4096, 0);
                 reads += 1;
             }
+            // The first wait sees all three finished; the Plan takes the other two after.
             for x in 0..3u32 {
                 let started = Instant::now();
                 spin(50);
-                tl.completed(started, &completion(token * 10 + u64::from(x), 0, 1, x, 4096));
+                tl.completed(started, &completion(token * 10 + u64::from(x), 0, 1, x, 4096), 0, 2 - x as usize);
             }
             let started = Instant::now();
             spin(30);
@@ -772,7 +800,9 @@ mod tests {
             assert_eq!((x.reads, x.completions, x.plan_reads, x.copies, x.publishes, x.acquires, x.releases), (3, 3, 3, 1, 1, 1, 1));
             // Spins set lower bounds on each part.
             assert!(x.idle.between_ns >= 200_000 && x.idle.compute_ns >= 150_000 && x.idle.expert_compute_ns >= 100_000, "{x:?}");
-            assert!(x.busy.wait_ns >= 150_000 && x.idle.copy_ns >= 30_000 && x.stalled_on_reads_ns >= 210_000, "{x:?}");
+            assert!(x.busy.wait_ns >= 50_000 && x.idle.copy_ns >= 30_000 && x.stalled_on_reads_ns >= 210_000, "{x:?}");
+            // Taking back the two seen finished with the first is not device time.
+            assert!(x.idle.wait_ns >= 100_000, "{x:?}");
         }
         let f = tl.file().unwrap();
         assert_eq!(f.token, 1);
@@ -783,6 +813,11 @@ mod tests {
         assert_eq!(union_busy(&f, end.t_ns), f.times.busy_ns);
         assert!(f.events.windows(2).all(|w| w[0].t_ns <= w[1].t_ns), "events in time order");
         assert!(f.reads().iter().all(|r| r.done_ns.is_some()));
+        // All three were seen finished at the first completion's end.
+        let done: Vec<Event> = f.events.iter().filter(|e| e.kind == Kind::Complete).copied().collect();
+        assert_eq!(done.len(), 3);
+        assert!(done.iter().all(|e| e.landed_ns == Some(done[0].end_ns())), "{done:?}");
+        assert!(done[2].end_ns() >= done[0].end_ns() + 100_000, "{done:?}");
         let total: u64 = r.per_token.iter().map(|t| t.times.wall_ns).sum();
         assert_eq!(r.total.wall_ns, total);
     }

@@ -247,6 +247,10 @@ impl Source for FaultySource {
         self.inner.outstanding() + self.held.len() + self.late.len()
     }
 
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+
     fn window(&self, w: u32) -> &[u8] {
         self.inner.window(w)
     }

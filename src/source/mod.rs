@@ -303,6 +303,11 @@ pub trait Source: Send {
     fn wait(&mut self) -> Result<Completion, SourceError>;
     /// Requests submitted whose completion was not yet returned by `wait`.
     fn outstanding(&self) -> usize;
+    /// Of those, the ones the device has not yet been seen to finish: less the completions the
+    /// source already took from the device and holds for `wait`. Default: every outstanding one.
+    fn in_flight(&self) -> usize {
+        self.outstanding()
+    }
     fn window(&self, w: u32) -> &[u8];
     fn stats(&self) -> SourceStats;
 

@@ -548,6 +548,10 @@ impl Source for UringSource {
         self.requests_in_flight + self.ready.len()
     }
 
+    fn in_flight(&self) -> usize {
+        self.requests_in_flight
+    }
+
     fn poll_ready(&mut self) -> bool {
         // A failed reap is not swallowed: the next wait reaps again and returns it.
         if self.ready.is_empty() && self.busy_entries() > 0 {

@@ -165,6 +165,7 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
     let model_bytes = fs::metadata(t.path().join("models/bench.gguf")).unwrap().len();
     let mut envelope_best = 0.0f64;
     let (mut ratios, mut reads, mut rates, mut idles, mut layered) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut plan_idles = Vec::new();
     for (block, f_key, replay_key, env_key, compute_key) in [
         (1, "b01-p3-F", "b01-p4-replay-F", "b01-p0-envelope", "b01-p1-compute"),
         (2, "b02-p2-F", "b02-p3-replay-F", "b02-p0-envelope", "b02-p1-compute"),
@@ -239,12 +240,18 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         let bpt = dec["physical_bytes"].as_f64().unwrap() / dec["steps"].as_f64().unwrap();
         rates.push((bpt / arm, dec["physical_bytes"].as_f64().unwrap() / dec["seconds"].as_f64().unwrap()));
         envelope_best = envelope_best.max(env["best"]["mib_per_s"].as_f64().unwrap() * 1048576.0);
-        // F's device idle per decode token, from its timeline: no read in flight.
+        // F's device idle per decode token, from its timeline: no read in flight while the
+        // engine computed (the bound's), and while the Plan worked (outside it).
         let tl = &f["experts"]["timeline"];
         let tokens = tl["tokens"].as_u64().unwrap();
         assert_eq!(tokens + 1, f["counts"]["generated_tokens"].as_u64().unwrap());
-        let idle = tl["total"]["idle_ns"].as_u64().unwrap() as f64 / 1e9 / tokens as f64;
-        assert!(idle > 0.0 && idle < arm, "block {block}: idle {idle} s of {arm} s per token");
+        let per =
+            |keys: &[&str]| keys.iter().map(|k| tl["total"]["idle"][*k].as_u64().unwrap_or(0)).sum::<u64>() as f64 / 1e9 / tokens as f64;
+        let idle = per(&["between_ns", "compute_ns", "expert_compute_ns"]);
+        let plan_idle = per(&["plan_ns", "copy_ns", "submit_ns", "wait_ns"]);
+        assert!(close(idle + plan_idle, tl["total"]["idle_ns"].as_u64().unwrap() as f64 / 1e9 / tokens as f64));
+        assert!(idle > 0.0 && idle + plan_idle < arm, "block {block}: idle {idle} s and {plan_idle} s of {arm} s per token");
+        plan_idles.push(plan_idle);
         idles.push((idle, (read + idle).max(compute)));
         layered.push((read_by_layer, (read_by_layer + idle).max(compute)));
     }
@@ -261,8 +268,9 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
             assert_eq!(shown, "", "no layer bound an arm beat or over a broken floor: {row:?}");
         }
     }
-    for (row, ((idle, bound), (_, floor, _))) in rows.iter().zip(idles.iter().zip(&ratios)) {
+    for ((row, ((idle, bound), (_, floor, _))), plan_idle) in rows.iter().zip(idles.iter().zip(&ratios)).zip(&plan_idles) {
         assert!(close(row[fcol("arm_idle_s_per_token")].parse().unwrap(), *idle), "{row:?}");
+        assert!(close(row[fcol("arm_plan_idle_s_per_token")].parse().unwrap(), *plan_idle), "{row:?}");
         assert!(close(row[fcol("idle_bound_s_per_token")].parse().unwrap(), *bound), "{row:?}");
         let over = &row[fcol("idle_bound_over_floor")];
         if &row[fcol("valid")] == "true" {
