@@ -27,11 +27,16 @@ impl Plan {
             if inflight.is_empty() {
                 return Err(PlanError::OutstandingWork { detail: "no window is Free".into() });
             }
-            let c = self.wait_source()?;
-            // The wait freed room in the source: refill it before this completion is hashed, so
-            // the device reads the next bundles while the CPU verifies the last ones.
+            // With it, every completion already back: they are hashed together. Where copies are
+            // asynchronous, those beyond what the pass needs are left to `harvest` after it.
+            let mut batch = vec![self.wait_source()?];
+            while !self.copies.asynchronous() && self.io.poll_ready() {
+                batch.push(self.wait_source()?);
+            }
+            // The wait freed room in the source: refill it before these completions are hashed,
+            // so the device reads the next bundles while the CPU verifies the last ones.
             self.submit_pending(li, pending, inflight)?;
-            self.accept(li, c, inflight)?;
+            self.accept_all(li, &batch, inflight)?;
         }
     }
 
@@ -160,6 +165,37 @@ impl Plan {
 
     /// Validates one completion; publishes its bundle when it was the last extent.
     pub(super) fn accept(&mut self, li: usize, c: Completion, inflight: &mut HashMap<u32, Bundle>) -> Result<(), PlanError> {
+        self.accept_all(li, &[c], inflight)
+    }
+
+    /// Validates completions that came back together: each one's tags first, then their
+    /// extents hashed at once (across the cores the engine leaves), then each verified and its
+    /// bundle published in turn. A rejection fails the batch before anything after it is used.
+    pub(super) fn accept_all(&mut self, li: usize, batch: &[Completion], inflight: &mut HashMap<u32, Bundle>) -> Result<(), PlanError> {
+        let mut checked = Vec::with_capacity(batch.len());
+        for &c in batch {
+            checked.push(self.check(li, c, inflight)?);
+        }
+        let hashed = self.hash_landed(li, &checked);
+        for (i, (t, direct)) in checked.into_iter().enumerate() {
+            if let Some(h) = &hashed {
+                self.verify_extent(li, &t, direct, h[i])?;
+            }
+            let b = inflight.get_mut(&t.window).expect("checked");
+            b.received[t.extent as usize] = true;
+            b.remaining -= 1;
+            if b.remaining == 0 {
+                let b = inflight.remove(&t.window).expect("present");
+                debug_assert!(b.received.iter().all(|&r| r));
+                self.publish(li, t.window, b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One completion's tags against its ticket, its slot and its bundle, and its byte count:
+    /// the ticket taken back, and whether the extent was read straight into its slot.
+    fn check(&mut self, li: usize, c: Completion, inflight: &mut HashMap<u32, Bundle>) -> Result<(Ticket, bool), PlanError> {
         let Some(t) = self.io.take(c.ticket) else {
             return Err(self.reject(RejectKind::UnknownTicket, c.ticket, format!("{c:?}")));
         };
@@ -196,18 +232,7 @@ impl Plan {
             Ok(n) if n > len => return Err(self.reject(RejectKind::LongRead, t.id, format!("{n} of {len} bytes"))),
             Ok(_) => {}
         }
-        let b = bundle.expect("checked");
-        let direct = b.direct[t.extent as usize];
-        self.verify_extent(li, &t, direct)?;
-        let b = inflight.get_mut(&t.window).expect("checked");
-        b.received[t.extent as usize] = true;
-        b.remaining -= 1;
-        if b.remaining == 0 {
-            let b = inflight.remove(&t.window).expect("present");
-            debug_assert!(b.received.iter().all(|&r| r));
-            self.publish(li, t.window, b)?;
-        }
-        Ok(())
+        Ok((t, bundle.expect("checked").direct[t.extent as usize]))
     }
 
     /// HostReady → Copying: the copies into the slot start. Synchronous ones have completed on

@@ -67,25 +67,30 @@ impl Plan {
         &self.io.source().window(t.window)[e.window_range()]
     }
 
-    /// Hashes `t`'s landed extent and compares it with the manifest: a mismatch is a rejection.
-    pub(super) fn verify_extent(&mut self, li: usize, t: &Ticket, direct: bool) -> Result<(), PlanError> {
+    /// The digests of the checked extents' landed bytes, each with the nanoseconds its hashing
+    /// took; None where reads are not verified. Several extents are hashed at once, on this
+    /// thread and helpers up to the cores there are: a decode leaves a core to the Plan, and
+    /// extents that land together are otherwise hashed one after the other while the device
+    /// idles.
+    pub(super) fn hash_landed(&self, li: usize, checked: &[(Ticket, bool)]) -> Option<Vec<(ExtentHashes, u64)>> {
+        let with = self.obs.digests.as_ref()?.with;
+        let bytes: Vec<&[u8]> = checked.iter().map(|(t, direct)| self.landed(li, t, *direct)).collect();
+        Some(hash_all(with, &bytes, helpers(bytes.len())))
+    }
+
+    /// Compares `t`'s landed extent's digest `got` (and its hashing time) with the manifest: a
+    /// mismatch is a rejection.
+    pub(super) fn verify_extent(&mut self, li: usize, t: &Ticket, direct: bool, got: (ExtentHashes, u64)) -> Result<(), PlanError> {
         let Some((want, with)) = self.obs.digests.as_ref().map(|d| (d.by_object.get(&t.object).map(|v| v[t.extent as usize]), d.with))
         else {
             return Ok(());
         };
-        let started = Instant::now();
-        let bytes = self.landed(li, t, direct);
-        let len = bytes.len() as u64;
-        // On the hot path: the digest is spelled only for a mismatch's message.
-        let got = match with {
-            Verify::Xxh3 => ExtentHashes { xxh3: xxhash_rust::xxh3::xxh3_128(bytes), ..Default::default() },
-            Verify::Blake3 => ExtentHashes { blake3: *blake3::hash(bytes).as_bytes(), ..Default::default() },
-        };
+        let (got, ns) = got;
+        let len = self.landed(li, t, direct).len() as u64;
         let ok = want.is_some_and(|w| match with {
             Verify::Xxh3 => w.xxh3 == got.xxh3,
             Verify::Blake3 => w.blake3 == got.blake3,
         });
-        let ns = started.elapsed().as_nanos() as u64;
         let check = self.obs.tel.digests.get_or_insert_with(Default::default);
         check.hash_ns += ns;
         check.extents += 1;
@@ -106,5 +111,73 @@ impl Plan {
             ));
         }
         Ok(())
+    }
+}
+
+/// One extent's digest (only the algorithm's field set) and the nanoseconds it took.
+fn hash_one(with: Verify, bytes: &[u8]) -> (ExtentHashes, u64) {
+    let started = Instant::now();
+    let h = match with {
+        Verify::Xxh3 => ExtentHashes { xxh3: xxhash_rust::xxh3::xxh3_128(bytes), ..Default::default() },
+        Verify::Blake3 => ExtentHashes { blake3: *blake3::hash(bytes).as_bytes(), ..Default::default() },
+    };
+    (h, started.elapsed().as_nanos() as u64)
+}
+
+/// Helper threads worth starting for `n` extents: one fewer than the cores that could share
+/// them, none for a single extent.
+fn helpers(n: usize) -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    n.min(cores).saturating_sub(1)
+}
+
+/// The digests of `items`, in order: this thread hashes every `helpers + 1`-th one from the
+/// first, each scoped helper the ones after it, all joined before returning.
+fn hash_all(with: Verify, items: &[&[u8]], helpers: usize) -> Vec<(ExtentHashes, u64)> {
+    if helpers == 0 {
+        return items.iter().map(|b| hash_one(with, b)).collect();
+    }
+    let stride = helpers + 1;
+    let lane = |k: usize| items.iter().skip(k).step_by(stride).map(|b| hash_one(with, b)).collect::<Vec<_>>();
+    let lanes: Vec<Vec<(ExtentHashes, u64)>> = std::thread::scope(|s| {
+        let spawned: Vec<_> = (1..stride).map(|k| s.spawn(move || lane(k))).collect();
+        let mut lanes = vec![lane(0)];
+        // A helper that panicked re-raises here, as if this thread had hashed its share.
+        lanes.extend(spawned.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
+        lanes
+    });
+    (0..items.len()).map(|i| lanes[i % stride][i / stride]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extents_hashed_across_helpers_come_back_in_order_with_their_own_digests() {
+        let items: Vec<Vec<u8>> = (0..7u8).map(|i| vec![i; 4096 + usize::from(i)]).collect();
+        let refs: Vec<&[u8]> = items.iter().map(Vec::as_slice).collect();
+        for with in [Verify::Xxh3, Verify::Blake3] {
+            let alone = hash_all(with, &refs, 0);
+            for helpers in 1..4 {
+                let spread = hash_all(with, &refs, helpers);
+                assert_eq!(
+                    spread.iter().map(|h| h.0).collect::<Vec<_>>(),
+                    alone.iter().map(|h| h.0).collect::<Vec<_>>(),
+                    "{helpers} helpers"
+                );
+            }
+            for (h, b) in alone.iter().zip(&items) {
+                assert_eq!(h.0.xxh3 != 0, with == Verify::Xxh3);
+                if with == Verify::Xxh3 {
+                    assert_eq!(h.0.xxh3, xxhash_rust::xxh3::xxh3_128(b));
+                } else {
+                    assert_eq!(h.0.blake3, *blake3::hash(b).as_bytes());
+                }
+            }
+        }
+        assert_eq!(helpers(1), 0);
+        assert!(helpers(64) < std::thread::available_parallelism().unwrap().get());
     }
 }
