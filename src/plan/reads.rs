@@ -177,9 +177,9 @@ impl Plan {
             checked.push(self.check(li, c, inflight)?);
         }
         let hashed = self.hash_landed(li, &checked);
-        for (i, (t, direct)) in checked.into_iter().enumerate() {
+        for (i, (t, _)) in checked.into_iter().enumerate() {
             if let Some(h) = &hashed {
-                self.verify_extent(li, &t, direct, h[i])?;
+                self.verify_extent(&t, h[i])?;
             }
             let b = inflight.get_mut(&t.window).expect("checked");
             b.received[t.extent as usize] = true;

@@ -80,13 +80,13 @@ impl Plan {
 
     /// Compares `t`'s landed extent's digest `got` (and its hashing time) with the manifest: a
     /// mismatch is a rejection.
-    pub(super) fn verify_extent(&mut self, li: usize, t: &Ticket, direct: bool, got: (ExtentHashes, u64)) -> Result<(), PlanError> {
+    pub(super) fn verify_extent(&mut self, t: &Ticket, got: (ExtentHashes, u64)) -> Result<(), PlanError> {
         let Some((want, with)) = self.obs.digests.as_ref().map(|d| (d.by_object.get(&t.object).map(|v| v[t.extent as usize]), d.with))
         else {
             return Ok(());
         };
         let (got, ns) = got;
-        let len = self.landed(li, t, direct).len() as u64;
+        let len = self.manifest.object(t.object).expect("manifest object").extents[t.extent as usize].extent.len;
         let ok = want.is_some_and(|w| match with {
             Verify::Xxh3 => w.xxh3 == got.xxh3,
             Verify::Blake3 => w.blake3 == got.blake3,
