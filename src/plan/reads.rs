@@ -31,11 +31,16 @@ impl Plan {
             // asynchronous, those beyond what the pass needs are left to `harvest` after it.
             let mut batch = vec![self.wait_source()?];
             while !self.copies.asynchronous() && self.io.poll_ready() {
-                batch.push(self.wait_source()?);
+                match self.wait_source() {
+                    Ok(c) => batch.push(c),
+                    Err(e) => return Err(self.retire(&batch, e.into())),
+                }
             }
             // The wait freed room in the source: refill it before these completions are hashed,
             // so the device reads the next bundles while the CPU verifies the last ones.
-            self.submit_pending(li, pending, inflight)?;
+            if let Err(e) = self.submit_pending(li, pending, inflight) {
+                return Err(self.retire(&batch, e));
+            }
             self.accept_all(li, &batch, inflight)?;
         }
     }
@@ -173,8 +178,11 @@ impl Plan {
     /// bundle published in turn. A rejection fails the batch before anything after it is used.
     pub(super) fn accept_all(&mut self, li: usize, batch: &[Completion], inflight: &mut HashMap<u32, Bundle>) -> Result<(), PlanError> {
         let mut checked = Vec::with_capacity(batch.len());
-        for &c in batch {
-            checked.push(self.check(li, c, inflight)?);
+        for (i, &c) in batch.iter().enumerate() {
+            match self.check(li, c, inflight) {
+                Ok(t) => checked.push(t),
+                Err(e) => return Err(self.retire(&batch[i + 1..], e)),
+            }
         }
         let hashed = self.hash_landed(li, &checked);
         for (i, (t, _)) in checked.into_iter().enumerate() {
@@ -191,6 +199,17 @@ impl Plan {
             }
         }
         Ok(())
+    }
+
+    /// Completions taken from the source that an error leaves unexamined: their tickets are
+    /// taken back and they are counted drained, as the failed Plan's shutdown drains the rest;
+    /// none becomes visible. Returns `e`.
+    fn retire(&mut self, batch: &[Completion], e: PlanError) -> PlanError {
+        for c in batch {
+            self.io.take(c.ticket);
+            self.obs.tel.drained_completions += 1;
+        }
+        e
     }
 
     /// One completion's tags against its ticket, its slot and its bundle, and its byte count:

@@ -182,6 +182,12 @@ impl Source for Tamper {
         self.inner.outstanding() + self.reversed.len() + usize::from(self.late.is_some())
     }
 
+    fn poll_ready(&mut self) -> bool {
+        // As the sources it stands for: completions already back are taken together. A late
+        // duplicate is still on its way: only a blocking wait meets it.
+        !self.reversed.is_empty() || self.inner.poll_ready()
+    }
+
     fn window(&self, w: u32) -> &[u8] {
         self.inner.window(w)
     }

@@ -251,6 +251,12 @@ impl Source for FaultySource {
         self.inner.in_flight()
     }
 
+    fn poll_ready(&mut self) -> bool {
+        // Completions back together are taken together, as without a fault; late duplicates
+        // come back only once nothing else is outstanding.
+        !self.held.is_empty() || self.inner.poll_ready()
+    }
+
     fn window(&self, w: u32) -> &[u8] {
         self.inner.window(w)
     }
