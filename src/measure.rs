@@ -6,8 +6,9 @@
 //! Plan with that run's own settings and a dry source (`plan::simulate::reads`), which collects
 //! every read the Plan submits per layer event. It must equal the run's own Plan telemetry
 //! (`q_run`: reads, logical and physical bytes), or the replay fails. The covering reads of
-//! each ubatch are then read with io_uring O_DIRECT into aligned buffers, at most `depth` in
-//! flight, one ubatch after the other (a token's routes are not known before the previous
+//! each ubatch are then read with io_uring O_DIRECT into aligned buffers, neighbours in the file
+//! joined into one read as F's source joins them, at most `depth` in flight, one ubatch after
+//! the other (a token's routes are not known before the previous
 //! token's compute, so the floor keeps that barrier and no other). The decode's reads are then
 //! read again one layer event after the other, each drained before the next goes out, as the
 //! router's dependence queues a run's: what that barrier costs the device, apart from compute.
@@ -323,10 +324,51 @@ fn phase(steps: &[Vec<Read>], times: &[f64]) -> ReplayPhase {
     }
 }
 
+/// `reads` as F's source sends them: a covering read that starts where the one before it ends,
+/// in the same file, joins it as one read, up to [`MAX_VECTOR`] of them and `cap` bytes. A
+/// floor read one request at a time would be slower than F's own reads where larger requests
+/// read faster.
+///
+/// [`MAX_VECTOR`]: crate::source::uring::MAX_VECTOR
+pub fn coalesced(reads: &[Read], cap: u64) -> Vec<Read> {
+    let mut out: Vec<Read> = Vec::with_capacity(reads.len());
+    let mut members = 0;
+    for &r in reads {
+        if let Some(last) = out.last_mut() {
+            let same_file = crate::source::shard_offset(last.offset).0 == crate::source::shard_offset(r.offset).0;
+            if members < crate::source::uring::MAX_VECTOR && same_file && last.offset + last.len == r.offset && last.len + r.len <= cap {
+                last.end = r.offset - last.offset + r.end;
+                last.len += r.len;
+                last.logical += r.logical;
+                members += 1;
+                continue;
+            }
+        }
+        out.push(r);
+        members = 1;
+    }
+    out
+}
+
 /// Replays the sequence's reads from the model's files (one, or each shard of its set), one
-/// ubatch after the other; then the decode's again, one layer event after the other.
+/// ubatch after the other; then the decode's again, one layer event after the other. Each
+/// layer event's reads go out as F's source sends them ([`coalesced`]).
 pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> Result<Replayed> {
-    let largest = seq.steps.iter().flatten().map(|r| r.len).max().unwrap_or(crate::source::ALIGN);
+    let single = seq.steps.iter().flatten().map(|r| r.len).max().unwrap_or(crate::source::ALIGN);
+    let cap = (MAX_BUFFER_BYTES / depth.max(1) as u64).min(MAX_BLOCK_BYTES).max(single);
+    let mut steps: Vec<Vec<Read>> = vec![Vec::new(); seq.steps.len()];
+    let mut events = Vec::with_capacity(seq.events.len());
+    for (u, range) in &seq.events {
+        let joined = coalesced(&seq.steps[*u][range.clone()], cap);
+        events.push((*u, steps[*u].len()..steps[*u].len() + joined.len(), range.len()));
+        steps[*u].extend(joined);
+    }
+    // The layer events partition each ubatch's reads: every read once, none twice.
+    let covered = |u: usize| events.iter().filter(|e| e.0 == u).map(|e| e.2).sum::<usize>();
+    if let Some(u) = (0..steps.len()).find(|&u| covered(u) != seq.steps[u].len()) {
+        bail!("ubatch {u}: its layer events hold {} reads, the ubatch {}", covered(u), seq.steps[u].len());
+    }
+    let largest = steps.iter().flatten().map(|r| r.len).max().unwrap_or(crate::source::ALIGN);
     check_depth(depth, largest)?;
     let files = crate::source::ModelFiles::open(model, true)?;
     let mut ring = IoUring::new((depth as usize).next_power_of_two().max(2) as u32).context("io_uring is not available on this host")?;
@@ -338,23 +380,18 @@ pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> 
     // buffers a virtual disk's host keeps warm.
     let landing = Landing::new(seq.pool_bytes, largest * depth as u64)?;
     let mut places = landing.places(largest as usize);
-    let mut times = Vec::with_capacity(seq.steps.len());
-    for step in &seq.steps {
+    let mut times = Vec::with_capacity(steps.len());
+    for step in &steps {
         let t = Instant::now();
         read_step(&mut ring, fds.len(), &mut places, depth as usize, step)?;
         times.push(t.elapsed().as_secs_f64());
     }
     let from = seq.prefill_steps;
-    let (mut by_layer, mut replayed) = (vec![0.0; seq.steps.len() - from], vec![0usize; seq.steps.len() - from]);
-    for (u, range) in seq.events.iter().filter(|(u, _)| *u >= from) {
+    let mut by_layer = vec![0.0; steps.len() - from];
+    for (u, range, _) in events.iter().filter(|e| e.0 >= from) {
         let t = Instant::now();
-        read_step(&mut ring, fds.len(), &mut places, depth as usize, &seq.steps[*u][range.clone()])?;
+        read_step(&mut ring, fds.len(), &mut places, depth as usize, &steps[*u][range.clone()])?;
         by_layer[u - from] += t.elapsed().as_secs_f64();
-        replayed[u - from] += range.len();
-    }
-    // The layer events partition each ubatch's reads: every read once, none twice.
-    if let Some(u) = (0..replayed.len()).find(|&i| replayed[i] != seq.steps[from + i].len()) {
-        bail!("ubatch {}: its layer events hold {} reads, the ubatch {}", from + u, replayed[u], seq.steps[from + u].len());
     }
     Ok(Replayed { times, decode_by_layer: by_layer, landing_bytes: landing.len() })
 }
@@ -409,4 +446,52 @@ pub fn run_read_replay(c: &ReadReplayCell) -> Result<ReadReplayRecord> {
         Ok(())
     })();
     seal(staging, rec, ran, "read replay failed closed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::uring::MAX_VECTOR;
+
+    fn read(offset: u64, len: u64) -> Read {
+        // A covering read whose extent starts 512 bytes in and stops 256 bytes short of its end.
+        Read { offset, len, logical: len - 768, end: len - 256 }
+    }
+
+    #[test]
+    fn neighbours_in_one_file_become_one_read_as_f_sends_them() {
+        let mb = 1 << 20;
+        let second_shard = 1 << crate::source::SHARD_SHIFT;
+        let reads = [
+            read(0, mb),
+            read(mb, 2 * mb),
+            read(3 * mb, mb),
+            // A gap: a read of its own.
+            read(5 * mb, mb),
+            // Where the file before it would end, but in the next shard: a read of its own.
+            read(second_shard, mb),
+            read(second_shard + mb, mb),
+        ];
+        let got = coalesced(&reads, u64::MAX);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!((got[0].offset, got[0].len), (0, 4 * mb));
+        assert_eq!(got[0].logical, 4 * mb - 3 * 768, "the logical bytes of its three extents");
+        assert_eq!(got[0].end, 4 * mb - 256, "the last extent's end: fewer bytes back is short");
+        assert_eq!((got[1].offset, got[1].len, got[1].end), (5 * mb, mb, mb - 256));
+        assert_eq!((got[2].offset, got[2].len), (second_shard, 2 * mb));
+        // Bytes are neither lost nor added.
+        let sum = |r: &[Read]| (r.iter().map(|r| r.len).sum::<u64>(), r.iter().map(|r| r.logical).sum::<u64>());
+        assert_eq!(sum(&got), sum(&reads));
+    }
+
+    #[test]
+    fn a_joined_read_stops_at_the_vector_limit_and_the_cap() {
+        let page = crate::source::ALIGN;
+        let run: Vec<Read> = (0..MAX_VECTOR as u64 + 3).map(|i| read(i * 4 * page, 4 * page)).collect();
+        let got = coalesced(&run, u64::MAX);
+        assert_eq!(got.iter().map(|r| r.len / (4 * page)).collect::<Vec<_>>(), [MAX_VECTOR as u64, 3]);
+        let got = coalesced(&run[..6], 8 * page);
+        assert_eq!(got.iter().map(|r| r.len).collect::<Vec<_>>(), [8 * page; 3]);
+        assert!(coalesced(&[], 1).is_empty());
+    }
 }
