@@ -183,7 +183,15 @@ pub fn measure_cell(cell: &CellSpec, inputs: &CellInputs, model: &Path, record: 
                     let best = crate::record::load_envelope(&env.dir)?
                         .best
                         .with_context(|| format!("envelope record {} names no best depth", env.digest))?;
-                    (best.depth, format!("envelope {}", env.digest))
+                    // A floor reads at least as deep as the arm did: an envelope whose best depth
+                    // is shallower by its noise would replay the arm's reads slower than it read them.
+                    let rec = crate::record::load_generate(&source.dir)?;
+                    match rec.params.as_ref().and_then(|p| p.experts.plan()).and_then(|d| d.depth) {
+                        Some(own) if own > best.depth => {
+                            (own, format!("arm {of}'s own (record {}), deeper than envelope {}'s best", source.digest, env.digest))
+                        }
+                        _ => (best.depth, format!("envelope {}", env.digest)),
+                    }
                 }
             };
             Ok(Cell::ReadReplay(cell::ReadReplayCell {

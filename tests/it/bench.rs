@@ -178,20 +178,27 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         let env = json(&dir_of(env_key).join("record.json"));
         assert_eq!(rep["format"], "sovereign.read_replay/1");
         assert_eq!(env["format"], "sovereign.envelope/1");
-        // The replay names its block's F record and the envelope's best depth.
+        // The replay names its block's F record, and reads at the deeper of the envelope's best
+        // depth and F's own.
         let f_digest = dir_of(f_key).file_name().unwrap().to_str().unwrap().to_string();
         assert_eq!(rep["params"]["of_record"], f_digest.as_str());
         assert_eq!(rep["params"]["of_arm"], "F");
         let env_digest = dir_of(env_key).file_name().unwrap().to_str().unwrap().to_string();
-        assert_eq!(rep["params"]["depth_from"], format!("envelope {env_digest}"));
         let best = env["cells"]
             .as_array()
             .unwrap()
             .iter()
             .max_by(|a, b| a["mib_per_s"].as_f64().unwrap().total_cmp(&b["mib_per_s"].as_f64().unwrap()))
             .unwrap();
-        assert_eq!(rep["params"]["depth"], best["depth"]);
         assert_eq!(env["best"]["depth"], best["depth"]);
+        let (best, own) = (best["depth"].as_u64().unwrap(), f["params"]["experts"]["depth"].as_u64().unwrap());
+        assert_eq!(rep["params"]["depth"].as_u64(), Some(best.max(own)), "{}", rep["params"]);
+        let from = rep["params"]["depth_from"].as_str().unwrap();
+        if own > best {
+            assert_eq!(from, format!("arm F's own (record {f_digest}), deeper than envelope {env_digest}'s best"));
+        } else {
+            assert_eq!(from, format!("envelope {env_digest}"));
+        }
         // Each depth submitted each way F submits reads (single reads, no field; vectored;
         // linked), each region read twice: the second read a cell of its own, marked.
         let cells = env["cells"].as_array().unwrap();
