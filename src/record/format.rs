@@ -594,6 +594,10 @@ pub struct ReplayPhase {
     pub seconds_per_step: f64,
     /// Each step's read time.
     pub per_step_s: Vec<f64>,
+    /// Each round's time where the sequence was read more than once: the phase is the
+    /// fastest round's (absent in earlier records: one round).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rounds_s: Vec<f64>,
 }
 
 /// The replayed sequence against the run's own Plan telemetry (`q_run`): equal reads,

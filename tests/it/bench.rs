@@ -228,6 +228,12 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         let per: Vec<f64> = dec["per_step_s"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         let read = dec["seconds_per_step"].as_f64().unwrap();
         assert!(close(read, per.iter().sum::<f64>() / per.len() as f64));
+        // Each phase is the fastest of the rounds that read the whole sequence.
+        for ph in [pre, dec] {
+            let rounds: Vec<f64> = ph["rounds_s"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            assert_eq!(rounds.len(), sovereign::measure::REPLAY_ROUNDS, "{ph}");
+            assert_eq!(ph["seconds"].as_f64().unwrap(), rounds.iter().copied().fold(f64::INFINITY, f64::min), "{ph}");
+        }
         // The decode again with a barrier after every layer event: the same reads and steps,
         // its own times.
         let by_layer = &rep["decode_by_layer"];
