@@ -572,7 +572,8 @@ pub struct ReadReplayParams {
     pub plan: PlanOptions,
     /// Reads in flight during the replay.
     pub depth: u32,
-    /// `fixed`, or `envelope <digest>`: the record whose best depth this is.
+    /// `fixed`; `envelope <digest>`, the record whose best depth this is; or the arm's own
+    /// depth, where deeper than its block envelope's best.
     pub depth_from: String,
     /// Bytes of memory the reads landed in, each in the place written longest ago: the run's
     /// slot pools, up to the landing's cap (absent in earlier records: `depth` buffers).
