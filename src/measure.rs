@@ -372,16 +372,16 @@ pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> 
     let single = seq.steps.iter().flatten().map(|r| r.len).max().unwrap_or(crate::source::ALIGN);
     let cap = (MAX_BUFFER_BYTES / depth.max(1) as u64).min(MAX_BLOCK_BYTES).max(single);
     let mut steps: Vec<Vec<Read>> = vec![Vec::new(); seq.steps.len()];
-    let mut events = Vec::with_capacity(seq.events.len());
+    let (mut events, mut covered) = (Vec::with_capacity(seq.events.len()), vec![0usize; seq.steps.len()]);
     for (u, range) in &seq.events {
         let joined = coalesced(&seq.steps[*u][range.clone()], cap);
-        events.push((*u, steps[*u].len()..steps[*u].len() + joined.len(), range.len()));
+        events.push((*u, steps[*u].len()..steps[*u].len() + joined.len()));
         steps[*u].extend(joined);
+        covered[*u] += range.len();
     }
     // The layer events partition each ubatch's reads: every read once, none twice.
-    let covered = |u: usize| events.iter().filter(|e| e.0 == u).map(|e| e.2).sum::<usize>();
-    if let Some(u) = (0..steps.len()).find(|&u| covered(u) != seq.steps[u].len()) {
-        bail!("ubatch {u}: its layer events hold {} reads, the ubatch {}", covered(u), seq.steps[u].len());
+    if let Some(u) = (0..steps.len()).find(|&u| covered[u] != seq.steps[u].len()) {
+        bail!("ubatch {u}: its layer events hold {} reads, the ubatch {}", covered[u], seq.steps[u].len());
     }
     let largest = steps.iter().flatten().map(|r| r.len).max().unwrap_or(crate::source::ALIGN);
     check_depth(depth, largest)?;
@@ -407,7 +407,7 @@ pub fn replay_reads<P: AsRef<Path>>(model: &[P], seq: &Sequence, depth: u32) -> 
     }
     let from = seq.prefill_steps;
     let mut by_layer = vec![0.0; steps.len() - from];
-    for (u, range, _) in events.iter().filter(|e| e.0 >= from) {
+    for (u, range) in events.iter().filter(|e| e.0 >= from) {
         let t = Instant::now();
         read_step(&mut ring, fds.len(), &mut places, depth as usize, &steps[*u][range.clone()])?;
         by_layer[u - from] += t.elapsed().as_secs_f64();
