@@ -613,14 +613,15 @@ fn profile_device(cell: &Cell) {
     }
     let Ok(inv) = Inventory::of(&g.model) else { return };
     let file = inv.shards.iter().max_by_key(|s| s.bytes).map_or(g.model.as_path(), |s| s.path.as_path());
-    let block = profile::block_of(&inv);
-    if !profile::profiled(file) || profile::cached(file, block).is_some() {
+    let (block, shape) = (profile::block_of(&inv), profile::shape_of(&inv));
+    if !profile::profiled(file) || profile::cached(file, block, shape).is_some() {
         return;
     }
     let device = profile::DeviceId::of(file).map_or_else(|_| file.display().to_string(), |d| d.label());
-    // About a second, once per device: the record names the profile, so no line is printed.
-    log::debug!("measuring the read profile of device {device} once: reads of {} KiB at depths 1 to 32", block >> 10);
-    match profile::ensure(file, block) {
+    // A few seconds, once per device: the record names the profile, so no line is printed.
+    let (n, kib) = (shape.burst, (u64::from(shape.vector) * block) >> 10);
+    log::debug!("measuring the read profile of device {device} once: bursts of {n} reads of {kib} KiB at depths 1 to 32");
+    match profile::ensure(file, block, shape) {
         Ok(p) => log::debug!("device {device}: F's reads of {} KiB need a depth of {} (cached)", block >> 10, p.depth),
         Err(e) => log::warn!("device {device}: no read profile ({e:#}); F's depth is sized from the manifest"),
     }

@@ -82,12 +82,15 @@ fn device_depth(model: &Path, inv: &Inventory, o: &PlanOptions) -> Option<crate:
     if !crate::envelope::profile::profiled(file) {
         return None;
     }
-    let p = crate::envelope::profile::cached(file, crate::envelope::profile::block_of(inv))?;
+    use crate::envelope::profile;
+    let p = profile::cached(file, profile::block_of(inv), profile::shape_of(inv))?;
     let rate = |d: u32| p.mib_per_s.iter().find(|&&(x, _)| x == d).map_or(0.0, |&(_, r)| r);
     let best = p.mib_per_s.iter().map(|&(_, r)| r).fold(0.0, f64::max);
     Some(crate::plan::DeviceDepth {
         device: p.device.label(),
         block_bytes: p.block_bytes,
+        burst_reads: Some(p.shape.burst),
+        vector_blocks: Some(p.shape.vector),
         depth: p.depth,
         mib_per_s: rate(p.depth).round() as u64,
         best_mib_per_s: best.round() as u64,

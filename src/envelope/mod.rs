@@ -140,6 +140,17 @@ pub struct Cell {
     /// A second read of the region the cell before it just read.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reread: bool,
+    /// Reads per burst, each burst drained before the next goes out, as a token's layer waits
+    /// for its router (absent: reads kept in flight throughout).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub burst_reads: usize,
+    /// Blocks per vectored read (absent: [`VECTOR`], or not vectored).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub vector: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Whether each cell's region is read a second time, as a cell of its own.
@@ -159,20 +170,32 @@ pub struct Envelope {
     pub ceiling: Cell,
 }
 
-/// Reads `bytes` from `start` in `block`-sized blocks, `depth` submissions (or chains) in
-/// flight, submitted as `pattern` says, each into the next free place of `landing`.
-#[allow(clippy::too_many_arguments)]
-fn measure(
-    file: &File,
-    file_len: u64,
-    landing: &Landing,
-    start: u64,
-    bytes: u64,
-    block: usize,
-    depth: usize,
-    pattern: Pattern,
-) -> Result<Cell> {
-    let (per_sqe, chain) = pattern.shape();
+/// How a cell's reads go out: `depth` submissions (or chains) in flight, submitted as `pattern`
+/// says (a vectored read of `vector` blocks, 0 for [`VECTOR`]), in bursts of `burst_reads`
+/// submissions each drained before the next (0: no bursts).
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub depth: usize,
+    pub pattern: Pattern,
+    pub vector: usize,
+    pub burst_reads: usize,
+}
+
+impl Shape {
+    /// Blocks per submission and submissions per chain.
+    fn per_sqe_and_chain(&self) -> (usize, usize) {
+        match self.pattern {
+            Pattern::Vectored if self.vector > 0 => (self.vector, 1),
+            p => p.shape(),
+        }
+    }
+}
+
+/// Reads `bytes` from `start` in `block`-sized blocks, as `shape` says, each into the next free
+/// place of `landing`.
+fn measure(file: &File, file_len: u64, landing: &Landing, start: u64, bytes: u64, block: usize, shape: Shape) -> Result<Cell> {
+    let Shape { depth, pattern, burst_reads, .. } = shape;
+    let (per_sqe, chain) = shape.per_sqe_and_chain();
     let unit = block * per_sqe;
     let slots = depth * chain;
     let mut ring = IoUring::new(slots.next_power_of_two().max(2) as u32).context("io_uring unavailable")?;
@@ -191,11 +214,21 @@ fn measure(
     let (mut next, mut done, mut read) = (0u64, 0u64, 0u64);
     let mut pending = vec![0usize; depth];
     let mut free: Vec<usize> = (0..depth).collect();
+    let burst = if burst_reads == 0 { u64::MAX } else { burst_reads as u64 };
+    let mut burst_left = burst;
     let t = Instant::now();
     while done < n_units {
         while next < n_units {
+            if burst_left == 0 {
+                // The burst is out: the next starts once every read of it has landed.
+                if done < next {
+                    break;
+                }
+                burst_left = burst;
+            }
             let Some(c) = free.pop() else { break };
-            let len = chain.min((n_units - next) as usize);
+            let len = chain.min((n_units - next) as usize).min(burst_left.min(usize::MAX as u64) as usize);
+            burst_left -= len as u64;
             for k in 0..len {
                 let slot = c * chain + k;
                 let (place, at) = places.take().expect("more places than reads in flight");
@@ -244,24 +277,27 @@ fn measure(
         mib_per_s: read as f64 / (1 << 20) as f64 / seconds.max(1e-9),
         iops: (done * per_sqe as u64) as f64 / seconds.max(1e-9),
         reread: false,
+        burst_reads,
+        vector: if pattern == Pattern::Vectored { per_sqe } else { 0 },
     })
 }
 
-/// One cell per entry of `depths`, in order, of `block`-sized reads submitted as `pattern` says,
-/// each over its own region of the file; and the bytes of the area they landed in.
-pub fn measure_cells(path: &Path, bytes_per_cell: u64, block: usize, depths: &[usize], pattern: Pattern) -> Result<(Vec<Cell>, u64)> {
+/// One cell per entry of `depths`, in order, of `block`-sized reads submitted as `shape` says
+/// (at each depth of `depths`, not its own), each over its own region of the file; and the
+/// bytes of the area they landed in.
+pub fn measure_cells(path: &Path, bytes_per_cell: u64, block: usize, depths: &[usize], shape: Shape) -> Result<(Vec<Cell>, u64)> {
     let file = crate::source::open_direct(path)?;
     let file_len = file.metadata()?.len();
     if file_len < (4 << 20) {
         bail!("{}: {} bytes is too small to measure (need at least 4 MiB)", path.display(), file_len);
     }
-    let (per_sqe, chain) = pattern.shape();
+    let (per_sqe, chain) = shape.per_sqe_and_chain();
     let landing = Landing::new(bytes_per_cell, (block * per_sqe * chain * depths.iter().max().copied().unwrap_or(1)) as u64)?;
     let mut cells = Vec::with_capacity(depths.len());
     for (i, &depth) in depths.iter().enumerate() {
         let start = i as u64 * bytes_per_cell;
-        let cell = measure(&file, file_len, &landing, start, bytes_per_cell, block, depth, pattern)
-            .with_context(|| format!("{}: block {block} depth {depth} {pattern:?}", path.display()))?;
+        let cell = measure(&file, file_len, &landing, start, bytes_per_cell, block, Shape { depth, ..shape })
+            .with_context(|| format!("{}: block {block} depth {depth} {:?}", path.display(), shape.pattern))?;
         cells.push(cell);
     }
     Ok((cells, landing.len()))
@@ -291,11 +327,11 @@ pub fn measure_envelope(
         for &depth in depths {
             for &pattern in patterns {
                 let what = format!("{}: block {block} depth {depth} {pattern:?}", path.display());
-                let cell =
-                    measure(&file, file_len, &landing, start, bytes_per_cell, block, depth, pattern).with_context(|| what.clone())?;
+                let shape = Shape { depth, pattern, vector: VECTOR, burst_reads: 0 };
+                let cell = measure(&file, file_len, &landing, start, bytes_per_cell, block, shape).with_context(|| what.clone())?;
                 cells.push(cell);
                 if rereads == Rereads::Measured {
-                    let again = measure(&file, file_len, &landing, start, bytes_per_cell, block, depth, pattern)
+                    let again = measure(&file, file_len, &landing, start, bytes_per_cell, block, shape)
                         .with_context(|| format!("{what}, read again"))?;
                     cells.push(Cell { reread: true, ..again });
                 }
@@ -348,13 +384,19 @@ mod tests {
         assert!(Landing::new(u64::MAX, 0).unwrap().len() <= LANDING_MAX + (2 << 20));
     }
 
-    #[test]
-    fn envelope_reads_every_byte_it_claims() {
+    /// A file of `bytes` in a directory of its own (kept while the first is held).
+    fn data_file(bytes: usize) -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("data");
         let mut f = File::create(&p).unwrap();
-        f.write_all(&vec![7u8; 8 << 20]).unwrap();
+        f.write_all(&vec![7u8; bytes]).unwrap();
         f.sync_all().unwrap();
+        (dir, p)
+    }
+
+    #[test]
+    fn envelope_reads_every_byte_it_claims() {
+        let (_dir, p) = data_file(8 << 20);
         let e = measure_envelope(&p, 1 << 20, &[4096, 65536], &[1, 4], &[Pattern::Plain], Rereads::Skipped).unwrap();
         assert_eq!(e.cells.len(), 4);
         for c in &e.cells {
@@ -376,11 +418,7 @@ mod tests {
 
     #[test]
     fn every_pattern_reads_every_byte_it_claims_in_its_own_cell() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("data");
-        let mut f = File::create(&p).unwrap();
-        f.write_all(&vec![7u8; 16 << 20]).unwrap();
-        f.sync_all().unwrap();
+        let (_dir, p) = data_file(16 << 20);
         // 1 MiB a cell: 16 vectored reads of 4 x 16 KiB, 64 linked reads in chains of 4, and a
         // count that leaves the last chain short (5 reads at depth 2: chains of 4 and 1).
         let e = measure_envelope(&p, 1 << 20, &[16 << 10], &[1, 3], &Pattern::ALL, Rereads::Measured).unwrap();
@@ -401,5 +439,30 @@ mod tests {
             serde_json::from_str(r#"{"block_bytes":4096,"depth":1,"bytes":1,"seconds":1.0,"mib_per_s":1.0,"iops":1.0}"#).unwrap();
         assert_eq!(old.pattern, Pattern::Plain);
         assert!(serde_json::to_value(&old).unwrap().get("pattern").is_none());
+        assert!(serde_json::to_value(&old).unwrap().get("burst_reads").is_none());
+    }
+
+    #[test]
+    fn a_cell_read_in_bursts_reads_every_byte_and_says_its_burst() {
+        let (_dir, p) = data_file(8 << 20);
+        // 40 reads in bursts of 3 (the last burst short) at depths below, at and above a burst;
+        // linked chains cut at a burst's end.
+        for pattern in [Pattern::Plain, Pattern::Linked] {
+            let shape = Shape { depth: 0, pattern, vector: 0, burst_reads: 3 };
+            let (cells, _) = measure_cells(&p, 40 * 4096, 4096, &[1, 3, 8], shape).unwrap();
+            for c in &cells {
+                assert_eq!((c.bytes, c.burst_reads, c.pattern, c.vector), (40 * 4096, 3, pattern, 0), "{c:?}");
+                assert_eq!((c.iops * c.seconds).round(), 40.0, "{c:?}: blocks read");
+            }
+            assert_eq!(serde_json::to_value(&cells[0]).unwrap()["burst_reads"], 3);
+        }
+        // Vectored reads of 3 blocks (a merged expert's gate, up and down), 14 of them, the last
+        // short of the file's region: every block counted once.
+        let shape = Shape { depth: 0, pattern: Pattern::Vectored, vector: 3, burst_reads: 4 };
+        let (cells, _) = measure_cells(&p, 42 * 4096, 4096, &[2, 8], shape).unwrap();
+        for c in &cells {
+            assert_eq!((c.bytes, c.vector), (42 * 4096, 3), "{c:?}");
+            assert_eq!((c.iops * c.seconds).round(), 42.0, "{c:?}: blocks read");
+        }
     }
 }

@@ -129,8 +129,13 @@ pub struct Sizing {
 pub struct DeviceDepth {
     /// The device, as the kernel names it.
     pub device: String,
-    /// The profile's read size and its least depth within 5 % of its best rate.
+    /// The profile's block, its reads per burst and blocks per read (both absent in records
+    /// before a profile read as F's decode does) and its least depth within 5 % of its best.
     pub block_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_reads: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vector_blocks: Option<u32>,
     pub depth: u32,
     /// Its rate at that depth and its best, in whole MiB/s.
     pub mib_per_s: u64,
@@ -278,6 +283,8 @@ mod tests {
         let device = |depth| DeviceDepth {
             device: "vda (254:0)".into(),
             block_bytes: 1 << 20,
+            burst_reads: Some(8),
+            vector_blocks: Some(3),
             depth,
             mib_per_s: 2400,
             best_mib_per_s: 2500,

@@ -492,6 +492,11 @@ fn f_takes_its_depth_from_the_device_profile_and_the_record_says_where_it_came_f
     assert!(d["device"].as_str().is_some_and(|s| !s.is_empty()), "{sizing}");
     assert!(n(&d["block_bytes"]).is_power_of_two() && [1, 2, 4, 8, 16, 32].contains(&n(&d["depth"])), "{sizing}");
     assert!(n(&d["mib_per_s"]) > 0 && n(&d["mib_per_s"]) <= n(&d["best_mib_per_s"]), "{sizing}");
+    // Read as a decode layer is: the experts a token selects, one read per extent (each role
+    // is a tensor of its own in this layout, so an expert's extents are not neighbours).
+    let inv: serde_json::Value = serde_json::from_str(&ok(&["inventory", m.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let extents = inv["objects"][0]["extents"].as_array().unwrap().len() as u64;
+    assert_eq!((n(&d["burst_reads"]), n(&d["vector_blocks"])), (n(&inv["expert_used_count"]) * extents, 1), "{sizing}");
     assert_eq!(n(&sizing["depth"]), n(&d["depth"]).max(n(&sizing["extents_per_bundle"])), "{sizing}");
     assert_eq!(r["params"]["experts"]["depth"], sizing["depth"]);
     let profiles: Vec<_> = std::fs::read_dir(cache.join("devices"))
