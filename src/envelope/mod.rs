@@ -147,6 +147,10 @@ pub struct Cell {
     /// Blocks per vectored read (absent: [`VECTOR`], or not vectored).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub vector: usize,
+    /// In bursts: how long after its burst went out a read was seen landed, on average (absent
+    /// without bursts). The reader of a burst can use its first reads this soon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub landing_s: Option<f64>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -217,6 +221,8 @@ fn measure(file: &File, file_len: u64, landing: &Landing, start: u64, bytes: u64
     let burst = if burst_reads == 0 { u64::MAX } else { burst_reads as u64 };
     let mut burst_left = burst;
     let t = Instant::now();
+    // When the burst went out, and the sum over reads of how long after it each was seen landed.
+    let (mut burst_start, mut landed_s) = (t, 0f64);
     while done < n_units {
         while next < n_units {
             if burst_left == 0 {
@@ -225,6 +231,7 @@ fn measure(file: &File, file_len: u64, landing: &Landing, start: u64, bytes: u64
                     break;
                 }
                 burst_left = burst;
+                burst_start = Instant::now();
             }
             let Some(c) = free.pop() else { break };
             let len = chain.min((n_units - next) as usize).min(burst_left.min(usize::MAX as u64) as usize);
@@ -253,12 +260,14 @@ fn measure(file: &File, file_len: u64, landing: &Landing, start: u64, bytes: u64
         }
         ring.submit_and_wait(1)?;
         let completions: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        let seen = burst_start.elapsed().as_secs_f64();
         for (slot, res) in completions {
             if res < 0 {
                 bail!("read failed: {}", std::io::Error::from_raw_os_error(-res));
             }
             read += res as u64;
             done += 1;
+            landed_s += seen;
             places.give(held[slot as usize]);
             let c = slot as usize / chain;
             pending[c] -= 1;
@@ -279,6 +288,7 @@ fn measure(file: &File, file_len: u64, landing: &Landing, start: u64, bytes: u64
         reread: false,
         burst_reads,
         vector: if pattern == Pattern::Vectored { per_sqe } else { 0 },
+        landing_s: (burst_reads > 0).then(|| landed_s / done.max(1) as f64),
     })
 }
 
@@ -440,6 +450,7 @@ mod tests {
         assert_eq!(old.pattern, Pattern::Plain);
         assert!(serde_json::to_value(&old).unwrap().get("pattern").is_none());
         assert!(serde_json::to_value(&old).unwrap().get("burst_reads").is_none());
+        assert!(serde_json::to_value(&old).unwrap().get("landing_s").is_none());
     }
 
     #[test]
@@ -453,6 +464,10 @@ mod tests {
             for c in &cells {
                 assert_eq!((c.bytes, c.burst_reads, c.pattern, c.vector), (40 * 4096, 3, pattern, 0), "{c:?}");
                 assert_eq!((c.iops * c.seconds).round(), 40.0, "{c:?}: blocks read");
+                // A read lands after its burst goes out and before the burst ends: no later, on
+                // average, than 3 reads a burst allow (each burst takes its share of the cell).
+                let landing = c.landing_s.unwrap();
+                assert!(landing > 0.0 && landing * 40.0 <= 3.0 * c.seconds, "{c:?}");
             }
             assert_eq!(serde_json::to_value(&cells[0]).unwrap()["burst_reads"], 3);
         }

@@ -4,12 +4,13 @@
 //! needs a deeper queue gets one and a device that does not is not crowded. The profile reads
 //! as F's decode does ([`ReadShape`]): an expert's neighbouring extents as one vectored read, a
 //! layer's selected experts in one burst drained before the next (the router picks the next
-//! layer's only then). On a disk whose rate is its bandwidth whatever the depth, a shallow queue
-//! lands a burst's reads one after the other, so the Plan verifies and the engine computes the
-//! first while the last are still read; with every read in flight at once they all land at the
-//! end. Each depth is read in [`ROUNDS`] interleaved rounds and rated by its median share of the
-//! best depth's rate in the same round: a virtual disk's rate drifts by a quarter from one
-//! moment to the next, and a depth read at a slow moment must not decide the default.
+//! layer's only then). A depth is rated by how soon a burst's reads land on average, not by
+//! when the last does: the Plan verifies, and the engine computes, the first while the rest are
+//! read. On a disk whose rate is its bandwidth whatever the depth, a shallow queue lands a
+//! burst's reads one after the other; with every read in flight at once they all land at the
+//! end, and both wait. Each depth is read in [`ROUNDS`] interleaved rounds and rated by its
+//! median against the best depth in the same round: a virtual disk's rate drifts by a quarter
+//! from one moment to the next, and a depth read at a slow moment must not decide the default.
 
 use super::{measure_cells, Cell, Pattern, Shape, ALIGN};
 use crate::inventory::Inventory;
@@ -28,12 +29,8 @@ pub const ROUNDS: usize = 5;
 /// ms each, differed by a quarter on a virtual disk: the default depth moved between 4 and 32
 /// from one profile to the next).
 pub const BYTES_PER_CELL: u64 = 128 << 20;
-/// A depth within this share of the best rate serves as well as the best: a shallower queue
-/// lands a layer's reads one after the other, and the Plan's verification and the engine's
-/// compute of the first overlap the rest (on a virtual disk whose depths read within a few
-/// percent of each other, F decoded at 0.179-0.194 s a token at depth 3-4 against
-/// 0.204-0.218 at 8-16).
-pub const WITHIN: f64 = 0.90;
+/// A depth within this share of the best serves as well as the best.
+pub const WITHIN: f64 = 0.95;
 /// Model files smaller than this are not profiled (their depth stays the manifest's): their
 /// reads are few and a profile would mostly reread them.
 pub const MIN_FILE_BYTES: u64 = 64 << 20;
@@ -91,8 +88,11 @@ pub struct DeviceProfile {
     pub cells: Vec<Cell>,
     /// Each depth's median rate over its rounds (MiB/s), in [`DEPTHS`] order.
     pub mib_per_s: Vec<(u32, f64)>,
-    /// Each depth's median share of the best depth's rate in the same round, in [`DEPTHS`]
-    /// order.
+    /// Each depth's median over its rounds of how soon a read lands after its burst goes out,
+    /// on average (ms), in [`DEPTHS`] order.
+    pub landing_ms: Vec<(u32, f64)>,
+    /// Each depth's median share of the best depth's landing speed (the inverse of its
+    /// landing time) in the same round, in [`DEPTHS`] order.
     pub share_of_best: Vec<(u32, f64)>,
     /// The least depth whose share is within [`WITHIN`].
     pub depth: u32,
@@ -171,7 +171,9 @@ fn measure_with(file: &Path, block: u64, shape: ReadShape, bytes_per_cell: u64) 
     let burst_bytes = block * u64::from(shape.vector) * u64::from(shape.burst);
     let bytes_per_cell = bytes_per_cell.max(2 * burst_bytes) / burst_bytes * burst_bytes;
     let (cells, landing_bytes) = measure_cells(file, bytes_per_cell, block as usize, &round_order(), reads)?;
-    let (mib_per_s, share_of_best) = (median_rates(&cells), median_shares(&cells));
+    let mib_per_s = median_rates(&cells, |c| c.mib_per_s);
+    let landing_ms = median_rates(&cells, |c| c.landing_s.unwrap_or(f64::INFINITY) * 1e3);
+    let share_of_best = median_shares(&cells, |c| 1.0 / c.landing_s.unwrap_or(f64::INFINITY));
     let depth = least_within(&share_of_best);
     let measured_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     Ok(DeviceProfile {
@@ -182,6 +184,7 @@ fn measure_with(file: &Path, block: u64, shape: ReadShape, bytes_per_cell: u64) 
         landing_bytes,
         cells,
         mib_per_s,
+        landing_ms,
         share_of_best,
         depth,
         measured_unix_s,
@@ -202,22 +205,22 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Each depth's median rate over its cells, in [`DEPTHS`] order.
-fn median_rates(cells: &[Cell]) -> Vec<(u32, f64)> {
-    DEPTHS.iter().map(|&d| (d as u32, median(cells.iter().filter(|c| c.depth == d).map(|c| c.mib_per_s).collect()))).collect()
+/// Each depth's median of `value` over its cells, in [`DEPTHS`] order.
+fn median_rates(cells: &[Cell], value: impl Fn(&Cell) -> f64) -> Vec<(u32, f64)> {
+    DEPTHS.iter().map(|&d| (d as u32, median(cells.iter().filter(|c| c.depth == d).map(&value).collect()))).collect()
 }
 
-/// Each depth's median share of the best depth's rate (the best median) in the same round (a
-/// round: one cell of every depth, read one after the other, so a drift between rounds
-/// cancels). Not a share of each round's fastest cell: where depths serve alike, the fastest
-/// of six is a fast moment, and every depth would fall short of it.
-fn median_shares(cells: &[Cell]) -> Vec<(u32, f64)> {
-    let rates = median_rates(cells);
+/// Each depth's median share of the best depth's `rate` (the best median, higher is better) in
+/// the same round (a round: one cell of every depth, read one after the other, so a drift
+/// between rounds cancels). Not a share of each round's best cell: where depths serve alike,
+/// the best of six is a lucky moment, and every depth would fall short of it.
+fn median_shares(cells: &[Cell], rate: impl Fn(&Cell) -> f64) -> Vec<(u32, f64)> {
+    let rates = median_rates(cells, &rate);
     let best = rates.iter().fold(rates[0], |b, &r| if r.1 > b.1 { r } else { b }).0 as usize;
     let rounds: Vec<&[Cell]> = cells.chunks(DEPTHS.len()).collect();
     let share = |round: &[Cell], d: usize| {
-        let rate = |d: usize| round.iter().find(|c| c.depth == d).map(|c| c.mib_per_s);
-        Some(rate(d)? / rate(best)?.max(f64::MIN_POSITIVE))
+        let at = |d: usize| round.iter().find(|c| c.depth == d).map(&rate);
+        Some(at(d)? / at(best)?.max(f64::MIN_POSITIVE))
     };
     DEPTHS.iter().map(|&d| (d as u32, median(rounds.iter().filter_map(|r| share(r, d)).collect()))).collect()
 }
@@ -315,15 +318,20 @@ mod tests {
         // Whole bursts of 24 MiB: the cell of 10 MiB asked for grows to two.
         let want = (p.shape, 48 << 20, 8, 3, Pattern::Vectored);
         assert!(p.cells.iter().all(|c| (p.shape, c.bytes, c.burst_reads, c.vector, c.pattern) == want && c.mib_per_s > 0.0), "{p:?}");
-        // Each depth's rate is its middle round's; its share, the middle of its rounds' shares
-        // of the best depth's rate in that round.
-        let best = p.mib_per_s.iter().fold(p.mib_per_s[0], |b, &r| if r.1 > b.1 { r } else { b }).0 as usize;
-        for (&(d, r), &(_, share)) in p.mib_per_s.iter().zip(&p.share_of_best) {
-            let mut rates: Vec<f64> = p.cells.iter().filter(|c| c.depth == d as usize).map(|c| c.mib_per_s).collect();
-            rates.sort_by(f64::total_cmp);
-            assert_eq!(r, rates[2], "depth {d}");
-            let rate = |round: &[Cell], d: usize| round.iter().find(|c| c.depth == d).unwrap().mib_per_s;
-            let mut shares: Vec<f64> = p.cells.chunks(6).map(|round| rate(round, d as usize) / rate(round, best)).collect();
+        // Each depth's rate and landing time are its middle round's; its share, the middle of
+        // its rounds' shares of the landing speed of the depth that lands soonest.
+        let middle = |d: u32, of: fn(&Cell) -> f64| {
+            let mut v: Vec<f64> = p.cells.iter().filter(|c| c.depth == d as usize).map(of).collect();
+            v.sort_by(f64::total_cmp);
+            v[2]
+        };
+        let landing = |c: &Cell| c.landing_s.expect("a burst cell's landing time");
+        let best = p.landing_ms.iter().fold(p.landing_ms[0], |b, &r| if r.1 < b.1 { r } else { b }).0 as usize;
+        for ((&(d, r), &(_, ms)), &(_, share)) in p.mib_per_s.iter().zip(&p.landing_ms).zip(&p.share_of_best) {
+            assert_eq!(r, middle(d, |c| c.mib_per_s), "depth {d}");
+            assert_eq!(ms, middle(d, |c| c.landing_s.unwrap() * 1e3), "depth {d}");
+            let at = |round: &[Cell], d: usize| 1.0 / landing(round.iter().find(|c| c.depth == d).unwrap());
+            let mut shares: Vec<f64> = p.cells.chunks(6).map(|round| at(round, d as usize) / at(round, best)).collect();
             shares.sort_by(f64::total_cmp);
             assert_eq!(share, shares[2], "depth {d}");
         }
@@ -360,6 +368,7 @@ mod tests {
             reread: false,
             burst_reads: 24,
             vector: 0,
+            landing_s: None,
         };
         // Every depth from 4 up serves 1,000 MiB/s at a steady moment; depths 1 and 2, 700.
         // The device slows to half in round 1 and runs 30 % fast through round 3; depth 4 is
@@ -376,21 +385,40 @@ mod tests {
             };
             cells.push(cell(d, rate * moment));
         }
-        let shares = median_shares(&cells);
+        let shares = median_shares(&cells, |c| c.mib_per_s);
         assert_eq!(shares, [(1, 0.7), (2, 0.7), (4, 1.0), (8, 1.0), (16, 1.0), (32, 1.0)]);
         assert_eq!(least_within(&shares), 4);
-        assert_eq!(median_rates(&cells)[2], (4, 1000.0));
-        // Where every depth serves alike and each cell lies up to 12 % off at random (as on a
-        // virtual disk), each round's fastest cell is a fast moment: shares of it would put
-        // depths 1 and 2 short of 90 % (0.893 and 0.855 here) and choose 4; shares of the best
-        // depth choose 1.
+        assert_eq!(median_rates(&cells, |c| c.mib_per_s)[2], (4, 1000.0));
+        // Where every depth serves alike and each cell lies a few percent off at random, each
+        // round's best cell is a lucky moment: shares of it would put depths 1 and 2 short of
+        // 95 % (0.943 and 0.924 here) and choose 4; shares of the best depth choose 1.
         let jitter = [
-            1.0, 0.94, 1.06, 0.88, 1.12, 0.98, 1.04, 0.92, 1.08, 0.96, 1.02, 0.9, 1.1, 0.94, 1.0, 1.06, 0.92, 1.04, 0.96, 1.08, 0.9, 1.0,
-            1.06, 0.94, 1.02, 0.92, 1.1, 0.98, 0.88, 1.04,
+            1.0, 0.97, 1.03, 0.94, 1.06, 0.99, 1.02, 0.96, 1.04, 0.98, 1.01, 0.95, 1.05, 0.97, 1.0, 1.03, 0.96, 1.02, 0.98, 1.04, 0.95,
+            1.0, 1.03, 0.97, 1.01, 0.96, 1.05, 0.99, 0.94, 1.02,
         ];
         let flat: Vec<Cell> = round_order().iter().zip(jitter).map(|(&d, j)| cell(d, 1000.0 * j)).collect();
-        let shares = median_shares(&flat);
+        let shares = median_shares(&flat, |c| c.mib_per_s);
         assert_eq!(least_within(&shares), 1, "{shares:?}");
+        // Depths that read alike but land differently: one read at a time waits on each read's
+        // latency; with a whole burst in flight, its reads land together at its end.
+        let landed = |d: usize, ms: f64| Cell { landing_s: Some(ms / 1e3), ..cell(d, 1000.0) };
+        let cells: Vec<Cell> = round_order()
+            .iter()
+            .map(|&d| {
+                landed(
+                    d,
+                    if d == 1 {
+                        9.0
+                    } else if d <= 4 {
+                        7.0
+                    } else {
+                        12.0
+                    },
+                )
+            })
+            .collect();
+        let shares = median_shares(&cells, |c| 1.0 / c.landing_s.unwrap());
+        assert_eq!(least_within(&shares), 2, "{shares:?}");
         // An even count takes the mean of the middle two.
         assert_eq!(median(vec![100.0, 300.0]), 200.0);
         assert_eq!(median(vec![]), 0.0);
