@@ -1,5 +1,5 @@
 //! A device's read profile: F's request size read at each depth, reads landing as F's do,
-//! measured once per device and block size and cached beside the digest manifests. F's default
+//! measured once per device, block size and read shape and cached beside the digest manifests. F's default
 //! depth is the least depth the device serves within [`WITHIN`] of its best, so a device that
 //! needs a deeper queue gets one and a device that does not is not crowded. The profile reads
 //! as F's decode does ([`ReadShape`]): an expert's neighbouring extents as one vectored read, a
@@ -117,6 +117,9 @@ pub struct ReadShape {
 /// The longest burst a profile reads (a model selecting more experts than this is read in
 /// bursts of this many reads).
 pub const MAX_BURST: u32 = 1024;
+/// The most bytes a profile's burst reads (a longer layer is read in bursts of this), so that a
+/// profile stays a few GiB of reads whatever the model.
+pub const MAX_BURST_BYTES: u64 = 128 << 20;
 
 /// F's decode layer of `inv`: the experts a token selects, each one read of its extents where
 /// most experts' extents are neighbours, else one read per extent.
@@ -166,13 +169,14 @@ fn measure_with(file: &Path, block: u64, shape: ReadShape, bytes_per_cell: u64) 
     }
     let device = DeviceId::of(file)?;
     let pattern = if shape.vector > 1 { Pattern::Vectored } else { Pattern::Plain };
-    let reads = Shape { depth: 1, pattern, vector: shape.vector as usize, burst_reads: shape.burst as usize };
+    let burst = burst_reads(block, shape);
+    let reads = Shape { depth: 1, pattern, vector: shape.vector as usize, burst_reads: burst as usize };
     // A cell holds whole bursts, at least two.
-    let burst_bytes = block * u64::from(shape.vector) * u64::from(shape.burst);
+    let burst_bytes = block * u64::from(shape.vector) * burst;
     let bytes_per_cell = bytes_per_cell.max(2 * burst_bytes) / burst_bytes * burst_bytes;
     let (cells, landing_bytes) = measure_cells(file, bytes_per_cell, block as usize, &round_order(), reads)?;
-    let mib_per_s = median_rates(&cells, |c| c.mib_per_s);
-    let landing_ms = median_rates(&cells, |c| c.landing_s.unwrap_or(f64::INFINITY) * 1e3);
+    let mib_per_s = medians(&cells, |c| c.mib_per_s);
+    let landing_ms = medians(&cells, |c| c.landing_s.unwrap_or(f64::INFINITY) * 1e3);
     let share_of_best = median_shares(&cells, |c| 1.0 / c.landing_s.unwrap_or(f64::INFINITY));
     let depth = least_within(&share_of_best);
     let measured_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -191,6 +195,11 @@ fn measure_with(file: &Path, block: u64, shape: ReadShape, bytes_per_cell: u64) 
     })
 }
 
+/// Reads a profile's burst holds: the shape's, within [`MAX_BURST_BYTES`] (one at least).
+fn burst_reads(block: u64, shape: ReadShape) -> u64 {
+    u64::from(shape.burst).min((MAX_BURST_BYTES / (block * u64::from(shape.vector))).max(1))
+}
+
 /// Every depth once a round, ascending in even rounds and descending in odd ones.
 fn round_order() -> Vec<usize> {
     (0..ROUNDS).flat_map(|r| if r % 2 == 0 { DEPTHS.to_vec() } else { DEPTHS.iter().rev().copied().collect() }).collect()
@@ -206,7 +215,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Each depth's median of `value` over its cells, in [`DEPTHS`] order.
-fn median_rates(cells: &[Cell], value: impl Fn(&Cell) -> f64) -> Vec<(u32, f64)> {
+fn medians(cells: &[Cell], value: impl Fn(&Cell) -> f64) -> Vec<(u32, f64)> {
     DEPTHS.iter().map(|&d| (d as u32, median(cells.iter().filter(|c| c.depth == d).map(&value).collect()))).collect()
 }
 
@@ -215,7 +224,7 @@ fn median_rates(cells: &[Cell], value: impl Fn(&Cell) -> f64) -> Vec<(u32, f64)>
 /// between rounds cancels). Not a share of each round's best cell: where depths serve alike,
 /// the best of six is a lucky moment, and every depth would fall short of it.
 fn median_shares(cells: &[Cell], rate: impl Fn(&Cell) -> f64) -> Vec<(u32, f64)> {
-    let rates = median_rates(cells, &rate);
+    let rates = medians(cells, &rate);
     let best = rates.iter().fold(rates[0], |b, &r| if r.1 > b.1 { r } else { b }).0 as usize;
     let rounds: Vec<&[Cell]> = cells.chunks(DEPTHS.len()).collect();
     let share = |round: &[Cell], d: usize| {
@@ -388,7 +397,7 @@ mod tests {
         let shares = median_shares(&cells, |c| c.mib_per_s);
         assert_eq!(shares, [(1, 0.7), (2, 0.7), (4, 1.0), (8, 1.0), (16, 1.0), (32, 1.0)]);
         assert_eq!(least_within(&shares), 4);
-        assert_eq!(median_rates(&cells, |c| c.mib_per_s)[2], (4, 1000.0));
+        assert_eq!(medians(&cells, |c| c.mib_per_s)[2], (4, 1000.0));
         // Where every depth serves alike and each cell lies a few percent off at random, each
         // round's best cell is a lucky moment: shares of it would put depths 1 and 2 short of
         // 95 % (0.943 and 0.924 here) and choose 4; shares of the best depth choose 1.
@@ -441,6 +450,11 @@ mod tests {
         assert_eq!(shape_of_objects(None, &[]), ReadShape { burst: 1, vector: 1 });
         assert_eq!(shape_of_objects(Some(u32::MAX), &tensors).burst, MAX_BURST);
         assert!(measure(Path::new("/nonexistent"), 1 << 20, ReadShape { burst: 0, vector: 1 }).is_err(), "no burst");
+        // A layer longer than MAX_BURST_BYTES is read in bursts of that.
+        assert_eq!(burst_reads(1 << 20, ReadShape { burst: 24, vector: 1 }), 24);
+        assert_eq!(burst_reads(1 << 20, ReadShape { burst: MAX_BURST, vector: 1 }), 128);
+        assert_eq!(burst_reads(4 << 20, ReadShape { burst: 8, vector: 16 }), 2);
+        assert_eq!(burst_reads(4 << 20, ReadShape { burst: 8, vector: 64 }), 1);
         assert!(measure(Path::new("/nonexistent"), 1 << 20, ReadShape { burst: 1, vector: MAX_VECTOR + 1 }).is_err());
     }
 
