@@ -130,7 +130,8 @@ pub struct DeviceDepth {
     /// The device, as the kernel names it.
     pub device: String,
     /// The profile's block, its reads per burst and blocks per read (both absent in records
-    /// before a profile read as F's decode does) and its least depth within 10 % of its best.
+    /// before a profile read as F's decode does) and its least depth whose reads land within
+    /// 5 % as soon as the best depth's.
     pub block_bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst_reads: Option<u32>,
