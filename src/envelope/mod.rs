@@ -218,7 +218,7 @@ fn measure(file: &File, file_len: u64, landing: &Landing, start: u64, bytes: u64
     let (mut next, mut done, mut read) = (0u64, 0u64, 0u64);
     let mut pending = vec![0usize; depth];
     let mut free: Vec<usize> = (0..depth).collect();
-    let burst = if burst_reads == 0 { u64::MAX } else { burst_reads as u64 };
+    let burst = if burst_reads == 0 { usize::MAX } else { burst_reads };
     let mut burst_left = burst;
     let t = Instant::now();
     // When the burst went out, and the sum over reads of how long after it each was seen landed.
@@ -234,8 +234,8 @@ fn measure(file: &File, file_len: u64, landing: &Landing, start: u64, bytes: u64
                 burst_start = Instant::now();
             }
             let Some(c) = free.pop() else { break };
-            let len = chain.min((n_units - next) as usize).min(burst_left.min(usize::MAX as u64) as usize);
-            burst_left -= len as u64;
+            let len = chain.min((n_units - next) as usize).min(burst_left);
+            burst_left -= len;
             for k in 0..len {
                 let slot = c * chain + k;
                 let (place, at) = places.take().expect("more places than reads in flight");
