@@ -14,7 +14,7 @@ use std::process::ExitCode;
 pub enum PlanCommand {
     /// Replay a generate record's routes through the Plan's replacement policies, without
     /// compute or I/O: per slot count, hits, loads and bytes moved, beside Belady's MIN (the
-    /// fewest loads any policy could make with those slots).
+    /// fewest loads any policy could make with those slots, where every event fits them).
     #[command(after_help = "Example:\n  sovereign plan simulate --routes results/oracle --slots 8,16,32 --policy lru:S --policy zero")]
     Simulate(SimulateArgs),
 }

@@ -1165,26 +1165,30 @@ fn a_prompt_event_reads_its_next_group_while_the_engine_computes_this_one() {
 }
 
 #[test]
-fn a_streamed_event_keeps_its_later_hits_from_the_misses_before_them() {
-    // Four slots, all cached after the first event. The second event's first group misses
-    // twice; its second group hits 14 and 6, which took their consumers at pass 0, so the
-    // misses must evict 9 and 2 and pass 1 still finds 14 and 6 where they were.
+fn a_streamed_event_serves_its_resident_experts_first() {
+    // Four slots, all cached after the first event. The second event names two misses before
+    // the cached 14 and 6: pass 0 serves 14 and 6 where they were, at once, while the misses
+    // are read into the slots of 9 and 2 (never of 14 or 6, which pass 0 holds), served by pass 1.
     let mut p = streaming_plan("lru:4", 4, 4, 2);
     let first = [9, 2, 14, 6];
     for pass in 0..2 {
         acq(&mut p, 1, pass, &first).unwrap();
         p.release(1, pass).unwrap();
     }
-    let kept: Vec<i32> =
-        [14, 6].iter().map(|&e| p.slots(1).unwrap().iter().position(|c| c.object == Some(obj(1, e))).unwrap() as i32).collect();
+    let at = |p: &Plan, e: u32| p.slots(1).unwrap().iter().position(|c| c.object == Some(obj(1, e))).map(|s| s as i32);
+    let kept: Vec<i32> = [14, 6].iter().map(|&e| at(&p, e).unwrap()).collect();
+    let freed: BTreeSet<i32> = [9, 2].iter().map(|&e| at(&p, e).unwrap()).collect();
+    let loads = p.telemetry().loads;
     let ids = [1, 3, 14, 6];
     let s0 = acq(&mut p, 1, 0, &ids).unwrap();
-    assert_served(&p, 1, &ids, &s0, &[1, 3]);
+    assert_served(&p, 1, &ids, &s0, &[14, 6]);
+    assert_eq!(&s0[2..], &kept[..]);
+    assert_eq!(p.telemetry().hits, 2);
     p.release(1, 0).unwrap();
     let s1 = acq(&mut p, 1, 1, &ids).unwrap();
-    assert_served(&p, 1, &ids, &s1, &[14, 6]);
-    assert_eq!(&s1[2..], &kept[..]);
-    assert_eq!(p.telemetry().hits, 2);
+    assert_served(&p, 1, &ids, &s1, &[1, 3]);
+    assert_eq!(s1[..2].iter().copied().collect::<BTreeSet<i32>>(), freed);
+    assert_eq!(p.telemetry().loads, loads + 2);
     p.release(1, 1).unwrap();
     assert!(p.shutdown().unwrap().is_clean());
 }
