@@ -1,8 +1,8 @@
 //! Cache policies against their bound: a generate record's routes replayed through the Plan
 //! itself, with a dry source (reads complete at once, no bytes move) and discarded slot
 //! writes, so hits, loads and bytes moved are the Plan's own, without compute or I/O; beside
-//! Belady's MIN on the same requests, the fewest loads any policy could make with those slots (exact
-//! where every event fits the slots; see [`min_loads`]).
+//! Belady's MIN on the same requests, the fewest loads any policy could make with those slots
+//! (exact where every event fits the slots; see [`min_loads`]).
 //!
 //! Replay follows the engine: per ubatch and MoE layer, the rows' ids in row order make one
 //! layer event; the engine runs ceil(min(n_experts, ids) / n_per_pass) passes of it, each an
