@@ -151,7 +151,9 @@ fn a_model_without_a_head_a_non_finite_draft_and_a_fault_fail_closed_in_one_line
     let r = generate(&model, PROMPT, 8, &d.join("k"), &["--draft", "mtp", "--draft-max", "100000"]);
     assert_one_line_error(&r, &["--draft-max"]);
 
-    // A fatal fault cell while traversals draft through the Plan: nothing committed.
+    // A fatal fault cell in a run that drafts through the Plan: it fires at the first read (the
+    // prompt's), once, and nothing is committed. A fault inside a drafted traversal needs a cell
+    // that fires at a later read, which the fault cells do not take.
     let rec = d.join("fault");
     let r = generate(
         &model,
@@ -163,6 +165,12 @@ fn a_model_without_a_head_a_non_finite_draft_and_a_fault_fail_closed_in_one_line
     assert_ne!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let v = record_json(&rec);
     assert_eq!(v["outcome"], "failed");
+    assert_eq!(
+        (v["experts"]["fault"]["cell"].as_str(), v["experts"]["fault"]["fired"].as_u64()),
+        (Some("corrupt_byte"), Some(1)),
+        "{}",
+        v["experts"]
+    );
     assert!(v["surfaces"].get("tokens").is_none() && v["surfaces"].get("logits").is_none(), "{}", v["surfaces"]);
 }
 
