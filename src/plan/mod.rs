@@ -37,7 +37,7 @@ pub mod simulate;
 mod slots;
 mod stream;
 mod table;
-use stream::groups;
+use stream::{groups, resident_first};
 mod telemetry;
 pub mod timeline;
 mod verify;

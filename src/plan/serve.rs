@@ -47,8 +47,7 @@ impl Plan {
                 // Resident experts first: the first passes are served at once while the misses
                 // of later groups are read, and no miss evicts an expert this event still needs.
                 // Pass order leaves the result as it is (each pass writes only its own rows).
-                let (mut order, missing): (Vec<u32>, Vec<u32>) = distinct.iter().partition(|&&e| self.slots.find(li, e).is_some());
-                order.extend(missing);
+                let order = resident_first(&distinct, |e| self.slots.find(li, e).is_some());
                 let groups = groups(&order, per, pinned);
                 return self.start_stream(li, layer, groups, ids, slots);
             }

@@ -8,7 +8,7 @@
 //! layer event; the engine runs ceil(min(n_experts, ids) / n_per_pass) passes of it, each an
 //! acquire and, when it served anything, a release.
 
-use super::{LayerPlan, Manifest, Passes, Plan, PolicySpec, SlotWriter, Telemetry};
+use super::{resident_first, LayerPlan, Manifest, Passes, Plan, PolicySpec, SlotWriter, Telemetry};
 use crate::routes::RouteEvent;
 use crate::source::{check_request, Completion, ReadRequest, Source, SourceError, SourceStats};
 use anyhow::{anyhow, bail, Result};
@@ -230,8 +230,7 @@ pub fn min_loads(events: &[Vec<u32>], capacity: usize) -> u64 {
     let mut candidates: BTreeSet<(usize, u32)> = BTreeSet::new();
     let mut loads = 0;
     for (t, r) in events.iter().enumerate() {
-        let (mut order, missing): (Vec<u32>, Vec<u32>) = r.iter().partition(|e| resident.contains_key(e));
-        order.extend(missing);
+        let order = resident_first(r, |e| resident.contains_key(&e));
         for group in order.chunks(capacity) {
             let mut misses = 0;
             for e in group {

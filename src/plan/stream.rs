@@ -173,6 +173,14 @@ impl Plan {
     }
 }
 
+/// `distinct` with its resident members first, each part in its own order: how a streamed
+/// event (and MIN, which mirrors it) orders its experts before grouping them.
+pub(super) fn resident_first(distinct: &[u32], resident: impl Fn(u32) -> bool) -> Vec<u32> {
+    let (mut order, missing): (Vec<u32>, Vec<u32>) = distinct.iter().partition(|&&e| resident(e));
+    order.extend(missing);
+    order
+}
+
 /// Splits distinct experts into groups with at most `capacity` unpinned members each.
 pub(super) fn groups(distinct: &[u32], capacity: u32, pinned: impl Fn(u32) -> bool) -> Vec<Vec<u32>> {
     let mut out = Vec::new();
