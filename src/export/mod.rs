@@ -502,6 +502,22 @@ impl Sealed {
         Some((i.plan_ns + i.copy_ns + i.submit_ns + i.wait_ns) as f64 / 1e9 / n)
     }
 
+    /// Decode seconds per decode token with a read in flight (the Plan's timeline): over the
+    /// replay's time, how much slower the arm's reads ran than the same reads with nothing
+    /// else to do.
+    fn decode_busy_s_per_token(&self) -> Option<f64> {
+        let (t, n) = self.decode_timeline()?;
+        Some(t.busy_ns as f64 / 1e9 / n)
+    }
+
+    /// Decode seconds per decode token the Plan worked (verified, published, kept its books)
+    /// while reads were in flight: work the replay never does, which costs where it holds
+    /// back the next submission.
+    fn decode_plan_busy_s_per_token(&self) -> Option<f64> {
+        let (t, n) = self.decode_timeline()?;
+        Some(t.busy.plan_ns as f64 / 1e9 / n)
+    }
+
     /// A completed generate run's decode timeline totals and its token count.
     fn decode_timeline(&self) -> Option<(crate::plan::timeline::Times, f64)> {
         let t = self.generate().filter(|_| self.completed())?.plan()?.timeline.as_ref()?;

@@ -397,6 +397,13 @@ pub(super) struct FloorLine {
     /// its books: the arm's own, outside every bound.
     #[serde(serialize_with = "shown::opt")]
     arm_plan_idle_s_per_token: Option<f64>,
+    /// Decode seconds per token with a read in flight (the arm's timeline).
+    #[serde(serialize_with = "shown::opt")]
+    arm_busy_s_per_token: Option<f64>,
+    /// Of those, the seconds the Plan verified, published or kept its books: CPU work its
+    /// replay does not do.
+    #[serde(serialize_with = "shown::opt")]
+    arm_plan_busy_s_per_token: Option<f64>,
     /// The replay's time plus that idle: the least the arm could take with its idle unchanged.
     #[serde(serialize_with = "shown::opt")]
     idle_bound_s_per_token: Option<f64>,
@@ -449,6 +456,8 @@ impl FloorLine {
             },
             arm_idle_s_per_token: r.arm.sealed.decode_idle_s_per_token(),
             arm_plan_idle_s_per_token: r.arm.sealed.decode_plan_idle_s_per_token(),
+            arm_busy_s_per_token: r.arm.sealed.decode_busy_s_per_token(),
+            arm_plan_busy_s_per_token: r.arm.sealed.decode_plan_busy_s_per_token(),
             idle_bound_s_per_token: bound,
             idle_bound_over_floor: bound.filter(|_| broken.is_none()).map(|b| b / r.floor()),
             read_by_layer_s_per_token: r.replay.sealed.read_replay().and_then(|x| x.decode_by_layer_s_per_token()),

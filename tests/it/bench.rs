@@ -166,6 +166,7 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
     let mut envelope_best = 0.0f64;
     let (mut ratios, mut reads, mut rates, mut idles, mut layered) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut plan_idles = Vec::new();
+    let mut busies = Vec::new();
     for (block, f_key, replay_key, env_key, compute_key) in [
         (1, "b01-p3-F", "b01-p4-replay-F", "b01-p0-envelope", "b01-p1-compute"),
         (2, "b02-p2-F", "b02-p3-replay-F", "b02-p0-envelope", "b02-p1-compute"),
@@ -264,6 +265,13 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         let plan_idle = per(&["plan_ns", "copy_ns", "submit_ns", "wait_ns"]);
         assert!(close(idle + plan_idle, tl["total"]["idle_ns"].as_u64().unwrap() as f64 / 1e9 / tokens as f64));
         assert!(idle > 0.0 && idle + plan_idle < arm, "block {block}: idle {idle} s and {plan_idle} s of {arm} s per token");
+        // And with reads in flight: all of it, and the Plan's own work within it.
+        let total = &tl["total"];
+        let busy = total["busy_ns"].as_u64().unwrap() as f64 / 1e9 / tokens as f64;
+        let plan_busy = total["busy"]["plan_ns"].as_u64().unwrap() as f64 / 1e9 / tokens as f64;
+        assert!(close(busy + idle + plan_idle, total["wall_ns"].as_u64().unwrap() as f64 / 1e9 / tokens as f64), "{total}");
+        assert!(plan_busy > 0.0 && plan_busy < busy, "block {block}: the Plan worked {plan_busy} s of {busy} s busy per token");
+        busies.push((busy, plan_busy));
         plan_idles.push(plan_idle);
         idles.push((idle, (read + idle).max(compute)));
         layered.push((read_by_layer, (read_by_layer + idle).max(compute)));
@@ -280,6 +288,10 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         } else {
             assert_eq!(shown, "", "no layer bound an arm beat or over a broken floor: {row:?}");
         }
+    }
+    for (row, &(busy, plan_busy)) in rows.iter().zip(&busies) {
+        assert!(close(row[fcol("arm_busy_s_per_token")].parse().unwrap(), busy), "{row:?}");
+        assert!(close(row[fcol("arm_plan_busy_s_per_token")].parse().unwrap(), plan_busy), "{row:?}");
     }
     for ((row, ((idle, bound), (_, floor, _))), plan_idle) in rows.iter().zip(idles.iter().zip(&ratios)).zip(&plan_idles) {
         assert!(close(row[fcol("arm_idle_s_per_token")].parse().unwrap(), *idle), "{row:?}");
