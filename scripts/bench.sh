@@ -80,6 +80,8 @@ echo "== F's replay plus its device idle per token (no read in flight, its timel
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a floor_s_per_token --b idle_bound_s_per_token
 echo "== F decode time per token over its idle bound (its replay plus its device idle): what F loses beyond the router's dependence"
 "$BIN" stats pairs --csv "$OUT/floor.csv" --a idle_bound_s_per_token --b arm_s_per_token
+echo "== F decode time per token with reads in flight over its replay's: how much slower F's reads ran than the same reads with nothing else to do (floor.csv's arm_plan_busy_s_per_token: the Plan's verification within that time)"
+"$BIN" stats pairs --csv "$OUT/floor.csv" --a read_s_per_token --b arm_busy_s_per_token
 echo "== F decode time per token over its layer bound (its reads replayed one layer after the other, plus its device idle): what F loses beyond the router's barriers, queue drains included"
 # A block whose F beat its layer replay has no layer bound (that replay was no floor there):
 # the ratio is left out, and the blocks named, rather than taken over the others.
