@@ -18,6 +18,9 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe) && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
     }
+    if arch == Arch::Llama4 && d.layers < LLAMA4_MOE_STEP {
+        bail!("--arch llama4: one MoE layer in every {LLAMA4_MOE_STEP} needs at least {LLAMA4_MOE_STEP} layers");
+    }
     if arch == Arch::Deepseek2 {
         // 26 and 27 layers make llama.cpp read the file as DeepSeek-V2-Lite (no q_lora).
         if matches!(d.layers, 26 | 27) {
@@ -45,6 +48,14 @@ pub(super) fn check_mtp(arch: Arch, d: &Dims, mtp: u64) -> Result<()> {
         bail!("--mtp-layers {mtp}: at most the trunk's {} layers", d.layers);
     }
     Ok(())
+}
+
+/// llama4's `interleave_moe_layer_step`, Llama 4 Maverick's: layers 1, 3, 5, ... are MoE.
+const LLAMA4_MOE_STEP: u64 = 2;
+
+/// llama4: whether layer `l` is a MoE layer (the loader's `(i + 1) % step == 0`).
+fn llama4_is_moe(l: u64) -> bool {
+    (l + 1).is_multiple_of(LLAMA4_MOE_STEP)
 }
 
 /// deepseek2's expert groups: routing keeps the best 2 groups of 4.
@@ -137,6 +148,16 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .f32("expert_weights_scale", 2.5)
                 .hp("expert_weights_norm", Value::Bool(true))
                 .u32("expert_gating_func", 2);
+        }
+        Arch::Llama4 => {
+            // No sliding_window key, as the published files: chunked attention, 3 chunked
+            // layers to 1 full, and the full ones unrotated with temperature tuning.
+            hp_common(d, b);
+            b.u32("feed_forward_length", 2 * d.expert_ff);
+            hp_attention(arch, d, b, d.head_dim);
+            b.f32("rope.freq_base", 500_000.0);
+            hp_experts(d, b);
+            b.u32("expert_feed_forward_length", d.expert_ff).u32("interleave_moe_layer_step", LLAMA4_MOE_STEP);
         }
     }
 }
@@ -381,6 +402,17 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 b.t(n("post_attention_norm"), &[d.embd]);
                 sparse_or_dense(b, d, l);
             }
+            Arch::Llama4 => {
+                b.t(n("attn_norm"), &[d.embd]);
+                attention(b, d, l, q, kv);
+                b.t(n("ffn_norm"), &[d.embd]);
+                if llama4_is_moe(l) {
+                    experts(b, d, l, d.expert_ff);
+                    shared_expert(b, d, l, d.expert_ff, false);
+                } else {
+                    dense_mlp(b, d, l);
+                }
+            }
         }
     }
     nextn_blocks(b, d, q, kv);
@@ -425,10 +457,7 @@ fn nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
 fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     if l == 0 {
-        let ff = 2 * d.expert_ff;
-        b.t(n("ffn_gate"), &[d.embd, ff]);
-        b.t(n("ffn_up"), &[d.embd, ff]);
-        b.t(n("ffn_down"), &[ff, d.embd]);
+        dense_mlp(b, d, l);
         return;
     }
     b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
@@ -437,6 +466,15 @@ fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64) {
     b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);
     b.t(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts]);
     shared_expert(b, d, l, d.expert_ff, false);
+}
+
+/// A dense layer's MLP, twice an expert's width.
+fn dense_mlp(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let ff = 2 * d.expert_ff;
+    b.t(n("ffn_gate"), &[d.embd, ff]);
+    b.t(n("ffn_up"), &[d.embd, ff]);
+    b.t(n("ffn_down"), &[ff, d.embd]);
 }
 
 /// Q, K, V and output projections.

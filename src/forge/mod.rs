@@ -41,6 +41,9 @@ pub enum Arch {
     Granitemoe,
     /// A dense leading layer, a shared expert, selection bias.
     Glm4moe,
+    /// MoE every 2nd layer between dense ones, an ungated shared expert, router weights applied
+    /// to the experts' input, chunked attention with every 4th layer unrotated.
+    Llama4,
 }
 
 impl Arch {
@@ -58,10 +61,11 @@ impl Arch {
             Arch::Qwen2moe => "qwen2moe",
             Arch::Granitemoe => "granitemoe",
             Arch::Glm4moe => "glm4moe",
+            Arch::Llama4 => "llama4",
         }
     }
 
-    pub const ALL: [Arch; 11] = [
+    pub const ALL: [Arch; 12] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -73,6 +77,7 @@ impl Arch {
         Arch::Qwen2moe,
         Arch::Granitemoe,
         Arch::Glm4moe,
+        Arch::Llama4,
     ];
 }
 

@@ -51,11 +51,13 @@ families! {
     qwen2moe: "qwen2moe",
     granitemoe: "granitemoe",
     glm4moe: "glm4moe",
+    llama4: "llama4",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(format!("{arch}{}.gguf", extra.concat()));
     let mut args = vec!["model", "forge", "--arch", arch, "--preset", "tiny", "--seed", "11", "--out", out.to_str().unwrap()];
+    args.extend_from_slice(family_layers(arch));
     args.extend_from_slice(extra);
     ok(&args);
     out
@@ -65,6 +67,16 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
     let r = generate(model, PROMPT, OUTPUTS, rec, extra);
     assert_eq!(r.code, 0, "{} {extra:?}: {}{}", model.display(), r.stdout, r.stderr);
     serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
+}
+
+/// llama4 interleaves its MoE layers with dense ones (one in two): 4 layers give it the two MoE
+/// layers every family is run with; the others take the tiny preset's 3.
+fn family_layers(arch: &str) -> &'static [&'static str] {
+    if arch == "llama4" {
+        &["--layers", "4"]
+    } else {
+        &[]
+    }
 }
 
 /// Compares two records; every surface must be exact. Returns the surfaces compared.
@@ -203,11 +215,19 @@ mod valid_variants_of_every_family_are_accepted {
     fn tied_output() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let variants = ["qwen3moe", "qwen3next", "qwen35moe", "gemma4", "deepseek2", "llama", "granitemoe", "glm4moe"]
+        let variants = ["qwen3moe", "qwen3next", "qwen35moe", "gemma4", "deepseek2", "llama", "granitemoe", "glm4moe", "llama4"]
             .iter()
             .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
             .collect();
         variants_are_accepted(d, variants);
+    }
+
+    /// Llama 4 as published: each token routed to one expert beside the shared one.
+    #[test]
+    fn top_one_routing() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        variants_are_accepted(d, vec![("llama4 top-1".into(), forge_arch(d, "llama4", &["--top-k", "1"]))]);
     }
 
     #[test]
