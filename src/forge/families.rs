@@ -159,6 +159,15 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
             hp_experts(d, b);
             b.u32("expert_feed_forward_length", d.expert_ff).u32("interleave_moe_layer_step", LLAMA4_MOE_STEP);
         }
+        Arch::MinimaxM2 => {
+            // Its experts take their width from feed_forward_length; half of each head rotates.
+            hp_common(d, b);
+            b.u32("feed_forward_length", d.expert_ff).u32("expert_feed_forward_length", d.expert_ff);
+            hp_attention(arch, d, b, d.head_dim / 2);
+            b.f32("rope.freq_base", 5_000_000.0);
+            hp_experts(d, b);
+            b.u32("expert_gating_func", 2);
+        }
     }
 }
 
@@ -412,6 +421,15 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 } else {
                     dense_mlp(b, d, l);
                 }
+            }
+            Arch::MinimaxM2 => {
+                attention(b, d, l, q, kv);
+                b.t(n("attn_norm"), &[d.embd]);
+                b.t(n("attn_q_norm"), &[q]);
+                b.t(n("attn_k_norm"), &[kv]);
+                b.t(n("ffn_norm"), &[d.embd]);
+                experts(b, d, l, d.expert_ff);
+                b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
             }
         }
     }

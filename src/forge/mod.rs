@@ -44,6 +44,10 @@ pub enum Arch {
     /// MoE every 2nd layer between dense ones, an ungated shared expert, router weights applied
     /// to the experts' input, chunked attention with every 4th layer unrotated.
     Llama4,
+    /// q/k norms over the whole projection, partial rotary, sigmoid routing with a selection
+    /// bias and normalized weights, no shared expert.
+    #[serde(rename = "minimax-m2")]
+    MinimaxM2,
 }
 
 impl Arch {
@@ -62,10 +66,11 @@ impl Arch {
             Arch::Granitemoe => "granitemoe",
             Arch::Glm4moe => "glm4moe",
             Arch::Llama4 => "llama4",
+            Arch::MinimaxM2 => "minimax-m2",
         }
     }
 
-    pub const ALL: [Arch; 12] = [
+    pub const ALL: [Arch; 13] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -78,6 +83,7 @@ impl Arch {
         Arch::Granitemoe,
         Arch::Glm4moe,
         Arch::Llama4,
+        Arch::MinimaxM2,
     ];
 }
 

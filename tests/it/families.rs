@@ -52,6 +52,7 @@ families! {
     granitemoe: "granitemoe",
     glm4moe: "glm4moe",
     llama4: "llama4",
+    minimax_m2: "minimax-m2",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
