@@ -15,7 +15,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     if matches!(arch, Arch::Qwen3next | Arch::Qwen35moe) && !d.heads.is_multiple_of(d.kv_heads) {
         bail!("--arch {}: the DeltaNet value heads must be a multiple of its key heads", arch.name());
     }
-    if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe) && d.layers < 2 {
+    if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe) && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
     }
     if arch == Arch::Llama4 && d.layers < LLAMA4_MOE_STEP {
@@ -167,6 +167,17 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
             b.f32("rope.freq_base", 5_000_000.0);
             hp_experts(d, b);
             b.u32("expert_gating_func", 2);
+        }
+        Arch::Ernie45Moe => {
+            hp_common(d, b);
+            b.u32("feed_forward_length", 2 * d.expert_ff);
+            hp_attention(arch, d, b, d.head_dim);
+            b.f32("rope.freq_base", 500_000.0);
+            hp_experts(d, b);
+            b.u32("expert_feed_forward_length", d.expert_ff)
+                .u32("expert_shared_feed_forward_length", d.expert_ff)
+                .u32("interleave_moe_layer_step", 1)
+                .u32("leading_dense_block_count", 1);
         }
     }
 }
@@ -430,6 +441,18 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 b.t(n("ffn_norm"), &[d.embd]);
                 experts(b, d, l, d.expert_ff);
                 b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+            }
+            Arch::Ernie45Moe => {
+                b.t(n("attn_norm"), &[d.embd]);
+                attention(b, d, l, q, kv);
+                b.t(n("ffn_norm"), &[d.embd]);
+                if l == 0 {
+                    dense_mlp(b, d, l);
+                } else {
+                    experts(b, d, l, d.expert_ff);
+                    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+                    shared_expert(b, d, l, d.expert_ff, false);
+                }
             }
         }
     }

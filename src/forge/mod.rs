@@ -48,6 +48,9 @@ pub enum Arch {
     /// bias and normalized weights, no shared expert.
     #[serde(rename = "minimax-m2")]
     MinimaxM2,
+    /// A dense leading layer, softmax routing with a selection bias, an ungated shared expert.
+    #[serde(rename = "ernie4_5-moe")]
+    Ernie45Moe,
 }
 
 impl Arch {
@@ -67,10 +70,11 @@ impl Arch {
             Arch::Glm4moe => "glm4moe",
             Arch::Llama4 => "llama4",
             Arch::MinimaxM2 => "minimax-m2",
+            Arch::Ernie45Moe => "ernie4_5-moe",
         }
     }
 
-    pub const ALL: [Arch; 13] = [
+    pub const ALL: [Arch; 14] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -84,6 +88,7 @@ impl Arch {
         Arch::Glm4moe,
         Arch::Llama4,
         Arch::MinimaxM2,
+        Arch::Ernie45Moe,
     ];
 }
 

@@ -53,6 +53,7 @@ families! {
     glm4moe: "glm4moe",
     llama4: "llama4",
     minimax_m2: "minimax-m2",
+    ernie4_5_moe: "ernie4_5-moe",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -216,10 +217,11 @@ mod valid_variants_of_every_family_are_accepted {
     fn tied_output() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let variants = ["qwen3moe", "qwen3next", "qwen35moe", "gemma4", "deepseek2", "llama", "granitemoe", "glm4moe", "llama4"]
-            .iter()
-            .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
-            .collect();
+        let variants =
+            ["qwen3moe", "qwen3next", "qwen35moe", "gemma4", "deepseek2", "llama", "granitemoe", "glm4moe", "llama4", "ernie4_5-moe"]
+                .iter()
+                .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
+                .collect();
         variants_are_accepted(d, variants);
     }
 
@@ -239,6 +241,7 @@ mod valid_variants_of_every_family_are_accepted {
         type Edit = Box<dyn Fn(&Gguf) -> Rewrite>;
         let edits: Vec<(&str, &str, Edit)> = vec![
             ("deepseek2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+            ("ernie4_5-moe", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("gpt-oss", "no q/k/v biases", Box::new(without(qkv_bias))),
             ("glm4moe", "no q/k/v biases", Box::new(without(qkv_bias))),
             ("qwen2moe", "no q/k/v biases", Box::new(without(qkv_bias))),
