@@ -422,41 +422,39 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 b.t(n("post_attention_norm"), &[d.embd]);
                 sparse_or_dense(b, d, l);
             }
-            Arch::Llama4 => {
-                b.t(n("attn_norm"), &[d.embd]);
-                attention(b, d, l, q, kv);
-                b.t(n("ffn_norm"), &[d.embd]);
-                if llama4_is_moe(l) {
-                    experts(b, d, l, d.expert_ff);
-                    shared_expert(b, d, l, d.expert_ff, false);
-                } else {
-                    dense_mlp(b, d, l);
-                }
-            }
-            Arch::MinimaxM2 => {
-                attention(b, d, l, q, kv);
-                b.t(n("attn_norm"), &[d.embd]);
-                b.t(n("attn_q_norm"), &[q]);
-                b.t(n("attn_k_norm"), &[kv]);
-                b.t(n("ffn_norm"), &[d.embd]);
-                experts(b, d, l, d.expert_ff);
-                b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
-            }
-            Arch::Ernie45Moe => {
-                b.t(n("attn_norm"), &[d.embd]);
-                attention(b, d, l, q, kv);
-                b.t(n("ffn_norm"), &[d.embd]);
-                if l == 0 {
-                    dense_mlp(b, d, l);
-                } else {
-                    experts(b, d, l, d.expert_ff);
-                    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
-                    shared_expert(b, d, l, d.expert_ff, false);
-                }
-            }
+            Arch::Llama4 | Arch::MinimaxM2 | Arch::Ernie45Moe => norm_attention_moe(arch, b, d, l, q, kv),
         }
     }
     nextn_blocks(b, d, q, kv);
+}
+
+/// llama4, minimax-m2 and ernie4_5-moe: a normed standard attention, then the layer's MLP: dense
+/// where the family's layout says so, else experts with the family's extras.
+fn norm_attention_moe(arch: Arch, b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    attention(b, d, l, q, kv);
+    if arch == Arch::MinimaxM2 {
+        b.t(n("attn_q_norm"), &[q]);
+        b.t(n("attn_k_norm"), &[kv]);
+    }
+    b.t(n("ffn_norm"), &[d.embd]);
+    let dense = match arch {
+        Arch::Llama4 => !llama4_is_moe(l),
+        Arch::Ernie45Moe => l == 0,
+        _ => false,
+    };
+    if dense {
+        dense_mlp(b, d, l);
+        return;
+    }
+    experts(b, d, l, d.expert_ff);
+    if matches!(arch, Arch::MinimaxM2 | Arch::Ernie45Moe) {
+        b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    }
+    if matches!(arch, Arch::Llama4 | Arch::Ernie45Moe) {
+        shared_expert(b, d, l, d.expert_ff, false);
+    }
 }
 
 /// The variant's nextn blocks, after the trunk's layers.
