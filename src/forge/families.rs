@@ -8,14 +8,15 @@ use anyhow::{bail, Result};
 
 /// What a family needs of the dimensions beyond [`Dims::check`].
 pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
-    let attention_is_embd = matches!(arch, Arch::Olmoe | Arch::Qwen2moe | Arch::Llama | Arch::Granitemoe);
+    let attention_is_embd =
+        matches!(arch, Arch::Olmoe | Arch::Qwen2moe | Arch::Llama | Arch::Granitemoe | Arch::Grok | Arch::Dbrx | Arch::Arctic);
     if attention_is_embd && d.heads * d.head_dim != d.embd {
         bail!("--arch {}: attention must span the embedding (heads x {} = {})", arch.name(), d.head_dim, d.embd);
     }
     if matches!(arch, Arch::Qwen3next | Arch::Qwen35moe) && !d.heads.is_multiple_of(d.kv_heads) {
         bail!("--arch {}: the DeltaNet value heads must be a multiple of its key heads", arch.name());
     }
-    if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe) && d.layers < 2 {
+    if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe | Arch::Dots1) && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
     }
     if arch == Arch::Llama4 && d.layers < LLAMA4_MOE_STEP {
@@ -58,6 +59,9 @@ fn llama4_is_moe(l: u64) -> bool {
     (l + 1).is_multiple_of(LLAMA4_MOE_STEP)
 }
 
+/// dots1's shared experts (dots.llm1's): one shared MLP twice an expert's width.
+const DOTS1_SHARED: u64 = 2;
+
 /// deepseek2's expert groups: routing keeps the best 2 groups of 4.
 const DEEPSEEK2_GROUPS: u64 = 4;
 const DEEPSEEK2_GROUPS_USED: u64 = 2;
@@ -78,9 +82,10 @@ impl Mla {
     }
 }
 
-/// Heads of K and V: olmoe normalises K over the whole embedding, so it has as many as Q.
+/// Heads of K and V: olmoe normalises K over the whole embedding and dots1's loader sizes K and
+/// V by Q's heads, so they have as many as Q.
 fn kv_heads(arch: Arch, d: &Dims) -> u64 {
-    if arch == Arch::Olmoe {
+    if matches!(arch, Arch::Olmoe | Arch::Dots1) {
         d.heads
     } else {
         d.kv_heads
@@ -178,6 +183,63 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .u32("expert_shared_feed_forward_length", d.expert_ff)
                 .u32("interleave_moe_layer_step", 1)
                 .u32("leading_dense_block_count", 1);
+        }
+        Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Dots1 | Arch::HunyuanMoe => hparams_more(arch, d, b),
+    }
+}
+
+/// grok, dbrx, arctic, dots1 and hunyuan-moe.
+fn hparams_more(arch: Arch, d: &Dims, b: &mut Builder) {
+    hp_common(d, b);
+    match arch {
+        Arch::Grok => {
+            // Grok-2's layout: experts of their own width beside the dense MLP. The scales are
+            // written for this width, not left to the loader's Grok-1 defaults.
+            b.u32("feed_forward_length", 2 * d.expert_ff);
+            hp_attention(arch, d, b, d.head_dim);
+            b.f32("rope.freq_base", 10_000.0);
+            hp_experts(d, b);
+            b.u32("expert_feed_forward_length", d.expert_ff)
+                .f32("embedding_scale", (d.embd as f32).sqrt())
+                .f32("logit_scale", 0.5)
+                .f32("attention.output_scale", 1.0 / (d.head_dim as f32).sqrt())
+                .f32("attn_logit_softcapping", 30.0)
+                .f32("router_logit_softcapping", 30.0)
+                .f32("final_logit_softcapping", 50.0);
+        }
+        Arch::Dbrx => {
+            b.u32("feed_forward_length", d.expert_ff)
+                .u32("attention.head_count", d.heads)
+                .u32("attention.head_count_kv", d.kv_heads)
+                .f32("attention.layer_norm_epsilon", 1e-5)
+                .f32("attention.clamp_kqv", 8.0)
+                .f32("rope.freq_base", 500_000.0);
+            hp_experts(d, b);
+        }
+        Arch::Arctic => {
+            b.u32("feed_forward_length", d.expert_ff);
+            hp_attention(arch, d, b, d.head_dim);
+            b.f32("rope.freq_base", 10_000.0);
+            hp_experts(d, b);
+        }
+        Arch::Dots1 => {
+            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+            hp_attention(arch, d, b, d.head_dim);
+            b.f32("rope.freq_base", 10_000.0);
+            hp_experts(d, b);
+            b.u32("expert_shared_count", DOTS1_SHARED)
+                .u32("expert_feed_forward_length", d.expert_ff)
+                .f32("expert_weights_scale", 2.5)
+                .hp("expert_weights_norm", Value::Bool(true))
+                .u32("expert_gating_func", 2);
+        }
+        _ => {
+            // hunyuan-moe: its experts take their width from feed_forward_length.
+            b.u32("feed_forward_length", d.expert_ff);
+            hp_attention(arch, d, b, d.head_dim);
+            b.f32("rope.freq_base", 10_000.0);
+            hp_experts(d, b);
+            b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_feed_forward_length", d.expert_ff);
         }
     }
 }
@@ -366,26 +428,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 // of the expert id changes the output.
                 b.between(format!("blk.{l}.ffn_down_exps.scale"), &[d.experts], 0.5, 1.5);
             }
-            Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe => {
-                b.t(n("attn_norm"), &[d.embd]);
-                if arch == Arch::Qwen2moe {
-                    biased_attention(b, d, l, q, kv, false);
-                } else {
-                    attention(b, d, l, q, kv);
-                }
-                if arch == Arch::Olmoe {
-                    // OLMoE normalises q and k over the whole projection, not per head.
-                    b.t(n("attn_q_norm"), &[q]);
-                    b.t(n("attn_k_norm"), &[kv]);
-                }
-                b.t(n("ffn_norm"), &[d.embd]);
-                experts(b, d, l, d.expert_ff);
-                match arch {
-                    Arch::Qwen2moe => shared_expert(b, d, l, d.expert_ff, true),
-                    Arch::Granitemoe => shared_expert(b, d, l, d.expert_ff, false),
-                    _ => {}
-                }
-            }
+            Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe => classic_layer(arch, b, d, l, q, kv),
             Arch::Deepseek2 => {
                 let m = Mla::of(d);
                 b.t(n("attn_norm"), &[d.embd]);
@@ -423,9 +466,33 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 sparse_or_dense(b, d, l);
             }
             Arch::Llama4 | Arch::MinimaxM2 | Arch::Ernie45Moe => norm_attention_moe(arch, b, d, l, q, kv),
+            Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Dots1 | Arch::HunyuanMoe => layer_more(arch, b, d, l, q, kv),
         }
     }
     nextn_blocks(b, d, q, kv);
+}
+
+/// olmoe, llama, qwen2moe and granitemoe: attention, then experts with the family's shared one.
+fn classic_layer(arch: Arch, b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    if arch == Arch::Qwen2moe {
+        biased_attention(b, d, l, q, kv, false);
+    } else {
+        attention(b, d, l, q, kv);
+    }
+    if arch == Arch::Olmoe {
+        // OLMoE normalises q and k over the whole projection, not per head.
+        b.t(n("attn_q_norm"), &[q]);
+        b.t(n("attn_k_norm"), &[kv]);
+    }
+    b.t(n("ffn_norm"), &[d.embd]);
+    experts(b, d, l, d.expert_ff);
+    match arch {
+        Arch::Qwen2moe => shared_expert(b, d, l, d.expert_ff, true),
+        Arch::Granitemoe => shared_expert(b, d, l, d.expert_ff, false),
+        _ => {}
+    }
 }
 
 /// llama4, minimax-m2 and ernie4_5-moe: a normed standard attention, then the layer's MLP: dense
@@ -454,6 +521,54 @@ fn norm_attention_moe(arch: Arch, b: &mut Builder, d: &Dims, l: u64, q: u64, kv:
     }
     if matches!(arch, Arch::Llama4 | Arch::Ernie45Moe) {
         shared_expert(b, d, l, d.expert_ff, false);
+    }
+}
+
+/// A layer of grok, dbrx, arctic, dots1 or hunyuan-moe.
+fn layer_more(arch: Arch, b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    if arch == Arch::Dbrx {
+        b.t(n("attn_qkv"), &[d.embd, q + 2 * kv]);
+        b.t(n("attn_output"), &[q, d.embd]);
+    } else {
+        attention(b, d, l, q, kv);
+    }
+    if matches!(arch, Arch::Dots1 | Arch::HunyuanMoe) {
+        b.t(n("attn_q_norm"), &[d.head_dim]);
+        b.t(n("attn_k_norm"), &[d.head_dim]);
+    }
+    if matches!(arch, Arch::Grok | Arch::Dbrx) {
+        b.t(n("attn_output_norm"), &[d.embd]);
+    }
+    if arch != Arch::Dbrx {
+        b.t(n("ffn_norm"), &[d.embd]);
+    }
+    match arch {
+        Arch::Grok => {
+            dense_mlp(b, d, l);
+            experts(b, d, l, d.expert_ff);
+            b.t(n("layer_output_norm"), &[d.embd]);
+        }
+        Arch::Dbrx => experts(b, d, l, d.expert_ff),
+        Arch::Arctic => {
+            // The residual MLP is as wide as the embedding.
+            b.t(n("ffn_gate"), &[d.embd, d.embd]);
+            b.t(n("ffn_up"), &[d.embd, d.embd]);
+            b.t(n("ffn_down"), &[d.embd, d.embd]);
+            b.t(n("ffn_norm_exps"), &[d.embd]);
+            experts(b, d, l, d.expert_ff);
+        }
+        Arch::Dots1 if l == 0 => dense_mlp(b, d, l),
+        Arch::Dots1 => {
+            experts(b, d, l, d.expert_ff);
+            b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+            shared_expert(b, d, l, DOTS1_SHARED * d.expert_ff, false);
+        }
+        _ => {
+            experts(b, d, l, d.expert_ff);
+            shared_expert(b, d, l, d.expert_ff, false);
+        }
     }
 }
 

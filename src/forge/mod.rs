@@ -51,6 +51,21 @@ pub enum Arch {
     /// A dense leading layer, softmax routing with a selection bias, an ungated shared expert.
     #[serde(rename = "ernie4_5-moe")]
     Ernie45Moe,
+    /// GELU experts beside a dense MLP, norms after attention and after the MLPs, softcapped
+    /// attention, scaled embeddings and logits.
+    Grok,
+    /// Fused QKV with clamped activations, LayerNorm, no norm before the experts but the
+    /// attention output's.
+    Dbrx,
+    /// A dense residual MLP as wide as the embedding beside experts normed on their own.
+    Arctic,
+    /// q/k norms per head, a dense leading layer, sigmoid routing with a selection bias, two
+    /// shared experts; K and V have as many heads as Q.
+    Dots1,
+    /// q/k norms after rotation, softmax routing over experts as wide as `feed_forward_length`,
+    /// an ungated shared expert.
+    #[serde(rename = "hunyuan-moe")]
+    HunyuanMoe,
 }
 
 impl Arch {
@@ -71,10 +86,15 @@ impl Arch {
             Arch::Llama4 => "llama4",
             Arch::MinimaxM2 => "minimax-m2",
             Arch::Ernie45Moe => "ernie4_5-moe",
+            Arch::Grok => "grok",
+            Arch::Dbrx => "dbrx",
+            Arch::Arctic => "arctic",
+            Arch::Dots1 => "dots1",
+            Arch::HunyuanMoe => "hunyuan-moe",
         }
     }
 
-    pub const ALL: [Arch; 14] = [
+    pub const ALL: [Arch; 19] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -89,6 +109,11 @@ impl Arch {
         Arch::Llama4,
         Arch::MinimaxM2,
         Arch::Ernie45Moe,
+        Arch::Grok,
+        Arch::Dbrx,
+        Arch::Arctic,
+        Arch::Dots1,
+        Arch::HunyuanMoe,
     ];
 }
 
@@ -511,7 +536,11 @@ impl Builder {
     fn t(&mut self, name: String, dims: &[u64]) {
         let kind = name.rsplit('.').nth(1).unwrap_or("");
         let fan_in = dims[0] as f32;
-        let ones = name.ends_with(".scale") || kind.ends_with("norm") || kind.ends_with("_scale") || kind == "rope_freqs";
+        let ones = name.ends_with(".scale")
+            || kind.ends_with("norm")
+            || kind.ends_with("_scale")
+            || kind == "rope_freqs"
+            || kind == "ffn_norm_exps";
         let (ty, init) = if ones {
             (GgmlType::F32, Init::Const(1.0))
         } else {

@@ -54,6 +54,11 @@ families! {
     llama4: "llama4",
     minimax_m2: "minimax-m2",
     ernie4_5_moe: "ernie4_5-moe",
+    grok: "grok",
+    dbrx: "dbrx",
+    arctic: "arctic",
+    dots1: "dots1",
+    hunyuan_moe: "hunyuan-moe",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -182,6 +187,19 @@ fn without(drop: impl Fn(&str) -> bool) -> impl Fn(&Gguf) -> Rewrite {
     move |g| g.tensors.iter().filter(|t| !drop(&t.name)).map(|t| (t.name.clone(), t.dims.clone(), vec![t.name.clone()])).collect()
 }
 
+/// A dense MLP's tensors (`ffn_gate`, `ffn_up`, `ffn_down`, not the experts').
+fn dense_mlp(n: &str) -> bool {
+    ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"].iter().any(|s| n.ends_with(s))
+}
+
+/// Every tensor, those named `.{from}.` renamed `.{to}.` (a name the loader takes for either).
+fn renamed(from: &'static str, to: &'static str) -> impl Fn(&Gguf) -> Rewrite {
+    move |g| {
+        let (from, to) = (format!(".{from}."), format!(".{to}."));
+        g.tensors.iter().map(|t| (t.name.replace(&from, &to), t.dims.clone(), vec![t.name.clone()])).collect()
+    }
+}
+
 /// Q, K and V of every layer fused into one `attn_qkv` (as some converters write them).
 fn fused_qkv(g: &Gguf) -> Rewrite {
     let mut out = Vec::new();
@@ -217,11 +235,24 @@ mod valid_variants_of_every_family_are_accepted {
     fn tied_output() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let variants =
-            ["qwen3moe", "qwen3next", "qwen35moe", "gemma4", "deepseek2", "llama", "granitemoe", "glm4moe", "llama4", "ernie4_5-moe"]
-                .iter()
-                .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
-                .collect();
+        let variants = [
+            "qwen3moe",
+            "qwen3next",
+            "qwen35moe",
+            "gemma4",
+            "deepseek2",
+            "llama",
+            "granitemoe",
+            "glm4moe",
+            "llama4",
+            "ernie4_5-moe",
+            "grok",
+            "arctic",
+            "hunyuan-moe",
+        ]
+        .iter()
+        .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
+        .collect();
         variants_are_accepted(d, variants);
     }
 
@@ -242,6 +273,9 @@ mod valid_variants_of_every_family_are_accepted {
         let edits: Vec<(&str, &str, Edit)> = vec![
             ("deepseek2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("ernie4_5-moe", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+            ("dots1", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+            ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
+            ("grok", "post_ffw_norm", Box::new(renamed("layer_output_norm", "post_ffw_norm"))),
             ("gpt-oss", "no q/k/v biases", Box::new(without(qkv_bias))),
             ("glm4moe", "no q/k/v biases", Box::new(without(qkv_bias))),
             ("qwen2moe", "no q/k/v biases", Box::new(without(qkv_bias))),
@@ -249,10 +283,11 @@ mod valid_variants_of_every_family_are_accepted {
             ("olmoe", "fused attn_qkv", Box::new(fused_qkv)),
         ];
         let mut variants = Vec::new();
+        let mut bases = std::collections::HashMap::new();
         for (arch, what, edit) in edits {
-            let base = forge_arch(d, arch, &[]);
+            let base = bases.entry(arch).or_insert_with(|| forge_arch(d, arch, &[]));
             let out = d.join(format!("{arch}-{}.gguf", what.replace([' ', '/'], "-")));
-            variants.push((format!("{arch} {what}"), rewrite(&base, &out, |_| {}, edit)));
+            variants.push((format!("{arch} {what}"), rewrite(base, &out, |_| {}, edit)));
         }
         variants_are_accepted(d, variants);
     }
