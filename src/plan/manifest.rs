@@ -350,8 +350,11 @@ fn object_plan(o: &crate::inventory::ExpertObject) -> Result<ObjectPlan> {
     }
     ext.sort_by_key(|(r, _)| *r);
     let roles: Vec<Role> = ext.iter().map(|(r, _)| *r).collect();
-    if roles != [Role::Gate, Role::Up, Role::Down] && roles != [Role::GateUp, Role::Down] {
-        bail!("object {id}: roles {roles:?} are neither gate, up, down nor gate_up, down");
+    // The bundles llama.cpp's MoE FFN computes: gated, gate and up merged, or ungated (the
+    // loaders that leave `ffn_gate_exps` optional: an expert is then act(up) then down).
+    const BUNDLES: [&[Role]; 3] = [&[Role::Gate, Role::Up, Role::Down], &[Role::GateUp, Role::Down], &[Role::Up, Role::Down]];
+    if !BUNDLES.contains(&roles.as_slice()) {
+        bail!("object {id}: roles {roles:?} are neither gate, up, down nor gate_up, down nor up, down");
     }
     let mut window_offset = 0;
     let mut extents = Vec::new();

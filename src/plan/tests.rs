@@ -284,6 +284,19 @@ fn manifest_validates_its_inputs() {
     inv.objects[1].extents.retain(|(r, _)| r != "up");
     let e = format!("{:#}", Manifest::new(&inv, 4, &[]).unwrap_err());
     assert!(e.starts_with(&m.inv.file) && e.contains("are neither gate, up, down"), "{e}");
+    // One expert without its gate among gated ones: the layer's slots would not agree.
+    let mut inv = m.inv.clone();
+    inv.objects[1].extents.retain(|(r, _)| r != "gate");
+    assert!(Manifest::new(&inv, 4, &[]).is_err());
+    // Every expert without its gate (ungated experts, as llama.cpp's loaders allow): a bundle
+    // of up and down, and slots of that size.
+    let mut inv = m.inv.clone();
+    inv.objects.iter_mut().for_each(|o| o.extents.retain(|(r, _)| r != "gate"));
+    let ungated = Manifest::new(&inv, 4, &[]).unwrap();
+    let roles: Vec<Role> = ungated.layers[0].roles.iter().map(|r| r.role).collect();
+    assert_eq!(roles, [Role::Up, Role::Down]);
+    let gated = Manifest::new(&m.inv, 4, &[]).unwrap();
+    assert_eq!(ungated.layers[0].slot_bytes() * 3, gated.layers[0].slot_bytes() * 2, "each role the same size");
 }
 
 #[test]

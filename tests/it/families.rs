@@ -275,6 +275,7 @@ mod valid_variants_of_every_family_are_accepted {
             ("ernie4_5-moe", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("dots1", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
+            ("grok", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
             ("grok", "post_ffw_norm", Box::new(renamed("layer_output_norm", "post_ffw_norm"))),
             ("gpt-oss", "no q/k/v biases", Box::new(without(qkv_bias))),
             ("glm4moe", "no q/k/v biases", Box::new(without(qkv_bias))),
@@ -306,6 +307,22 @@ mod valid_variants_of_every_family_are_accepted {
         }
         eprintln!("valid variants accepted: {}", variants.len());
     }
+}
+
+/// Experts without a gate (`ffn_gate_exps` is optional in the grok, llama and granitemoe
+/// loaders: an expert is then act(up), then down): a bundle of two roles, exact under every arm.
+#[test]
+fn ungated_experts_are_exact_under_every_arm() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = forge_arch(dir.path(), "grok", &[]);
+    let model = rewrite(&base, &dir.path().join("grok-ungated.gguf"), |_| {}, without(|n: &str| n.ends_with("ffn_gate_exps.weight")));
+    let inv = inventory(&model);
+    for l in inv["moe_layers"].as_array().unwrap() {
+        let roles: Vec<&String> = l["tensors"].as_object().unwrap().keys().collect();
+        assert_eq!(roles, ["down", "up"], "layer {}", l["layer"]);
+    }
+    let last = inv["moe_layers"].as_array().unwrap().last().unwrap()["layer"].as_u64().unwrap();
+    family_is_exact(dir.path(), "grok", &model, &arms(last));
 }
 
 /// A file our checks pass but llama.cpp asserts on while it builds the graph (deepseek2 with a
