@@ -19,6 +19,9 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe | Arch::Dots1) && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
     }
+    if arch == Arch::NemotronHMoe && d.layers < 3 {
+        bail!("--arch nemotron_h_moe: a Mamba-2, a MoE and an attention layer need at least 3 layers");
+    }
     if arch == Arch::Llama4 && d.layers < LLAMA4_MOE_STEP {
         bail!("--arch llama4: one MoE layer in every {LLAMA4_MOE_STEP} needs at least {LLAMA4_MOE_STEP} layers");
     }
@@ -185,7 +188,70 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .u32("leading_dense_block_count", 1);
         }
         Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Dots1 | Arch::HunyuanMoe => hparams_more(arch, d, b),
+        Arch::NemotronHMoe => hparams_nemotron_h(d, b),
     }
+}
+
+/// What a nemotron_h_moe layer is: every 4th from the first a Mamba-2 layer, every 4th from
+/// the third an attention layer, the others MoE (Nemotron 3's interleaving, compressed).
+#[derive(PartialEq)]
+enum NemotronLayer {
+    Mamba,
+    Moe,
+    Attention,
+}
+
+fn nemotron_layer(l: u64) -> NemotronLayer {
+    match l % 4 {
+        0 => NemotronLayer::Mamba,
+        2 => NemotronLayer::Attention,
+        _ => NemotronLayer::Moe,
+    }
+}
+
+/// The Mamba-2 sizes of nemotron_h_moe: inner width, state size, heads, groups.
+struct Mamba2 {
+    inner: u64,
+    state: u64,
+    heads: u64,
+    groups: u64,
+}
+
+impl Mamba2 {
+    fn of(d: &Dims) -> Mamba2 {
+        let inner = 2 * d.embd;
+        Mamba2 { inner, state: 128, heads: inner / d.head_dim, groups: 2 }
+    }
+    /// The convolved x, B and C.
+    fn conv_dim(&self) -> u64 {
+        self.inner + 2 * self.groups * self.state
+    }
+}
+
+/// Nemotron-H MoE: the loader tells a layer's kind by its feed-forward width and KV heads, each
+/// one value per layer (a Mamba-2 layer has neither, an attention layer no feed-forward).
+fn hparams_nemotron_h(d: &Dims, b: &mut Builder) {
+    let m = Mamba2::of(d);
+    let per_layer =
+        |f: &dyn Fn(NemotronLayer) -> u64| Value::Array((0..d.layers).map(|l| Value::U32(f(nemotron_layer(l)) as u32)).collect());
+    hp_common(d, b);
+    b.hp("feed_forward_length", per_layer(&|k| if k == NemotronLayer::Moe { d.expert_ff } else { 0 }));
+    b.u32("attention.head_count", d.heads);
+    b.hp("attention.head_count_kv", per_layer(&|k| if k == NemotronLayer::Attention { d.kv_heads } else { 0 }));
+    b.u32("attention.key_length", d.head_dim)
+        .u32("attention.value_length", d.head_dim)
+        .f32("attention.layer_norm_epsilon", 1e-5)
+        .f32("attention.layer_norm_rms_epsilon", 1e-5);
+    b.u32("ssm.conv_kernel", 4)
+        .u32("ssm.inner_size", m.inner)
+        .u32("ssm.state_size", m.state)
+        .u32("ssm.time_step_rank", m.heads)
+        .u32("ssm.group_count", m.groups);
+    hp_experts(d, b);
+    b.u32("expert_feed_forward_length", d.expert_ff)
+        .u32("expert_shared_feed_forward_length", 2 * d.expert_ff)
+        .hp("expert_weights_norm", Value::Bool(true))
+        .f32("expert_weights_scale", 2.5);
 }
 
 /// grok, dbrx, arctic, dots1 and hunyuan-moe.
@@ -467,6 +533,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             }
             Arch::Llama4 | Arch::MinimaxM2 | Arch::Ernie45Moe => norm_attention_moe(arch, b, d, l, q, kv),
             Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Dots1 | Arch::HunyuanMoe => layer_more(arch, b, d, l, q, kv),
+            Arch::NemotronHMoe => nemotron_h_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(b, d, q, kv);
@@ -568,6 +635,36 @@ fn layer_more(arch: Arch, b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
         _ => {
             experts(b, d, l, d.expert_ff);
             shared_expert(b, d, l, d.expert_ff, false);
+        }
+    }
+}
+
+/// A nemotron_h_moe layer: a norm, then a Mamba-2 mixer, attention, or ungated experts beside
+/// an ungated shared expert.
+fn nemotron_h_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    match nemotron_layer(l) {
+        NemotronLayer::Mamba => {
+            let m = Mamba2::of(d);
+            b.t(n("ssm_in"), &[d.embd, 2 * m.inner + 2 * m.groups * m.state + m.heads]);
+            b.t(n("ssm_conv1d"), &[4, m.conv_dim()]);
+            b.std(format!("blk.{l}.ssm_conv1d.bias"), &[m.conv_dim()], 0.1);
+            b.std(format!("blk.{l}.ssm_dt.bias"), &[m.heads], 0.1);
+            // A = -exp(A_log): a decay, negative for the state to stay bounded.
+            b.between(format!("blk.{l}.ssm_a"), &[1, m.heads], -4.0, -0.5);
+            b.between(format!("blk.{l}.ssm_d"), &[1, m.heads], 0.5, 1.5);
+            b.t(n("ssm_norm"), &[m.inner / m.groups, m.groups]);
+            b.t(n("ssm_out"), &[m.inner, d.embd]);
+        }
+        NemotronLayer::Attention => attention(b, d, l, q, kv),
+        NemotronLayer::Moe => {
+            b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
+            b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+            b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);
+            b.t(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts]);
+            b.t(n("ffn_up_shexp"), &[d.embd, 2 * d.expert_ff]);
+            b.t(n("ffn_down_shexp"), &[2 * d.expert_ff, d.embd]);
         }
     }
 }

@@ -66,6 +66,10 @@ pub enum Arch {
     /// an ungated shared expert.
     #[serde(rename = "hunyuan-moe")]
     HunyuanMoe,
+    /// Mamba-2 layers, attention layers and MoE layers of their own; ungated squared-ReLU
+    /// experts, sigmoid routing with a selection bias, an ungated shared expert.
+    #[serde(rename = "nemotron_h_moe")]
+    NemotronHMoe,
 }
 
 impl Arch {
@@ -91,10 +95,11 @@ impl Arch {
             Arch::Arctic => "arctic",
             Arch::Dots1 => "dots1",
             Arch::HunyuanMoe => "hunyuan-moe",
+            Arch::NemotronHMoe => "nemotron_h_moe",
         }
     }
 
-    pub const ALL: [Arch; 19] = [
+    pub const ALL: [Arch; 20] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -114,6 +119,7 @@ impl Arch {
         Arch::Arctic,
         Arch::Dots1,
         Arch::HunyuanMoe,
+        Arch::NemotronHMoe,
     ];
 }
 

@@ -59,6 +59,7 @@ families! {
     arctic: "arctic",
     dots1: "dots1",
     hunyuan_moe: "hunyuan-moe",
+    nemotron_h_moe: "nemotron_h_moe",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -76,10 +77,11 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
 }
 
-/// llama4 interleaves its MoE layers with dense ones (one in two): 4 layers give it the two MoE
-/// layers every family is run with; the others take the tiny preset's 3.
+/// llama4 interleaves its MoE layers with dense ones (one in two), nemotron_h_moe with Mamba-2
+/// and attention layers (two in four): 4 layers give each the two MoE layers every family is
+/// run with; the others take the tiny preset's 3.
 fn family_layers(arch: &str) -> &'static [&'static str] {
-    if arch == "llama4" {
+    if matches!(arch, "llama4" | "nemotron_h_moe") {
         &["--layers", "4"]
     } else {
         &[]
@@ -94,8 +96,8 @@ fn assert_exact(a: &Path, b: &Path) -> Vec<String> {
     v["surfaces"].as_array().unwrap().iter().map(|s| s["surface"].as_str().unwrap().to_string()).collect()
 }
 
-/// The families that keep a recurrent state per sequence (DeltaNet layers).
-const HYBRID: [&str; 2] = ["qwen3next", "qwen35moe"];
+/// The families that keep a recurrent state per sequence (DeltaNet or Mamba-2 layers).
+const HYBRID: [&str; 3] = ["qwen3next", "qwen35moe", "nemotron_h_moe"];
 
 fn inventory(model: &Path) -> serde_json::Value {
     serde_json::from_str(&ok(&["inventory", model.to_str().unwrap(), "--json"]).stdout).unwrap()
@@ -249,6 +251,7 @@ mod valid_variants_of_every_family_are_accepted {
             "grok",
             "arctic",
             "hunyuan-moe",
+            "nemotron_h_moe",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
