@@ -218,7 +218,7 @@ pub fn sequence(inv: &Inventory, plan: &PlanOptions, events: &[LayerEvent], pref
     let manifest = Manifest::new(inv, plan.slots, &policy.pinned)?.with_layer_buffers(plan.layer_buffers)?;
     let n_used = inv.n_used();
     let sizing = crate::plan::Sizing::of(&manifest, plan, n_used);
-    let passes = crate::plan::Passes { n_used: n_used.unwrap_or(0) as usize, token: sizing.token_pass, prompt: sizing.prompt_pass };
+    let passes = crate::plan::Passes { token: sizing.token_pass, prompt: sizing.prompt_pass };
     let pool_bytes = manifest.slot_pool_bytes();
     let trace = simulate::reads(manifest, &policy, events, sizing.windows, passes)?;
     let n_steps = events.last().map_or(0, |e| e.ubatch as usize + 1);

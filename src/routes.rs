@@ -21,20 +21,26 @@ pub struct RouteEvent {
 /// Route ids per event beyond this are refused as hostile (top-k of any real router is far less).
 pub const MAX_K: usize = 4096;
 
+/// Fills an event's ids up to the surface's k where its layer selects fewer (models that route
+/// a different number of experts in each layer); never an expert id.
+pub const PAD: i32 = -1;
+
 /// Bytes of one event with `k` expert ids.
 pub fn unit_bytes(k: usize) -> u64 {
     16 + 4 * k as u64
 }
 
-/// The surface's bytes for `events`, each of which carries its k ids.
-pub fn encode(events: &[RouteEvent]) -> Vec<u8> {
+/// The surface's bytes for `events`, each with `k` ids: its own, then [`PAD`] up to `k` (`k` is
+/// the most any layer selects).
+pub fn encode(events: &[RouteEvent], k: usize) -> Vec<u8> {
     events
         .iter()
         .flat_map(|e| {
+            let pad = std::iter::repeat_n(PAD, k.saturating_sub(e.experts.len()));
             [e.ubatch, e.row, e.pos, e.layer]
                 .into_iter()
                 .flat_map(u32::to_le_bytes)
-                .chain(e.experts.iter().flat_map(|x| x.to_le_bytes()))
+                .chain(e.experts.iter().copied().chain(pad).flat_map(i32::to_le_bytes))
                 .collect::<Vec<u8>>()
         })
         .collect()
@@ -70,8 +76,8 @@ impl fmt::Display for RoutesError {
 
 impl std::error::Error for RoutesError {}
 
-/// The events of a routes surface with `k` ids each. Within one (ubatch, layer) rows come
-/// 0, 1, 2, ...; (ubatch, layer) pairs strictly increase.
+/// The events of a routes surface with `k` ids each, less their trailing [`PAD`]. Within one
+/// (ubatch, layer) rows come 0, 1, 2, ...; (ubatch, layer) pairs strictly increase.
 pub fn decode(bytes: &[u8], k: usize) -> Result<Vec<RouteEvent>, RoutesError> {
     if k == 0 || k > MAX_K {
         return Err(RoutesError::K(k));
@@ -97,7 +103,10 @@ pub fn decode(bytes: &[u8], k: usize) -> Result<Vec<RouteEvent>, RoutesError> {
                 }
             }
         }
-        let experts = (0..k).map(|i| u32_at(e, 4 + i) as i32).collect();
+        let mut experts: Vec<i32> = (0..k).map(|i| u32_at(e, 4 + i) as i32).collect();
+        while experts.last() == Some(&PAD) {
+            experts.pop();
+        }
         out.push(RouteEvent { ubatch, row, pos, layer, experts });
     }
     Ok(out)
@@ -114,17 +123,27 @@ mod tests {
     #[test]
     fn routes_round_trip_and_refuse_what_the_engine_never_writes() {
         let events = vec![ev(0, 0, 0, 1, &[3, 4]), ev(0, 1, 1, 1, &[4, -5]), ev(0, 0, 0, 2, &[0, 1]), ev(1, 0, 2, 1, &[7, 3])];
-        let b = encode(&events);
+        let b = encode(&events, 2);
         assert_eq!(b.len() as u64, 4 * unit_bytes(2));
         assert_eq!(decode(&b, 2), Ok(events));
         assert!(matches!(decode(&b[..b.len() - 1], 2), Err(RoutesError::Partial { unit: 24, k: 2, .. })));
         assert_eq!(decode(&b, 0), Err(RoutesError::K(0)));
         assert_eq!(decode(&[], MAX_K + 1), Err(RoutesError::K(MAX_K + 1)));
-        let back = encode(&[ev(0, 0, 0, 2, &[1]), ev(0, 0, 0, 1, &[1])]);
+        let back = encode(&[ev(0, 0, 0, 2, &[1]), ev(0, 0, 0, 1, &[1])], 1);
         assert_eq!(decode(&back, 1), Err(RoutesError::Order { event: 1, ubatch: 0, layer: 1, row: 0 }));
-        let late = encode(&[ev(0, 1, 0, 2, &[1])]);
+        let late = encode(&[ev(0, 1, 0, 2, &[1])], 1);
         assert_eq!(decode(&late, 1), Err(RoutesError::Order { event: 0, ubatch: 0, layer: 2, row: 1 }));
-        let skip = encode(&[ev(0, 0, 0, 2, &[1]), ev(0, 2, 2, 2, &[1])]);
+        let skip = encode(&[ev(0, 0, 0, 2, &[1]), ev(0, 2, 2, 2, &[1])], 1);
         assert_eq!(decode(&skip, 1), Err(RoutesError::Row { event: 1, ubatch: 0, layer: 2, row: 2, expected: 1 }));
+    }
+
+    /// Layers that select fewer experts than the surface's k are padded, and come back as they were.
+    #[test]
+    fn events_of_fewer_ids_are_padded_and_come_back_whole() {
+        let events = vec![ev(0, 0, 0, 1, &[3, 4, 5, 6]), ev(0, 0, 0, 3, &[7, 2]), ev(1, 0, 1, 1, &[0, 1, 2, 3]), ev(1, 0, 1, 3, &[9])];
+        let b = encode(&events, 4);
+        assert_eq!(b.len() as u64, 4 * unit_bytes(4));
+        assert_eq!(&b[unit_bytes(4) as usize + 24..unit_bytes(4) as usize + 32], [PAD.to_le_bytes(), PAD.to_le_bytes()].concat());
+        assert_eq!(decode(&b, 4), Ok(events));
     }
 }

@@ -150,9 +150,8 @@ impl PlanSource {
             }
         }
         if sizing.token_pass.is_some() || sizing.prompt_pass.is_some() {
-            let n_used =
-                inv.expert_used_count.ok_or_else(|| anyhow!("the model names no expert_used_count, which streamed passes need"))?;
-            plan.stream_passes(Passes { n_used: usize::try_from(n_used)?, token: sizing.token_pass, prompt: sizing.prompt_pass });
+            inv.expert_used_count.ok_or_else(|| anyhow!("the model names no expert_used_count, which streamed passes need"))?;
+            plan.stream_passes(Passes { token: sizing.token_pass, prompt: sizing.prompt_pass });
         }
         // Every extent read is verified against the model's digest manifest.
         let digests = crate::digests::obtain(model, inv, None)?.digests;
@@ -227,7 +226,9 @@ impl PlanSource {
                 m.step = now;
             }
         }
-        self.tokens = (n_ids as u64).div_ceil(self.n_used);
+        // The first MoE layer's selections per token, where the model gives one per layer.
+        let n_used = self.plan.manifest().layers.first().map_or(0, |l| u64::from(l.n_used));
+        self.tokens = (n_ids as u64).div_ceil(if n_used > 0 { n_used } else { self.n_used });
     }
 
     /// Counts the time of an acquire that started at `t`.

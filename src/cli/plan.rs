@@ -126,7 +126,7 @@ pub fn plan(c: PlanCommand) -> Result<ExitCode> {
     // the run sized from its slots is sized again at each slot count.
     let mut passes = rec.passes;
     if let Some(g) = a.token_pass {
-        passes.n_used = inv.expert_used_count.context("the model names no expert_used_count, which --token-pass needs")? as usize;
+        inv.expert_used_count.context("the model names no expert_used_count, which --token-pass needs")?;
         passes.token = Some(g);
     }
     let passes_at = |m: &Manifest| {

@@ -35,7 +35,8 @@ impl RouteRecorder {
             self.ubatch_rows = rows;
         }
         self.last_layer = Some(layer);
-        self.k = Some(k);
+        // The most any layer selects: layers may select different numbers of experts.
+        self.k = Some(self.k.map_or(k, |m| m.max(k)));
         let ubatch = self.ubatch.unwrap_or(0);
         let mut ids = vec![0i32; k];
         for row in 0..rows {

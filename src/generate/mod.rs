@@ -519,9 +519,9 @@ fn write_surfaces(
     staging.surface("tokens", "tokens.bin", &tokens, 4, false)?;
     staging.surface("logits", "logits.bin", &f32_bytes(&run.logits), ran.n_vocab as u64 * 4, true)?;
     staging.surface("response", "response.bin", &run.response, 1, false)?;
-    staging.surface("routes", "routes.bin", &crate::routes::encode(routes), crate::routes::unit_bytes(ran.route_k), false)?;
+    staging.surface("routes", "routes.bin", &crate::routes::encode(routes, ran.route_k), crate::routes::unit_bytes(ran.route_k), false)?;
     if !run.head_routes.is_empty() {
-        let bytes = crate::routes::encode(&run.head_routes);
+        let bytes = crate::routes::encode(&run.head_routes, ran.route_k);
         staging.surface("mtp_routes", "mtp_routes.bin", &bytes, crate::routes::unit_bytes(ran.route_k), false)?;
     }
     if let Some(last) = &run.recurrent.last {

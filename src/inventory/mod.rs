@@ -102,6 +102,10 @@ impl ExpertObject {
 pub struct MoeLayer {
     pub layer: u32,
     pub experts: u32,
+    /// Experts a token selects in this layer: `expert_used_count`, or this layer's value where
+    /// the model gives one per layer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_used: Option<u64>,
     /// Role → tensor name.
     pub tensors: BTreeMap<String, String>,
 }
@@ -122,6 +126,8 @@ pub struct Inventory {
     pub t_repr_rule: &'static str,
     pub expert_bytes: u64,
     pub non_expert_bytes: u64,
+    /// Experts a token selects: `expert_used_count`, or where it gives one value per layer, the
+    /// most of any MoE layer (each layer's is in `moe_layers`).
     pub expert_used_count: Option<u64>,
     /// The trained context length (`<arch>.context_length`), where the file states one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -206,7 +212,8 @@ impl Inventory {
                 bail!("{}: expert tensor `{}` has shape {:?}, not [_, _, expert_count]", g.path.display(), t.name, t.dims);
             }
             let n = t.dims[2];
-            let entry = layers.entry(layer).or_insert_with(|| MoeLayer { layer, experts: n as u32, tensors: BTreeMap::new() });
+            let entry =
+                layers.entry(layer).or_insert_with(|| MoeLayer { layer, experts: n as u32, expert_used: None, tensors: BTreeMap::new() });
             if u64::from(entry.experts) != n {
                 bail!("{}: `{}` has {n} experts, other tensors of layer {layer} have {}", g.path.display(), t.name, entry.experts);
             }
@@ -222,6 +229,15 @@ impl Inventory {
             }
             expert_bytes += t.bytes;
         }
+        // `get_key_or_arr`: one value for every layer, or one per layer.
+        let used = g.get(&format!("{architecture}.expert_used_count"));
+        for (layer, l) in &mut layers {
+            l.expert_used = match used {
+                Some(crate::gguf::Value::Array(a)) => a.get(*layer as usize).and_then(crate::gguf::Value::as_u64),
+                v => v.and_then(crate::gguf::Value::as_u64),
+            };
+        }
+        let expert_used_count = layers.values().filter_map(|l| l.expert_used).max();
         let objects: Vec<ExpertObject> = objects.into_values().collect();
         let mut all: Vec<Extent> = objects.iter().flat_map(|o| o.extents.iter().map(|(_, e)| *e)).collect();
         all.sort();
@@ -260,7 +276,7 @@ impl Inventory {
             t_repr_rule: T_REPR_RULE,
             expert_bytes,
             non_expert_bytes: t_repr_bytes - expert_bytes,
-            expert_used_count: g.arch_u64("expert_used_count"),
+            expert_used_count: expert_used_count.or_else(|| g.arch_u64("expert_used_count")),
             context_length: g.arch_u64("context_length"),
             tensors: g
                 .tensors

@@ -67,7 +67,7 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
         }
     }
     let plan = rec.params.as_ref().and_then(|p| p.experts.plan());
-    let passes = Passes { n_used: k, token: plan.and_then(|d| d.token_pass), prompt: plan.and_then(|d| d.prompt_pass) };
+    let passes = Passes { token: plan.and_then(|d| d.token_pass), prompt: plan.and_then(|d| d.prompt_pass) };
     let prompt_pass_sized = plan.and_then(|d| d.sizing.as_ref()).and_then(|s| s.prompt_pass_from) == Some(SizedFrom::Manifest);
     let draft = rec.params.as_ref().and_then(|p| p.draft.as_ref()).filter(|d| d.proposer == ProposerKind::Mtp);
     let mtp_head = draft

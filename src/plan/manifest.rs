@@ -108,6 +108,10 @@ pub struct LayerPlan {
     pub roles: Vec<RoleBytes>,
     /// Experts of this layer named by the pin policy.
     pub pinned: Vec<u32>,
+    /// Experts a token selects in this layer (0: the model names no count): an event of that
+    /// many ids is a one-token event.
+    #[serde(skip)]
+    pub n_used: u32,
     #[serde(skip)]
     first_object: usize,
 }
@@ -214,6 +218,7 @@ impl Manifest {
                 n_slots: n_slots.min(ml.experts),
                 roles: roles.unwrap_or_default(),
                 pinned: Vec::new(),
+                n_used: ml.expert_used.and_then(|n| u32::try_from(n).ok()).unwrap_or(0),
                 first_object,
             });
         }

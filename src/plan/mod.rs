@@ -283,9 +283,6 @@ struct Observers {
 /// Distinct experts per engine pass where events are streamed ([`Plan::stream_passes`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Passes {
-    /// Selections of one token (the model's expert_used_count): an event of that many ids is
-    /// a one-token event.
-    pub n_used: usize,
     /// Per pass of a one-token event (absent: not streamed).
     pub token: Option<u32>,
     /// Per pass of an event of several tokens, a prompt ubatch (absent: not streamed).
@@ -293,10 +290,11 @@ pub struct Passes {
 }
 
 impl Passes {
-    /// The pass size of an event of `n_ids` selections, where it is streamed.
-    pub fn per_pass(&self, n_ids: usize) -> Option<u32> {
+    /// The pass size of an event of `n_ids` selections in a layer where a token selects
+    /// `n_used` (0: unknown), where it is streamed.
+    pub fn per_pass(&self, n_ids: usize, n_used: u32) -> Option<u32> {
         // The engine runs a one-token ubatch in passes of the prompt pass where no token pass is set.
-        let p = if self.n_used > 0 && n_ids == self.n_used { self.token.or(self.prompt) } else { self.prompt };
+        let p = if n_used > 0 && n_ids == n_used as usize { self.token.or(self.prompt) } else { self.prompt };
         p.filter(|&p| p > 0)
     }
 }
@@ -360,10 +358,10 @@ impl Plan {
         })
     }
 
-    /// Streams events of `n_used` selections (one token) in passes of `per_pass` distinct
-    /// experts ([`Plan::stream_passes`]).
-    pub fn stream_token_passes(&mut self, n_used: usize, per_pass: u32) {
-        self.work.set_passes(Passes { n_used, token: Some(per_pass), prompt: None });
+    /// Streams one-token events (as many ids as their layer's `n_used`) in passes of
+    /// `per_pass` distinct experts ([`Plan::stream_passes`]).
+    pub fn stream_token_passes(&mut self, per_pass: u32) {
+        self.work.set_passes(Passes { token: Some(per_pass), prompt: None });
     }
 
     /// Streams every event with more distinct experts than its pass size (the token pass for a

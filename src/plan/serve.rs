@@ -40,7 +40,7 @@ impl Plan {
             self.slots.observe(layer, &distinct);
         }
         let pinned = |e: u32| self.manifest.is_pinned(ObjectId { layer, expert: e });
-        if let Some(per) = self.work.passes().per_pass(ids.len()) {
+        if let Some(per) = self.work.passes().per_pass(ids.len(), self.manifest.layers[li].n_used) {
             let unpinned = distinct.iter().filter(|&&e| !pinned(e)).count() as u32;
             let per = per.min(capacity);
             if pass == 0 && per < unpinned {

@@ -170,7 +170,7 @@ fn replay_with(
         |log: &Option<Arc<Mutex<Vec<ReadRequest>>>>| log.as_ref().map_or(0, |l| l.lock().expect("the read log is never poisoned").len());
     let mut starts = Vec::with_capacity(events.len() + 1);
     let n_per_pass = manifest.layers.iter().map(LayerPlan::capacity).min().unwrap_or(1).max(1);
-    let experts: HashMap<u32, u32> = manifest.layers.iter().map(|l| (l.layer, l.n_experts)).collect();
+    let experts: HashMap<u32, (u32, u32)> = manifest.layers.iter().map(|l| (l.layer, (l.n_experts, l.n_used))).collect();
     let binds: Vec<(u32, super::Role, u64, u32)> =
         manifest.layers.iter().flat_map(|l| l.roles.iter().map(move |r| (l.layer, r.role, r.bytes_per_slot, l.n_slots))).collect();
     let source = DrySource::new(&manifest, windows, log.clone());
@@ -178,7 +178,7 @@ fn replay_with(
     // As the engine: a one-token ubatch (n_used selections) runs passes of the token pass,
     // others of the prompt pass, each at most a layer's unpinned capacity.
     let clamp = |p: Option<u32>| p.map(|g| g.clamp(1, n_per_pass));
-    let passes = Passes { n_used: passes.n_used, token: clamp(passes.token), prompt: clamp(passes.prompt) };
+    let passes = Passes { token: clamp(passes.token), prompt: clamp(passes.prompt) };
     plan.stream_passes(passes);
     for (layer, role, bytes, n_slots) in binds {
         plan.bind(layer, role, bytes, n_slots, Box::new(Discard)).map_err(|e| anyhow!("{e}"))?;
@@ -186,12 +186,12 @@ fn replay_with(
     let mut slots = Vec::new();
     for (n, ev) in events.iter().enumerate() {
         let at = |e: super::PlanError| anyhow!("layer event {n} (ubatch {}, layer {}): {e}", ev.ubatch, ev.layer);
-        let Some(&n_experts) = experts.get(&ev.layer) else {
+        let Some(&(n_experts, n_used)) = experts.get(&ev.layer) else {
             bail!("layer event {n}: layer {} is not a MoE layer of the model", ev.layer);
         };
         starts.push(logged(&log));
         slots.resize(ev.ids.len(), -1);
-        let per = passes.per_pass(ev.ids.len()).unwrap_or(n_per_pass);
+        let per = passes.per_pass(ev.ids.len(), n_used).unwrap_or(n_per_pass);
         for pass in 0..n_passes(ev.ids.len(), n_experts, per) {
             plan.acquire(ev.layer, pass, &ev.ids, &mut slots).map_err(at)?;
             if slots.iter().any(|&s| s >= 0) {
@@ -494,8 +494,9 @@ mod tests {
         }
     }
 
-    /// A manifest of `layers` MoE layers of `experts` experts with small, distinct extents.
-    fn manifest(layers: u32, experts: u32, slots: u32, pinned: &[super::super::ObjectId]) -> Result<Manifest> {
+    /// A manifest of `layers` MoE layers of `experts` experts with small, distinct extents, each
+    /// token selecting `k`.
+    fn manifest(layers: u32, experts: u32, k: u64, slots: u32, pinned: &[super::super::ObjectId]) -> Result<Manifest> {
         use crate::inventory::{ExpertObject, Extent, Inventory, MoeLayer};
         let mut objects = Vec::new();
         let mut offset = 0;
@@ -523,7 +524,7 @@ mod tests {
             expert_used_count: None,
             context_length: None,
             tensors: Vec::new(),
-            moe_layers: (0..layers).map(|layer| MoeLayer { layer, experts, tensors: BTreeMap::new() }).collect(),
+            moe_layers: (0..layers).map(|layer| MoeLayer { layer, experts, expert_used: Some(k), tensors: BTreeMap::new() }).collect(),
             mtp_layers: Vec::new(),
             objects,
             extent_duplicates: 0,
@@ -573,12 +574,9 @@ mod tests {
                 // first): MIN is exact where every event fits the slots, and the streamed
                 // order of a larger event is not fixed (see min_loads).
                 let fits = events.iter().all(|e| e.ids.iter().collect::<BTreeSet<_>>().len() <= slots as usize);
-                for passes in [
-                    Passes::default(),
-                    Passes { n_used: k, token: Some(1), prompt: Some(1) },
-                    Passes { n_used: k, token: Some(1), prompt: Some(2) },
-                ] {
-                    let rows = simulate(|s, pins| manifest(layers, experts, s, pins), &[slots], &policies, &events, |_| passes).unwrap();
+                for passes in [Passes::default(), Passes { token: Some(1), prompt: Some(1) }, Passes { token: Some(1), prompt: Some(2) }] {
+                    let rows =
+                        simulate(|s, pins| manifest(layers, experts, k as u64, s, pins), &[slots], &policies, &events, |_| passes).unwrap();
                     let min = rows.iter().find(|r| r.policy == "MIN").unwrap();
                     for r in rows.iter().filter(|r| r.refused.is_none()) {
                         if passes == Passes::default() || fits {
@@ -603,7 +601,7 @@ mod tests {
     fn lru_with_every_slot_retained_loads_each_object_once() {
         let events = random_events(&mut Rng(7), 2, 8, 2, 30);
         let distinct: BTreeSet<(u32, i32)> = events.iter().flat_map(|e| e.ids.iter().map(move |&i| (e.layer, i))).collect();
-        let rows = simulate(|s, pins| manifest(2, 8, s, pins), &[8], &["lru:S".into()], &events, |_| Passes::default()).unwrap();
+        let rows = simulate(|s, pins| manifest(2, 8, 2, s, pins), &[8], &["lru:S".into()], &events, |_| Passes::default()).unwrap();
         assert_eq!(rows[0].loads, distinct.len() as u64);
         assert_eq!(rows[1].loads, distinct.len() as u64, "MIN with room for everything");
         assert_eq!(rows[0].bytes_moved, distinct.len() as u64 * 3000);
@@ -612,7 +610,7 @@ mod tests {
     #[test]
     fn lru_above_the_slots_is_a_refused_row() {
         let events = random_events(&mut Rng(9), 2, 8, 2, 3);
-        let rows = simulate(|s, pins| manifest(2, 8, s, pins), &[2], &["lru:4".into()], &events, |_| Passes::default()).unwrap();
+        let rows = simulate(|s, pins| manifest(2, 8, 2, s, pins), &[2], &["lru:4".into()], &events, |_| Passes::default()).unwrap();
         assert!(rows[0].refused.as_deref().unwrap().contains("lru:4 exceeds the 2 slots"), "{:?}", rows[0]);
         assert_eq!(rows[1].policy, "MIN");
     }

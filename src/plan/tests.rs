@@ -1086,9 +1086,9 @@ fn room_freed_by_a_wait_is_refilled_before_the_completion_is_verified() {
     assert!(p.shutdown().unwrap().is_clean());
 }
 
-/// A Plan over the shallow source (one bundle in flight) streaming events of `n_used`
-/// selections in passes of `per_pass` experts.
-fn streaming_plan(policy: &str, n_slots: u32, n_used: usize, per_pass: u32) -> Plan {
+/// A Plan over the shallow source (one bundle in flight) streaming one-token events (the
+/// model's 4 selections) in passes of `per_pass` experts.
+fn streaming_plan(policy: &str, n_slots: u32, per_pass: u32) -> Plan {
     let m = model();
     let spec: PolicySpec = policy.parse().unwrap();
     let manifest = Manifest::new(&m.inv, n_slots, &spec.pinned).unwrap();
@@ -1097,7 +1097,7 @@ fn streaming_plan(policy: &str, n_slots: u32, n_used: usize, per_pass: u32) -> P
     let source = Shallow { inner, depth: 3, reaped: VecDeque::new(), log };
     let mut p = Plan::new(manifest, &spec, Box::new(source)).unwrap();
     p.expect_digests(digests(), crate::digests::Verify::Xxh3).unwrap();
-    p.stream_token_passes(n_used, per_pass);
+    p.stream_token_passes(per_pass);
     p
 }
 
@@ -1115,7 +1115,7 @@ fn assert_served(p: &Plan, layer: u32, ids: &[i32], slots: &[i32], group: &[i32]
 
 #[test]
 fn a_streamed_event_serves_each_pass_while_later_groups_are_still_read() {
-    let mut p = streaming_plan("zero", 4, 4, 2);
+    let mut p = streaming_plan("zero", 4, 2);
     let ids = [9, 2, 14, 6];
     let slots = acq(&mut p, 1, 0, &ids).unwrap();
     assert_served(&p, 1, &ids, &slots, &[9, 2]);
@@ -1140,8 +1140,8 @@ fn a_streamed_event_serves_each_pass_while_later_groups_are_still_read() {
 fn a_prompt_event_reads_its_next_group_while_the_engine_computes_this_one() {
     // Four slots in passes of two: three tokens with six distinct experts run in three passes,
     // and no more groups are claimed at once than the slots hold.
-    let mut p = streaming_plan("zero", 4, 4, 2);
-    p.stream_passes(Passes { n_used: 4, token: None, prompt: Some(2) });
+    let mut p = streaming_plan("zero", 4, 2);
+    p.stream_passes(Passes { token: None, prompt: Some(2) });
     let ids = [9, 2, 14, 6, 9, 2, 3, 5, 14, 6, 3, 5];
     let loading = |p: &Plan| p.slots(1).unwrap().iter().filter(|c| c.state == SlotState::Loading).count();
     let s0 = acq(&mut p, 1, 0, &ids).unwrap();
@@ -1182,7 +1182,7 @@ fn a_streamed_event_serves_its_resident_experts_first() {
     // Four slots, all cached after the first event. The second event names two misses before
     // the cached 14 and 6: pass 0 serves 14 and 6 where they were, at once, while the misses
     // are read into the slots of 9 and 2 (never of 14 or 6, which pass 0 holds), served by pass 1.
-    let mut p = streaming_plan("lru:4", 4, 4, 2);
+    let mut p = streaming_plan("lru:4", 4, 2);
     let first = [9, 2, 14, 6];
     for pass in 0..2 {
         acq(&mut p, 1, pass, &first).unwrap();
@@ -1208,7 +1208,7 @@ fn a_streamed_event_serves_its_resident_experts_first() {
 
 #[test]
 fn a_streamed_event_left_unfinished_fails_closed() {
-    let mut p = streaming_plan("zero", 4, 4, 2);
+    let mut p = streaming_plan("zero", 4, 2);
     let ids = [9, 2, 14, 6];
     acq(&mut p, 1, 0, &ids).unwrap();
     p.release(1, 0).unwrap();
@@ -1221,7 +1221,7 @@ fn a_streamed_event_left_unfinished_fails_closed() {
     assert_eq!((c.consumers_live, c.active_tickets, c.source_outstanding), (0, 0, 0), "{c:?}");
     assert_eq!(c.windows_free, c.windows_total);
     // A Plan the engine simply stops using mid-event is failed at shutdown.
-    let mut p = streaming_plan("zero", 4, 4, 2);
+    let mut p = streaming_plan("zero", 4, 2);
     acq(&mut p, 1, 0, &ids).unwrap();
     p.release(1, 0).unwrap();
     let c = p.shutdown().unwrap();

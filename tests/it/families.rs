@@ -328,6 +328,45 @@ fn ungated_experts_are_exact_under_every_arm() {
     family_is_exact(dir.path(), "grok", &model, &arms(last));
 }
 
+/// Nemotron 3's heterogeneous models route a different number of experts in each layer:
+/// `expert_used_count` holds one value per layer. Exact under every arm, token passes included,
+/// and the routes surface (each event padded to the most any layer selects) replays whole.
+#[test]
+fn per_layer_top_k_is_exact_under_every_arm() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = forge_arch(dir.path(), "nemotron_h_moe", &[]);
+    let model = rewrite(
+        &base,
+        &dir.path().join("nemotron_h_moe-per-layer-top-k.gguf"),
+        |m| {
+            let k = m.iter_mut().find(|(k, _)| k == "nemotron_h_moe.expert_used_count").unwrap();
+            // Layers 1 and 3 are the MoE layers: 4 and 2 experts a token.
+            k.1 = Value::Array([4, 4, 4, 2].map(Value::U32).to_vec());
+        },
+        |g| g.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), vec![t.name.clone()])).collect(),
+    );
+    let inv = inventory(&model);
+    let used: Vec<(u64, u64)> =
+        inv["moe_layers"].as_array().unwrap().iter().map(|l| (l["layer"].as_u64().unwrap(), l["expert_used"].as_u64().unwrap())).collect();
+    assert_eq!(used, [(1, 4), (3, 2)]);
+    assert_eq!(inv["expert_used_count"], 4, "the most any layer selects");
+    let last = used.last().unwrap().0;
+    family_is_exact(dir.path(), "nemotron_h_moe", &model, &arms(last));
+    // Every event of the token-passed run replays: 24 prompt rows and 23 decode steps, of 4 ids
+    // in layer 1 and 2 in layer 3.
+    let rec = dir.path().join("nemotron_h_moe-per-layer-top-k-f-pass1");
+    let (r, m) = (rec.to_str().unwrap(), model.to_str().unwrap());
+    let out = ok(&["plan", "simulate", "--routes", r, "--model", m, "--slots", "5", "--policy", "lru:S", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let row = v["rows"].as_array().unwrap().iter().find(|r| r["policy"] == "lru:S").unwrap();
+    assert_eq!(row["refused"], serde_json::Value::Null, "{row}");
+    let routes = std::fs::read(rec.join("routes.bin")).unwrap();
+    let events = sovereign::routes::decode(&routes, 4).unwrap();
+    let per_layer =
+        |layer: u32| events.iter().filter(|e| e.layer == layer).map(|e| e.experts.len()).collect::<std::collections::BTreeSet<_>>();
+    assert_eq!((per_layer(1), per_layer(3)), ([4].into(), [2].into()));
+}
+
 /// A file our checks pass but llama.cpp asserts on while it builds the graph (deepseek2 with a
 /// rotary part as large as the whole head): the worker dies, and the run is one line quoting
 /// the engine's assertion, a failed record, and no staging left behind.
