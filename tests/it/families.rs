@@ -184,6 +184,14 @@ fn quantized_are_exact(arch: &str) {
     }
 }
 
+/// `arch` forged into `dir`, then written to `name` with its key `{arch}.{key}` set to `value`.
+fn with_key(dir: &Path, arch: &str, key: &str, value: Value, name: &str) -> PathBuf {
+    let base = forge_arch(dir, arch, &[]);
+    let key = format!("{arch}.{key}");
+    let set = |m: &mut Vec<(String, Value)>| m.iter_mut().find(|(k, _)| *k == key).unwrap().1 = value.clone();
+    rewrite(&base, &dir.join(name), set, without(|_| false))
+}
+
 /// Every tensor but those `drop` names.
 fn without(drop: impl Fn(&str) -> bool) -> impl Fn(&Gguf) -> Rewrite {
     move |g| g.tensors.iter().filter(|t| !drop(&t.name)).map(|t| (t.name.clone(), t.dims.clone(), vec![t.name.clone()])).collect()
@@ -334,17 +342,9 @@ fn ungated_experts_are_exact_under_every_arm() {
 #[test]
 fn per_layer_top_k_is_exact_under_every_arm() {
     let dir = tempfile::tempdir().unwrap();
-    let base = forge_arch(dir.path(), "nemotron_h_moe", &[]);
-    let model = rewrite(
-        &base,
-        &dir.path().join("nemotron_h_moe-per-layer-top-k.gguf"),
-        |m| {
-            let k = m.iter_mut().find(|(k, _)| k == "nemotron_h_moe.expert_used_count").unwrap();
-            // Layers 1 and 3 are the MoE layers: 4 and 2 experts a token.
-            k.1 = Value::Array([4, 4, 4, 2].map(Value::U32).to_vec());
-        },
-        |g| g.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), vec![t.name.clone()])).collect(),
-    );
+    // Layers 1 and 3 are the MoE layers: 4 and 2 experts a token.
+    let top_k = Value::Array([4, 4, 4, 2].map(Value::U32).to_vec());
+    let model = with_key(dir.path(), "nemotron_h_moe", "expert_used_count", top_k, "nemotron_h_moe-per-layer-top-k.gguf");
     let inv = inventory(&model);
     let used: Vec<(u64, u64)> =
         inv["moe_layers"].as_array().unwrap().iter().map(|l| (l["layer"].as_u64().unwrap(), l["expert_used"].as_u64().unwrap())).collect();
@@ -373,16 +373,7 @@ fn per_layer_top_k_is_exact_under_every_arm() {
 #[test]
 fn an_engine_abort_is_one_line_and_a_failed_record() {
     let dir = tempfile::tempdir().unwrap();
-    let base = forge_arch(dir.path(), "deepseek2", &[]);
-    let bad = rewrite(
-        &base,
-        &dir.path().join("bad.gguf"),
-        |m| {
-            let rot = m.iter_mut().find(|(k, _)| k == "deepseek2.rope.dimension_count").unwrap();
-            rot.1 = Value::U32(160);
-        },
-        |g| g.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), vec![t.name.clone()])).collect(),
-    );
+    let bad = with_key(dir.path(), "deepseek2", "rope.dimension_count", Value::U32(160), "bad.gguf");
     assert_eq!(run(&["inventory", bad.to_str().unwrap()]).code, 0, "the file passes the checks that are ours");
     let rec = dir.path().join("rec");
     let r = generate(&bad, PROMPT, 4, &rec, &[]);
