@@ -160,11 +160,7 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::Llama4 => {
             // No sliding_window key, as the published files: chunked attention, 3 chunked
             // layers to 1 full, and the full ones unrotated with temperature tuning.
-            hp_common(d, b);
-            b.u32("feed_forward_length", 2 * d.expert_ff);
-            hp_attention(arch, d, b, d.head_dim);
-            b.f32("rope.freq_base", 500_000.0);
-            hp_experts(d, b);
+            hp_standard(arch, d, b, 2 * d.expert_ff, 500_000.0);
             b.u32("expert_feed_forward_length", d.expert_ff).u32("interleave_moe_layer_step", LLAMA4_MOE_STEP);
         }
         Arch::MinimaxM2 => {
@@ -177,11 +173,7 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
             b.u32("expert_gating_func", 2);
         }
         Arch::Ernie45Moe => {
-            hp_common(d, b);
-            b.u32("feed_forward_length", 2 * d.expert_ff);
-            hp_attention(arch, d, b, d.head_dim);
-            b.f32("rope.freq_base", 500_000.0);
-            hp_experts(d, b);
+            hp_standard(arch, d, b, 2 * d.expert_ff, 500_000.0);
             b.u32("expert_feed_forward_length", d.expert_ff)
                 .u32("expert_shared_feed_forward_length", d.expert_ff)
                 .u32("interleave_moe_layer_step", 1)
@@ -256,15 +248,11 @@ fn hparams_nemotron_h(d: &Dims, b: &mut Builder) {
 
 /// grok, dbrx, arctic, dots1 and hunyuan-moe.
 fn hparams_more(arch: Arch, d: &Dims, b: &mut Builder) {
-    hp_common(d, b);
     match arch {
         Arch::Grok => {
             // Grok-2's layout: experts of their own width beside the dense MLP. The scales are
             // written for this width, not left to the loader's Grok-1 defaults.
-            b.u32("feed_forward_length", 2 * d.expert_ff);
-            hp_attention(arch, d, b, d.head_dim);
-            b.f32("rope.freq_base", 10_000.0);
-            hp_experts(d, b);
+            hp_standard(arch, d, b, 2 * d.expert_ff, 10_000.0);
             b.u32("expert_feed_forward_length", d.expert_ff)
                 .f32("embedding_scale", (d.embd as f32).sqrt())
                 .f32("logit_scale", 0.5)
@@ -274,6 +262,7 @@ fn hparams_more(arch: Arch, d: &Dims, b: &mut Builder) {
                 .f32("final_logit_softcapping", 50.0);
         }
         Arch::Dbrx => {
+            hp_common(d, b);
             b.u32("feed_forward_length", d.expert_ff)
                 .u32("attention.head_count", d.heads)
                 .u32("attention.head_count_kv", d.kv_heads)
@@ -282,13 +271,9 @@ fn hparams_more(arch: Arch, d: &Dims, b: &mut Builder) {
                 .f32("rope.freq_base", 500_000.0);
             hp_experts(d, b);
         }
-        Arch::Arctic => {
-            b.u32("feed_forward_length", d.expert_ff);
-            hp_attention(arch, d, b, d.head_dim);
-            b.f32("rope.freq_base", 10_000.0);
-            hp_experts(d, b);
-        }
+        Arch::Arctic => hp_standard(arch, d, b, d.expert_ff, 10_000.0),
         Arch::Dots1 => {
+            hp_common(d, b);
             b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
             hp_attention(arch, d, b, d.head_dim);
             b.f32("rope.freq_base", 10_000.0);
@@ -301,13 +286,20 @@ fn hparams_more(arch: Arch, d: &Dims, b: &mut Builder) {
         }
         _ => {
             // hunyuan-moe: its experts take their width from feed_forward_length.
-            b.u32("feed_forward_length", d.expert_ff);
-            hp_attention(arch, d, b, d.head_dim);
-            b.f32("rope.freq_base", 10_000.0);
-            hp_experts(d, b);
+            hp_standard(arch, d, b, d.expert_ff, 10_000.0);
             b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_feed_forward_length", d.expert_ff);
         }
     }
+}
+
+/// The keys most families write in this order: the common ones, the dense feed-forward width
+/// `ff`, fully rotary attention, the rotary base, the expert counts.
+fn hp_standard(arch: Arch, d: &Dims, b: &mut Builder, ff: u64, freq_base: f32) {
+    hp_common(d, b);
+    b.u32("feed_forward_length", ff);
+    hp_attention(arch, d, b, d.head_dim);
+    b.f32("rope.freq_base", freq_base);
+    hp_experts(d, b);
 }
 
 /// `block_count` counts the nextn blocks too (llama.cpp's `n_layer_all`).
@@ -384,11 +376,7 @@ fn hparams_gemma4(arch: Arch, d: &Dims, b: &mut Builder) {
 /// OLMoE, Llama, Qwen2-MoE and Granite-MoE: full rotary attention, each with
 /// its own few extra keys.
 fn hparams_classic(arch: Arch, d: &Dims, b: &mut Builder) {
-    hp_common(d, b);
-    b.u32("feed_forward_length", d.expert_ff);
-    hp_attention(arch, d, b, d.head_dim);
-    b.f32("rope.freq_base", 10_000.0);
-    hp_experts(d, b);
+    hp_standard(arch, d, b, d.expert_ff, 10_000.0);
     match arch {
         Arch::Llama => {
             b.u32("vocab_size", d.vocab);
