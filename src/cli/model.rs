@@ -66,7 +66,7 @@ pub enum ModelCommand {
         /// forged routers are; 1.5 sends most selections of a layer to a tenth of its experts).
         #[arg(long, default_value_t = 0.0)]
         router_skew: f32,
-        /// Multi-token-prediction (nextn) blocks after the trunk, as qwen35moe's loader takes
+        /// Multi-token-prediction (nextn) blocks after the trunk, as qwen35moe's and glm4moe's loaders take
         /// them (`generate --draft mtp` drafts with them).
         #[arg(long, default_value_t = 0, value_name = "N")]
         mtp_layers: u64,

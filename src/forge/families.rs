@@ -524,7 +524,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::NemotronHMoe => nemotron_h_layer(b, d, l, q, kv),
         }
     }
-    nextn_blocks(b, d, q, kv);
+    nextn_blocks(arch, b, d, q, kv);
 }
 
 /// olmoe, llama, qwen2moe and granitemoe: attention, then experts with the family's shared one.
@@ -658,10 +658,42 @@ fn nemotron_h_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
 }
 
 /// The variant's nextn blocks, after the trunk's layers.
-fn nextn_blocks(b: &mut Builder, d: &Dims, q: u64, kv: u64) {
+fn nextn_blocks(arch: Arch, b: &mut Builder, d: &Dims, q: u64, kv: u64) {
     for l in d.layers..d.layers + b.variant.mtp_layers {
-        nextn_block(b, d, l, q, kv);
+        if arch == Arch::Glm4moe {
+            glm4moe_nextn_block(b, d, l, q, kv);
+        } else {
+            nextn_block(b, d, l, q, kv);
+        }
     }
+}
+
+/// A glm4moe nextn block, as GLM-4.5's files carry it: the trunk's MoE layer (biased attention,
+/// sigmoid routing with a selection bias, one shared expert), the projection of the normed token
+/// embedding beside the normed hidden state, and the head's own norm (`shared_head_norm`; the
+/// head itself is the model's). Its output projections are drawn at a fiftieth of their scale.
+fn glm4moe_nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let small = |fan_in: u64| 0.02 / (fan_in as f32).sqrt();
+    b.t(n("attn_norm"), &[d.embd]);
+    for (s, ne) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+        b.t(n(s), &[d.embd, ne]);
+        b.std(format!("blk.{l}.{s}.bias"), &[ne], 0.02);
+    }
+    b.std(n("attn_output"), &[q, d.embd], small(q));
+    b.t(n("post_attention_norm"), &[d.embd]);
+    b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
+    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    b.t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]);
+    b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);
+    b.std(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts], small(d.expert_ff));
+    b.t(n("ffn_gate_shexp"), &[d.embd, d.expert_ff]);
+    b.t(n("ffn_up_shexp"), &[d.embd, d.expert_ff]);
+    b.std(n("ffn_down_shexp"), &[d.expert_ff, d.embd], small(d.expert_ff));
+    b.t(n("nextn.eh_proj"), &[2 * d.embd, d.embd]);
+    b.t(n("nextn.enorm"), &[d.embd]);
+    b.t(n("nextn.hnorm"), &[d.embd]);
+    b.t(n("nextn.shared_head_norm"), &[d.embd]);
 }
 
 /// A qwen35moe nextn block (`load_block_mtp`): a gated full-attention MoE decoder block, and the

@@ -144,9 +144,10 @@ pub struct Variant {
     pub mtp_layers: u64,
 }
 
-/// The families whose nextn blocks forge writes: qwen35moe's (`load_block_mtp`). The pin's
-/// deepseek2, glm4moe, step35 and dots3note loaders take nextn blocks too; forge leaves them out.
-pub const MTP_FAMILIES: [Arch; 1] = [Arch::Qwen35moe];
+/// The families whose nextn blocks forge writes: qwen35moe's (`load_block_mtp`) and glm4moe's
+/// (GLM-4.5's published files carry one). The pin's deepseek2, step35 and dots3note loaders take
+/// nextn blocks too; forge leaves them out.
+pub const MTP_FAMILIES: [Arch; 2] = [Arch::Qwen35moe, Arch::Glm4moe];
 
 /// The largest router skew forge takes: beyond it every token picks the same experts.
 pub const MAX_ROUTER_SKEW: f32 = 8.0;
@@ -556,7 +557,7 @@ impl Builder {
                 "ffn_gate_inp" => (GgmlType::F32, Init::Router(scale::ROUTER / fan_in.sqrt())),
                 "output" => (GgmlType::F32, Init::Head(scale::OUTPUT / fan_in.sqrt())),
                 "eh_proj" => (GgmlType::F32, Init::PassToken(scale::NEXTN_STATE / fan_in.sqrt())),
-                "attn_output" | "ssm_out" | "ffn_down_exps" | "ffn_down_shexp" if self.variant.mtp_layers > 0 => {
+                "attn_output" | "ssm_out" | "ffn_down" | "ffn_down_exps" | "ffn_down_shexp" if self.variant.mtp_layers > 0 => {
                     (GgmlType::F32, Init::Uniform(scale::MTP_TRUNK_WRITE / fan_in.sqrt()))
                 }
                 _ => (GgmlType::F32, Init::Uniform(1.0 / fan_in.sqrt())),

@@ -18,7 +18,7 @@ use crate::routes::RouteEvent;
 use anyhow::{bail, Context as _, Result};
 
 /// The architectures whose nextn graph the driver runs: one trained head each.
-const ONE_HEAD: [&str; 1] = ["qwen35moe"];
+const ONE_HEAD: [&str; 2] = ["qwen35moe", "glm4moe"];
 
 /// Refuses a model whose MTP head cannot draft here; the head's layer index where it can.
 pub fn check(inv: &Inventory, model: &Model) -> Result<u32> {
@@ -29,12 +29,24 @@ pub fn check(inv: &Inventory, model: &Model) -> Result<u32> {
     if !ONE_HEAD.contains(&inv.architecture.as_str()) {
         bail!("--draft mtp: the nextn head of `{}` is not driven here (only {})", inv.architecture, ONE_HEAD.join(", "));
     }
-    // llama.cpp's qwen35moe MTP graph asserts a single block.
+    // llama.cpp's MTP graphs of both assert a single block.
     if n != 1 {
         bail!("--draft mtp: `{}` drafts with one nextn block; the model has {n}", inv.architecture);
     }
-    inv.mtp_head().with_context(|| format!("--draft mtp: the file declares {n} nextn blocks but names {:?}", inv.mtp_layers))
+    let head = inv.mtp_head().with_context(|| format!("--draft mtp: the file declares {n} nextn blocks but names {:?}", inv.mtp_layers))?;
+    // A file may keep the key and drop the block (glm4moe's loader then takes the trunk alone);
+    // the head's graph asserts these tensors, so their absence is refused here.
+    for t in HEAD_TENSORS {
+        let name = format!("blk.{head}.{t}.weight");
+        if !inv.tensors.iter().any(|x| x.name == name) {
+            bail!("--draft mtp: the file declares a nextn block at layer {head} but has no `{name}` (its MTP tensors were left out)");
+        }
+    }
+    Ok(head)
 }
+
+/// The tensors of a nextn block that llama.cpp's MTP graphs assert.
+const HEAD_TENSORS: [&str; 4] = ["nextn.eh_proj", "nextn.enorm", "nextn.hnorm", "ffn_gate_inp"];
 
 /// The MTP head: its context, and the target's hidden row at the last committed position.
 pub struct MtpHead<'m> {
