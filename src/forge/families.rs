@@ -8,15 +8,17 @@ use anyhow::{bail, Result};
 
 /// What a family needs of the dimensions beyond [`Dims::check`].
 pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
-    let attention_is_embd =
-        matches!(arch, Arch::Olmoe | Arch::Qwen2moe | Arch::Llama | Arch::Granitemoe | Arch::Grok | Arch::Dbrx | Arch::Arctic);
+    let attention_is_embd = matches!(
+        arch,
+        Arch::Olmoe | Arch::Qwen2moe | Arch::Llama | Arch::Granitemoe | Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Bailingmoe2
+    );
     if attention_is_embd && d.heads * d.head_dim != d.embd {
         bail!("--arch {}: attention must span the embedding (heads x {} = {})", arch.name(), d.head_dim, d.embd);
     }
     if matches!(arch, Arch::Qwen3next | Arch::Qwen35moe) && !d.heads.is_multiple_of(d.kv_heads) {
         bail!("--arch {}: the DeltaNet value heads must be a multiple of its key heads", arch.name());
     }
-    if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe | Arch::Dots1) && d.layers < 2 {
+    if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe | Arch::Dots1 | Arch::Bailingmoe2) && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
     }
     if arch == Arch::NemotronHMoe && d.layers < 3 {
@@ -145,17 +147,21 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
             hp_experts(d, b);
             b.u32("expert_feed_forward_length", d.expert_ff);
         }
-        Arch::Glm4moe => {
+        Arch::Glm4moe | Arch::Bailingmoe2 => {
+            // Half of each head rotates, as both converters write GLM-4.5's and Ling 2.0's.
             hp_common(d, b);
             b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
             hp_attention(arch, d, b, d.head_dim / 2);
-            b.f32("rope.freq_base", 1_000_000.0);
+            b.f32("rope.freq_base", if arch == Arch::Glm4moe { 1_000_000.0 } else { 600_000.0 });
             hp_experts(d, b);
             b.u32("expert_shared_count", 1)
                 .u32("expert_feed_forward_length", d.expert_ff)
                 .f32("expert_weights_scale", 2.5)
                 .hp("expert_weights_norm", Value::Bool(true))
                 .u32("expert_gating_func", 2);
+            if arch == Arch::Bailingmoe2 {
+                b.u32("expert_shared_feed_forward_length", d.expert_ff);
+            }
         }
         Arch::Llama4 => {
             // No sliding_window key, as the published files: chunked attention, 3 chunked
@@ -522,9 +528,29 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Llama4 | Arch::MinimaxM2 | Arch::Ernie45Moe => norm_attention_moe(arch, b, d, l, q, kv),
             Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Dots1 | Arch::HunyuanMoe => layer_more(arch, b, d, l, q, kv),
             Arch::NemotronHMoe => nemotron_h_layer(b, d, l, q, kv),
+            Arch::Bailingmoe2 => bailing_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
+}
+
+/// A bailingmoe2 layer; past the trunk, a nextn block: a MoE layer with the projection of the
+/// normed token embedding beside the normed hidden state and a norm of its output.
+fn bailing_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    b.t(n("attn_qkv"), &[d.embd, q + 2 * kv]);
+    b.t(n("attn_output"), &[q, d.embd]);
+    b.t(n("attn_q_norm"), &[d.head_dim]);
+    b.t(n("attn_k_norm"), &[d.head_dim]);
+    b.t(n("ffn_norm"), &[d.embd]);
+    sparse_or_dense(b, d, l);
+    if l >= d.layers {
+        b.t(n("nextn.eh_proj"), &[2 * d.embd, d.embd]);
+        b.t(n("nextn.enorm"), &[d.embd]);
+        b.t(n("nextn.hnorm"), &[d.embd]);
+        b.t(n("layer_output_norm"), &[d.embd]);
+    }
 }
 
 /// olmoe, llama, qwen2moe and granitemoe: attention, then experts with the family's shared one.
@@ -660,10 +686,10 @@ fn nemotron_h_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
 /// The variant's nextn blocks, after the trunk's layers.
 fn nextn_blocks(arch: Arch, b: &mut Builder, d: &Dims, q: u64, kv: u64) {
     for l in d.layers..d.layers + b.variant.mtp_layers {
-        if arch == Arch::Glm4moe {
-            glm4moe_nextn_block(b, d, l, q, kv);
-        } else {
-            nextn_block(b, d, l, q, kv);
+        match arch {
+            Arch::Glm4moe => glm4moe_nextn_block(b, d, l, q, kv),
+            Arch::Bailingmoe2 => bailing_layer(b, d, l, q, kv),
+            _ => nextn_block(b, d, l, q, kv),
         }
     }
 }
@@ -723,8 +749,8 @@ fn nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("nextn.hnorm"), &[d.embd]);
 }
 
-/// deepseek2 and glm4moe: layer 0 is a dense MLP; the others a sigmoid-routed MoE with a
-/// selection bias and one shared expert.
+/// deepseek2, glm4moe and bailingmoe2: layer 0 is a dense MLP; the others a sigmoid-routed MoE
+/// with a selection bias and one shared expert.
 fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     if l == 0 {

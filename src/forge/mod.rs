@@ -70,6 +70,9 @@ pub enum Arch {
     /// experts, sigmoid routing with a selection bias, an ungated shared expert.
     #[serde(rename = "nemotron_h_moe")]
     NemotronHMoe,
+    /// Ling 2.0: fused QKV with q/k norms, partial rotary, a dense leading layer, sigmoid
+    /// routing with a selection bias, a shared expert; its nextn blocks are never run.
+    Bailingmoe2,
 }
 
 impl Arch {
@@ -96,10 +99,11 @@ impl Arch {
             Arch::Dots1 => "dots1",
             Arch::HunyuanMoe => "hunyuan-moe",
             Arch::NemotronHMoe => "nemotron_h_moe",
+            Arch::Bailingmoe2 => "bailingmoe2",
         }
     }
 
-    pub const ALL: [Arch; 20] = [
+    pub const ALL: [Arch; 21] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -120,6 +124,7 @@ impl Arch {
         Arch::Dots1,
         Arch::HunyuanMoe,
         Arch::NemotronHMoe,
+        Arch::Bailingmoe2,
     ];
 }
 
@@ -144,10 +149,11 @@ pub struct Variant {
     pub mtp_layers: u64,
 }
 
-/// The families whose nextn blocks forge writes: qwen35moe's (`load_block_mtp`) and glm4moe's
-/// (GLM-4.5's published files carry one). The pin's deepseek2, step35 and dots3note loaders take
+/// The families whose nextn blocks forge writes: qwen35moe's (`load_block_mtp`), glm4moe's and
+/// bailingmoe2's (GLM-4.5's and Ling 2.0's published files carry one; llama.cpp has no graph
+/// for Ling's, so it is never run). The pin's deepseek2, step35 and dots3note loaders take
 /// nextn blocks too; forge leaves them out.
-pub const MTP_FAMILIES: [Arch; 2] = [Arch::Qwen35moe, Arch::Glm4moe];
+pub const MTP_FAMILIES: [Arch; 3] = [Arch::Qwen35moe, Arch::Glm4moe, Arch::Bailingmoe2];
 
 /// The largest router skew forge takes: beyond it every token picks the same experts.
 pub const MAX_ROUTER_SKEW: f32 = 8.0;

@@ -60,6 +60,7 @@ families! {
     dots1: "dots1",
     hunyuan_moe: "hunyuan-moe",
     nemotron_h_moe: "nemotron_h_moe",
+    bailingmoe2: "bailingmoe2",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -285,6 +286,7 @@ mod valid_variants_of_every_family_are_accepted {
             ("deepseek2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("ernie4_5-moe", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("dots1", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+            ("bailingmoe2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
             ("grok", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
             ("grok", "post_ffw_norm", Box::new(renamed("layer_output_norm", "post_ffw_norm"))),
@@ -334,6 +336,25 @@ fn ungated_experts_are_exact_under_every_arm() {
     }
     let last = inv["moe_layers"].as_array().unwrap().last().unwrap()["layer"].as_u64().unwrap();
     family_is_exact(dir.path(), "grok", &model, &arms(last));
+}
+
+/// Nextn (MTP) blocks that a plain run never runs, as GLM-4.5's and Ling 2.0's files carry them
+/// after the trunk: their experts are in the inventory, never served, and every arm is exact.
+#[test]
+fn unrun_nextn_blocks_are_exact_under_every_arm() {
+    let dir = tempfile::tempdir().unwrap();
+    for arch in ["glm4moe", "bailingmoe2"] {
+        let model = forge_arch(dir.path(), arch, &["--mtp-layers", "1"]);
+        let inv = inventory(&model);
+        let head = inv["mtp_layers"][0].as_u64().unwrap();
+        let layers: Vec<u64> = inv["moe_layers"].as_array().unwrap().iter().map(|l| l["layer"].as_u64().unwrap()).collect();
+        assert_eq!(layers.last(), Some(&head), "{arch}: the nextn block's experts are a MoE layer of the inventory");
+        family_is_exact(dir.path(), arch, &model, &arms(layers[layers.len() - 2]));
+        let rec = dir.path().join(format!("{arch}--mtp-layers1-f-lru5"));
+        let k = inv["expert_used_count"].as_u64().unwrap() as usize;
+        let events = sovereign::routes::decode(&std::fs::read(rec.join("routes.bin")).unwrap(), k).unwrap();
+        assert!(!events.is_empty() && events.iter().all(|e| u64::from(e.layer) < head), "{arch}: the nextn block was routed");
+    }
 }
 
 /// Nemotron 3's heterogeneous models route a different number of experts in each layer:
