@@ -129,12 +129,24 @@ impl DeltaNet {
 /// Every family's hyperparameter keys, in the order its forged file has always written them.
 pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
     match arch {
-        Arch::Qwen3moe => {
+        Arch::Qwen3moe | Arch::Qwen3vlmoe => {
             hp_common(d, b);
             b.u32("feed_forward_length", d.expert_ff).u32("expert_feed_forward_length", d.expert_ff);
             hp_experts(d, b);
             hp_attention(arch, d, b, 0);
             b.f32("rope.freq_base", 1_000_000.0);
+            if arch == Arch::Qwen3vlmoe {
+                // Qwen3-VL's sections (24, 20, 20 of 64) at this head's width, and its three
+                // deepstack layers.
+                let half = d.head_dim / 2;
+                let s = half * 3 / 8;
+                let sections = [half - 2 * s, s, s, 0].map(|x| Value::I32(x as i32)).to_vec();
+                b.hp("rope.dimension_sections", Value::Array(sections)).u32("n_deepstack_layers", 3);
+            }
+        }
+        Arch::Phimoe => {
+            // Phi-3.5-MoE's experts take their width from feed_forward_length.
+            hp_standard(arch, d, b, d.expert_ff, 10_000.0);
         }
         Arch::Qwen3next | Arch::Qwen35moe => hparams_deltanet(arch, d, b),
         Arch::Gemma4 => hparams_gemma4(arch, d, b),
@@ -431,15 +443,12 @@ fn hparams_deepseek2(d: &Dims, b: &mut Builder) {
 
 pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
     b.head(d);
-    if arch == Arch::Gemma4 {
-        // One global tensor, read by the full-attention layers.
-        b.t("rope_freqs.weight".into(), &[d.head_dim / 2]);
-    }
+    globals(arch, d, b);
     let (q, kv) = (d.heads * d.head_dim, kv_heads(arch, d) * d.head_dim);
     for l in 0..d.layers {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
         match arch {
-            Arch::Qwen3moe => {
+            Arch::Qwen3moe | Arch::Qwen3vlmoe => {
                 b.t(n("attn_norm"), &[d.embd]);
                 attention(b, d, l, q, kv);
                 b.t(n("attn_q_norm"), &[d.head_dim]);
@@ -529,9 +538,40 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Dots1 | Arch::HunyuanMoe => layer_more(arch, b, d, l, q, kv),
             Arch::NemotronHMoe => nemotron_h_layer(b, d, l, q, kv),
             Arch::Bailingmoe2 => bailing_layer(b, d, l, q, kv),
+            Arch::Phimoe => phimoe_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
+}
+
+/// The tensors a family has beside its head and layers.
+fn globals(arch: Arch, d: &Dims, b: &mut Builder) {
+    if arch == Arch::Gemma4 {
+        // One global tensor, read by the full-attention layers.
+        b.t("rope_freqs.weight".into(), &[d.head_dim / 2]);
+    }
+    if arch == Arch::Phimoe {
+        // The output's norm and projection have biases; the rotary factors (LongRoPE) are
+        // global, short ones within the original context and long ones beyond it.
+        b.std("output_norm.bias".into(), &[d.embd], 0.02);
+        if !b.variant.tied_output {
+            b.std("output.bias".into(), &[d.vocab], 0.02);
+        }
+        b.between("rope_factors_long.weight".into(), &[d.head_dim / 2], 1.0, 1.5);
+        b.between("rope_factors_short.weight".into(), &[d.head_dim / 2], 1.0, 1.1);
+    }
+}
+
+/// A phimoe layer: norms with biases, biased attention, experts without a shared one.
+fn phimoe_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let bias = |b: &mut Builder, s: &str| b.std(format!("blk.{l}.{s}.bias"), &[d.embd], 0.02);
+    b.t(n("attn_norm"), &[d.embd]);
+    bias(b, "attn_norm");
+    biased_attention(b, d, l, q, kv, true);
+    b.t(n("ffn_norm"), &[d.embd]);
+    bias(b, "ffn_norm");
+    experts(b, d, l, d.expert_ff);
 }
 
 /// A bailingmoe2 layer; past the trunk, a nextn block: a MoE layer with the projection of the

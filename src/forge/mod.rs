@@ -73,6 +73,12 @@ pub enum Arch {
     /// Ling 2.0: fused QKV with q/k norms, partial rotary, a dense leading layer, sigmoid
     /// routing with a selection bias, a shared expert; its nextn blocks are never run.
     Bailingmoe2,
+    /// Qwen3-VL's language model: qwen3moe's layers with interleaved M-RoPE sections and
+    /// deepstack inputs (zero for text) added after the first layers.
+    Qwen3vlmoe,
+    /// Phi-3.5-MoE: LayerNorm-style norms with biases, biased attention, an output bias,
+    /// long and short rotary factors, softmax routing over 16 experts.
+    Phimoe,
 }
 
 impl Arch {
@@ -100,10 +106,12 @@ impl Arch {
             Arch::HunyuanMoe => "hunyuan-moe",
             Arch::NemotronHMoe => "nemotron_h_moe",
             Arch::Bailingmoe2 => "bailingmoe2",
+            Arch::Qwen3vlmoe => "qwen3vlmoe",
+            Arch::Phimoe => "phimoe",
         }
     }
 
-    pub const ALL: [Arch; 21] = [
+    pub const ALL: [Arch; 23] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -125,6 +133,8 @@ impl Arch {
         Arch::HunyuanMoe,
         Arch::NemotronHMoe,
         Arch::Bailingmoe2,
+        Arch::Qwen3vlmoe,
+        Arch::Phimoe,
     ];
 }
 

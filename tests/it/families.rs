@@ -61,6 +61,8 @@ families! {
     hunyuan_moe: "hunyuan-moe",
     nemotron_h_moe: "nemotron_h_moe",
     bailingmoe2: "bailingmoe2",
+    qwen3vlmoe: "qwen3vlmoe",
+    phimoe: "phimoe",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -261,6 +263,7 @@ mod valid_variants_of_every_family_are_accepted {
             "arctic",
             "hunyuan-moe",
             "nemotron_h_moe",
+            "qwen3vlmoe",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
@@ -287,6 +290,7 @@ mod valid_variants_of_every_family_are_accepted {
             ("ernie4_5-moe", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("dots1", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("bailingmoe2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+            ("phimoe", "no rotary factors", Box::new(without(|n: &str| n.starts_with("rope_factors_")))),
             ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
             ("grok", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
             ("grok", "post_ffw_norm", Box::new(renamed("layer_output_norm", "post_ffw_norm"))),
