@@ -21,6 +21,9 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe | Arch::Dots1 | Arch::Bailingmoe2) && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
     }
+    if arch == Arch::Jamba && d.layers < 3 {
+        bail!("--arch jamba: a Mamba-1, a MoE and an attention layer need at least 3 layers");
+    }
     if arch == Arch::NemotronHMoe && d.layers < 3 {
         bail!("--arch nemotron_h_moe: a Mamba-2, a MoE and an attention layer need at least 3 layers");
     }
@@ -199,6 +202,7 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         }
         Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Dots1 | Arch::HunyuanMoe => hparams_more(arch, d, b),
         Arch::NemotronHMoe => hparams_nemotron_h(d, b),
+        Arch::Jamba => hparams_jamba(d, b),
     }
 }
 
@@ -539,9 +543,65 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::NemotronHMoe => nemotron_h_layer(b, d, l, q, kv),
             Arch::Bailingmoe2 => bailing_layer(b, d, l, q, kv),
             Arch::Phimoe => phimoe_layer(b, d, l, q, kv),
+            Arch::Jamba => jamba_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
+}
+
+/// jamba: every 4th layer from the third attends (Jamba's one in 8, compressed), the others are
+/// Mamba-1 layers; every second layer from the second is MoE (Jamba's `expert_layer_period`).
+fn jamba_attends(l: u64) -> bool {
+    l % 4 == 2
+}
+
+/// The Mamba-1 sizes of jamba: inner width (twice the embedding, the only expansion llama.cpp
+/// takes), state size, the time step's rank.
+fn jamba_ssm(d: &Dims) -> (u64, u64, u64) {
+    (2 * d.embd, 16, d.embd.div_ceil(16))
+}
+
+/// Jamba: the loader tells an attention layer by its KV heads, one value per layer.
+fn hparams_jamba(d: &Dims, b: &mut Builder) {
+    let (inner, state, rank) = jamba_ssm(d);
+    hp_common(d, b);
+    b.u32("feed_forward_length", d.expert_ff).u32("attention.head_count", d.heads);
+    let kv = (0..d.layers).map(|l| Value::U32(if jamba_attends(l) { d.kv_heads as u32 } else { 0 })).collect();
+    b.hp("attention.head_count_kv", Value::Array(kv)).f32("attention.layer_norm_rms_epsilon", 1e-6);
+    b.u32("ssm.conv_kernel", 4).u32("ssm.inner_size", inner).u32("ssm.state_size", state).u32("ssm.time_step_rank", rank);
+    hp_experts(d, b);
+}
+
+/// A jamba layer: a Mamba-1 mixer or attention, then experts or a dense MLP.
+fn jamba_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let (inner, state, rank) = jamba_ssm(d);
+    b.t(n("attn_norm"), &[d.embd]);
+    if jamba_attends(l) {
+        attention(b, d, l, q, kv);
+    } else {
+        b.t(n("ssm_in"), &[d.embd, 2 * inner]);
+        b.t(n("ssm_conv1d"), &[4, inner]);
+        b.std(format!("blk.{l}.ssm_conv1d.bias"), &[inner], 0.1);
+        b.t(n("ssm_x"), &[inner, rank + 2 * state]);
+        b.t(n("ssm_dt_norm"), &[rank]);
+        b.t(n("ssm_dt"), &[rank, inner]);
+        b.std(format!("blk.{l}.ssm_dt.bias"), &[inner], 0.1);
+        b.t(n("ssm_b_norm"), &[state]);
+        b.t(n("ssm_c_norm"), &[state]);
+        // A = -exp(A_log): a decay, negative for the state to stay bounded.
+        b.between(format!("blk.{l}.ssm_a"), &[state, inner], -4.0, -0.5);
+        b.between(format!("blk.{l}.ssm_d"), &[inner], 0.5, 1.5);
+        b.t(n("ssm_out"), &[inner, d.embd]);
+    }
+    b.t(n("ffn_norm"), &[d.embd]);
+    if l % 2 == 1 {
+        experts(b, d, l, d.expert_ff);
+    } else {
+        b.t(n("ffn_gate"), &[d.embd, d.expert_ff]);
+        b.t(n("ffn_up"), &[d.embd, d.expert_ff]);
+        b.t(n("ffn_down"), &[d.expert_ff, d.embd]);
+    }
 }
 
 /// The tensors a family has beside its head and layers.

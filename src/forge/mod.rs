@@ -79,6 +79,9 @@ pub enum Arch {
     /// Phi-3.5-MoE: LayerNorm-style norms with biases, biased attention, an output bias,
     /// long and short rotary factors, softmax routing over 16 experts.
     Phimoe,
+    /// Mamba-1 layers with an attention layer among them (no rotary embedding), MoE in every
+    /// second layer and a dense MLP in the others.
+    Jamba,
 }
 
 impl Arch {
@@ -108,10 +111,11 @@ impl Arch {
             Arch::Bailingmoe2 => "bailingmoe2",
             Arch::Qwen3vlmoe => "qwen3vlmoe",
             Arch::Phimoe => "phimoe",
+            Arch::Jamba => "jamba",
         }
     }
 
-    pub const ALL: [Arch; 23] = [
+    pub const ALL: [Arch; 24] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -135,6 +139,7 @@ impl Arch {
         Arch::Bailingmoe2,
         Arch::Qwen3vlmoe,
         Arch::Phimoe,
+        Arch::Jamba,
     ];
 }
 

@@ -63,6 +63,7 @@ families! {
     bailingmoe2: "bailingmoe2",
     qwen3vlmoe: "qwen3vlmoe",
     phimoe: "phimoe",
+    jamba: "jamba",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -80,11 +81,11 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap()
 }
 
-/// llama4 interleaves its MoE layers with dense ones (one in two), nemotron_h_moe with Mamba-2
-/// and attention layers (two in four): 4 layers give each the two MoE layers every family is
-/// run with; the others take the tiny preset's 3.
+/// llama4 and jamba interleave their MoE layers with dense ones (one in two), nemotron_h_moe
+/// with Mamba-2 and attention layers (two in four): 4 layers give each the two MoE layers every
+/// family is run with (and jamba its attention layer); the others take the tiny preset's 3.
 fn family_layers(arch: &str) -> &'static [&'static str] {
-    if matches!(arch, "llama4" | "nemotron_h_moe") {
+    if matches!(arch, "llama4" | "nemotron_h_moe" | "jamba") {
         &["--layers", "4"]
     } else {
         &[]
@@ -100,7 +101,7 @@ fn assert_exact(a: &Path, b: &Path) -> Vec<String> {
 }
 
 /// The families that keep a recurrent state per sequence (DeltaNet or Mamba-2 layers).
-const HYBRID: [&str; 3] = ["qwen3next", "qwen35moe", "nemotron_h_moe"];
+const HYBRID: [&str; 4] = ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba"];
 
 fn inventory(model: &Path) -> serde_json::Value {
     serde_json::from_str(&ok(&["inventory", model.to_str().unwrap(), "--json"]).stdout).unwrap()
@@ -264,6 +265,7 @@ mod valid_variants_of_every_family_are_accepted {
             "hunyuan-moe",
             "nemotron_h_moe",
             "qwen3vlmoe",
+            "jamba",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
