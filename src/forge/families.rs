@@ -18,7 +18,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     if matches!(arch, Arch::Qwen3next | Arch::Qwen35moe) && !d.heads.is_multiple_of(d.kv_heads) {
         bail!("--arch {}: the DeltaNet value heads must be a multiple of its key heads", arch.name());
     }
-    if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe | Arch::Dots1 | Arch::Bailingmoe2) && d.layers < 2 {
+    if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe | Arch::Dots1 | Arch::Bailingmoe2 | Arch::Afmoe) && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
     }
     if arch == Arch::Jamba && d.layers < 3 {
@@ -203,6 +203,18 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Dots1 | Arch::HunyuanMoe => hparams_more(arch, d, b),
         Arch::NemotronHMoe => hparams_nemotron_h(d, b),
         Arch::Jamba => hparams_jamba(d, b),
+        Arch::Afmoe => {
+            hp_common(d, b);
+            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+            hp_attention(arch, d, b, d.head_dim);
+            b.f32("rope.freq_base", 10_000.0).u32("attention.sliding_window", SLIDING_WINDOW);
+            hp_experts(d, b);
+            b.u32("expert_feed_forward_length", d.expert_ff)
+                .u32("expert_shared_count", 1)
+                .u32("expert_gating_func", 2)
+                .f32("expert_weights_scale", 2.826)
+                .hp("expert_weights_norm", Value::Bool(true));
+        }
     }
 }
 
@@ -544,6 +556,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Bailingmoe2 => bailing_layer(b, d, l, q, kv),
             Arch::Phimoe => phimoe_layer(b, d, l, q, kv),
             Arch::Jamba => jamba_layer(b, d, l, q, kv),
+            Arch::Afmoe => afmoe_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -602,6 +615,21 @@ fn jamba_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
         b.t(n("ffn_up"), &[d.embd, d.expert_ff]);
         b.t(n("ffn_down"), &[d.expert_ff, d.embd]);
     }
+}
+
+/// An afmoe layer: normed before and after attention (whose output a per-channel sigmoid gates)
+/// and before and after the MLPs; layer 0 dense, the others experts beside a shared one.
+fn afmoe_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    b.t(n("post_attention_norm"), &[d.embd]);
+    attention(b, d, l, q, kv);
+    b.t(n("attn_q_norm"), &[d.head_dim]);
+    b.t(n("attn_k_norm"), &[d.head_dim]);
+    b.t(n("attn_gate"), &[d.embd, q]);
+    b.t(n("ffn_norm"), &[d.embd]);
+    b.t(n("post_ffw_norm"), &[d.embd]);
+    sparse_or_dense(b, d, l);
 }
 
 /// The tensors a family has beside its head and layers.
@@ -849,8 +877,8 @@ fn nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("nextn.hnorm"), &[d.embd]);
 }
 
-/// deepseek2, glm4moe and bailingmoe2: layer 0 is a dense MLP; the others a sigmoid-routed MoE
-/// with a selection bias and one shared expert.
+/// deepseek2, glm4moe, bailingmoe2 and afmoe: layer 0 is a dense MLP; the others a
+/// sigmoid-routed MoE with a selection bias and one shared expert.
 fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     if l == 0 {

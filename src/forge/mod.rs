@@ -82,6 +82,10 @@ pub enum Arch {
     /// Mamba-1 layers with an attention layer among them (no rotary embedding), MoE in every
     /// second layer and a dense MLP in the others.
     Jamba,
+    /// Arcee's Trinity: sliding and full attention (three to one) with q/k norms and a sigmoid
+    /// gate on the attention output, norms after attention and after the MLPs, a dense leading
+    /// layer, sigmoid routing with a selection bias, a shared expert.
+    Afmoe,
 }
 
 impl Arch {
@@ -112,10 +116,11 @@ impl Arch {
             Arch::Qwen3vlmoe => "qwen3vlmoe",
             Arch::Phimoe => "phimoe",
             Arch::Jamba => "jamba",
+            Arch::Afmoe => "afmoe",
         }
     }
 
-    pub const ALL: [Arch; 24] = [
+    pub const ALL: [Arch; 25] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -140,6 +145,7 @@ impl Arch {
         Arch::Qwen3vlmoe,
         Arch::Phimoe,
         Arch::Jamba,
+        Arch::Afmoe,
     ];
 }
 

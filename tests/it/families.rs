@@ -64,6 +64,7 @@ families! {
     qwen3vlmoe: "qwen3vlmoe",
     phimoe: "phimoe",
     jamba: "jamba",
+    afmoe: "afmoe",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -266,6 +267,7 @@ mod valid_variants_of_every_family_are_accepted {
             "nemotron_h_moe",
             "qwen3vlmoe",
             "jamba",
+            "afmoe",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
