@@ -10,7 +10,17 @@ use anyhow::{bail, Result};
 pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     let attention_is_embd = matches!(
         arch,
-        Arch::Olmoe | Arch::Qwen2moe | Arch::Llama | Arch::Granitemoe | Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Bailingmoe2
+        Arch::Olmoe
+            | Arch::Qwen2moe
+            | Arch::Llama
+            | Arch::Granitemoe
+            | Arch::Grok
+            | Arch::Dbrx
+            | Arch::Arctic
+            | Arch::Bailingmoe2
+            | Arch::Phimoe
+            | Arch::Jamba
+            | Arch::Lfm2moe
     );
     if attention_is_embd && d.heads * d.head_dim != d.embd {
         bail!("--arch {}: attention must span the embedding (heads x {} = {})", arch.name(), d.head_dim, d.embd);
@@ -18,8 +28,12 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     if matches!(arch, Arch::Qwen3next | Arch::Qwen35moe) && !d.heads.is_multiple_of(d.kv_heads) {
         bail!("--arch {}: the DeltaNet value heads must be a multiple of its key heads", arch.name());
     }
-    if matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe | Arch::Dots1 | Arch::Bailingmoe2 | Arch::Afmoe) && d.layers < 2 {
+    let dense_lead = matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe | Arch::Dots1 | Arch::Bailingmoe2 | Arch::Afmoe);
+    if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
+    }
+    if arch == Arch::Lfm2moe && d.layers < 3 {
+        bail!("--arch lfm2moe: a dense leading layer, a MoE and an attention layer need at least 3 layers");
     }
     if arch == Arch::Jamba && d.layers < 3 {
         bail!("--arch jamba: a Mamba-1, a MoE and an attention layer need at least 3 layers");
@@ -203,6 +217,15 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Dots1 | Arch::HunyuanMoe => hparams_more(arch, d, b),
         Arch::NemotronHMoe => hparams_nemotron_h(d, b),
         Arch::Jamba => hparams_jamba(d, b),
+        Arch::Lfm2moe => {
+            hp_common(d, b);
+            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1).u32("attention.head_count", d.heads);
+            let kv = (0..d.layers).map(|l| Value::U32(if lfm2_attends(l) { d.kv_heads as u32 } else { 0 })).collect();
+            b.hp("attention.head_count_kv", Value::Array(kv)).f32("attention.layer_norm_rms_epsilon", 1e-5);
+            b.f32("rope.freq_base", 1_000_000.0).u32("shortconv.l_cache", 3);
+            hp_experts(d, b);
+            b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_gating_func", 2);
+        }
         Arch::Afmoe => {
             hp_common(d, b);
             b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
@@ -458,7 +481,8 @@ fn hparams_deepseek2(d: &Dims, b: &mut Builder) {
 }
 
 pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
-    b.head(d);
+    // LFM2's converters store the output norm under this name, and its loader reads it so.
+    b.head(d, if arch == Arch::Lfm2moe { "token_embd_norm" } else { "output_norm" });
     globals(arch, d, b);
     let (q, kv) = (d.heads * d.head_dim, kv_heads(arch, d) * d.head_dim);
     for l in 0..d.layers {
@@ -557,6 +581,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Phimoe => phimoe_layer(b, d, l, q, kv),
             Arch::Jamba => jamba_layer(b, d, l, q, kv),
             Arch::Afmoe => afmoe_layer(b, d, l, q, kv),
+            Arch::Lfm2moe => lfm2_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -630,6 +655,35 @@ fn afmoe_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("ffn_norm"), &[d.embd]);
     b.t(n("post_ffw_norm"), &[d.embd]);
     sparse_or_dense(b, d, l);
+}
+
+/// lfm2moe: every 4th layer from the third attends (LFM2's 6 in 24, compressed), the others
+/// are short convolutions.
+fn lfm2_attends(l: u64) -> bool {
+    l % 4 == 2
+}
+
+/// An lfm2moe layer: the MLP's norm and experts (a dense MLP in layer 0), then the operator's
+/// norm and a short convolution or attention with q/k norms.
+fn lfm2_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("ffn_norm"), &[d.embd]);
+    if l == 0 {
+        dense_mlp(b, d, l);
+    } else {
+        experts(b, d, l, d.expert_ff);
+        b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    }
+    b.t(n("attn_norm"), &[d.embd]);
+    if lfm2_attends(l) {
+        b.t(n("attn_q_norm"), &[d.head_dim]);
+        b.t(n("attn_k_norm"), &[d.head_dim]);
+        attention(b, d, l, q, kv);
+    } else {
+        b.t(n("shortconv.conv"), &[3, d.embd]);
+        b.t(n("shortconv.in_proj"), &[d.embd, 3 * d.embd]);
+        b.t(n("shortconv.out_proj"), &[d.embd, d.embd]);
+    }
 }
 
 /// The tensors a family has beside its head and layers.

@@ -76,7 +76,7 @@ pub enum Arch {
     /// Qwen3-VL's language model: qwen3moe's layers with interleaved M-RoPE sections and
     /// deepstack inputs (zero for text) added after the first layers.
     Qwen3vlmoe,
-    /// Phi-3.5-MoE: LayerNorm-style norms with biases, biased attention, an output bias,
+    /// Phi-3.5-MoE: RMS norms with biases, biased attention, an output bias,
     /// long and short rotary factors, softmax routing over 16 experts.
     Phimoe,
     /// Mamba-1 layers with an attention layer among them (no rotary embedding), MoE in every
@@ -86,6 +86,10 @@ pub enum Arch {
     /// gate on the attention output, norms after attention and after the MLPs, a dense leading
     /// layer, sigmoid routing with a selection bias, a shared expert.
     Afmoe,
+    /// LFM2's MoE models: short gated convolutions (a recurrent conv state) and attention with
+    /// q/k norms, told apart by per-layer KV heads; a dense leading layer, sigmoid routing with
+    /// a selection bias, and the output norm stored as `token_embd_norm`.
+    Lfm2moe,
 }
 
 impl Arch {
@@ -117,10 +121,11 @@ impl Arch {
             Arch::Phimoe => "phimoe",
             Arch::Jamba => "jamba",
             Arch::Afmoe => "afmoe",
+            Arch::Lfm2moe => "lfm2moe",
         }
     }
 
-    pub const ALL: [Arch; 25] = [
+    pub const ALL: [Arch; 26] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -146,6 +151,7 @@ impl Arch {
         Arch::Phimoe,
         Arch::Jamba,
         Arch::Afmoe,
+        Arch::Lfm2moe,
     ];
 }
 
@@ -603,10 +609,10 @@ impl Builder {
         self.push(name, GgmlType::F32, dims, Init::Uniform(std));
     }
 
-    /// token_embd, output_norm and (unless tied) output.
-    fn head(&mut self, d: &Dims) {
+    /// token_embd, the output norm (`norm` names it) and (unless tied) output.
+    fn head(&mut self, d: &Dims, norm: &str) {
         self.t("token_embd.weight".into(), &[d.embd, d.vocab]);
-        self.t("output_norm.weight".into(), &[d.embd]);
+        self.t(format!("{norm}.weight"), &[d.embd]);
         if !self.variant.tied_output {
             self.t("output.weight".into(), &[d.embd, d.vocab]);
         }

@@ -65,6 +65,7 @@ families! {
     phimoe: "phimoe",
     jamba: "jamba",
     afmoe: "afmoe",
+    lfm2moe: "lfm2moe",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -102,7 +103,7 @@ fn assert_exact(a: &Path, b: &Path) -> Vec<String> {
 }
 
 /// The families that keep a recurrent state per sequence (DeltaNet or Mamba-2 layers).
-const HYBRID: [&str; 4] = ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba"];
+const HYBRID: [&str; 5] = ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba", "lfm2moe"];
 
 fn inventory(model: &Path) -> serde_json::Value {
     serde_json::from_str(&ok(&["inventory", model.to_str().unwrap(), "--json"]).stdout).unwrap()
@@ -268,6 +269,7 @@ mod valid_variants_of_every_family_are_accepted {
             "qwen3vlmoe",
             "jamba",
             "afmoe",
+            "lfm2moe",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
