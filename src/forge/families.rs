@@ -156,8 +156,8 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 // Qwen3-VL's sections (24, 20, 20 of 64) at this head's width, and its three
                 // deepstack layers.
                 let half = d.head_dim / 2;
-                let s = half * 3 / 8;
-                let sections = [half - 2 * s, s, s, 0].map(|x| Value::I32(x as i32)).to_vec();
+                let hw = half * 5 / 16;
+                let sections = [half - 2 * hw, hw, hw, 0].map(|x| Value::I32(x as i32)).to_vec();
                 b.hp("rope.dimension_sections", Value::Array(sections)).u32("n_deepstack_layers", 3);
             }
         }
