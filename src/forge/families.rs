@@ -220,8 +220,7 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::Lfm2moe => {
             hp_common(d, b);
             b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1).u32("attention.head_count", d.heads);
-            let kv = (0..d.layers).map(|l| Value::U32(if lfm2_attends(l) { d.kv_heads as u32 } else { 0 })).collect();
-            b.hp("attention.head_count_kv", Value::Array(kv)).f32("attention.layer_norm_rms_epsilon", 1e-5);
+            b.hp("attention.head_count_kv", kv_where(d, lfm2_attends)).f32("attention.layer_norm_rms_epsilon", 1e-5);
             b.f32("rope.freq_base", 1_000_000.0).u32("shortconv.l_cache", 3);
             hp_experts(d, b);
             b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_gating_func", 2);
@@ -277,16 +276,25 @@ impl Mamba2 {
     }
 }
 
+/// A key of one value per layer, `f` of the layer's index.
+fn per_layer(d: &Dims, f: impl Fn(u64) -> u64) -> Value {
+    Value::Array((0..d.layers).map(|l| Value::U32(f(l) as u32)).collect())
+}
+
+/// `head_count_kv` per layer for hybrids whose loaders tell an attention layer by its KV heads
+/// (the others have none).
+fn kv_where(d: &Dims, attends: impl Fn(u64) -> bool) -> Value {
+    per_layer(d, |l| if attends(l) { d.kv_heads } else { 0 })
+}
+
 /// Nemotron-H MoE: the loader tells a layer's kind by its feed-forward width and KV heads, each
 /// one value per layer (a Mamba-2 layer has neither, an attention layer no feed-forward).
 fn hparams_nemotron_h(d: &Dims, b: &mut Builder) {
     let m = Mamba2::of(d);
-    let per_layer =
-        |f: &dyn Fn(NemotronLayer) -> u64| Value::Array((0..d.layers).map(|l| Value::U32(f(nemotron_layer(l)) as u32)).collect());
     hp_common(d, b);
-    b.hp("feed_forward_length", per_layer(&|k| if k == NemotronLayer::Moe { d.expert_ff } else { 0 }));
+    b.hp("feed_forward_length", per_layer(d, |l| if nemotron_layer(l) == NemotronLayer::Moe { d.expert_ff } else { 0 }));
     b.u32("attention.head_count", d.heads);
-    b.hp("attention.head_count_kv", per_layer(&|k| if k == NemotronLayer::Attention { d.kv_heads } else { 0 }));
+    b.hp("attention.head_count_kv", kv_where(d, |l| nemotron_layer(l) == NemotronLayer::Attention));
     b.u32("attention.key_length", d.head_dim)
         .u32("attention.value_length", d.head_dim)
         .f32("attention.layer_norm_epsilon", 1e-5)
@@ -604,8 +612,7 @@ fn hparams_jamba(d: &Dims, b: &mut Builder) {
     let (inner, state, rank) = jamba_ssm(d);
     hp_common(d, b);
     b.u32("feed_forward_length", d.expert_ff).u32("attention.head_count", d.heads);
-    let kv = (0..d.layers).map(|l| Value::U32(if jamba_attends(l) { d.kv_heads as u32 } else { 0 })).collect();
-    b.hp("attention.head_count_kv", Value::Array(kv)).f32("attention.layer_norm_rms_epsilon", 1e-6);
+    b.hp("attention.head_count_kv", kv_where(d, jamba_attends)).f32("attention.layer_norm_rms_epsilon", 1e-6);
     b.u32("ssm.conv_kernel", 4).u32("ssm.inner_size", inner).u32("ssm.state_size", state).u32("ssm.time_step_rank", rank);
     hp_experts(d, b);
 }
