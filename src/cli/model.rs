@@ -66,8 +66,9 @@ pub enum ModelCommand {
         /// forged routers are; 1.5 sends most selections of a layer to a tenth of its experts).
         #[arg(long, default_value_t = 0.0)]
         router_skew: f32,
-        /// Multi-token-prediction (nextn) blocks after the trunk, as qwen35moe's and glm4moe's loaders take
-        /// them (`generate --draft mtp` drafts with them).
+        /// Multi-token-prediction (nextn) blocks after the trunk, as the loaders of qwen35moe,
+        /// glm4moe, deepseek32, glm-dsa and bailingmoe2 take them (`generate --draft mtp` drafts
+        /// with all but bailingmoe2's).
         #[arg(long, default_value_t = 0, value_name = "N")]
         mtp_layers: u64,
         /// Forge straight into a shard set of files of at most this much tensor data each

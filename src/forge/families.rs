@@ -28,7 +28,17 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     if matches!(arch, Arch::Qwen3next | Arch::Qwen35moe) && !d.heads.is_multiple_of(d.kv_heads) {
         bail!("--arch {}: the DeltaNet value heads must be a multiple of its key heads", arch.name());
     }
-    let dense_lead = matches!(arch, Arch::Deepseek2 | Arch::Glm4moe | Arch::Ernie45Moe | Arch::Dots1 | Arch::Bailingmoe2 | Arch::Afmoe);
+    let dense_lead = matches!(
+        arch,
+        Arch::Deepseek2
+            | Arch::Glm4moe
+            | Arch::Ernie45Moe
+            | Arch::Dots1
+            | Arch::Bailingmoe2
+            | Arch::Afmoe
+            | Arch::Deepseek32
+            | Arch::GlmDsa
+    );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
     }
@@ -44,14 +54,17 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     if arch == Arch::Llama4 && d.layers < LLAMA4_MOE_STEP {
         bail!("--arch llama4: one MoE layer in every {LLAMA4_MOE_STEP} needs at least {LLAMA4_MOE_STEP} layers");
     }
-    if arch == Arch::Deepseek2 {
-        // 26 and 27 layers make llama.cpp read the file as DeepSeek-V2-Lite (no q_lora).
-        if matches!(d.layers, 26 | 27) {
-            bail!("--arch deepseek2: 26 or 27 layers are read as V2-Lite by llama.cpp; choose another count");
-        }
+    // 26 and 27 layers make llama.cpp read a deepseek2 file as DeepSeek-V2-Lite (no q_lora).
+    if arch == Arch::Deepseek2 && matches!(d.layers, 26 | 27) {
+        bail!("--arch deepseek2: 26 or 27 layers are read as V2-Lite by llama.cpp; choose another count");
+    }
+    if matches!(arch, Arch::Deepseek2 | Arch::Deepseek32) {
         let g = DEEPSEEK2_GROUPS;
         if !d.experts.is_multiple_of(g) || d.experts / g < 2 || d.top_k > DEEPSEEK2_GROUPS_USED * (d.experts / g) {
-            bail!("--arch deepseek2: {g} expert groups need a multiple of {g} experts, at least 2 a group, and top-k within {DEEPSEEK2_GROUPS_USED} groups");
+            bail!(
+                "--arch {}: {g} expert groups need a multiple of {g} experts, at least 2 a group, and top-k within {DEEPSEEK2_GROUPS_USED} groups",
+                arch.name()
+            );
         }
     }
     Ok(())
@@ -89,6 +102,10 @@ const DEEPSEEK2_GROUPS: u64 = 4;
 const DEEPSEEK2_GROUPS_USED: u64 = 2;
 /// The families' sliding window, shorter than the tests' prompts so that it masks.
 const SLIDING_WINDOW: u64 = 32;
+
+/// The keys deepseek32's and glm-dsa's lightning indexer attends each query to: fewer than the
+/// tests' prompts, so that it chooses.
+const INDEXER_TOP_K: u64 = 16;
 
 /// deepseek2's MLA sizes: q and kv latent ranks, the rotary and non-rotary parts of a head.
 struct Mla {
@@ -168,7 +185,7 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::Qwen3next | Arch::Qwen35moe => hparams_deltanet(arch, d, b),
         Arch::Gemma4 => hparams_gemma4(arch, d, b),
         Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe => hparams_classic(arch, d, b),
-        Arch::Deepseek2 => hparams_deepseek2(d, b),
+        Arch::Deepseek2 | Arch::Deepseek32 | Arch::GlmDsa => hparams_deepseek2(arch, d, b),
         Arch::GptOss => {
             hp_common(d, b);
             hp_attention(arch, d, b, d.head_dim);
@@ -460,8 +477,10 @@ fn hparams_classic(arch: Arch, d: &Dims, b: &mut Builder) {
     }
 }
 
-/// DeepSeek-V2: absorbed MLA, a leading dense block, grouped expert selection.
-fn hparams_deepseek2(d: &Dims, b: &mut Builder) {
+/// DeepSeek-V2: absorbed MLA, a leading dense block, grouped expert selection. DeepSeek-V3.2
+/// adds its lightning indexer (as many heads as attention, each a head wide); GLM-5 too, and
+/// routes without groups.
+fn hparams_deepseek2(arch: Arch, d: &Dims, b: &mut Builder) {
     let m = Mla::of(d);
     hp_common(d, b);
     b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
@@ -475,17 +494,19 @@ fn hparams_deepseek2(d: &Dims, b: &mut Builder) {
         .u32("attention.value_length_mla", d.head_dim)
         .u32("attention.q_lora_rank", m.q_lora)
         .u32("attention.kv_lora_rank", m.kv_lora)
-        .f32("attention.layer_norm_rms_epsilon", 1e-6)
-        .u32("rope.dimension_count", m.rope)
-        .f32("rope.freq_base", 10_000.0);
+        .f32("attention.layer_norm_rms_epsilon", 1e-6);
+    if arch != Arch::Deepseek2 {
+        b.u32("attention.indexer.head_count", d.heads)
+            .u32("attention.indexer.key_length", d.head_dim)
+            .u32("attention.indexer.top_k", INDEXER_TOP_K);
+    }
+    b.u32("rope.dimension_count", m.rope).f32("rope.freq_base", 10_000.0);
     hp_experts(d, b);
-    b.u32("expert_shared_count", 1)
-        .u32("expert_feed_forward_length", d.expert_ff)
-        .u32("expert_group_count", DEEPSEEK2_GROUPS)
-        .u32("expert_group_used_count", DEEPSEEK2_GROUPS_USED)
-        .f32("expert_weights_scale", 2.5)
-        .hp("expert_weights_norm", Value::Bool(true))
-        .u32("expert_gating_func", 2);
+    b.u32("expert_shared_count", 1).u32("expert_feed_forward_length", d.expert_ff);
+    if arch != Arch::GlmDsa {
+        b.u32("expert_group_count", DEEPSEEK2_GROUPS).u32("expert_group_used_count", DEEPSEEK2_GROUPS_USED);
+    }
+    b.f32("expert_weights_scale", 2.5).hp("expert_weights_norm", Value::Bool(true)).u32("expert_gating_func", 2);
 }
 
 pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
@@ -546,18 +567,8 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 b.between(format!("blk.{l}.ffn_down_exps.scale"), &[d.experts], 0.5, 1.5);
             }
             Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe => classic_layer(arch, b, d, l, q, kv),
-            Arch::Deepseek2 => {
-                let m = Mla::of(d);
-                b.t(n("attn_norm"), &[d.embd]);
-                b.t(n("attn_q_a_norm"), &[m.q_lora]);
-                b.t(n("attn_kv_a_norm"), &[m.kv_lora]);
-                b.t(n("attn_q_a"), &[d.embd, m.q_lora]);
-                b.t(n("attn_q_b"), &[m.q_lora, d.heads * (m.nope + m.rope)]);
-                b.t(n("attn_kv_a_mqa"), &[d.embd, m.kv_lora + m.rope]);
-                b.t(n("attn_k_b"), &[m.nope, m.kv_lora, d.heads]);
-                b.t(n("attn_v_b"), &[m.kv_lora, d.head_dim, d.heads]);
-                b.t(n("attn_output"), &[d.heads * d.head_dim, d.embd]);
-                b.t(n("ffn_norm"), &[d.embd]);
+            Arch::Deepseek2 | Arch::Deepseek32 | Arch::GlmDsa => {
+                mla_attention(arch, b, d, l, false);
                 sparse_or_dense(b, d, l);
             }
             Arch::GptOss => {
@@ -877,6 +888,7 @@ fn nextn_blocks(arch: Arch, b: &mut Builder, d: &Dims, q: u64, kv: u64) {
     for l in d.layers..d.layers + b.variant.mtp_layers {
         match arch {
             Arch::Glm4moe => glm4moe_nextn_block(b, d, l, q, kv),
+            Arch::Deepseek32 | Arch::GlmDsa => mla_nextn_block(arch, b, d, l),
             Arch::Bailingmoe2 => bailing_layer(b, d, l, q, kv),
             _ => nextn_block(b, d, l, q, kv),
         }
@@ -897,6 +909,24 @@ fn glm4moe_nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     }
     b.std(n("attn_output"), &[q, d.embd], small(q));
     b.t(n("post_attention_norm"), &[d.embd]);
+    nextn_moe(b, d, l);
+}
+
+/// A deepseek32 or glm-dsa nextn block, as DeepSeek-V3.2's and GLM-5's files carry it: the
+/// trunk's MoE layer (its indexer too, which the head's graph never runs), the projection of the
+/// normed token embedding beside the normed hidden state, and the head's own norm. Its output
+/// projections are drawn at a fiftieth of their scale.
+fn mla_nextn_block(arch: Arch, b: &mut Builder, d: &Dims, l: u64) {
+    mla_attention(arch, b, d, l, true);
+    nextn_moe(b, d, l);
+}
+
+/// The MoE half of glm4moe's, deepseek32's and glm-dsa's nextn blocks (sigmoid routing with a
+/// selection bias, one shared expert, its down projections small), then the projection of the
+/// normed token embedding beside the normed hidden state and the head's own norm.
+fn nextn_moe(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let small = |fan_in: u64| 0.02 / (fan_in as f32).sqrt();
     b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
     b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
     b.t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]);
@@ -909,6 +939,37 @@ fn glm4moe_nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("nextn.enorm"), &[d.embd]);
     b.t(n("nextn.hnorm"), &[d.embd]);
     b.t(n("nextn.shared_head_norm"), &[d.embd]);
+}
+
+/// Absorbed MLA (deepseek2's layer up to its feed-forward norm), then deepseek32's and glm-dsa's
+/// lightning indexer: its query from the q latent, one key a token (LayerNorm with a bias), and
+/// a weight per indexer head. A nextn block's output projection is drawn at a fiftieth of its
+/// scale.
+fn mla_attention(arch: Arch, b: &mut Builder, d: &Dims, l: u64, nextn: bool) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let m = Mla::of(d);
+    b.t(n("attn_norm"), &[d.embd]);
+    b.t(n("attn_q_a_norm"), &[m.q_lora]);
+    b.t(n("attn_kv_a_norm"), &[m.kv_lora]);
+    b.t(n("attn_q_a"), &[d.embd, m.q_lora]);
+    b.t(n("attn_q_b"), &[m.q_lora, d.heads * (m.nope + m.rope)]);
+    b.t(n("attn_kv_a_mqa"), &[d.embd, m.kv_lora + m.rope]);
+    b.t(n("attn_k_b"), &[m.nope, m.kv_lora, d.heads]);
+    b.t(n("attn_v_b"), &[m.kv_lora, d.head_dim, d.heads]);
+    let o = d.heads * d.head_dim;
+    if nextn {
+        b.std(n("attn_output"), &[o, d.embd], 0.02 / (o as f32).sqrt());
+    } else {
+        b.t(n("attn_output"), &[o, d.embd]);
+    }
+    b.t(n("ffn_norm"), &[d.embd]);
+    if arch != Arch::Deepseek2 {
+        b.t(n("indexer.k_norm"), &[d.head_dim]);
+        b.std(format!("blk.{l}.indexer.k_norm.bias"), &[d.head_dim], 0.02);
+        b.t(n("indexer.proj"), &[d.embd, d.heads]);
+        b.t(n("indexer.attn_k"), &[d.embd, d.head_dim]);
+        b.t(n("indexer.attn_q_b"), &[m.q_lora, d.heads * d.head_dim]);
+    }
 }
 
 /// A qwen35moe nextn block (`load_block_mtp`): a gated full-attention MoE decoder block, and the
@@ -938,7 +999,7 @@ fn nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("nextn.hnorm"), &[d.embd]);
 }
 
-/// deepseek2, glm4moe, bailingmoe2 and afmoe: layer 0 is a dense MLP; the others a
+/// deepseek2, deepseek32, glm-dsa, glm4moe, bailingmoe2 and afmoe: layer 0 is a dense MLP; the others a
 /// sigmoid-routed MoE with a selection bias and one shared expert.
 fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");

@@ -90,6 +90,13 @@ pub enum Arch {
     /// q/k norms, told apart by per-layer KV heads; a dense leading layer, sigmoid routing with
     /// a selection bias, and the output norm stored as `token_embd_norm`.
     Lfm2moe,
+    /// DeepSeek-V3.2: deepseek2's MLA layers with a lightning indexer choosing the keys each
+    /// query attends (its top-k), expert groups, sigmoid routing with a selection bias.
+    Deepseek32,
+    /// GLM-5: MLA with a lightning indexer in every layer, a dense leading layer, sigmoid
+    /// routing with a selection bias, a shared expert, no expert groups.
+    #[serde(rename = "glm-dsa")]
+    GlmDsa,
 }
 
 impl Arch {
@@ -122,10 +129,12 @@ impl Arch {
             Arch::Jamba => "jamba",
             Arch::Afmoe => "afmoe",
             Arch::Lfm2moe => "lfm2moe",
+            Arch::Deepseek32 => "deepseek32",
+            Arch::GlmDsa => "glm-dsa",
         }
     }
 
-    pub const ALL: [Arch; 26] = [
+    pub const ALL: [Arch; 28] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -152,6 +161,8 @@ impl Arch {
         Arch::Jamba,
         Arch::Afmoe,
         Arch::Lfm2moe,
+        Arch::Deepseek32,
+        Arch::GlmDsa,
     ];
 }
 
@@ -176,11 +187,11 @@ pub struct Variant {
     pub mtp_layers: u64,
 }
 
-/// The families whose nextn blocks forge writes: qwen35moe's (`load_block_mtp`), glm4moe's and
-/// bailingmoe2's (GLM-4.5's and Ling 2.0's published files carry one; llama.cpp has no graph
-/// for Ling's, so it is never run). The pin's deepseek2, step35 and dots3note loaders take
-/// nextn blocks too; forge leaves them out.
-pub const MTP_FAMILIES: [Arch; 3] = [Arch::Qwen35moe, Arch::Glm4moe, Arch::Bailingmoe2];
+/// The families whose nextn blocks forge writes: qwen35moe's (`load_block_mtp`), glm4moe's,
+/// deepseek32's and glm-dsa's (GLM-4.5's, DeepSeek-V3.2's and GLM-5's published files carry
+/// one), and bailingmoe2's (Ling 2.0's; llama.cpp has no graph for it, so it is never run). The
+/// pin's deepseek2, step35 and dots3note loaders take nextn blocks too; forge leaves them out.
+pub const MTP_FAMILIES: [Arch; 5] = [Arch::Qwen35moe, Arch::Glm4moe, Arch::Bailingmoe2, Arch::Deepseek32, Arch::GlmDsa];
 
 /// The largest router skew forge takes: beyond it every token picks the same experts.
 pub const MAX_ROUTER_SKEW: f32 = 8.0;

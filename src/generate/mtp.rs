@@ -18,7 +18,7 @@ use crate::routes::RouteEvent;
 use anyhow::{bail, Context as _, Result};
 
 /// The architectures whose nextn graph the driver runs: one trained head each.
-const ONE_HEAD: [&str; 2] = ["qwen35moe", "glm4moe"];
+const ONE_HEAD: [&str; 4] = ["qwen35moe", "glm4moe", "deepseek32", "glm-dsa"];
 
 /// Refuses a model whose MTP head cannot draft here; the head's layer index where it can.
 pub fn check(inv: &Inventory, model: &Model) -> Result<u32> {

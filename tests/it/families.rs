@@ -66,6 +66,8 @@ families! {
     jamba: "jamba",
     afmoe: "afmoe",
     lfm2moe: "lfm2moe",
+    deepseek32: "deepseek32",
+    glm_dsa: "glm-dsa",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -270,6 +272,8 @@ mod valid_variants_of_every_family_are_accepted {
             "jamba",
             "afmoe",
             "lfm2moe",
+            "deepseek32",
+            "glm-dsa",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
@@ -296,6 +300,8 @@ mod valid_variants_of_every_family_are_accepted {
             ("ernie4_5-moe", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("dots1", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("bailingmoe2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+            ("deepseek32", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+            ("glm-dsa", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("phimoe", "no rotary factors", Box::new(without(|n: &str| n.starts_with("rope_factors_")))),
             ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
             ("grok", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),

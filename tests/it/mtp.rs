@@ -1,6 +1,7 @@
 //! Temporal amortization with the model's own multi-token-prediction head (`generate --draft
-//! mtp`, seed 000 A.1): qwen35moe (hybrid: its recurrent states are rebased) and glm4moe
-//! (attention only, as GLM-4.5's files with their nextn block), each with one nextn block,
+//! mtp`, seed 000 A.1): qwen35moe (hybrid: its recurrent states are rebased), glm4moe,
+//! deepseek32 and glm-dsa (attention only, as GLM-4.5's, DeepSeek-V3.2's and GLM-5's files
+//! with their nextn block; the last two with a lightning indexer), each with one nextn block,
 //! resident and through F with LRU. The committed tokens, response and routes are the target's
 //! one-token greedy ones; every surface (all logits rows, every recurrent state) equals the same
 //! MTP-drafted run with the target resident.
@@ -41,6 +42,18 @@ fn the_mtp_head_drafts_the_targets_greedy_tokens_and_f_with_lru_holds_every_surf
 #[test]
 fn a_glm4moe_head_drafts_the_targets_greedy_tokens_and_f_with_lru_holds_every_surface() {
     head_drafts("glm4moe");
+}
+
+/// DeepSeek-V3.2's head: MLA without the trunk's lightning indexer, its KV cache apart from the
+/// target's indexed one.
+#[test]
+fn a_deepseek32_head_drafts_the_targets_greedy_tokens_and_f_with_lru_holds_every_surface() {
+    head_drafts("deepseek32");
+}
+
+#[test]
+fn a_glm_dsa_head_drafts_the_targets_greedy_tokens_and_f_with_lru_holds_every_surface() {
+    head_drafts("glm-dsa");
 }
 
 /// `arch` at the tiny preset (three trunk layers) with one nextn block: it drafts the target's
