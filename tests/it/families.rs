@@ -322,6 +322,25 @@ mod valid_variants_of_every_family_are_accepted {
         variants_are_accepted(d, variants);
     }
 
+    /// GLM-5.2's layout: `attention.indexer.types` marks the layers with an indexer of their own
+    /// (1); the others (0) attend the keys the last one chose and carry no indexer tensors.
+    #[test]
+    fn shared_indexers() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let base = forge_arch(d, "glm-dsa", &[]);
+        let types = |m: &mut Vec<(String, Value)>| {
+            m.push(("glm-dsa.attention.indexer.types".into(), Value::Array([1, 0, 1].map(Value::U32).to_vec())));
+        };
+        let shared = rewrite(&base, &d.join("glm-dsa-shared-indexers.gguf"), types, without(|n: &str| n.starts_with("blk.1.indexer.")));
+        variants_are_accepted(d, vec![("glm-dsa shared indexers".into(), shared.clone())]);
+        // Layer 1 attends what layer 0's indexer chose, not every key: the output differs.
+        let (full, own) = (d.join("glm-dsa-full"), d.join("glm-dsa-shared-indexers-resident"));
+        gen(&base, &full, &[]);
+        let c = compare_surfaces(&full, &own);
+        assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{c:?}");
+    }
+
     /// Each variant passes `inventory` and runs resident and streamed, exactly.
     fn variants_are_accepted(d: &Path, variants: Vec<(String, PathBuf)>) {
         for (what, model) in &variants {
