@@ -38,6 +38,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::Afmoe
             | Arch::Deepseek32
             | Arch::GlmDsa
+            | Arch::Mimo2
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -242,6 +243,7 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
             hp_experts(d, b);
             b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_gating_func", 2);
         }
+        Arch::Mimo2 => hparams_mimo2(d, b),
         Arch::Afmoe => {
             hp_common(d, b);
             b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
@@ -569,7 +571,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe => classic_layer(arch, b, d, l, q, kv),
             Arch::Deepseek2 | Arch::Deepseek32 | Arch::GlmDsa => {
                 mla_attention(arch, b, d, l, false);
-                sparse_or_dense(b, d, l);
+                sparse_or_dense(b, d, l, true);
             }
             Arch::GptOss => {
                 let bias = |b: &mut Builder, s: &str, dims: &[u64]| b.std(format!("blk.{l}.{s}.bias"), dims, 0.02);
@@ -591,7 +593,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 b.t(n("attn_norm"), &[d.embd]);
                 biased_attention(b, d, l, q, kv, false);
                 b.t(n("post_attention_norm"), &[d.embd]);
-                sparse_or_dense(b, d, l);
+                sparse_or_dense(b, d, l, true);
             }
             Arch::Llama4 | Arch::MinimaxM2 | Arch::Ernie45Moe => norm_attention_moe(arch, b, d, l, q, kv),
             Arch::Grok | Arch::Dbrx | Arch::Arctic | Arch::Dots1 | Arch::HunyuanMoe => layer_more(arch, b, d, l, q, kv),
@@ -601,6 +603,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Jamba => jamba_layer(b, d, l, q, kv),
             Arch::Afmoe => afmoe_layer(b, d, l, q, kv),
             Arch::Lfm2moe => lfm2_layer(b, d, l, q, kv),
+            Arch::Mimo2 => mimo2_layer(b, d, l),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -672,7 +675,7 @@ fn afmoe_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("attn_gate"), &[d.embd, q]);
     b.t(n("ffn_norm"), &[d.embd]);
     b.t(n("post_ffw_norm"), &[d.embd]);
-    sparse_or_dense(b, d, l);
+    sparse_or_dense(b, d, l, true);
 }
 
 /// lfm2moe: every 4th layer from the third attends (LFM2's 6 in 24, compressed), the others
@@ -722,6 +725,87 @@ fn globals(arch: Arch, d: &Dims, b: &mut Builder) {
     }
 }
 
+/// mimo2: every 4th layer from the first attends to every key (MiMo-V2's one in six,
+/// compressed), the others, nextn blocks included, to a sliding window.
+fn mimo2_full(d: &Dims, l: u64) -> bool {
+    l < d.layers && l.is_multiple_of(4)
+}
+
+/// mimo2's KV heads: fewer in full-attention layers than in sliding ones, as MiMo-V2-Flash's
+/// (4 against 8).
+fn mimo2_kv_heads(d: &Dims, l: u64) -> u64 {
+    if mimo2_full(d, l) {
+        d.kv_heads
+    } else {
+        d.heads
+    }
+}
+
+/// MiMo-V2: the pattern, KV heads and values (half a key's width, scaled) of its hybrid
+/// attention, one value per layer, nextn blocks included, as its loader reads them.
+fn hparams_mimo2(d: &Dims, b: &mut Builder) {
+    let all = d.layers + b.variant.mtp_layers;
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff).u32("attention.head_count", d.heads);
+    b.hp("attention.head_count_kv", Value::Array((0..all).map(|l| Value::U32(mimo2_kv_heads(d, l) as u32)).collect()));
+    b.u32("attention.key_length", d.head_dim)
+        .u32("attention.value_length", d.head_dim / 2)
+        .f32("attention.layer_norm_rms_epsilon", 1e-5)
+        .u32("attention.sliding_window", SLIDING_WINDOW);
+    b.hp("attention.sliding_window_pattern", Value::Array((0..all).map(|l| Value::Bool(!mimo2_full(d, l))).collect()));
+    b.f32("attention.value_scale", 0.707)
+        .u32("rope.dimension_count", d.head_dim / 2)
+        .f32("rope.freq_base", 5_000_000.0)
+        .f32("rope.freq_base_swa", 10_000.0);
+    hp_experts(d, b);
+    b.u32("expert_feed_forward_length", d.expert_ff);
+}
+
+/// A mimo2 layer's attention: Q, K and V (fused in a nextn block, as its MTP graph requires),
+/// the output from values half a key wide, and sinks in the sliding-window layers only.
+fn mimo2_attention(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let kv = mimo2_kv_heads(d, l);
+    let (q, k, v) = (d.heads * d.head_dim, kv * d.head_dim, kv * d.head_dim / 2);
+    let o = d.heads * d.head_dim / 2;
+    if l < d.layers {
+        b.t(n("attn_q"), &[d.embd, q]);
+        b.t(n("attn_k"), &[d.embd, k]);
+        b.t(n("attn_v"), &[d.embd, v]);
+        b.t(n("attn_output"), &[o, d.embd]);
+    } else {
+        b.t(n("attn_qkv"), &[d.embd, q + k + v]);
+        b.std(n("attn_output"), &[o, d.embd], 0.02 / (o as f32).sqrt());
+    }
+    b.t(n("attn_norm"), &[d.embd]);
+    if !mimo2_full(d, l) {
+        b.std(n("attn_sinks"), &[d.heads], 0.1);
+    }
+    b.t(n("ffn_norm"), &[d.embd]);
+}
+
+/// A mimo2 layer: its attention, then a dense MLP (layer 0) or sigmoid-routed experts with a
+/// selection bias and no shared expert.
+fn mimo2_layer(b: &mut Builder, d: &Dims, l: u64) {
+    mimo2_attention(b, d, l);
+    sparse_or_dense(b, d, l, false);
+}
+
+/// A mimo2 nextn block, as MiMo-V2's files carry it: sliding-window attention with fused QKV,
+/// a dense MLP (no experts), the nextn projection and norms. Its outputs are drawn small.
+fn mimo2_nextn_block(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    mimo2_attention(b, d, l);
+    let ff = 2 * d.expert_ff;
+    b.t(n("ffn_gate"), &[d.embd, ff]);
+    b.t(n("ffn_up"), &[d.embd, ff]);
+    b.std(n("ffn_down"), &[ff, d.embd], 0.02 / (ff as f32).sqrt());
+    b.t(n("nextn.eh_proj"), &[2 * d.embd, d.embd]);
+    b.t(n("nextn.enorm"), &[d.embd]);
+    b.t(n("nextn.hnorm"), &[d.embd]);
+    b.t(n("nextn.shared_head_norm"), &[d.embd]);
+}
+
 /// A phimoe layer: norms with biases, biased attention, experts without a shared one.
 fn phimoe_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
@@ -744,7 +828,7 @@ fn bailing_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("attn_q_norm"), &[d.head_dim]);
     b.t(n("attn_k_norm"), &[d.head_dim]);
     b.t(n("ffn_norm"), &[d.embd]);
-    sparse_or_dense(b, d, l);
+    sparse_or_dense(b, d, l, true);
     if l >= d.layers {
         b.t(n("nextn.eh_proj"), &[2 * d.embd, d.embd]);
         b.t(n("nextn.enorm"), &[d.embd]);
@@ -889,6 +973,7 @@ fn nextn_blocks(arch: Arch, b: &mut Builder, d: &Dims, q: u64, kv: u64) {
         match arch {
             Arch::Glm4moe => glm4moe_nextn_block(b, d, l, q, kv),
             Arch::Deepseek32 | Arch::GlmDsa => mla_nextn_block(arch, b, d, l),
+            Arch::Mimo2 => mimo2_nextn_block(b, d, l),
             Arch::Bailingmoe2 => bailing_layer(b, d, l, q, kv),
             _ => nextn_block(b, d, l, q, kv),
         }
@@ -999,9 +1084,10 @@ fn nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("nextn.hnorm"), &[d.embd]);
 }
 
-/// deepseek2, deepseek32, glm-dsa, glm4moe, bailingmoe2 and afmoe: layer 0 is a dense MLP; the others a
-/// sigmoid-routed MoE with a selection bias and one shared expert.
-fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64) {
+/// deepseek2, deepseek32, glm-dsa, glm4moe, bailingmoe2, afmoe and mimo2: layer 0 is a dense
+/// MLP; the others a sigmoid-routed MoE with a selection bias, and one shared expert where the
+/// family has it (all but mimo2).
+fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64, shared: bool) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     if l == 0 {
         dense_mlp(b, d, l);
@@ -1012,7 +1098,9 @@ fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64) {
     b.t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]);
     b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);
     b.t(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts]);
-    shared_expert(b, d, l, d.expert_ff, false);
+    if shared {
+        shared_expert(b, d, l, d.expert_ff, false);
+    }
 }
 
 /// A dense layer's MLP, twice an expert's width.

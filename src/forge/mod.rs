@@ -97,6 +97,10 @@ pub enum Arch {
     /// routing with a selection bias, a shared expert, no expert groups.
     #[serde(rename = "glm-dsa")]
     GlmDsa,
+    /// MiMo-V2: sliding-window layers with attention sinks between full ones, each kind with
+    /// its own KV heads, values narrower than keys and scaled, a dense leading layer, sigmoid
+    /// routing with a selection bias; its nextn blocks are dense.
+    Mimo2,
 }
 
 impl Arch {
@@ -131,10 +135,11 @@ impl Arch {
             Arch::Lfm2moe => "lfm2moe",
             Arch::Deepseek32 => "deepseek32",
             Arch::GlmDsa => "glm-dsa",
+            Arch::Mimo2 => "mimo2",
         }
     }
 
-    pub const ALL: [Arch; 28] = [
+    pub const ALL: [Arch; 29] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -163,6 +168,7 @@ impl Arch {
         Arch::Lfm2moe,
         Arch::Deepseek32,
         Arch::GlmDsa,
+        Arch::Mimo2,
     ];
 }
 
@@ -188,10 +194,11 @@ pub struct Variant {
 }
 
 /// The families whose nextn blocks forge writes: qwen35moe's (`load_block_mtp`), glm4moe's,
-/// deepseek32's and glm-dsa's (GLM-4.5's, DeepSeek-V3.2's and GLM-5's published files carry
-/// one), and bailingmoe2's (Ling 2.0's; llama.cpp has no graph for it, so it is never run). The
-/// pin's deepseek2, step35 and dots3note loaders take nextn blocks too; forge leaves them out.
-pub const MTP_FAMILIES: [Arch; 5] = [Arch::Qwen35moe, Arch::Glm4moe, Arch::Bailingmoe2, Arch::Deepseek32, Arch::GlmDsa];
+/// deepseek32's, glm-dsa's and mimo2's (GLM-4.5's, DeepSeek-V3.2's, GLM-5's and MiMo-V2's
+/// published files carry them), and bailingmoe2's (Ling 2.0's; llama.cpp has no graph for it,
+/// so it is never run). The pin's deepseek2, step35 and dots3note loaders take nextn blocks
+/// too; forge leaves them out.
+pub const MTP_FAMILIES: [Arch; 6] = [Arch::Qwen35moe, Arch::Glm4moe, Arch::Bailingmoe2, Arch::Deepseek32, Arch::GlmDsa, Arch::Mimo2];
 
 /// The largest router skew forge takes: beyond it every token picks the same experts.
 pub const MAX_ROUTER_SKEW: f32 = 8.0;

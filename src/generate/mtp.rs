@@ -18,7 +18,7 @@ use crate::routes::RouteEvent;
 use anyhow::{bail, Context as _, Result};
 
 /// The architectures whose nextn graph the driver runs: one trained head each.
-const ONE_HEAD: [&str; 4] = ["qwen35moe", "glm4moe", "deepseek32", "glm-dsa"];
+const ONE_HEAD: [&str; 5] = ["qwen35moe", "glm4moe", "deepseek32", "glm-dsa", "mimo2"];
 
 /// Refuses a model whose MTP head cannot draft here; the head's layer index where it can.
 pub fn check(inv: &Inventory, model: &Model) -> Result<u32> {
@@ -36,7 +36,7 @@ pub fn check(inv: &Inventory, model: &Model) -> Result<u32> {
     let head = inv.mtp_head().with_context(|| format!("--draft mtp: the file declares {n} nextn blocks but names {:?}", inv.mtp_layers))?;
     // A file may keep the key and drop the block (glm4moe's loader then takes the trunk alone);
     // the head's graph asserts these tensors, so their absence is refused here.
-    for t in HEAD_TENSORS {
+    for t in head_tensors(&inv.architecture) {
         let name = format!("blk.{head}.{t}.weight");
         if !inv.tensors.iter().any(|x| x.name == name) {
             bail!("--draft mtp: the file declares a nextn block at layer {head} but has no `{name}` (its MTP tensors were left out)");
@@ -45,8 +45,12 @@ pub fn check(inv: &Inventory, model: &Model) -> Result<u32> {
     Ok(head)
 }
 
-/// The tensors of a nextn block that llama.cpp's MTP graphs assert.
-const HEAD_TENSORS: [&str; 4] = ["nextn.eh_proj", "nextn.enorm", "nextn.hnorm", "ffn_gate_inp"];
+/// The tensors of a nextn block that llama.cpp's MTP graph of `arch` asserts: mimo2's head is
+/// a dense block with fused QKV, the others' a MoE block.
+fn head_tensors(arch: &str) -> [&'static str; 4] {
+    let last = if arch == "mimo2" { "attn_qkv" } else { "ffn_gate_inp" };
+    ["nextn.eh_proj", "nextn.enorm", "nextn.hnorm", last]
+}
 
 /// The MTP head: its context, and the target's hidden row at the last committed position.
 pub struct MtpHead<'m> {

@@ -68,6 +68,7 @@ families! {
     lfm2moe: "lfm2moe",
     deepseek32: "deepseek32",
     glm_dsa: "glm-dsa",
+    mimo2: "mimo2",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -87,12 +88,13 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
 
 /// llama4 and jamba interleave their MoE layers with dense ones (one in two), nemotron_h_moe
 /// with Mamba-2 and attention layers (two in four): 4 layers give each the two MoE layers every
-/// family is run with (and jamba its attention layer); the others take the tiny preset's 3.
+/// family is run with (and jamba its attention layer); mimo2 takes 5 for a full-attention MoE
+/// layer (its 5th) beside the sliding ones; the others take the tiny preset's 3.
 fn family_layers(arch: &str) -> &'static [&'static str] {
-    if matches!(arch, "llama4" | "nemotron_h_moe" | "jamba") {
-        &["--layers", "4"]
-    } else {
-        &[]
+    match arch {
+        "llama4" | "nemotron_h_moe" | "jamba" => &["--layers", "4"],
+        "mimo2" => &["--layers", "5"],
+        _ => &[],
     }
 }
 
@@ -302,6 +304,8 @@ mod valid_variants_of_every_family_are_accepted {
             ("bailingmoe2", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("deepseek32", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("glm-dsa", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+            ("mimo2", "no attention sinks", Box::new(without(|n: &str| n.ends_with("attn_sinks.weight")))),
+            ("mimo2", "fused attn_qkv", Box::new(fused_qkv)),
             ("phimoe", "no rotary factors", Box::new(without(|n: &str| n.starts_with("rope_factors_")))),
             ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
             ("grok", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
