@@ -75,7 +75,7 @@ impl Plan {
     pub(super) fn hash_landed(&self, li: usize, checked: &[(Ticket, bool)]) -> Option<Vec<(ExtentHashes, u64)>> {
         let with = self.obs.digests.as_ref()?.with;
         let bytes: Vec<&[u8]> = checked.iter().map(|(t, direct)| self.landed(li, t, *direct)).collect();
-        Some(hash_all(with, &bytes, helpers(bytes.len())))
+        Some(hash_all(with, &bytes, helpers(&bytes)))
     }
 
     /// Compares `t`'s landed extent's digest `got` (and its hashing time) with the manifest: a
@@ -124,12 +124,18 @@ fn hash_one(with: Verify, bytes: &[u8]) -> (ExtentHashes, u64) {
     (h, started.elapsed().as_nanos() as u64)
 }
 
-/// Helper threads worth starting for `n` extents: one fewer than the cores that could share
-/// them, none for a single extent.
-fn helpers(n: usize) -> usize {
+/// The bytes a helper thread must take over to pay for its start and join (about 40 us, in
+/// which one core hashes some 256 KiB of freshly read memory).
+const HELPER_MIN_BYTES: usize = 512 << 10;
+
+/// Helper threads worth starting for `items`: one fewer than the lanes that could share them,
+/// a lane per extent and per core at most, and per [`HELPER_MIN_BYTES`] of the whole at least
+/// (small extents that land together, as a prompt pass's do, are hashed on this thread alone).
+fn helpers(items: &[&[u8]]) -> usize {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    n.min(cores).saturating_sub(1)
+    let total: usize = items.iter().map(|b| b.len()).sum();
+    items.len().min(cores).min(total / HELPER_MIN_BYTES).saturating_sub(1)
 }
 
 /// The digests of `items`, in order: this thread hashes every `helpers + 1`-th one from the
@@ -177,7 +183,12 @@ mod tests {
                 }
             }
         }
-        assert_eq!(helpers(1), 0);
-        assert!(helpers(64) < std::thread::available_parallelism().unwrap().get());
+        let cores = std::thread::available_parallelism().unwrap().get();
+        let (small, large) = (vec![0u8; 128 << 10], vec![0u8; 1 << 20]);
+        let (small, large) = (small.as_slice(), large.as_slice());
+        assert_eq!(helpers(&[large]), 0, "one extent is one lane");
+        assert_eq!(helpers(&[small; 3]), 0, "384 KiB pays for no helper");
+        assert_eq!(helpers(&[large; 3]), 2.min(cores - 1), "3 MiB in three extents: a lane each, as the cores allow");
+        assert!(helpers(&[large; 64]) < cores);
     }
 }
