@@ -39,6 +39,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::Deepseek32
             | Arch::GlmDsa
             | Arch::Mimo2
+            | Arch::Step35
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -244,6 +245,7 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
             b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_gating_func", 2);
         }
         Arch::Mimo2 => hparams_mimo2(d, b),
+        Arch::Step35 => hparams_step35(d, b),
         Arch::Afmoe => {
             hp_common(d, b);
             b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
@@ -604,6 +606,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Afmoe => afmoe_layer(b, d, l, q, kv),
             Arch::Lfm2moe => lfm2_layer(b, d, l, q, kv),
             Arch::Mimo2 => mimo2_layer(b, d, l),
+            Arch::Step35 => step35_layer(b, d, l, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -709,7 +712,7 @@ fn lfm2_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
 
 /// The tensors a family has beside its head and layers.
 fn globals(arch: Arch, d: &Dims, b: &mut Builder) {
-    if arch == Arch::Gemma4 {
+    if matches!(arch, Arch::Gemma4 | Arch::Step35) {
         // One global tensor, read by the full-attention layers.
         b.t("rope_freqs.weight".into(), &[d.head_dim / 2]);
     }
@@ -804,6 +807,55 @@ fn mimo2_nextn_block(b: &mut Builder, d: &Dims, l: u64) {
     b.t(n("nextn.enorm"), &[d.embd]);
     b.t(n("nextn.hnorm"), &[d.embd]);
     b.t(n("nextn.shared_head_norm"), &[d.embd]);
+}
+
+/// step35: every 4th layer from the first attends to every key, the others to a sliding
+/// window with half again as many query heads (Step-3.5's 3 sliding to 1 full, compressed).
+fn step35_full(l: u64) -> bool {
+    l.is_multiple_of(4)
+}
+
+fn step35_heads(d: &Dims, l: u64) -> u64 {
+    if step35_full(l) {
+        d.heads
+    } else {
+        d.heads + d.heads / 2
+    }
+}
+
+/// Step-3.5: query heads one value per layer, the pattern of sliding and full layers, a full
+/// rotary base and a sliding one (full layers rotate half as many dimensions, as its loader
+/// halves them), sigmoid routing with normalized weights beside a shared expert.
+fn hparams_step35(d: &Dims, b: &mut Builder) {
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff);
+    b.hp("attention.head_count", per_layer(d, |l| step35_heads(d, l)));
+    b.u32("attention.head_count_kv", d.kv_heads)
+        .u32("attention.key_length", d.head_dim)
+        .u32("attention.value_length", d.head_dim)
+        .f32("attention.layer_norm_rms_epsilon", 1e-5)
+        .u32("attention.sliding_window", SLIDING_WINDOW);
+    b.hp("attention.sliding_window_pattern", Value::Array((0..d.layers).map(|l| Value::Bool(!step35_full(l))).collect()));
+    b.u32("rope.dimension_count", d.head_dim).f32("rope.freq_base", 5_000_000.0).f32("rope.freq_base_swa", 10_000.0);
+    hp_experts(d, b);
+    b.u32("expert_feed_forward_length", d.expert_ff)
+        .u32("expert_shared_feed_forward_length", d.expert_ff)
+        .hp("expert_weights_norm", Value::Bool(true))
+        .f32("expert_weights_scale", 3.0);
+}
+
+/// A step35 layer: q/k norms, a sigmoid gate per head on the attention output, then a dense MLP
+/// (layer 0) or experts with a selection bias beside an ungated shared expert.
+fn step35_layer(b: &mut Builder, d: &Dims, l: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let q = step35_heads(d, l) * d.head_dim;
+    b.t(n("attn_norm"), &[d.embd]);
+    b.t(n("attn_q_norm"), &[d.head_dim]);
+    b.t(n("attn_k_norm"), &[d.head_dim]);
+    attention(b, d, l, q, kv);
+    b.t(n("attn_gate"), &[d.embd, step35_heads(d, l)]);
+    b.t(n("ffn_norm"), &[d.embd]);
+    sparse_or_dense(b, d, l, true);
 }
 
 /// A phimoe layer: norms with biases, biased attention, experts without a shared one.

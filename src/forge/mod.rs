@@ -101,6 +101,10 @@ pub enum Arch {
     /// its own KV heads, values narrower than keys and scaled, a dense leading layer, sigmoid
     /// routing with a selection bias; its nextn blocks are dense.
     Mimo2,
+    /// Step-3.5: sliding-window layers with more query heads between full ones that rotate
+    /// half as many dimensions, q/k norms, a gate per head, sigmoid routing with a selection
+    /// bias beside a shared expert.
+    Step35,
 }
 
 impl Arch {
@@ -136,10 +140,11 @@ impl Arch {
             Arch::Deepseek32 => "deepseek32",
             Arch::GlmDsa => "glm-dsa",
             Arch::Mimo2 => "mimo2",
+            Arch::Step35 => "step35",
         }
     }
 
-    pub const ALL: [Arch; 29] = [
+    pub const ALL: [Arch; 30] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -169,6 +174,7 @@ impl Arch {
         Arch::Deepseek32,
         Arch::GlmDsa,
         Arch::Mimo2,
+        Arch::Step35,
     ];
 }
 

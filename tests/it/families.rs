@@ -69,6 +69,7 @@ families! {
     deepseek32: "deepseek32",
     glm_dsa: "glm-dsa",
     mimo2: "mimo2",
+    step35: "step35",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -89,11 +90,12 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
 /// llama4 and jamba interleave their MoE layers with dense ones (one in two), nemotron_h_moe
 /// with Mamba-2 and attention layers (two in four): 4 layers give each the two MoE layers every
 /// family is run with (and jamba its attention layer); mimo2 takes 5 for a full-attention MoE
-/// layer (its 5th) beside the sliding ones; the others take the tiny preset's 3.
+/// layer (its 5th) beside the sliding ones, and step35 likewise; the others take the tiny
+/// preset's 3.
 fn family_layers(arch: &str) -> &'static [&'static str] {
     match arch {
         "llama4" | "nemotron_h_moe" | "jamba" => &["--layers", "4"],
-        "mimo2" => &["--layers", "5"],
+        "mimo2" | "step35" => &["--layers", "5"],
         _ => &[],
     }
 }
@@ -306,6 +308,8 @@ mod valid_variants_of_every_family_are_accepted {
             ("glm-dsa", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("mimo2", "no attention sinks", Box::new(without(|n: &str| n.ends_with("attn_sinks.weight")))),
             ("mimo2", "fused attn_qkv", Box::new(fused_qkv)),
+            ("step35", "no attention gate", Box::new(without(|n: &str| n.ends_with("attn_gate.weight")))),
+            ("step35", "no rotary factors", Box::new(without(|n: &str| n == "rope_freqs.weight"))),
             ("phimoe", "no rotary factors", Box::new(without(|n: &str| n.starts_with("rope_factors_")))),
             ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
             ("grok", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
