@@ -810,11 +810,13 @@ fn mimo2_nextn_block(b: &mut Builder, d: &Dims, l: u64) {
 }
 
 /// step35: every 4th layer from the first attends to every key, the others to a sliding
-/// window with half again as many query heads (Step-3.5's 3 sliding to 1 full, compressed).
+/// window (Step-3.5's 3 sliding to 1 full, compressed).
 fn step35_full(l: u64) -> bool {
     l.is_multiple_of(4)
 }
 
+/// step35's query heads, one count per layer as its loader reads them: half again as many in
+/// the sliding-window layers as in the full ones.
 fn step35_heads(d: &Dims, l: u64) -> u64 {
     if step35_full(l) {
         d.heads

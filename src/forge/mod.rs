@@ -101,8 +101,8 @@ pub enum Arch {
     /// its own KV heads, values narrower than keys and scaled, a dense leading layer, sigmoid
     /// routing with a selection bias; its nextn blocks are dense.
     Mimo2,
-    /// Step-3.5: sliding-window layers with more query heads between full ones that rotate
-    /// half as many dimensions, q/k norms, a gate per head, sigmoid routing with a selection
+    /// Step-3.5: sliding-window layers with a query-head count of their own between full ones
+    /// that rotate half as many dimensions, q/k norms, a gate per head, sigmoid routing with a selection
     /// bias beside a shared expert.
     Step35,
 }
