@@ -297,15 +297,22 @@ impl Mamba2 {
     }
 }
 
-/// A key of one value per layer, `f` of the layer's index.
-fn per_layer(d: &Dims, f: impl Fn(u64) -> u64) -> Value {
-    Value::Array((0..d.layers).map(|l| Value::U32(f(l) as u32)).collect())
+/// A key of one value for each of `layers` layers, `f` of the layer's index (a loader reading one
+/// per layer wants one per block, nextn blocks included).
+fn per_layer(layers: u64, f: impl Fn(u64) -> u64) -> Value {
+    Value::Array((0..layers).map(|l| Value::U32(f(l) as u32)).collect())
+}
+
+/// `attention.sliding_window_pattern`: for each of `layers` layers, whether it attends to a
+/// sliding window.
+fn sliding_pattern(layers: u64, is_swa: impl Fn(u64) -> bool) -> Value {
+    Value::Array((0..layers).map(|l| Value::Bool(is_swa(l))).collect())
 }
 
 /// `head_count_kv` per layer for hybrids whose loaders tell an attention layer by its KV heads
 /// (the others have none).
 fn kv_where(d: &Dims, attends: impl Fn(u64) -> bool) -> Value {
-    per_layer(d, |l| if attends(l) { d.kv_heads } else { 0 })
+    per_layer(d.layers, |l| if attends(l) { d.kv_heads } else { 0 })
 }
 
 /// Nemotron-H MoE: the loader tells a layer's kind by its feed-forward width and KV heads, each
@@ -313,7 +320,7 @@ fn kv_where(d: &Dims, attends: impl Fn(u64) -> bool) -> Value {
 fn hparams_nemotron_h(d: &Dims, b: &mut Builder) {
     let m = Mamba2::of(d);
     hp_common(d, b);
-    b.hp("feed_forward_length", per_layer(d, |l| if nemotron_layer(l) == NemotronLayer::Moe { d.expert_ff } else { 0 }));
+    b.hp("feed_forward_length", per_layer(d.layers, |l| if nemotron_layer(l) == NemotronLayer::Moe { d.expert_ff } else { 0 }));
     b.u32("attention.head_count", d.heads);
     b.hp("attention.head_count_kv", kv_where(d, |l| nemotron_layer(l) == NemotronLayer::Attention));
     b.u32("attention.key_length", d.head_dim)
@@ -449,8 +456,7 @@ fn hparams_gemma4(arch: Arch, d: &Dims, b: &mut Builder) {
         .u32("attention.key_length_swa", d.head_dim)
         .u32("attention.value_length_swa", d.head_dim)
         .u32("attention.sliding_window", SLIDING_WINDOW);
-    let pattern = (0..d.layers).map(|l| Value::Bool(gemma4_is_swa(d, l))).collect();
-    b.hp("attention.sliding_window_pattern", Value::Array(pattern));
+    b.hp("attention.sliding_window_pattern", sliding_pattern(d.layers, |l| gemma4_is_swa(d, l)));
     b.f32("attention.layer_norm_rms_epsilon", 1e-6)
         .f32("rope.freq_base", 1_000_000.0)
         .f32("rope.freq_base_swa", 10_000.0)
@@ -750,12 +756,12 @@ fn hparams_mimo2(d: &Dims, b: &mut Builder) {
     let all = d.layers + b.variant.mtp_layers;
     hp_common(d, b);
     b.u32("feed_forward_length", 2 * d.expert_ff).u32("attention.head_count", d.heads);
-    b.hp("attention.head_count_kv", Value::Array((0..all).map(|l| Value::U32(mimo2_kv_heads(d, l) as u32)).collect()));
+    b.hp("attention.head_count_kv", per_layer(all, |l| mimo2_kv_heads(d, l)));
     b.u32("attention.key_length", d.head_dim)
         .u32("attention.value_length", d.head_dim / 2)
         .f32("attention.layer_norm_rms_epsilon", 1e-5)
         .u32("attention.sliding_window", SLIDING_WINDOW);
-    b.hp("attention.sliding_window_pattern", Value::Array((0..all).map(|l| Value::Bool(!mimo2_full(d, l))).collect()));
+    b.hp("attention.sliding_window_pattern", sliding_pattern(all, |l| !mimo2_full(d, l)));
     b.f32("attention.value_scale", 0.707)
         .u32("rope.dimension_count", d.head_dim / 2)
         .f32("rope.freq_base", 5_000_000.0)
@@ -831,13 +837,13 @@ fn step35_heads(d: &Dims, l: u64) -> u64 {
 fn hparams_step35(d: &Dims, b: &mut Builder) {
     hp_common(d, b);
     b.u32("feed_forward_length", 2 * d.expert_ff);
-    b.hp("attention.head_count", per_layer(d, |l| step35_heads(d, l)));
+    b.hp("attention.head_count", per_layer(d.layers, |l| step35_heads(d, l)));
     b.u32("attention.head_count_kv", d.kv_heads)
         .u32("attention.key_length", d.head_dim)
         .u32("attention.value_length", d.head_dim)
         .f32("attention.layer_norm_rms_epsilon", 1e-5)
         .u32("attention.sliding_window", SLIDING_WINDOW);
-    b.hp("attention.sliding_window_pattern", Value::Array((0..d.layers).map(|l| Value::Bool(!step35_full(l))).collect()));
+    b.hp("attention.sliding_window_pattern", sliding_pattern(d.layers, |l| !step35_full(l)));
     b.u32("rope.dimension_count", d.head_dim).f32("rope.freq_base", 5_000_000.0).f32("rope.freq_base_swa", 10_000.0);
     hp_experts(d, b);
     b.u32("expert_feed_forward_length", d.expert_ff)
