@@ -40,6 +40,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::GlmDsa
             | Arch::Mimo2
             | Arch::Step35
+            | Arch::ExaoneMoe
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -246,19 +247,31 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         }
         Arch::Mimo2 => hparams_mimo2(d, b),
         Arch::Step35 => hparams_step35(d, b),
-        Arch::Afmoe => {
-            hp_common(d, b);
-            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
-            hp_attention(arch, d, b, d.head_dim);
-            b.f32("rope.freq_base", 10_000.0).u32("attention.sliding_window", SLIDING_WINDOW);
-            hp_experts(d, b);
-            b.u32("expert_feed_forward_length", d.expert_ff)
-                .u32("expert_shared_count", 1)
-                .u32("expert_gating_func", 2)
-                .f32("expert_weights_scale", 2.826)
-                .hp("expert_weights_norm", Value::Bool(true));
+        Arch::Smallthinker => {
+            // A sliding_window key turns on its sliding layers (the loader sets the window to
+            // 4096 whatever the key says) and leaves every 4th layer unrotated.
+            hp_standard(arch, d, b, d.expert_ff, 1_500_000.0);
+            b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", 4096).u32("expert_gating_func", 1);
         }
+        // Every 4th layer full (the loader's default pattern), the others sliding.
+        Arch::ExaoneMoe => hparams_sliding_moe(arch, d, b, 1_000_000.0, 2.5),
+        Arch::Afmoe => hparams_sliding_moe(arch, d, b, 10_000.0, 2.826),
     }
+}
+
+/// afmoe and exaone-moe: a dense leading layer, sliding-window layers, sigmoid routing with
+/// normalized and scaled weights beside one shared expert.
+fn hparams_sliding_moe(arch: Arch, d: &Dims, b: &mut Builder, freq_base: f32, weights_scale: f32) {
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+    hp_attention(arch, d, b, d.head_dim);
+    b.f32("rope.freq_base", freq_base).u32("attention.sliding_window", SLIDING_WINDOW);
+    hp_experts(d, b);
+    b.u32("expert_feed_forward_length", d.expert_ff)
+        .u32("expert_shared_count", 1)
+        .u32("expert_gating_func", 2)
+        .f32("expert_weights_scale", weights_scale)
+        .hp("expert_weights_norm", Value::Bool(true));
 }
 
 /// What a nemotron_h_moe layer is: every 4th from the first a Mamba-2 layer, every 4th from
@@ -613,6 +626,20 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Lfm2moe => lfm2_layer(b, d, l, q, kv),
             Arch::Mimo2 => mimo2_layer(b, d, l),
             Arch::Step35 => step35_layer(b, d, l, kv),
+            Arch::Smallthinker => {
+                b.t(n("attn_norm"), &[d.embd]);
+                attention(b, d, l, q, kv);
+                b.t(n("ffn_norm"), &[d.embd]);
+                experts(b, d, l, d.expert_ff);
+            }
+            Arch::ExaoneMoe => {
+                b.t(n("attn_norm"), &[d.embd]);
+                attention(b, d, l, q, kv);
+                b.t(n("attn_q_norm"), &[d.head_dim]);
+                b.t(n("attn_k_norm"), &[d.head_dim]);
+                b.t(n("ffn_norm"), &[d.embd]);
+                sparse_or_dense(b, d, l, true);
+            }
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -1144,9 +1171,9 @@ fn nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("nextn.hnorm"), &[d.embd]);
 }
 
-/// deepseek2, deepseek32, glm-dsa, glm4moe, bailingmoe2, afmoe and mimo2: layer 0 is a dense
-/// MLP; the others a sigmoid-routed MoE with a selection bias, and one shared expert where the
-/// family has it (all but mimo2).
+/// deepseek2, deepseek32, glm-dsa, glm4moe, bailingmoe2, afmoe, step35, exaone-moe and mimo2:
+/// layer 0 is a dense MLP; the others a sigmoid-routed MoE with a selection bias, and one shared
+/// expert where the family has it (all but mimo2).
 fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64, shared: bool) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     if l == 0 {

@@ -105,6 +105,13 @@ pub enum Arch {
     /// that rotate half as many dimensions, q/k norms, a gate per head, sigmoid routing with a selection
     /// bias beside a shared expert.
     Step35,
+    /// SmallThinker: the router reads the layer's input before attention; sliding-window layers
+    /// with every 4th (from the first) full and unrotated; ReLU experts, no shared expert.
+    Smallthinker,
+    /// K-EXAONE: sliding-window layers with every 4th full and unrotated, q/k norms, a dense
+    /// leading layer, sigmoid routing with a selection bias beside a shared expert.
+    #[serde(rename = "exaone-moe")]
+    ExaoneMoe,
 }
 
 impl Arch {
@@ -141,10 +148,12 @@ impl Arch {
             Arch::GlmDsa => "glm-dsa",
             Arch::Mimo2 => "mimo2",
             Arch::Step35 => "step35",
+            Arch::Smallthinker => "smallthinker",
+            Arch::ExaoneMoe => "exaone-moe",
         }
     }
 
-    pub const ALL: [Arch; 30] = [
+    pub const ALL: [Arch; 32] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -175,6 +184,8 @@ impl Arch {
         Arch::GlmDsa,
         Arch::Mimo2,
         Arch::Step35,
+        Arch::Smallthinker,
+        Arch::ExaoneMoe,
     ];
 }
 

@@ -70,6 +70,8 @@ families! {
     glm_dsa: "glm-dsa",
     mimo2: "mimo2",
     step35: "step35",
+    smallthinker: "smallthinker",
+    exaone_moe: "exaone-moe",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -90,12 +92,12 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
 /// llama4 and jamba interleave their MoE layers with dense ones (one in two), nemotron_h_moe
 /// with Mamba-2 and attention layers (two in four): 4 layers give each the two MoE layers every
 /// family is run with (and jamba its attention layer); mimo2 takes 5 for a full-attention MoE
-/// layer (its 5th) beside the sliding ones, and step35 likewise; the others take the tiny
-/// preset's 3.
+/// layer (its 5th) beside the sliding ones, and step35 likewise; exaone-moe's 4th layer is its
+/// first full one; the others take the tiny preset's 3.
 fn family_layers(arch: &str) -> &'static [&'static str] {
     match arch {
         "llama4" | "nemotron_h_moe" | "jamba" => &["--layers", "4"],
-        "mimo2" | "step35" => &["--layers", "5"],
+        "mimo2" | "step35" | "exaone-moe" => &["--layers", "5"],
         _ => &[],
     }
 }
@@ -278,6 +280,7 @@ mod valid_variants_of_every_family_are_accepted {
             "lfm2moe",
             "deepseek32",
             "glm-dsa",
+            "smallthinker",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
@@ -310,6 +313,9 @@ mod valid_variants_of_every_family_are_accepted {
             ("mimo2", "fused attn_qkv", Box::new(fused_qkv)),
             ("step35", "no attention gate", Box::new(without(|n: &str| n.ends_with("attn_gate.weight")))),
             ("step35", "no rotary factors", Box::new(without(|n: &str| n == "rope_freqs.weight"))),
+            ("exaone-moe", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
+            ("exaone-moe", "fused attn_qkv", Box::new(fused_qkv)),
+            ("smallthinker", "fused attn_qkv", Box::new(fused_qkv)),
             ("phimoe", "no rotary factors", Box::new(without(|n: &str| n.starts_with("rope_factors_")))),
             ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
             ("grok", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
@@ -346,6 +352,23 @@ mod valid_variants_of_every_family_are_accepted {
         let (full, own) = (d.join("glm-dsa-full"), d.join("glm-dsa-shared-indexers-resident"));
         gen(&base, &full, &[]);
         let c = compare_surfaces(&full, &own);
+        assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{c:?}");
+    }
+
+    /// SmallThinker's layout without sliding-window layers (no `sliding_window` key): every layer
+    /// attends every key and rotates. Accepted and exact, and its logits differ from those of
+    /// the sliding layout, whose first layer is unrotated.
+    #[test]
+    fn smallthinker_without_sliding_layers() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let base = forge_arch(d, "smallthinker", &[]);
+        let no_swa = |m: &mut Vec<(String, Value)>| m.retain(|(k, _)| k != "smallthinker.attention.sliding_window");
+        let full = rewrite(&base, &d.join("smallthinker-full.gguf"), no_swa, without(|_: &str| false));
+        variants_are_accepted(d, vec![("smallthinker without sliding layers".into(), full)]);
+        let sliding = d.join("smallthinker-sliding");
+        gen(&base, &sliding, &[]);
+        let c = compare_surfaces(&sliding, &d.join("smallthinker-full-resident"));
         assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{c:?}");
     }
 
