@@ -1062,6 +1062,7 @@ fn nextn_blocks(arch: Arch, b: &mut Builder, d: &Dims, q: u64, kv: u64) {
             Arch::Deepseek32 | Arch::GlmDsa => mla_nextn_block(arch, b, d, l),
             Arch::Mimo2 => mimo2_nextn_block(b, d, l),
             Arch::Bailingmoe2 => bailing_layer(b, d, l, q, kv),
+            Arch::ExaoneMoe => exaone_nextn_block(b, d, l, q, kv),
             _ => nextn_block(b, d, l, q, kv),
         }
     }
@@ -1082,6 +1083,23 @@ fn glm4moe_nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.std(n("attn_output"), &[q, d.embd], small(q));
     b.t(n("post_attention_norm"), &[d.embd]);
     nextn_moe(b, d, l);
+}
+
+/// An exaone-moe nextn block, as K-EXAONE's files carry it: the trunk's attention with its q/k
+/// norms, a dense MLP, the projection of the normed token embedding beside the normed hidden
+/// state and the head's own norm. The loader skips it (the pin has no graph for it).
+fn exaone_nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    attention(b, d, l, q, kv);
+    b.t(n("attn_q_norm"), &[d.head_dim]);
+    b.t(n("attn_k_norm"), &[d.head_dim]);
+    b.t(n("ffn_norm"), &[d.embd]);
+    dense_mlp(b, d, l);
+    b.t(n("nextn.eh_proj"), &[2 * d.embd, d.embd]);
+    b.t(n("nextn.enorm"), &[d.embd]);
+    b.t(n("nextn.hnorm"), &[d.embd]);
+    b.t(n("nextn.shared_head_norm"), &[d.embd]);
 }
 
 /// A deepseek32 or glm-dsa nextn block, as DeepSeek-V3.2's and GLM-5's files carry it: the

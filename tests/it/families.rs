@@ -404,18 +404,20 @@ fn ungated_experts_are_exact_under_every_arm() {
     family_is_exact(dir.path(), "grok", &model, &arms(last));
 }
 
-/// Nextn (MTP) blocks that a plain run never runs, as GLM-4.5's and Ling 2.0's files carry them
-/// after the trunk: their experts are in the inventory, never served, and every arm is exact.
+/// Nextn (MTP) blocks that a plain run never runs, as GLM-4.5's, Ling 2.0's and K-EXAONE's
+/// files carry them after the trunk: a MoE block's experts are in the inventory, never served
+/// (K-EXAONE's block is dense: no expert objects), and every arm is exact.
 #[test]
 fn unrun_nextn_blocks_are_exact_under_every_arm() {
     let dir = tempfile::tempdir().unwrap();
-    for arch in ["glm4moe", "bailingmoe2"] {
+    for (arch, moe_head) in [("glm4moe", true), ("bailingmoe2", true), ("exaone-moe", false)] {
         let model = forge_arch(dir.path(), arch, &["--mtp-layers", "1"]);
         let inv = inventory(&model);
         let head = inv["mtp_layers"][0].as_u64().unwrap();
         let layers: Vec<u64> = inv["moe_layers"].as_array().unwrap().iter().map(|l| l["layer"].as_u64().unwrap()).collect();
-        assert_eq!(layers.last(), Some(&head), "{arch}: the nextn block's experts are a MoE layer of the inventory");
-        family_is_exact(dir.path(), arch, &model, &arms(layers[layers.len() - 2]));
+        assert_eq!(layers.last() == Some(&head), moe_head, "{arch}: whether the nextn block's experts are a MoE layer of the inventory");
+        let trunk: Vec<u64> = layers.iter().copied().filter(|&l| l < head).collect();
+        family_is_exact(dir.path(), arch, &model, &arms(trunk[trunk.len() - 1]));
         let rec = dir.path().join(format!("{arch}--mtp-layers1-f-lru5"));
         let k = inv["expert_used_count"].as_u64().unwrap() as usize;
         let events = sovereign::routes::decode(&std::fs::read(rec.join("routes.bin")).unwrap(), k).unwrap();

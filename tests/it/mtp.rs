@@ -183,6 +183,16 @@ fn a_model_without_a_head_a_non_finite_draft_and_a_fault_fail_closed_in_one_line
     assert_eq!(v["outcome"], "failed");
     assert!(v["surfaces"].get("tokens").is_none());
 
+    // Nextn blocks the pin has no graph for (Ling 2.0's, K-EXAONE's): refused in one line, a
+    // failed record.
+    for arch in ["bailingmoe2", "exaone-moe"] {
+        let model = forge_arch(d, arch, "1", &["--mtp-layers", "1"]);
+        let rec = d.join(format!("{arch}-draft"));
+        let r = generate(&model, PROMPT, 8, &rec, &["--draft", "mtp"]);
+        assert_one_line_error(&r, &["--draft mtp", arch, "not driven"]);
+        assert_eq!(record_json(&rec)["outcome"], "failed", "{arch}");
+    }
+
     // Two nextn blocks: llama.cpp's qwen35moe head asserts one; refused, never an abort.
     let two = forge_mtp(d, &["--mtp-layers", "2"]);
     let r = generate(&two, PROMPT, 8, &d.join("two"), &["--draft", "mtp"]);
