@@ -61,6 +61,9 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
     if arch == Arch::Deepseek2 && matches!(d.layers, 26 | 27) {
         bail!("--arch deepseek2: 26 or 27 layers are read as V2-Lite by llama.cpp; choose another count");
     }
+    if arch == Arch::Grovemoe && !d.experts.is_multiple_of(GROVEMOE_GROUP) {
+        bail!("--arch grovemoe: groups of {GROVEMOE_GROUP} experts need an even expert count");
+    }
     if matches!(arch, Arch::Deepseek2 | Arch::Deepseek32) {
         let g = DEEPSEEK2_GROUPS;
         if !d.experts.is_multiple_of(g) || d.experts / g < 2 || d.top_k > DEEPSEEK2_GROUPS_USED * (d.experts / g) {
@@ -103,6 +106,8 @@ const DOTS1_SHARED: u64 = 2;
 /// deepseek2's expert groups: routing keeps the best 2 groups of 4.
 const DEEPSEEK2_GROUPS: u64 = 4;
 const DEEPSEEK2_GROUPS_USED: u64 = 2;
+/// grovemoe's experts per group: each group shares one chunk expert.
+const GROVEMOE_GROUP: u64 = 2;
 /// The families' sliding window, shorter than the tests' prompts so that it masks.
 const SLIDING_WINDOW: u64 = 32;
 
@@ -256,6 +261,13 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         // Every 4th layer full (the loader's default pattern), the others sliding.
         Arch::ExaoneMoe => hparams_sliding_moe(arch, d, b, 1_000_000.0, 2.5),
         Arch::Afmoe => hparams_sliding_moe(arch, d, b, 10_000.0, 2.826),
+        Arch::Grovemoe => {
+            hp_standard(arch, d, b, d.expert_ff, 1_000_000.0);
+            b.u32("expert_feed_forward_length", d.expert_ff)
+                .u32("expert_chunk_feed_forward_length", d.expert_ff / 2)
+                .f32("expert_group_scale", 0.05)
+                .u32("experts_per_group", GROVEMOE_GROUP);
+        }
     }
 }
 
@@ -541,10 +553,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
         match arch {
             Arch::Qwen3moe | Arch::Qwen3vlmoe => {
-                b.t(n("attn_norm"), &[d.embd]);
-                attention(b, d, l, q, kv);
-                b.t(n("attn_q_norm"), &[d.head_dim]);
-                b.t(n("attn_k_norm"), &[d.head_dim]);
+                qk_normed_attention(b, d, l, q, kv);
                 b.t(n("ffn_norm"), &[d.embd]);
                 experts(b, d, l, d.expert_ff);
             }
@@ -566,10 +575,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 shared_expert(b, d, l, 2 * d.expert_ff, true);
             }
             Arch::Gemma4 => {
-                b.t(n("attn_norm"), &[d.embd]);
-                attention(b, d, l, q, kv);
-                b.t(n("attn_q_norm"), &[d.head_dim]);
-                b.t(n("attn_k_norm"), &[d.head_dim]);
+                qk_normed_attention(b, d, l, q, kv);
                 b.t(n("post_attention_norm"), &[d.embd]);
                 b.t(n("layer_output_scale"), &[1]);
                 b.t(n("ffn_norm"), &[d.embd]);
@@ -632,11 +638,17 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 b.t(n("ffn_norm"), &[d.embd]);
                 experts(b, d, l, d.expert_ff);
             }
+            Arch::Grovemoe => {
+                qk_normed_attention(b, d, l, q, kv);
+                b.t(n("ffn_norm"), &[d.embd]);
+                experts(b, d, l, d.expert_ff);
+                let (ff, chunks) = (d.expert_ff / 2, d.experts / GROVEMOE_GROUP);
+                b.t(n("ffn_gate_chexps"), &[d.embd, ff, chunks]);
+                b.t(n("ffn_up_chexps"), &[d.embd, ff, chunks]);
+                b.t(n("ffn_down_chexps"), &[ff, d.embd, chunks]);
+            }
             Arch::ExaoneMoe => {
-                b.t(n("attn_norm"), &[d.embd]);
-                attention(b, d, l, q, kv);
-                b.t(n("attn_q_norm"), &[d.head_dim]);
-                b.t(n("attn_k_norm"), &[d.head_dim]);
+                qk_normed_attention(b, d, l, q, kv);
                 b.t(n("ffn_norm"), &[d.embd]);
                 sparse_or_dense(b, d, l, true);
             }
@@ -1090,10 +1102,7 @@ fn glm4moe_nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
 /// state and the head's own norm. The loader skips it (the pin has no graph for it).
 fn exaone_nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
-    b.t(n("attn_norm"), &[d.embd]);
-    attention(b, d, l, q, kv);
-    b.t(n("attn_q_norm"), &[d.head_dim]);
-    b.t(n("attn_k_norm"), &[d.head_dim]);
+    qk_normed_attention(b, d, l, q, kv);
     b.t(n("ffn_norm"), &[d.embd]);
     dense_mlp(b, d, l);
     b.t(n("nextn.eh_proj"), &[2 * d.embd, d.embd]);
@@ -1224,6 +1233,15 @@ fn attention(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("attn_k"), &[d.embd, kv]);
     b.t(n("attn_v"), &[d.embd, kv]);
     b.t(n("attn_output"), &[q, d.embd]);
+}
+
+/// The attention norm, Q, K, V and the output projection, and the per-head norms of Q and K.
+fn qk_normed_attention(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    attention(b, d, l, q, kv);
+    b.t(n("attn_q_norm"), &[d.head_dim]);
+    b.t(n("attn_k_norm"), &[d.head_dim]);
 }
 
 /// Q, K, V with biases, and the output projection (with its bias where the family has one).

@@ -112,6 +112,9 @@ pub enum Arch {
     /// leading layer, sigmoid routing with a selection bias beside a shared expert.
     #[serde(rename = "exaone-moe")]
     ExaoneMoe,
+    /// GroveMoE: q/k norms, and beside the experts a second, narrower set (chunk experts, one a
+    /// group of experts) that each selected expert's group adds to the output.
+    Grovemoe,
 }
 
 impl Arch {
@@ -150,10 +153,11 @@ impl Arch {
             Arch::Step35 => "step35",
             Arch::Smallthinker => "smallthinker",
             Arch::ExaoneMoe => "exaone-moe",
+            Arch::Grovemoe => "grovemoe",
         }
     }
 
-    pub const ALL: [Arch; 32] = [
+    pub const ALL: [Arch; 33] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -186,6 +190,7 @@ impl Arch {
         Arch::Step35,
         Arch::Smallthinker,
         Arch::ExaoneMoe,
+        Arch::Grovemoe,
     ];
 }
 

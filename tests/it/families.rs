@@ -72,6 +72,7 @@ families! {
     step35: "step35",
     smallthinker: "smallthinker",
     exaone_moe: "exaone-moe",
+    grovemoe: "grovemoe",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -281,6 +282,7 @@ mod valid_variants_of_every_family_are_accepted {
             "deepseek32",
             "glm-dsa",
             "smallthinker",
+            "grovemoe",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
@@ -422,6 +424,36 @@ fn unrun_nextn_blocks_are_exact_under_every_arm() {
         let k = inv["expert_used_count"].as_u64().unwrap() as usize;
         let events = sovereign::routes::decode(&std::fs::read(rec.join("routes.bin")).unwrap(), k).unwrap();
         assert!(!events.is_empty() && events.iter().all(|e| u64::from(e.layer) < head), "{arch}: the nextn block was routed");
+    }
+}
+
+/// GroveMoE's chunk experts (`ffn_*_chexps`): a second expert set in every layer, chosen from
+/// the same router's top-k. They stay loaded, outside the inventory's expert objects; the
+/// routes hold one event per token and MoE layer (the layer's own selection, in order), and
+/// served through F the chunk experts keep their own ids: every surface exact.
+#[test]
+fn a_second_expert_set_stays_loaded_and_routes_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = forge_arch(d, "grovemoe", &[]);
+    let inv = inventory(&model);
+    let layers: Vec<u64> = inv["moe_layers"].as_array().unwrap().iter().map(|l| l["layer"].as_u64().unwrap()).collect();
+    for l in inv["moe_layers"].as_array().unwrap() {
+        let roles: Vec<&String> = l["tensors"].as_object().unwrap().keys().collect();
+        assert_eq!(roles, ["down", "gate", "up"], "layer {}", l["layer"]);
+    }
+    let (resident, f) = (d.join("grovemoe-resident"), d.join("grovemoe-f"));
+    let r = gen(&model, &resident, &[]);
+    gen(&model, &f, &["--experts", "plan", "--slots", SLOTS, "--source", "f", "--policy", "lru:3"]);
+    assert_exact(&resident, &f);
+    let k = inv["expert_used_count"].as_u64().unwrap() as usize;
+    let events = sovereign::routes::decode(&std::fs::read(resident.join("routes.bin")).unwrap(), k).unwrap();
+    let rows = r["counts"]["prompt_tokens"].as_u64().unwrap() + r["counts"]["generated_tokens"].as_u64().unwrap() - 1;
+    assert_eq!(events.len() as u64, rows * layers.len() as u64, "one event per token and MoE layer");
+    let mut seen = std::collections::BTreeSet::new();
+    for e in &events {
+        assert!(seen.insert((e.pos, e.layer)), "position {} layer {} routed twice", e.pos, e.layer);
+        assert!(u64::from(e.pos) < rows, "position {} past the {rows} rows run", e.pos);
     }
 }
 
