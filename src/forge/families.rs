@@ -144,7 +144,7 @@ fn full_attention_interval(d: &Dims) -> u64 {
     d.layers.min(4)
 }
 
-/// gemma4: sliding-window layers, with every 4th and the last one full.
+/// gemma4 and maple: sliding-window layers, with every 4th and the last one full.
 fn gemma4_is_swa(d: &Dims, l: u64) -> bool {
     !(l + 1).is_multiple_of(4) && l + 1 != d.layers
 }
@@ -267,6 +267,14 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .u32("expert_chunk_feed_forward_length", d.expert_ff / 2)
                 .f32("expert_group_scale", 0.05)
                 .u32("experts_per_group", GROVEMOE_GROUP);
+        }
+        Arch::Maple => {
+            hp_standard(arch, d, b, d.expert_ff, 1_000_000.0);
+            b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
+            b.hp("attention.sliding_window_pattern", sliding_pattern(d.layers, |l| gemma4_is_swa(d, l)));
+            // A limit of its own in each layer, low enough that forged activations reach it.
+            let limits = (0..d.layers).map(|l| Value::F32(0.25 * (1 + l % 3) as f32)).collect();
+            b.hp("swiglu_clamp_exp", Value::Array(limits));
         }
     }
 }
@@ -635,6 +643,11 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Smallthinker => {
                 b.t(n("attn_norm"), &[d.embd]);
                 attention(b, d, l, q, kv);
+                b.t(n("ffn_norm"), &[d.embd]);
+                experts(b, d, l, d.expert_ff);
+            }
+            Arch::Maple => {
+                qk_normed_attention(b, d, l, q, kv);
                 b.t(n("ffn_norm"), &[d.embd]);
                 experts(b, d, l, d.expert_ff);
             }

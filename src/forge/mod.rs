@@ -115,6 +115,9 @@ pub enum Arch {
     /// GroveMoE: q/k norms, and beside the experts a second, narrower set (chunk experts, one a
     /// group of experts) that each selected expert's group adds to the output.
     Grovemoe,
+    /// Maple: sliding-window layers rotated between full unrotated ones (every 4th and the
+    /// last), q/k norms, softmax routing, experts whose SwiGLU is clamped at a limit per layer.
+    Maple,
 }
 
 impl Arch {
@@ -154,10 +157,11 @@ impl Arch {
             Arch::Smallthinker => "smallthinker",
             Arch::ExaoneMoe => "exaone-moe",
             Arch::Grovemoe => "grovemoe",
+            Arch::Maple => "maple",
         }
     }
 
-    pub const ALL: [Arch; 33] = [
+    pub const ALL: [Arch; 34] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -191,6 +195,7 @@ impl Arch {
         Arch::Smallthinker,
         Arch::ExaoneMoe,
         Arch::Grovemoe,
+        Arch::Maple,
     ];
 }
 

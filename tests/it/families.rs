@@ -73,6 +73,7 @@ families! {
     smallthinker: "smallthinker",
     exaone_moe: "exaone-moe",
     grovemoe: "grovemoe",
+    maple: "maple",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -318,6 +319,7 @@ mod valid_variants_of_every_family_are_accepted {
             ("exaone-moe", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b.bias")))),
             ("exaone-moe", "fused attn_qkv", Box::new(fused_qkv)),
             ("smallthinker", "fused attn_qkv", Box::new(fused_qkv)),
+            ("maple", "fused attn_qkv", Box::new(fused_qkv)),
             ("phimoe", "no rotary factors", Box::new(without(|n: &str| n.starts_with("rope_factors_")))),
             ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
             ("grok", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
@@ -358,20 +360,37 @@ mod valid_variants_of_every_family_are_accepted {
     }
 
     /// SmallThinker's layout without sliding-window layers (no `sliding_window` key): every layer
-    /// attends every key and rotates. Accepted and exact, and its logits differ from those of
-    /// the sliding layout, whose first layer is unrotated.
+    /// attends every key and rotates, where the sliding layout leaves its first layer unrotated.
     #[test]
     fn smallthinker_without_sliding_layers() {
         let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let base = forge_arch(d, "smallthinker", &[]);
-        let no_swa = |m: &mut Vec<(String, Value)>| m.retain(|(k, _)| k != "smallthinker.attention.sliding_window");
-        let full = rewrite(&base, &d.join("smallthinker-full.gguf"), no_swa, without(|_: &str| false));
-        variants_are_accepted(d, vec![("smallthinker without sliding layers".into(), full)]);
-        let sliding = d.join("smallthinker-sliding");
-        gen(&base, &sliding, &[]);
-        let c = compare_surfaces(&sliding, &d.join("smallthinker-full-resident"));
-        assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{c:?}");
+        metadata_variant_runs_otherwise(dir.path(), "smallthinker", "without sliding layers", |m| {
+            m.retain(|(k, _)| k != "smallthinker.attention.sliding_window")
+        });
+    }
+
+    /// Maple's SwiGLU clamp as one limit for every layer (the loader takes a value or one a
+    /// layer): the clamp bites on forged activations, so the limits change the output.
+    #[test]
+    fn maple_with_one_clamp_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        metadata_variant_runs_otherwise(dir.path(), "maple", "with one clamp limit", |m| {
+            let limit = m.iter_mut().find(|(k, _)| k == "maple.swiglu_clamp_exp").expect("the clamp key");
+            limit.1 = Value::F32(0.5);
+        });
+    }
+
+    /// `arch`'s forged file with its metadata edited by `edit`: accepted, exact, and with logits
+    /// that differ from the file's as forged (the edit changed what runs).
+    fn metadata_variant_runs_otherwise(d: &Path, arch: &str, what: &str, edit: impl Fn(&mut Vec<(String, Value)>)) {
+        let base = forge_arch(d, arch, &[]);
+        let stem = format!("{arch}-{}", what.replace(' ', "-"));
+        let model = rewrite(&base, &d.join(format!("{stem}.gguf")), edit, without(|_: &str| false));
+        variants_are_accepted(d, vec![(format!("{arch} {what}"), model)]);
+        let forged = d.join(format!("{arch}-as-forged"));
+        gen(&base, &forged, &[]);
+        let c = compare_surfaces(&forged, &d.join(format!("{stem}-resident")));
+        assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{arch} {what}: {c:?}");
     }
 
     /// Each variant passes `inventory` and runs resident and streamed, exactly.
