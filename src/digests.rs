@@ -262,8 +262,8 @@ pub struct Provenance {
 }
 
 /// The bytes llama.cpp loads from the file (the header and every tensor it does not leave to
-/// the Plan), hashed through the page cache just before the load and compared with the
-/// manifest: llama.cpp's own reads of them then come from those same cached pages.
+/// the Plan), hashed just before the load and compared with the manifest: through the page cache
+/// a resident run then maps, or with O_DIRECT as a served run's loader reads them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoadCheck {
@@ -688,19 +688,28 @@ pub enum Loads {
 }
 
 /// Hashes the ranges llama.cpp is about to load (header and tensors; the expert extents too
-/// when they are resident) of each of the model's files through the page cache and compares
-/// each with the manifest.
+/// when they are resident) of each of the model's files and compares each with the manifest.
+/// A resident run maps the file, so its ranges are hashed through the page cache it maps. A
+/// served run's loader reads with O_DIRECT, and so does this check where the file system
+/// allows it: through the page cache, each non-expert byte would be charged twice under the
+/// run's limit (a cached copy beside the loaded one) until the load ended.
 pub fn check_load(inv: &Inventory, d: &ModelDigests, loads: Loads) -> Result<LoadCheck> {
     use std::os::unix::fs::FileExt;
     let t = Instant::now();
     if inv.shards.len() != d.files.len() {
         bail!("{}: {} files, the digest manifest has {}", inv.file, inv.shards.len(), d.files.len());
     }
-    let mut buf = vec![0u8; 4 << 20];
+    let mut buf = crate::source::AlignedBuf::new(BLOCK as u64)?;
     let (mut bytes, mut ranges) = (0u64, 0u64);
+    let mut direct = loads == Loads::NonExpert;
     for (shard, f) in inv.shards.iter().zip(&d.files) {
         let path = &shard.path;
-        let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+        let opened = if direct { crate::source::open_direct(path).ok() } else { None };
+        direct &= opened.is_some();
+        let file = match opened {
+            Some(f) => f,
+            None => std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?,
+        };
         let b = &f.body;
         let mut list: Vec<(String, u64, u64, &str)> =
             std::iter::once(&b.header).chain(&b.tensors).map(|r| (r.name.clone(), r.offset, r.len, r.blake3.as_str())).collect();
@@ -711,12 +720,23 @@ pub fn check_load(inv: &Inventory, d: &ModelDigests, loads: Loads) -> Result<Loa
         ranges += list.len() as u64;
         for (name, offset, len, want) in list {
             let mut h = blake3::Hasher::new();
-            let mut done = 0u64;
-            while done < len {
-                let n = ((len - done) as usize).min(buf.len());
-                file.read_exact_at(&mut buf[..n], offset + done).with_context(|| format!("{}: {name}: read", path.display()))?;
-                h.update(&buf[..n]);
-                done += n as u64;
+            // Aligned blocks covering the range, as O_DIRECT needs; the bytes outside it are
+            // read and left unhashed.
+            let mut at = offset & !(crate::source::ALIGN - 1);
+            while at < offset + len {
+                let block = buf.as_mut_slice();
+                let mut got = 0usize;
+                while got < block.len() && at + (got as u64) < offset + len {
+                    match file.read_at(&mut block[got..], at + got as u64) {
+                        Ok(0) => bail!("{}: {name}: unexpected end of file at {}", path.display(), at + got as u64),
+                        Ok(n) => got += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e).with_context(|| format!("{}: {name}: read at {}", path.display(), at + got as u64)),
+                    }
+                }
+                let (a, b) = (offset.max(at), (offset + len).min(at + got as u64));
+                h.update(&block[(a - at) as usize..(b - at) as usize]);
+                at += got as u64;
             }
             let got = h.finalize().to_hex().to_string();
             if got != want {
@@ -731,6 +751,7 @@ pub fn check_load(inv: &Inventory, d: &ModelDigests, loads: Loads) -> Result<Loa
     }
     let how = match loads {
         Loads::All => "header and every tensor (experts resident), hashed through the page cache just before llama.cpp loads them",
+        Loads::NonExpert if direct => "header and every non-expert tensor, hashed from the files with O_DIRECT just before llama.cpp reads them with O_DIRECT; expert extents are verified by the Plan as they are read",
         Loads::NonExpert => "header and every non-expert tensor, hashed through the page cache just before llama.cpp loads them; expert extents are verified by the Plan as they are read",
     };
     Ok(LoadCheck { how: how.into(), ranges, bytes, seconds: t.elapsed().as_secs_f64() })

@@ -249,7 +249,10 @@ impl Model {
 
     /// With an expert source, llama.cpp loads everything but the MoE expert weights, which the
     /// source serves into slot pools; the file is read, not mapped, so expert bytes never enter
-    /// the process through a mapping.
+    /// the process through a mapping. It is read with O_DIRECT where the file system allows it
+    /// (llama.cpp falls back to buffered reads where not): a buffered load holds each
+    /// non-expert byte twice, in the page cache and in its buffer, until the load ends, which
+    /// under a memory limit near the run's own need is a reclaim storm at the limit.
     pub fn load_with(path: &Path, source: Option<Box<dyn ExpertSource>>) -> Result<Model> {
         Self::load_full(path, source, false)
     }
@@ -286,7 +289,7 @@ impl Model {
             p.load_mode = sys::llama_load_mode_LLAMA_LOAD_MODE_MMAP;
             if let Some(b) = bridge {
                 p.expert_source = &(*b.as_ptr()).c;
-                p.load_mode = sys::llama_load_mode_LLAMA_LOAD_MODE_NONE;
+                p.load_mode = sys::llama_load_mode_LLAMA_LOAD_MODE_DIRECT_IO;
             }
             sys::llama_model_load_from_file(c.as_ptr(), p)
         };

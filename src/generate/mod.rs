@@ -71,8 +71,9 @@ impl Draft {
 pub use crate::record::format::{ModelIdentity, Timing};
 
 /// Loads `path`, resident or with its experts from `source`. llama.cpp reads a served model's
-/// non-expert tensors through the page cache; those pages are copies, not the run's working
-/// set, so they are given back rather than kept charged.
+/// non-expert tensors with O_DIRECT where it can, through the page cache where the file system
+/// refuses it; cached pages are copies, not the run's working set, so they are given back
+/// rather than kept charged.
 pub fn load_model(path: &std::path::Path, source: Option<Box<dyn ExpertSource>>) -> Result<Model> {
     load_model_full(path, source, false)
 }

@@ -155,6 +155,37 @@ fn the_budget_sizes_the_plan_and_the_run_stays_under_it() {
     no_run_cgroups_left();
 }
 
+/// A served model whose non-expert weights are most of its budget: loading them through the
+/// page cache held each byte twice (cached and loaded) until the load ended, so the run reached
+/// its limit with every slot empty and was not admitted.
+#[test]
+fn a_served_load_is_charged_its_weights_once() {
+    if !cgroups_usable() {
+        return;
+    }
+    let _turn = turn();
+    let dir = tempfile::tempdir().unwrap();
+    // Wide attention in 10 layers: about 508 MB of non-expert weights beside 4 experts a layer.
+    let m = forge(dir.path(), "m.gguf", 5, &["--layers", "10", "--experts", "4", "--top-k", "2", "--embd", "2048", "--expert-ff", "128"]);
+    let resident = dir.path().join("resident");
+    assert_eq!(generate(&m, "Bounded memory, exact output.", 12, &resident, &[]).code, 0);
+    let n = |v: &serde_json::Value| v.as_u64().unwrap();
+    let cap = 900u64 << 20;
+    for source in ["f", "d"] {
+        let rec = dir.path().join(source);
+        let (code, r) = contained(&m, &rec, "900M", &["--experts", "plan", "--source", source]);
+        assert_eq!((code, &r["outcome"]), (0, &serde_json::json!("completed")), "{source}: {}", r["error"]);
+        let weights = n(&r["params"]["experts"]["budget"]["weights"]);
+        assert!(2 * weights > cap, "the weights ({weights} bytes) must not fit twice under the cap");
+        let h = &r["resources"]["host"];
+        assert_eq!((n(&h["limit_events"]), &r["resources"]["admission"]["admitted"]), (0, &serde_json::json!(true)), "{source}: {h}");
+        assert!(n(&h["kernel_peak"]) < weights + (256 << 20), "{source}: {h}");
+        let c = run(&["compare", resident.to_str().unwrap(), rec.to_str().unwrap()]);
+        assert_eq!(c.code, 0, "{source}: {}", c.stdout);
+    }
+    no_run_cgroups_left();
+}
+
 #[test]
 fn a_cap_below_the_need_is_an_oom_on_record() {
     if !cgroups_usable() {
