@@ -21,6 +21,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::Phimoe
             | Arch::Jamba
             | Arch::Lfm2moe
+            | Arch::Deepseek
     );
     if attention_is_embd && d.heads * d.head_dim != d.embd {
         bail!("--arch {}: attention must span the embedding (heads x {} = {})", arch.name(), d.head_dim, d.embd);
@@ -41,6 +42,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::Mimo2
             | Arch::Step35
             | Arch::ExaoneMoe
+            | Arch::Deepseek
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -267,6 +269,17 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .u32("expert_chunk_feed_forward_length", d.expert_ff / 2)
                 .f32("expert_group_scale", 0.05)
                 .u32("experts_per_group", GROVEMOE_GROUP);
+        }
+        Arch::Deepseek | Arch::Bailingmoe => {
+            // Both converters write the routed experts' scale (1.0 in the published models) and
+            // two shared experts; DeepSeek-MoE's first layer is dense.
+            hp_standard(arch, d, b, 2 * d.expert_ff, 10_000.0);
+            b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_count", 2).f32("expert_weights_scale", 1.0);
+            if arch == Arch::Deepseek {
+                b.u32("leading_dense_block_count", 1);
+            } else {
+                b.hp("expert_weights_norm", Value::Bool(true));
+            }
         }
         Arch::Maple => {
             hp_standard(arch, d, b, d.expert_ff, 1_000_000.0);
@@ -651,23 +664,44 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 b.t(n("ffn_norm"), &[d.embd]);
                 experts(b, d, l, d.expert_ff);
             }
-            Arch::Grovemoe => {
-                qk_normed_attention(b, d, l, q, kv);
-                b.t(n("ffn_norm"), &[d.embd]);
-                experts(b, d, l, d.expert_ff);
-                let (ff, chunks) = (d.expert_ff / 2, d.experts / GROVEMOE_GROUP);
-                b.t(n("ffn_gate_chexps"), &[d.embd, ff, chunks]);
-                b.t(n("ffn_up_chexps"), &[d.embd, ff, chunks]);
-                b.t(n("ffn_down_chexps"), &[ff, d.embd, chunks]);
-            }
+            Arch::Grovemoe => grovemoe_layer(b, d, l, q, kv),
             Arch::ExaoneMoe => {
                 qk_normed_attention(b, d, l, q, kv);
                 b.t(n("ffn_norm"), &[d.embd]);
                 sparse_or_dense(b, d, l, true);
             }
+            Arch::Deepseek | Arch::Bailingmoe => two_shared_layer(arch, b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
+}
+
+/// grovemoe: qwen3moe's layer with the chunk experts beside the experts, one a group, half as
+/// wide.
+fn grovemoe_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    qk_normed_attention(b, d, l, q, kv);
+    b.t(n("ffn_norm"), &[d.embd]);
+    experts(b, d, l, d.expert_ff);
+    let (ff, chunks) = (d.expert_ff / 2, d.experts / GROVEMOE_GROUP);
+    b.t(n("ffn_gate_chexps"), &[d.embd, ff, chunks]);
+    b.t(n("ffn_up_chexps"), &[d.embd, ff, chunks]);
+    b.t(n("ffn_down_chexps"), &[ff, d.embd, chunks]);
+}
+
+/// deepseek and bailingmoe: standard attention, then experts beside two shared ones (stored as
+/// one twice as wide); DeepSeek-MoE's first layer is dense.
+fn two_shared_layer(arch: Arch, b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    attention(b, d, l, q, kv);
+    b.t(n("ffn_norm"), &[d.embd]);
+    if arch == Arch::Deepseek && l == 0 {
+        dense_mlp(b, d, l);
+    } else {
+        experts(b, d, l, d.expert_ff);
+        shared_expert(b, d, l, 2 * d.expert_ff, false);
+    }
 }
 
 /// jamba: every 4th layer from the third attends (Jamba's one in 8, compressed), the others are

@@ -118,6 +118,12 @@ pub enum Arch {
     /// Maple: sliding-window layers rotated between full unrotated ones (every 4th and the
     /// last), q/k norms, softmax routing, experts whose SwiGLU is clamped at a limit per layer.
     Maple,
+    /// DeepSeek-MoE (V1): standard attention as wide as the embedding, a dense leading layer,
+    /// softmax routing beside two shared experts.
+    Deepseek,
+    /// Ling 1.0: standard attention, every layer MoE with softmax routing over normalized
+    /// weights beside two shared experts.
+    Bailingmoe,
 }
 
 impl Arch {
@@ -158,10 +164,12 @@ impl Arch {
             Arch::ExaoneMoe => "exaone-moe",
             Arch::Grovemoe => "grovemoe",
             Arch::Maple => "maple",
+            Arch::Deepseek => "deepseek",
+            Arch::Bailingmoe => "bailingmoe",
         }
     }
 
-    pub const ALL: [Arch; 34] = [
+    pub const ALL: [Arch; 36] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -196,6 +204,8 @@ impl Arch {
         Arch::ExaoneMoe,
         Arch::Grovemoe,
         Arch::Maple,
+        Arch::Deepseek,
+        Arch::Bailingmoe,
     ];
 }
 

@@ -74,6 +74,8 @@ families! {
     exaone_moe: "exaone-moe",
     grovemoe: "grovemoe",
     maple: "maple",
+    deepseek: "deepseek",
+    bailingmoe: "bailingmoe",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -284,6 +286,7 @@ mod valid_variants_of_every_family_are_accepted {
             "glm-dsa",
             "smallthinker",
             "grovemoe",
+            "deepseek",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
@@ -320,6 +323,8 @@ mod valid_variants_of_every_family_are_accepted {
             ("exaone-moe", "fused attn_qkv", Box::new(fused_qkv)),
             ("smallthinker", "fused attn_qkv", Box::new(fused_qkv)),
             ("maple", "fused attn_qkv", Box::new(fused_qkv)),
+            ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
+            ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
             ("phimoe", "no rotary factors", Box::new(without(|n: &str| n.starts_with("rope_factors_")))),
             ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
             ("grok", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
@@ -377,6 +382,16 @@ mod valid_variants_of_every_family_are_accepted {
         metadata_variant_runs_otherwise(dir.path(), "maple", "with one clamp limit", |m| {
             let limit = m.iter_mut().find(|(k, _)| k == "maple.swiglu_clamp_exp").expect("the clamp key");
             limit.1 = Value::F32(0.5);
+        });
+    }
+
+    /// Ling 1.0 with its routing weights left as the softmax gives them (`expert_weights_norm`
+    /// false, as the loader defaults): the top-k weights no longer sum to one.
+    #[test]
+    fn bailingmoe_without_normalized_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        metadata_variant_runs_otherwise(dir.path(), "bailingmoe", "without normalized weights", |m| {
+            m.retain(|(k, _)| k != "bailingmoe.expert_weights_norm")
         });
     }
 
