@@ -94,6 +94,29 @@ pub(super) fn check_mtp(arch: Arch, d: &Dims, mtp: u64) -> Result<()> {
     Ok(())
 }
 
+/// deepseek, bailingmoe and mistral3: standard attention keys, then each family's own.
+fn hparams_standard_attention(arch: Arch, d: &Dims, b: &mut Builder) {
+    if arch == Arch::Mistral3 {
+        // Temperature tuning scales queries from the original context on: 16 tokens, so that
+        // it bites within the prompts runs use.
+        hp_standard(arch, d, b, d.expert_ff, 1_000_000.0);
+        b.f32("attention.temperature_scale", 0.1).u32("rope.scaling.original_context_length", MISTRAL3_ORIGINAL_CONTEXT);
+        return;
+    }
+    // Both converters write the routed experts' scale (1.0 in the published models) and two
+    // shared experts; DeepSeek-MoE's first layer is dense.
+    hp_standard(arch, d, b, 2 * d.expert_ff, 10_000.0);
+    b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_count", 2).f32("expert_weights_scale", 1.0);
+    if arch == Arch::Deepseek {
+        b.u32("leading_dense_block_count", 1);
+    } else {
+        b.hp("expert_weights_norm", Value::Bool(true));
+    }
+}
+
+/// mistral3's original context, past which its temperature tuning scales the queries.
+const MISTRAL3_ORIGINAL_CONTEXT: u64 = 16;
+
 /// llama4's `interleave_moe_layer_step`, Llama 4 Maverick's: layers 1, 3, 5, ... are MoE.
 const LLAMA4_MOE_STEP: u64 = 2;
 
@@ -270,17 +293,7 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .f32("expert_group_scale", 0.05)
                 .u32("experts_per_group", GROVEMOE_GROUP);
         }
-        Arch::Deepseek | Arch::Bailingmoe => {
-            // Both converters write the routed experts' scale (1.0 in the published models) and
-            // two shared experts; DeepSeek-MoE's first layer is dense.
-            hp_standard(arch, d, b, 2 * d.expert_ff, 10_000.0);
-            b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_count", 2).f32("expert_weights_scale", 1.0);
-            if arch == Arch::Deepseek {
-                b.u32("leading_dense_block_count", 1);
-            } else {
-                b.hp("expert_weights_norm", Value::Bool(true));
-            }
-        }
+        Arch::Deepseek | Arch::Bailingmoe | Arch::Mistral3 => hparams_standard_attention(arch, d, b),
         Arch::Maple => {
             hp_standard(arch, d, b, d.expert_ff, 1_000_000.0);
             b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
@@ -671,6 +684,12 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 sparse_or_dense(b, d, l, true);
             }
             Arch::Deepseek | Arch::Bailingmoe => two_shared_layer(arch, b, d, l, q, kv),
+            Arch::Mistral3 => {
+                b.t(n("attn_norm"), &[d.embd]);
+                attention(b, d, l, q, kv);
+                b.t(n("ffn_norm"), &[d.embd]);
+                experts(b, d, l, d.expert_ff);
+            }
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -804,8 +823,8 @@ fn lfm2_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
 
 /// The tensors a family has beside its head and layers.
 fn globals(arch: Arch, d: &Dims, b: &mut Builder) {
-    if matches!(arch, Arch::Gemma4 | Arch::Step35) {
-        // One global tensor, read by the full-attention layers.
+    if matches!(arch, Arch::Gemma4 | Arch::Step35 | Arch::Mistral3) {
+        // One global tensor, read by the full-attention layers (every layer in mistral3).
         b.t("rope_freqs.weight".into(), &[d.head_dim / 2]);
     }
     if arch == Arch::Phimoe {

@@ -124,6 +124,9 @@ pub enum Arch {
     /// Ling 1.0: standard attention, every layer MoE with softmax routing over normalized
     /// weights beside two shared experts.
     Bailingmoe,
+    /// Mistral 3's MoE layout: standard attention with rotary factors and, past the original
+    /// context, Llama-4-style temperature tuning; softmax routing over normalized weights.
+    Mistral3,
 }
 
 impl Arch {
@@ -166,10 +169,11 @@ impl Arch {
             Arch::Maple => "maple",
             Arch::Deepseek => "deepseek",
             Arch::Bailingmoe => "bailingmoe",
+            Arch::Mistral3 => "mistral3",
         }
     }
 
-    pub const ALL: [Arch; 36] = [
+    pub const ALL: [Arch; 37] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -206,6 +210,7 @@ impl Arch {
         Arch::Maple,
         Arch::Deepseek,
         Arch::Bailingmoe,
+        Arch::Mistral3,
     ];
 }
 

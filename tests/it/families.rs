@@ -76,6 +76,7 @@ families! {
     maple: "maple",
     deepseek: "deepseek",
     bailingmoe: "bailingmoe",
+    mistral3: "mistral3",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -287,6 +288,7 @@ mod valid_variants_of_every_family_are_accepted {
             "smallthinker",
             "grovemoe",
             "deepseek",
+            "mistral3",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
@@ -325,6 +327,8 @@ mod valid_variants_of_every_family_are_accepted {
             ("maple", "fused attn_qkv", Box::new(fused_qkv)),
             ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
             ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
+            ("mistral3", "no rotary factors", Box::new(without(|n: &str| n == "rope_freqs.weight"))),
+            ("mistral3", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
             ("phimoe", "no rotary factors", Box::new(without(|n: &str| n.starts_with("rope_factors_")))),
             ("grok", "Grok-1 without a dense MLP", Box::new(without(dense_mlp))),
             ("grok", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
@@ -392,6 +396,16 @@ mod valid_variants_of_every_family_are_accepted {
         let dir = tempfile::tempdir().unwrap();
         metadata_variant_runs_otherwise(dir.path(), "bailingmoe", "without normalized weights", |m| {
             m.retain(|(k, _)| k != "bailingmoe.expert_weights_norm")
+        });
+    }
+
+    /// Mistral 3 without temperature tuning (no `attention.temperature_scale`): queries past the
+    /// original context are no longer scaled.
+    #[test]
+    fn mistral3_without_temperature_tuning() {
+        let dir = tempfile::tempdir().unwrap();
+        metadata_variant_runs_otherwise(dir.path(), "mistral3", "without temperature tuning", |m| {
+            m.retain(|(k, _)| k != "mistral3.attention.temperature_scale")
         });
     }
 
