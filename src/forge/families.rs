@@ -629,7 +629,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 // of the expert id changes the output.
                 b.between(format!("blk.{l}.ffn_down_exps.scale"), &[d.experts], 0.5, 1.5);
             }
-            Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe => classic_layer(arch, b, d, l, q, kv),
+            Arch::Olmoe | Arch::Llama | Arch::Qwen2moe | Arch::Granitemoe | Arch::Mistral3 => classic_layer(arch, b, d, l, q, kv),
             Arch::Deepseek2 | Arch::Deepseek32 | Arch::GlmDsa => {
                 mla_attention(arch, b, d, l, false);
                 sparse_or_dense(b, d, l, true);
@@ -684,12 +684,6 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 sparse_or_dense(b, d, l, true);
             }
             Arch::Deepseek | Arch::Bailingmoe => two_shared_layer(arch, b, d, l, q, kv),
-            Arch::Mistral3 => {
-                b.t(n("attn_norm"), &[d.embd]);
-                attention(b, d, l, q, kv);
-                b.t(n("ffn_norm"), &[d.embd]);
-                experts(b, d, l, d.expert_ff);
-            }
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -1002,7 +996,8 @@ fn bailing_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     }
 }
 
-/// olmoe, llama, qwen2moe and granitemoe: attention, then experts with the family's shared one.
+/// olmoe, llama, qwen2moe, granitemoe and mistral3: attention, then experts with the
+/// family's shared one where it has one.
 fn classic_layer(arch: Arch, b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     b.t(n("attn_norm"), &[d.embd]);
