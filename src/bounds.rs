@@ -17,22 +17,23 @@ fn cores() -> u32 {
 /// The machine-independent ceiling, for files that run elsewhere (campaigns).
 pub const MAX_THREADS: u32 = 1024;
 
-/// Engine threads decoding when a run names none: every available core, less one where the
-/// Plan streams experts. The Plan takes and verifies reads on the engine's first thread while
-/// the others spin at the expert op's barrier, on the cores the kernel needs to serve those
-/// reads (on 2 cores, F decoded about 15 % faster on one engine thread than on two). Per-row
-/// results do not depend on the thread count, so the default changes no output bit.
-pub fn default_threads(streamed: bool) -> u32 {
-    cores().saturating_sub(u32::from(streamed)).clamp(1, MAX_THREADS)
+/// Engine threads when a run names none: every available core, for decoding and batches alike,
+/// whether or not the Plan streams experts. On 2 cores, two engine threads decoded faster than
+/// one in every Plan configuration measured: 1.5x with LRU slots sized by the budget (the bench
+/// model under 2 GiB, and a 24 x 64 model with every expert in a slot), about 4 % with policy
+/// `zero` where every token reads its experts; one decode thread beside a two-thread prompt also
+/// made short prompts several times slower. Per-row results do not depend on the thread count,
+/// so the default changes no output bit.
+pub fn default_threads() -> u32 {
+    cores().clamp(1, MAX_THREADS)
 }
 
 /// A run's (decode, batch) threads from what it names: decoding takes `threads` or the
 /// default above; multi-token batches (the prompt, drafted traversals) take `batch`, else
-/// `threads`, else every core, since a prompt's batch is compute-bound even when experts
-/// stream (on 2 cores the bench's prompt took 7.5 s on one thread, 4.4 s on two).
-pub fn threads(threads: Option<i64>, batch: Option<i64>, streamed: bool) -> (i64, i64) {
-    let default = |streamed| i64::from(default_threads(streamed));
-    (threads.unwrap_or_else(|| default(streamed)), batch.or(threads).unwrap_or_else(|| default(false)))
+/// `threads`, else the default.
+pub fn threads(threads: Option<i64>, batch: Option<i64>) -> (i64, i64) {
+    let default = i64::from(default_threads());
+    (threads.unwrap_or(default), batch.or(threads).unwrap_or(default))
 }
 /// Expert slots per MoE layer: far above any expert count a GGUF here carries.
 pub const MAX_SLOTS: u32 = 65_536;
@@ -401,20 +402,18 @@ mod tests {
     }
 
     #[test]
-    fn the_default_threads_leave_a_streamed_run_one_core_for_its_reads() {
+    fn the_default_threads_are_every_core_and_named_counts_win() {
         let cores = cores();
-        assert_eq!(default_threads(false), cores);
-        assert_eq!(default_threads(true), (cores - 1).max(1));
+        assert_eq!(default_threads(), cores);
         let within =
             |t: u32| RunParams { threads: t.into(), threads_batch: Some(t.into()), ctx: Some(4096), batch: 512, n_predict: 64 }.check();
-        assert!(within(default_threads(false)).is_ok() && within(default_threads(true)).is_ok());
-        // Batches take every core unless the run names threads; decoding leaves the reads one.
-        let (streamed, all) = (i64::from(default_threads(true)), i64::from(cores));
-        assert_eq!(threads(None, None, true), (streamed, all));
-        assert_eq!(threads(None, None, false), (all, all));
-        assert_eq!(threads(Some(3), None, true), (3, 3));
-        assert_eq!(threads(Some(3), Some(5), true), (3, 5));
-        assert_eq!(threads(None, Some(5), true), (streamed, 5));
+        assert!(within(default_threads()).is_ok());
+        // Both take every core unless the run names threads; a named --threads sets both.
+        let all = i64::from(cores);
+        assert_eq!(threads(None, None), (all, all));
+        assert_eq!(threads(Some(3), None), (3, 3));
+        assert_eq!(threads(Some(3), Some(5)), (3, 5));
+        assert_eq!(threads(None, Some(5)), (all, 5));
         let e =
             RunParams { threads: 1, threads_batch: Some(0), ctx: Some(4096), batch: 512, n_predict: 64 }.check().unwrap_err().to_string();
         assert!(e.starts_with("--threads-batch 0 is out of range 1..="), "{e}");

@@ -228,7 +228,7 @@ pub struct CellPaths<'a> {
 pub fn worker_cell(cell: &CellSpec, arm: &RunArm, p: &CellPaths) -> Cell {
     // The context is left to the work (the prompt's tokens and the outputs), the same for every
     // arm of the campaign, drafted or not.
-    let exec = || ExecParams::new(None, cell::BATCH, crate::bounds::threads(arm.threads.map(i64::from), None, arm.plan().is_some()), false);
+    let exec = || ExecParams::new(None, cell::BATCH, crate::bounds::threads(arm.threads.map(i64::from), None), false);
     match (&arm.program, &cell.refine, p.refine) {
         (Program::Refine(ra), Some(models), Some((verifier, reference))) => Cell::Refine(RefineCell {
             // The campaign's model is the base; plan fields stream the verifier.

@@ -380,8 +380,8 @@ pub struct Arm {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_cap_bytes: Option<u64>,
     /// Engine threads, decoding and prompt alike. Absent, the machine that runs the cell takes
-    /// `generate`'s defaults (decoding on every core, less one when the Plan streams experts;
-    /// the prompt on every core); the record names the counts. A measurement arm names none.
+    /// `generate`'s default (every core, decoding and prompt alike); the record names the
+    /// counts. A measurement arm names none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
     /// Layers placed on the device (`all`, or a count), as `generate --gpu-layers`.

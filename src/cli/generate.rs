@@ -164,8 +164,7 @@ pub struct GenerateArgs {
     between: Option<BetweenMode>,
     #[arg(long, default_value_t = 64)]
     n_predict: u32,
-    /// Engine threads decoding one token at a time (default: every core, less one when
-    /// `--experts plan` streams, so that its reads never wait for a core).
+    /// Engine threads decoding one token at a time (default: every core, streamed or not).
     #[arg(long)]
     threads: Option<i32>,
     /// Engine threads for multi-token batches: the prompt, drafted traversals (default:
@@ -269,11 +268,7 @@ impl GenerateArgs {
             exec: ExecParams::new(
                 self.ctx,
                 self.batch,
-                sovereign::bounds::threads(
-                    self.threads.map(i64::from),
-                    self.threads_batch.map(i64::from),
-                    self.experts == ExpertsMode::Plan,
-                ),
+                sovereign::bounds::threads(self.threads.map(i64::from), self.threads_batch.map(i64::from)),
                 self.flash_attn,
             ),
             ignore_eos: self.ignore_eos,

@@ -89,8 +89,7 @@ pub struct RefineArgs {
 /// Kernel-relevant execution parameters, the same for every model of a run.
 #[derive(Args)]
 pub struct ExecArgs {
-    /// Engine threads decoding one token at a time (default: every core, less one when the
-    /// verifier streams).
+    /// Engine threads decoding one token at a time (default: every core, streamed or not).
     #[arg(long)]
     threads: Option<i32>,
     /// Engine threads for multi-token batches (default: `--threads` when given, else every
@@ -109,13 +108,13 @@ pub struct ExecArgs {
 impl ExecArgs {
     /// Resident models only (margins).
     fn params(&self) -> Result<ExecRequest> {
-        let exec = self.unchecked(false);
+        let exec = self.unchecked();
         cell::run_params(&exec, 0)?;
         Ok(exec)
     }
 
-    fn unchecked(&self, streamed: bool) -> ExecRequest {
-        let threads = sovereign::bounds::threads(self.threads.map(i64::from), self.threads_batch.map(i64::from), streamed);
+    fn unchecked(&self) -> ExecRequest {
+        let threads = sovereign::bounds::threads(self.threads.map(i64::from), self.threads_batch.map(i64::from));
         ExecParams::new(self.ctx, self.batch, threads, false)
     }
 }
@@ -138,7 +137,7 @@ impl RefineArgs {
             tau: self.tau,
             window: self.window,
             verify_all: self.verify_all,
-            exec: self.exec.unchecked(stream.is_some()),
+            exec: self.exec.unchecked(),
             stream,
             reference_slots: self.reference_slots,
             record: self.record.clone(),

@@ -149,16 +149,15 @@ fn bench_campaign_interleaves_envelope_and_read_replay_and_reports_the_floor() {
         (experts("b00-p4-F-deep")["token_pass"].clone(), experts("b00-p5-F-tuned")["token_pass"].clone()),
         (Value::from(4), Value::from(2))
     );
-    // Nor threads: F decodes on the streamed default of the machine that ran it (every core
-    // but one) and takes its prompt on every core; the warm resident compute takes every core
-    // for both, F-tuned the two it names.
+    // Nor threads: F and the warm resident compute decode and take their prompts on every core
+    // of the machine that ran them, F-tuned on the two it names.
     let threads = |key: &str| {
         let p = json(&dir_of(key).join("record.json"))["params"].clone();
         let decode = p["threads"].as_u64().unwrap();
         (decode, p.get("threads_batch").map_or(decode, |b| b.as_u64().unwrap()))
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    assert_eq!(threads("b01-p3-F"), ((cores - 1).max(1), cores));
+    assert_eq!(threads("b01-p3-F"), (cores, cores));
     assert_eq!((threads("b00-p5-F-tuned"), threads("b01-p1-compute")), ((2, 2), (cores, cores)));
     // The compute term: each block's warm resident cell, its model read into the page cache
     // first (outside the cell's wall time).
