@@ -294,6 +294,12 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .u32("experts_per_group", GROVEMOE_GROUP);
         }
         Arch::Deepseek | Arch::Bailingmoe | Arch::Mistral3 => hparams_standard_attention(arch, d, b),
+        Arch::Mellum => {
+            // A sliding_window key turns on the sliding layers; the loader's default pattern
+            // leaves every 4th layer full.
+            hp_standard(arch, d, b, d.expert_ff, 500_000.0);
+            b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
+        }
         Arch::Maple => {
             hp_standard(arch, d, b, d.expert_ff, 1_000_000.0);
             b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
@@ -672,7 +678,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 b.t(n("ffn_norm"), &[d.embd]);
                 experts(b, d, l, d.expert_ff);
             }
-            Arch::Maple => {
+            Arch::Maple | Arch::Mellum => {
                 qk_normed_attention(b, d, l, q, kv);
                 b.t(n("ffn_norm"), &[d.embd]);
                 experts(b, d, l, d.expert_ff);

@@ -127,6 +127,9 @@ pub enum Arch {
     /// Mistral 3's MoE layout: standard attention with rotary factors and, past the original
     /// context, Llama-4-style temperature tuning; softmax routing over normalized weights.
     Mistral3,
+    /// Mellum: sliding-window layers with every 4th full, q/k norms per head, softmax routing
+    /// over normalized weights; the head is never tied.
+    Mellum,
 }
 
 impl Arch {
@@ -170,10 +173,11 @@ impl Arch {
             Arch::Deepseek => "deepseek",
             Arch::Bailingmoe => "bailingmoe",
             Arch::Mistral3 => "mistral3",
+            Arch::Mellum => "mellum",
         }
     }
 
-    pub const ALL: [Arch; 37] = [
+    pub const ALL: [Arch; 38] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -211,6 +215,7 @@ impl Arch {
         Arch::Deepseek,
         Arch::Bailingmoe,
         Arch::Mistral3,
+        Arch::Mellum,
     ];
 }
 

@@ -77,6 +77,7 @@ families! {
     deepseek: "deepseek",
     bailingmoe: "bailingmoe",
     mistral3: "mistral3",
+    mellum: "mellum",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -98,10 +99,10 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
 /// with Mamba-2 and attention layers (two in four): 4 layers give each the two MoE layers every
 /// family is run with (and jamba its attention layer); mimo2 takes 5 for a full-attention MoE
 /// layer (its 5th) beside the sliding ones, and step35 likewise; exaone-moe's 4th layer is its
-/// first full one; the others take the tiny preset's 3.
+/// first full one, and mellum's; the others take the tiny preset's 3.
 fn family_layers(arch: &str) -> &'static [&'static str] {
     match arch {
-        "llama4" | "nemotron_h_moe" | "jamba" => &["--layers", "4"],
+        "llama4" | "nemotron_h_moe" | "jamba" | "mellum" => &["--layers", "4"],
         "mimo2" | "step35" | "exaone-moe" => &["--layers", "5"],
         _ => &[],
     }
@@ -325,6 +326,7 @@ mod valid_variants_of_every_family_are_accepted {
             ("exaone-moe", "fused attn_qkv", Box::new(fused_qkv)),
             ("smallthinker", "fused attn_qkv", Box::new(fused_qkv)),
             ("maple", "fused attn_qkv", Box::new(fused_qkv)),
+            ("mellum", "fused attn_qkv", Box::new(fused_qkv)),
             ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
             ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
             ("mistral3", "no rotary factors", Box::new(without(|n: &str| n == "rope_freqs.weight"))),
@@ -368,14 +370,29 @@ mod valid_variants_of_every_family_are_accepted {
         assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{c:?}");
     }
 
-    /// SmallThinker's layout without sliding-window layers (no `sliding_window` key): every layer
-    /// attends every key and rotates, where the sliding layout leaves its first layer unrotated.
+    /// SmallThinker's and Mellum's layouts without sliding-window layers (no `sliding_window`
+    /// key): every layer attends every key (and SmallThinker's rotates), where the sliding
+    /// layouts see a window shorter than the prompt (and leave SmallThinker's first layer
+    /// unrotated).
     #[test]
-    fn smallthinker_without_sliding_layers() {
+    fn without_sliding_layers() {
         let dir = tempfile::tempdir().unwrap();
-        metadata_variant_runs_otherwise(dir.path(), "smallthinker", "without sliding layers", |m| {
-            m.retain(|(k, _)| k != "smallthinker.attention.sliding_window")
-        });
+        for arch in ["smallthinker", "mellum"] {
+            let key = format!("{arch}.attention.sliding_window");
+            metadata_variant_runs_otherwise(dir.path(), arch, "without sliding layers", |m| m.retain(|(k, _)| *k != key));
+        }
+    }
+
+    /// Mellum with a rotary base of its sliding layers' own (`rope.freq_base_swa`), which the
+    /// loader reads where present (the pinned graph rotates every layer at the common base).
+    #[test]
+    fn mellum_with_a_sliding_rotary_base() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let base = forge_arch(d, "mellum", &[]);
+        let swa_base = |m: &mut Vec<(String, Value)>| m.push(("mellum.rope.freq_base_swa".into(), Value::F32(10_000.0)));
+        let model = rewrite(&base, &d.join("mellum-swa-base.gguf"), swa_base, without(|_: &str| false));
+        variants_are_accepted(d, vec![("mellum with a sliding rotary base".into(), model)]);
     }
 
     /// Maple's SwiGLU clamp as one limit for every layer (the loader takes a value or one a
