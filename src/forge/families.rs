@@ -43,6 +43,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::Step35
             | Arch::ExaoneMoe
             | Arch::Deepseek
+            | Arch::Laguna
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -286,6 +287,12 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         // Every 4th layer full (the loader's default pattern), the others sliding.
         Arch::ExaoneMoe => hparams_sliding_moe(arch, d, b, 1_000_000.0, 2.5),
         Arch::Afmoe => hparams_sliding_moe(arch, d, b, 10_000.0, 2.826),
+        Arch::Laguna => {
+            // Full layers at every 4th from the first (the loader's pattern); the sliding ones
+            // rotate at a base of their own.
+            hparams_sliding_moe(arch, d, b, 500_000.0, 2.5);
+            b.f32("rope.freq_base_swa", 10_000.0).u32("expert_shared_feed_forward_length", d.expert_ff);
+        }
         Arch::Grovemoe => {
             hp_standard(arch, d, b, d.expert_ff, 1_000_000.0);
             b.u32("expert_feed_forward_length", d.expert_ff)
@@ -294,21 +301,25 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .u32("experts_per_group", GROVEMOE_GROUP);
         }
         Arch::Deepseek | Arch::Bailingmoe | Arch::Mistral3 => hparams_standard_attention(arch, d, b),
-        Arch::Mellum => {
-            // A sliding_window key turns on the sliding layers; the loader's default pattern
-            // leaves every 4th layer full.
-            hp_standard(arch, d, b, d.expert_ff, 500_000.0);
-            b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
-        }
-        Arch::Maple => {
-            hp_standard(arch, d, b, d.expert_ff, 1_000_000.0);
-            b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
-            b.hp("attention.sliding_window_pattern", sliding_pattern(d.layers, |l| gemma4_is_swa(d, l)));
-            // A limit of its own in each layer, low enough that forged activations reach it.
-            let limits = (0..d.layers).map(|l| Value::F32(0.25 * (1 + l % 3) as f32)).collect();
-            b.hp("swiglu_clamp_exp", Value::Array(limits));
-        }
+        Arch::Mellum | Arch::Maple => hparams_mellum_maple(arch, d, b),
     }
+}
+
+/// mellum and maple: q/k-normed attention with sliding-window layers, softmax routing.
+fn hparams_mellum_maple(arch: Arch, d: &Dims, b: &mut Builder) {
+    if arch == Arch::Mellum {
+        // A sliding_window key turns on the sliding layers; the loader's default pattern
+        // leaves every 4th layer full.
+        hp_standard(arch, d, b, d.expert_ff, 500_000.0);
+        b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
+        return;
+    }
+    hp_standard(arch, d, b, d.expert_ff, 1_000_000.0);
+    b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
+    b.hp("attention.sliding_window_pattern", sliding_pattern(d.layers, |l| gemma4_is_swa(d, l)));
+    // A limit of its own in each layer, low enough that forged activations reach it.
+    let limits = (0..d.layers).map(|l| Value::F32(0.25 * (1 + l % 3) as f32)).collect();
+    b.hp("swiglu_clamp_exp", Value::Array(limits));
 }
 
 /// afmoe and exaone-moe: a dense leading layer, sliding-window layers, sigmoid routing with
@@ -684,8 +695,12 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 experts(b, d, l, d.expert_ff);
             }
             Arch::Grovemoe => grovemoe_layer(b, d, l, q, kv),
-            Arch::ExaoneMoe => {
+            Arch::ExaoneMoe | Arch::Laguna => {
                 qk_normed_attention(b, d, l, q, kv);
+                if arch == Arch::Laguna {
+                    // One gate a head (Laguna-XS.2's), from the attention's input.
+                    b.t(n("attn_gate"), &[d.embd, d.heads]);
+                }
                 b.t(n("ffn_norm"), &[d.embd]);
                 sparse_or_dense(b, d, l, true);
             }

@@ -130,6 +130,10 @@ pub enum Arch {
     /// Mellum: sliding-window layers with every 4th full, q/k norms per head, softmax routing
     /// over normalized weights; the head is never tied.
     Mellum,
+    /// Laguna: sliding-window layers rotated at a base of their own between full ones (every
+    /// 4th from the first), q/k norms, a softplus gate per head on the attention output, a dense
+    /// leading layer, sigmoid routing with a selection bias beside a shared expert.
+    Laguna,
 }
 
 impl Arch {
@@ -174,10 +178,11 @@ impl Arch {
             Arch::Bailingmoe => "bailingmoe",
             Arch::Mistral3 => "mistral3",
             Arch::Mellum => "mellum",
+            Arch::Laguna => "laguna",
         }
     }
 
-    pub const ALL: [Arch; 38] = [
+    pub const ALL: [Arch; 39] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -216,6 +221,7 @@ impl Arch {
         Arch::Bailingmoe,
         Arch::Mistral3,
         Arch::Mellum,
+        Arch::Laguna,
     ];
 }
 

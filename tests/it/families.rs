@@ -78,6 +78,7 @@ families! {
     bailingmoe: "bailingmoe",
     mistral3: "mistral3",
     mellum: "mellum",
+    laguna: "laguna",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -99,11 +100,12 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
 /// with Mamba-2 and attention layers (two in four): 4 layers give each the two MoE layers every
 /// family is run with (and jamba its attention layer); mimo2 takes 5 for a full-attention MoE
 /// layer (its 5th) beside the sliding ones, and step35 likewise; exaone-moe's 4th layer is its
-/// first full one, and mellum's; the others take the tiny preset's 3.
+/// first full one, and mellum's; laguna's 5th is its first full MoE layer; the others take the
+/// tiny preset's 3.
 fn family_layers(arch: &str) -> &'static [&'static str] {
     match arch {
         "llama4" | "nemotron_h_moe" | "jamba" | "mellum" => &["--layers", "4"],
-        "mimo2" | "step35" | "exaone-moe" => &["--layers", "5"],
+        "mimo2" | "step35" | "exaone-moe" | "laguna" => &["--layers", "5"],
         _ => &[],
     }
 }
@@ -247,6 +249,22 @@ fn fused_qkv(g: &Gguf) -> Rewrite {
     out
 }
 
+/// Laguna's attention gate per element (Laguna-M.1's) instead of per head: the per-head gate's
+/// rows repeated a head's width of times, so that it spans the attention's output.
+fn gate_per_element(g: &Gguf) -> Rewrite {
+    g.tensors
+        .iter()
+        .map(|t| match t.name.ends_with("attn_gate.weight") {
+            true => {
+                let heads = t.dims[1];
+                let head_dim = g.tensor(&t.name.replace("attn_gate", "attn_q_norm")).unwrap().dims[0];
+                (t.name.clone(), vec![t.dims[0], heads * head_dim], vec![t.name.clone(); head_dim as usize])
+            }
+            false => (t.name.clone(), t.dims.clone(), vec![t.name.clone()]),
+        })
+        .collect()
+}
+
 /// Valid files of each family that llama.cpp loads: every one is accepted by `inventory` and
 /// runs through `generate`, resident and streamed, exactly.
 mod valid_variants_of_every_family_are_accepted {
@@ -290,6 +308,7 @@ mod valid_variants_of_every_family_are_accepted {
             "grovemoe",
             "deepseek",
             "mistral3",
+            "laguna",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
@@ -327,6 +346,8 @@ mod valid_variants_of_every_family_are_accepted {
             ("smallthinker", "fused attn_qkv", Box::new(fused_qkv)),
             ("maple", "fused attn_qkv", Box::new(fused_qkv)),
             ("mellum", "fused attn_qkv", Box::new(fused_qkv)),
+            ("laguna", "fused attn_qkv", Box::new(fused_qkv)),
+            ("laguna", "a gate per element", Box::new(gate_per_element)),
             ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
             ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
             ("mistral3", "no rotary factors", Box::new(without(|n: &str| n == "rope_freqs.weight"))),
@@ -370,14 +391,14 @@ mod valid_variants_of_every_family_are_accepted {
         assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{c:?}");
     }
 
-    /// SmallThinker's and Mellum's layouts without sliding-window layers (no `sliding_window`
-    /// key): every layer attends every key (and SmallThinker's rotates), where the sliding
-    /// layouts see a window shorter than the prompt (and leave SmallThinker's first layer
-    /// unrotated).
+    /// SmallThinker's, Mellum's and Laguna's layouts without sliding-window layers (no
+    /// `sliding_window` key, as Laguna-M.1): every layer attends every key (and SmallThinker's
+    /// rotates, Laguna's at the one base), where the sliding layouts see a window shorter than
+    /// the prompt (and leave SmallThinker's first layer unrotated).
     #[test]
     fn without_sliding_layers() {
         let dir = tempfile::tempdir().unwrap();
-        for arch in ["smallthinker", "mellum"] {
+        for arch in ["smallthinker", "mellum", "laguna"] {
             let key = format!("{arch}.attention.sliding_window");
             metadata_variant_runs_otherwise(dir.path(), arch, "without sliding layers", |m| m.retain(|(k, _)| *k != key));
         }
