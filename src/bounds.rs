@@ -19,11 +19,10 @@ pub const MAX_THREADS: u32 = 1024;
 
 /// Engine threads when a run names none: every available core, for decoding and batches alike,
 /// whether or not the Plan streams experts. On 2 cores, two engine threads decoded faster than
-/// one in every Plan configuration measured: 1.5x with LRU slots sized by the budget (the bench
-/// model under 2 GiB, and a 24 x 64 model with every expert in a slot), about 4 % with policy
-/// `zero` where every token reads its experts; one decode thread beside a two-thread prompt also
-/// made short prompts several times slower. Per-row results do not depend on the thread count,
-/// so the default changes no output bit.
+/// one in every Plan configuration measured: 1.2-1.6x with LRU slots (sized by the budget on
+/// the bench model; every expert in a slot on a 24 x 64 model), about 5 % with policy `zero`,
+/// where every token reads its experts. Per-row results do not depend on the thread count, so
+/// the default changes no output bit.
 pub fn default_threads() -> u32 {
     cores().clamp(1, MAX_THREADS)
 }

@@ -254,13 +254,12 @@ fn fused_qkv(g: &Gguf) -> Rewrite {
 fn gate_per_element(g: &Gguf) -> Rewrite {
     g.tensors
         .iter()
-        .map(|t| match t.name.ends_with("attn_gate.weight") {
-            true => {
-                let heads = t.dims[1];
-                let head_dim = g.tensor(&t.name.replace("attn_gate", "attn_q_norm")).unwrap().dims[0];
-                (t.name.clone(), vec![t.dims[0], heads * head_dim], vec![t.name.clone(); head_dim as usize])
+        .map(|t| {
+            if !t.name.ends_with("attn_gate.weight") {
+                return (t.name.clone(), t.dims.clone(), vec![t.name.clone()]);
             }
-            false => (t.name.clone(), t.dims.clone(), vec![t.name.clone()]),
+            let head_dim = g.tensor(&t.name.replace("attn_gate", "attn_q_norm")).unwrap().dims[0];
+            (t.name.clone(), vec![t.dims[0], t.dims[1] * head_dim], vec![t.name.clone(); head_dim as usize])
         })
         .collect()
 }
