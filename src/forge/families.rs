@@ -44,6 +44,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::ExaoneMoe
             | Arch::Deepseek
             | Arch::Laguna
+            | Arch::Cohere2moe
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -302,7 +303,27 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         }
         Arch::Deepseek | Arch::Bailingmoe | Arch::Mistral3 => hparams_standard_attention(arch, d, b),
         Arch::Mellum | Arch::Maple => hparams_mellum_maple(arch, d, b),
+        Arch::Cohere2moe => hparams_cohere2moe(d, b),
     }
+}
+
+/// cohere2moe: LayerNorm (the loader picks it where no RMS epsilon is written), full layers at
+/// every 4th from the first (the loader's pattern), a dense leading layer, sigmoid routing with
+/// normalized weights beside one shared expert, and a logit scale.
+fn hparams_cohere2moe(d: &Dims, b: &mut Builder) {
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+    b.u32("attention.head_count", d.heads)
+        .u32("attention.head_count_kv", d.kv_heads)
+        .u32("attention.key_length", d.head_dim)
+        .u32("attention.value_length", d.head_dim)
+        .f32("attention.layer_norm_epsilon", 1e-5);
+    b.f32("rope.freq_base", 50_000.0).u32("attention.sliding_window", SLIDING_WINDOW).f32("logit_scale", 0.25);
+    hp_experts(d, b);
+    b.u32("expert_feed_forward_length", d.expert_ff)
+        .u32("expert_shared_count", 1)
+        .u32("expert_gating_func", 2)
+        .hp("expert_weights_norm", Value::Bool(true));
 }
 
 /// mellum and maple: q/k-normed attention with sliding-window layers, softmax routing.
@@ -705,9 +726,24 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 sparse_or_dense(b, d, l, true);
             }
             Arch::Deepseek | Arch::Bailingmoe => two_shared_layer(arch, b, d, l, q, kv),
+            Arch::Cohere2moe => cohere2moe_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
+}
+
+/// cohere2moe: one norm before attention and the MLP, which run side by side; the first layer's
+/// MLP is dense, the others' are experts beside a shared one.
+fn cohere2moe_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    attention(b, d, l, q, kv);
+    if l == 0 {
+        dense_mlp(b, d, l);
+        return;
+    }
+    experts(b, d, l, d.expert_ff);
+    shared_expert(b, d, l, d.expert_ff, false);
 }
 
 /// grovemoe: qwen3moe's layer with the chunk experts beside the experts, one a group, half as

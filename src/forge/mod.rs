@@ -134,6 +134,10 @@ pub enum Arch {
     /// 4th from the first), q/k norms, a softplus gate per head on the attention output, a dense
     /// leading layer, sigmoid routing with a selection bias beside a shared expert.
     Laguna,
+    /// Cohere2-MoE: attention and MLP side by side from one LayerNorm, sliding-window layers
+    /// between full unrotated ones (every 4th from the first), a dense leading layer, sigmoid
+    /// routing beside a shared expert, scaled logits.
+    Cohere2moe,
 }
 
 impl Arch {
@@ -179,10 +183,11 @@ impl Arch {
             Arch::Mistral3 => "mistral3",
             Arch::Mellum => "mellum",
             Arch::Laguna => "laguna",
+            Arch::Cohere2moe => "cohere2moe",
         }
     }
 
-    pub const ALL: [Arch; 39] = [
+    pub const ALL: [Arch; 40] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -222,6 +227,7 @@ impl Arch {
         Arch::Mistral3,
         Arch::Mellum,
         Arch::Laguna,
+        Arch::Cohere2moe,
     ];
 }
 

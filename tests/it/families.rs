@@ -79,6 +79,7 @@ families! {
     mistral3: "mistral3",
     mellum: "mellum",
     laguna: "laguna",
+    cohere2moe: "cohere2moe",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -100,12 +101,12 @@ fn gen(model: &Path, rec: &Path, extra: &[&str]) -> serde_json::Value {
 /// with Mamba-2 and attention layers (two in four): 4 layers give each the two MoE layers every
 /// family is run with (and jamba its attention layer); mimo2 takes 5 for a full-attention MoE
 /// layer (its 5th) beside the sliding ones, and step35 likewise; exaone-moe's 4th layer is its
-/// first full one, and mellum's; laguna's 5th is its first full MoE layer; the others take the
-/// tiny preset's 3.
+/// first full one, and mellum's; laguna's and cohere2moe's 5th is their first full MoE layer;
+/// the others take the tiny preset's 3.
 fn family_layers(arch: &str) -> &'static [&'static str] {
     match arch {
         "llama4" | "nemotron_h_moe" | "jamba" | "mellum" => &["--layers", "4"],
-        "mimo2" | "step35" | "exaone-moe" | "laguna" => &["--layers", "5"],
+        "mimo2" | "step35" | "exaone-moe" | "laguna" | "cohere2moe" => &["--layers", "5"],
         _ => &[],
     }
 }
@@ -308,6 +309,7 @@ mod valid_variants_of_every_family_are_accepted {
             "deepseek",
             "mistral3",
             "laguna",
+            "cohere2moe",
         ]
         .iter()
         .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
@@ -347,6 +349,7 @@ mod valid_variants_of_every_family_are_accepted {
             ("mellum", "fused attn_qkv", Box::new(fused_qkv)),
             ("laguna", "fused attn_qkv", Box::new(fused_qkv)),
             ("laguna", "a gate per element", Box::new(gate_per_element)),
+            ("cohere2moe", "fused attn_qkv", Box::new(fused_qkv)),
             ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
             ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
             ("mistral3", "no rotary factors", Box::new(without(|n: &str| n == "rope_freqs.weight"))),
@@ -401,6 +404,16 @@ mod valid_variants_of_every_family_are_accepted {
             let key = format!("{arch}.attention.sliding_window");
             metadata_variant_runs_otherwise(dir.path(), arch, "without sliding layers", |m| m.retain(|(k, _)| *k != key));
         }
+    }
+
+    /// Cohere2-MoE normed by RMS instead of LayerNorm (the loader's choice where an RMS epsilon
+    /// is written).
+    #[test]
+    fn cohere2moe_with_rms_norms() {
+        let dir = tempfile::tempdir().unwrap();
+        metadata_variant_runs_otherwise(dir.path(), "cohere2moe", "with rms norms", |m| {
+            m.push(("cohere2moe.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-5)))
+        });
     }
 
     /// Mellum with a rotary base of its sliding layers' own (`rope.freq_base_swa`), which the
