@@ -328,15 +328,13 @@ fn hparams_cohere2moe(d: &Dims, b: &mut Builder) {
 
 /// mellum and maple: q/k-normed attention with sliding-window layers, softmax routing.
 fn hparams_mellum_maple(arch: Arch, d: &Dims, b: &mut Builder) {
+    hp_standard(arch, d, b, d.expert_ff, if arch == Arch::Mellum { 500_000.0 } else { 1_000_000.0 });
+    b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
     if arch == Arch::Mellum {
-        // A sliding_window key turns on the sliding layers; the loader's default pattern
-        // leaves every 4th layer full.
-        hp_standard(arch, d, b, d.expert_ff, 500_000.0);
-        b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
+        // The key turns on the sliding layers; the loader's default pattern leaves every 4th
+        // layer full.
         return;
     }
-    hp_standard(arch, d, b, d.expert_ff, 1_000_000.0);
-    b.u32("expert_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
     b.hp("attention.sliding_window_pattern", sliding_pattern(d.layers, |l| gemma4_is_swa(d, l)));
     // A limit of its own in each layer, low enough that forged activations reach it.
     let limits = (0..d.layers).map(|l| Value::F32(0.25 * (1 + l % 3) as f32)).collect();
