@@ -610,7 +610,7 @@ pub fn build_body(path: &Path, inv: &Inventory, shard: usize) -> Result<Body> {
         let mut out = Vec::with_capacity(rs.len());
         let mut i = 0;
         let mut h = blake3::Hasher::new();
-        let mut x = xxhash_rust::xxh3::Xxh3::new();
+        let mut x = twox_hash::XxHash3_128::new();
         let mut expect = 0u64;
         while let Ok((buf, off, n)) = full_rx.recv() {
             if off != expect {
@@ -624,11 +624,10 @@ pub fn build_body(path: &Path, inv: &Inventory, shard: usize) -> Result<Body> {
                 if a < b {
                     let bytes = &buf.as_slice()[(a - off) as usize..(b - off) as usize];
                     h.update(bytes);
-                    x.update(bytes);
+                    x.write(bytes);
                 }
                 if r.end() <= end {
-                    let xxh3 = format!("{:032x}", x.digest128());
-                    x.reset();
+                    let xxh3 = format!("{:032x}", std::mem::take(&mut x).finish_128());
                     out.push((std::mem::take(&mut h).finalize().to_hex().to_string(), xxh3));
                     i += 1;
                 } else {
@@ -642,7 +641,7 @@ pub fn build_body(path: &Path, inv: &Inventory, shard: usize) -> Result<Body> {
         drop(whole_tx);
         // Empty ranges at the very end of the file.
         while i < rs.len() && rs[i].1.len == 0 && rs[i].1.offset == expect {
-            out.push((std::mem::take(&mut h).finalize().to_hex().to_string(), format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&[]))));
+            out.push((std::mem::take(&mut h).finalize().to_hex().to_string(), format!("{:032x}", twox_hash::XxHash3_128::oneshot(&[]))));
             i += 1;
         }
         reader.join().map_err(|_| anyhow!("the digest reader panicked"))??;
