@@ -795,6 +795,9 @@ fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
                     format!("{field}.forge.router_skew {}: expected 0..={}", f.router_skew, crate::forge::MAX_ROUTER_SKEW),
                 ));
             }
+            if let Err(why) = crate::forge::tied_output_allowed(f.arch, f.tied_output) {
+                out.push(Diagnostic::at(&m.path, format!("{field}.forge.tied_output: {why}")));
+            }
         }
     }
     out

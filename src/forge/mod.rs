@@ -260,6 +260,33 @@ pub struct Variant {
 pub const MTP_FAMILIES: [Arch; 7] =
     [Arch::Qwen35moe, Arch::Glm4moe, Arch::Bailingmoe2, Arch::Deepseek32, Arch::GlmDsa, Arch::Mimo2, Arch::ExaoneMoe];
 
+/// The families whose loaders require `output.weight` (no fallback to `token_embd`), so a tied
+/// head is a file llama.cpp refuses: forge refuses `--tied-output` for them.
+pub const UNTIED_FAMILIES: [Arch; 14] = [
+    Arch::GptOss,
+    Arch::Olmoe,
+    Arch::Qwen2moe,
+    Arch::MinimaxM2,
+    Arch::Dbrx,
+    Arch::Dots1,
+    Arch::Bailingmoe2,
+    Arch::Phimoe,
+    Arch::Mimo2,
+    Arch::Step35,
+    Arch::ExaoneMoe,
+    Arch::Maple,
+    Arch::Bailingmoe,
+    Arch::Mellum,
+];
+
+/// Whether `arch` may be forged with a tied head (`tied`); why not where it may not.
+pub fn tied_output_allowed(arch: Arch, tied: bool) -> Result<(), String> {
+    match tied && UNTIED_FAMILIES.contains(&arch) {
+        true => Err(format!("the {} loader requires output.weight, so llama.cpp would refuse the file", arch.name())),
+        false => Ok(()),
+    }
+}
+
 /// The largest router skew forge takes: beyond it every token picks the same experts.
 pub const MAX_ROUTER_SKEW: f32 = 8.0;
 
@@ -461,6 +488,9 @@ pub fn forge_into(
     let d = dims;
     families::check(arch, &d)?;
     families::check_mtp(arch, &d, variant.mtp_layers)?;
+    if let Err(why) = tied_output_allowed(arch, variant.tied_output) {
+        anyhow::bail!("--tied-output: {why}");
+    }
     if !(variant.router_skew.is_finite() && (0.0..=MAX_ROUTER_SKEW).contains(&variant.router_skew)) {
         anyhow::bail!("router skew {}: expected 0..={MAX_ROUTER_SKEW}", variant.router_skew);
     }

@@ -252,6 +252,12 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
             ("an empty block", "      - [resident-t1, resident]", "      - []", "[resident-t1, resident]"),
             ("max_interrupted_attempts 0", "  max_interrupted_attempts: 3", "  max_interrupted_attempts: 0", "max_interrupted_attempts"),
             (
+                "tied_output dbrx",
+                "  forge: { preset: tiny, seed: 1 }",
+                "  forge: { preset: tiny, seed: 1, arch: dbrx, tied_output: true }",
+                "../models/tiny.gguf",
+            ),
+            (
                 "seeded_random count 0",
                 "    preordered:\n      - [resident, resident-t1]\n      - [resident-t1, resident]\n      - [resident, resident-t1]\n",
                 "    seeded_random: { seed: 1, arms: [resident, resident-t1],\n      count: 0 }\n",

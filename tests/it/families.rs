@@ -278,42 +278,19 @@ mod valid_variants_of_every_family_are_accepted {
         variants_are_accepted(d, variants);
     }
 
-    /// The families whose loaders fall back to the embedding when output.weight is absent.
+    /// Every family but those whose loaders require output.weight: they fall back to the
+    /// embedding when it is absent.
     #[test]
     fn tied_output() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let variants = [
-            "qwen3moe",
-            "qwen3next",
-            "qwen35moe",
-            "gemma4",
-            "deepseek2",
-            "llama",
-            "granitemoe",
-            "glm4moe",
-            "llama4",
-            "ernie4_5-moe",
-            "grok",
-            "arctic",
-            "hunyuan-moe",
-            "nemotron_h_moe",
-            "qwen3vlmoe",
-            "jamba",
-            "afmoe",
-            "lfm2moe",
-            "deepseek32",
-            "glm-dsa",
-            "smallthinker",
-            "grovemoe",
-            "deepseek",
-            "mistral3",
-            "laguna",
-            "cohere2moe",
-        ]
-        .iter()
-        .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
-        .collect();
+        let untied: Vec<&str> = sovereign::forge::UNTIED_FAMILIES.iter().map(|a| a.name()).collect();
+        let variants: Vec<_> = FAMILIES
+            .iter()
+            .filter(|arch| !untied.contains(arch))
+            .map(|arch| (format!("{arch} tied output"), forge_arch(d, arch, &["--tied-output"])))
+            .collect();
+        assert_eq!(variants.len() + untied.len(), FAMILIES.len(), "every untied family is one forge writes");
         variants_are_accepted(d, variants);
     }
 
@@ -605,6 +582,27 @@ fn an_engine_abort_is_one_line_and_a_failed_record() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
     assert_eq!(v["outcome"], "failed");
     assert!(v["error"].as_str().unwrap().contains("GGML_ASSERT(n_embd_head_qk_nope >= 1)"), "{}", v["error"]);
+}
+
+/// The families whose loaders require output.weight: llama.cpp refuses their files without it
+/// (so the list is no wider than the loaders'), and forge refuses to write one, in one line.
+#[test]
+fn a_tied_head_is_refused_where_the_loader_requires_output_weight() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for arch in sovereign::forge::UNTIED_FAMILIES.map(|a| a.name()) {
+        let out = d.join(format!("{arch}-tied.gguf"));
+        let r = run(&["model", "forge", "--arch", arch, "--preset", "tiny", "--tied-output", "--out", out.to_str().unwrap()]);
+        assert_ne!(r.code, 0, "{arch}: {}", r.stdout);
+        let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(lines.len() == 1 && lines[0].contains("--tied-output") && lines[0].contains("output.weight"), "{arch}: {}", r.stderr);
+        assert!(!out.exists(), "{arch}: nothing is written");
+        let base = forge_arch(d, arch, &[]);
+        let headless = rewrite(&base, &d.join(format!("{arch}-no-output.gguf")), |_| {}, without(|n: &str| n == "output.weight"));
+        let r = generate(&headless, PROMPT, 1, &d.join(format!("{arch}-no-output")), &[]);
+        assert_ne!(r.code, 0, "{arch}: llama.cpp loaded a file without output.weight");
+        assert!(r.stderr.contains("output.weight"), "{arch}: {}", r.stderr);
+    }
 }
 
 /// Same arguments, same bytes; another seed, other bytes: for every family and its variants.
