@@ -304,7 +304,32 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::Deepseek | Arch::Bailingmoe | Arch::Mistral3 => hparams_standard_attention(arch, d, b),
         Arch::Mellum | Arch::Maple => hparams_mellum_maple(arch, d, b),
         Arch::Cohere2moe => hparams_cohere2moe(d, b),
+        Arch::Granitehybrid => hparams_granite_hybrid(d, b),
     }
+}
+
+/// granitehybrid (Granite 4.0-H): the loader tells a Mamba-2 layer by its zero KV heads; the
+/// experts are `feed_forward_length` wide; Granite's multipliers; no rotary positions
+/// (`rope.scaling.finetuned` false, as the published models' converter writes it).
+fn hparams_granite_hybrid(d: &Dims, b: &mut Builder) {
+    let m = Mamba2::of(d);
+    hp_common(d, b);
+    b.u32("feed_forward_length", d.expert_ff).u32("attention.head_count", d.heads);
+    b.hp("attention.head_count_kv", kv_where(d, granite_attends));
+    b.u32("attention.key_length", d.head_dim).u32("attention.value_length", d.head_dim).f32("attention.layer_norm_rms_epsilon", 1e-5);
+    m.keys(b);
+    hp_experts(d, b);
+    b.u32("expert_shared_feed_forward_length", 2 * d.expert_ff)
+        .f32("embedding_scale", 12.0)
+        .f32("residual_scale", 0.22)
+        .f32("attention.scale", 0.0078125)
+        .f32("logit_scale", 6.0)
+        .hp("rope.scaling.finetuned", Value::Bool(false));
+}
+
+/// granitehybrid: attention at every 4th layer from the second, Mamba-2 elsewhere.
+fn granite_attends(l: u64) -> bool {
+    l % 4 == 1
 }
 
 /// cohere2moe: LayerNorm (the loader picks it where no RMS epsilon is written), full layers at
@@ -386,6 +411,14 @@ impl Mamba2 {
         let inner = 2 * d.embd;
         Mamba2 { inner, state: 128, heads: inner / d.head_dim, groups: 2 }
     }
+    /// The mixer's `ssm.*` keys.
+    fn keys(&self, b: &mut Builder) {
+        b.u32("ssm.conv_kernel", 4)
+            .u32("ssm.inner_size", self.inner)
+            .u32("ssm.state_size", self.state)
+            .u32("ssm.time_step_rank", self.heads)
+            .u32("ssm.group_count", self.groups);
+    }
     /// The convolved x, B and C.
     fn conv_dim(&self) -> u64 {
         self.inner + 2 * self.groups * self.state
@@ -422,11 +455,7 @@ fn hparams_nemotron_h(d: &Dims, b: &mut Builder) {
         .u32("attention.value_length", d.head_dim)
         .f32("attention.layer_norm_epsilon", 1e-5)
         .f32("attention.layer_norm_rms_epsilon", 1e-5);
-    b.u32("ssm.conv_kernel", 4)
-        .u32("ssm.inner_size", m.inner)
-        .u32("ssm.state_size", m.state)
-        .u32("ssm.time_step_rank", m.heads)
-        .u32("ssm.group_count", m.groups);
+    m.keys(b);
     hp_experts(d, b);
     b.u32("expert_feed_forward_length", d.expert_ff)
         .u32("expert_shared_feed_forward_length", 2 * d.expert_ff)
@@ -725,6 +754,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             }
             Arch::Deepseek | Arch::Bailingmoe => two_shared_layer(arch, b, d, l, q, kv),
             Arch::Cohere2moe => cohere2moe_layer(b, d, l, q, kv),
+            Arch::Granitehybrid => granite_hybrid_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -1158,18 +1188,7 @@ fn nemotron_h_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     b.t(n("attn_norm"), &[d.embd]);
     match nemotron_layer(l) {
-        NemotronLayer::Mamba => {
-            let m = Mamba2::of(d);
-            b.t(n("ssm_in"), &[d.embd, 2 * m.inner + 2 * m.groups * m.state + m.heads]);
-            b.t(n("ssm_conv1d"), &[4, m.conv_dim()]);
-            b.std(format!("blk.{l}.ssm_conv1d.bias"), &[m.conv_dim()], 0.1);
-            b.std(format!("blk.{l}.ssm_dt.bias"), &[m.heads], 0.1);
-            // A = -exp(A_log): a decay, negative for the state to stay bounded.
-            b.between(format!("blk.{l}.ssm_a"), &[1, m.heads], -4.0, -0.5);
-            b.between(format!("blk.{l}.ssm_d"), &[1, m.heads], 0.5, 1.5);
-            b.t(n("ssm_norm"), &[m.inner / m.groups, m.groups]);
-            b.t(n("ssm_out"), &[m.inner, d.embd]);
-        }
+        NemotronLayer::Mamba => mamba2_mixer(b, d, l),
         NemotronLayer::Attention => attention(b, d, l, q, kv),
         NemotronLayer::Moe => {
             b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
@@ -1180,6 +1199,34 @@ fn nemotron_h_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
             b.t(n("ffn_down_shexp"), &[2 * d.expert_ff, d.embd]);
         }
     }
+}
+
+/// granitehybrid: attention or a Mamba-2 mixer, then experts beside a shared expert.
+fn granite_hybrid_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    b.t(format!("blk.{l}.attn_norm.weight"), &[d.embd]);
+    if granite_attends(l) {
+        attention(b, d, l, q, kv);
+    } else {
+        mamba2_mixer(b, d, l);
+    }
+    b.t(format!("blk.{l}.ffn_norm.weight"), &[d.embd]);
+    experts(b, d, l, d.expert_ff);
+    shared_expert(b, d, l, 2 * d.expert_ff, false);
+}
+
+/// A Mamba-2 mixer (nemotron_h_moe's and granitehybrid's).
+fn mamba2_mixer(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let m = Mamba2::of(d);
+    b.t(n("ssm_in"), &[d.embd, 2 * m.inner + 2 * m.groups * m.state + m.heads]);
+    b.t(n("ssm_conv1d"), &[4, m.conv_dim()]);
+    b.std(format!("blk.{l}.ssm_conv1d.bias"), &[m.conv_dim()], 0.1);
+    b.std(format!("blk.{l}.ssm_dt.bias"), &[m.heads], 0.1);
+    // A = -exp(A_log): a decay, negative for the state to stay bounded.
+    b.between(format!("blk.{l}.ssm_a"), &[1, m.heads], -4.0, -0.5);
+    b.between(format!("blk.{l}.ssm_d"), &[1, m.heads], 0.5, 1.5);
+    b.t(n("ssm_norm"), &[m.inner / m.groups, m.groups]);
+    b.t(n("ssm_out"), &[m.inner, d.embd]);
 }
 
 /// The variant's nextn blocks, after the trunk's layers.

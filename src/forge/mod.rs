@@ -138,6 +138,9 @@ pub enum Arch {
     /// between full unrotated ones (every 4th from the first), a dense leading layer, sigmoid
     /// routing beside a shared expert, scaled logits.
     Cohere2moe,
+    /// Granite 4.0-H: Mamba-2 layers with attention every 4th from the second, each layer's MLP
+    /// experts beside a shared expert, Granite's multipliers, no rotary positions.
+    Granitehybrid,
 }
 
 impl Arch {
@@ -184,10 +187,11 @@ impl Arch {
             Arch::Mellum => "mellum",
             Arch::Laguna => "laguna",
             Arch::Cohere2moe => "cohere2moe",
+            Arch::Granitehybrid => "granitehybrid",
         }
     }
 
-    pub const ALL: [Arch; 40] = [
+    pub const ALL: [Arch; 41] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -228,6 +232,7 @@ impl Arch {
         Arch::Mellum,
         Arch::Laguna,
         Arch::Cohere2moe,
+        Arch::Granitehybrid,
     ];
 }
 

@@ -80,6 +80,7 @@ families! {
     mellum: "mellum",
     laguna: "laguna",
     cohere2moe: "cohere2moe",
+    granitehybrid: "granitehybrid",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -120,7 +121,7 @@ fn assert_exact(a: &Path, b: &Path) -> Vec<String> {
 }
 
 /// The families that keep a recurrent state per sequence (DeltaNet or Mamba-2 layers).
-const HYBRID: [&str; 5] = ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba", "lfm2moe"];
+const HYBRID: [&str; 6] = ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba", "lfm2moe", "granitehybrid"];
 
 fn inventory(model: &Path) -> serde_json::Value {
     serde_json::from_str(&ok(&["inventory", model.to_str().unwrap(), "--json"]).stdout).unwrap()
@@ -327,6 +328,8 @@ mod valid_variants_of_every_family_are_accepted {
             ("laguna", "fused attn_qkv", Box::new(fused_qkv)),
             ("laguna", "a gate per element", Box::new(gate_per_element)),
             ("cohere2moe", "fused attn_qkv", Box::new(fused_qkv)),
+            ("granitehybrid", "fused attn_qkv", Box::new(fused_qkv)),
+            ("granitehybrid", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
             ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
             ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
             ("mistral3", "no rotary factors", Box::new(without(|n: &str| n == "rope_freqs.weight"))),
@@ -391,6 +394,27 @@ mod valid_variants_of_every_family_are_accepted {
         metadata_variant_runs_otherwise(dir.path(), "cohere2moe", "with rms norms", |m| {
             m.push(("cohere2moe.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-5)))
         });
+    }
+
+    /// Granite 4.0-H with rotary positions (`rope.scaling.finetuned` absent: the loader's default
+    /// rotates), and without its shared expert (Granite 4.0's dense-attention MoE layout).
+    #[test]
+    fn granitehybrid_with_rotary_positions_and_without_a_shared_expert() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        metadata_variant_runs_otherwise(d, "granitehybrid", "with rotary positions", |m| {
+            m.retain(|(k, _)| k != "granitehybrid.rope.scaling.finetuned")
+        });
+        let base = d.join("granitehybrid.gguf");
+        let unshared = rewrite(
+            &base,
+            &d.join("granitehybrid-unshared.gguf"),
+            |m| m.retain(|(k, _)| k != "granitehybrid.expert_shared_feed_forward_length"),
+            without(|n: &str| n.contains("_shexp.")),
+        );
+        variants_are_accepted(d, vec![("granitehybrid without a shared expert".into(), unshared)]);
+        let c = compare_surfaces(&d.join("granitehybrid-as-forged"), &d.join("granitehybrid-unshared-resident"));
+        assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{c:?}");
     }
 
     /// Mellum with a rotary base of its sliding layers' own (`rope.freq_base_swa`), which the
