@@ -45,6 +45,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::Deepseek
             | Arch::Laguna
             | Arch::Cohere2moe
+            | Arch::HyV3
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -305,7 +306,18 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::Mellum | Arch::Maple => hparams_mellum_maple(arch, d, b),
         Arch::Cohere2moe => hparams_cohere2moe(d, b),
         Arch::Granitehybrid => hparams_granite_hybrid(d, b),
+        Arch::HyV3 => hparams_hy_v3(d, b),
     }
+}
+
+/// hy_v3: a dense leading layer twice an expert wide; no gating function is written (the
+/// loader's default for the family is sigmoid); normalized routing weights, scaled.
+fn hparams_hy_v3(d: &Dims, b: &mut Builder) {
+    hp_standard(Arch::HyV3, d, b, 2 * d.expert_ff, 10_000.0);
+    b.u32("expert_feed_forward_length", d.expert_ff)
+        .u32("expert_shared_feed_forward_length", d.expert_ff)
+        .hp("expert_weights_norm", Value::Bool(true))
+        .f32("expert_weights_scale", 2.5);
 }
 
 /// granitehybrid (Granite 4.0-H): the loader tells a Mamba-2 layer by its zero KV heads; the
@@ -743,7 +755,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
                 experts(b, d, l, d.expert_ff);
             }
             Arch::Grovemoe => grovemoe_layer(b, d, l, q, kv),
-            Arch::ExaoneMoe | Arch::Laguna => {
+            Arch::ExaoneMoe | Arch::Laguna | Arch::HyV3 => {
                 qk_normed_attention(b, d, l, q, kv);
                 if arch == Arch::Laguna {
                     // One gate a head (Laguna-XS.2's), from the attention's input.
@@ -1371,7 +1383,9 @@ fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64, shared: bool) {
         return;
     }
     b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
-    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    // hy_v3's loader names the selection bias without a suffix.
+    let bias = if b.arch == "hy_v3" { format!("blk.{l}.exp_probs_b") } else { format!("blk.{l}.exp_probs_b.bias") };
+    b.std(bias, &[d.experts], 0.01);
     b.t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]);
     b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);
     b.t(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts]);

@@ -141,6 +141,10 @@ pub enum Arch {
     /// Granite 4.0-H: Mamba-2 layers with attention every 4th from the second, each layer's MLP
     /// experts beside a shared expert, Granite's multipliers, no rotary positions.
     Granitehybrid,
+    /// Hy3 (HY V3): q/k norms per head, a dense leading layer, sigmoid routing (the loader's
+    /// default) with a selection bias and normalized, scaled weights beside a shared expert.
+    #[serde(rename = "hy_v3")]
+    HyV3,
 }
 
 impl Arch {
@@ -188,10 +192,11 @@ impl Arch {
             Arch::Laguna => "laguna",
             Arch::Cohere2moe => "cohere2moe",
             Arch::Granitehybrid => "granitehybrid",
+            Arch::HyV3 => "hy_v3",
         }
     }
 
-    pub const ALL: [Arch; 41] = [
+    pub const ALL: [Arch; 42] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -233,6 +238,7 @@ impl Arch {
         Arch::Laguna,
         Arch::Cohere2moe,
         Arch::Granitehybrid,
+        Arch::HyV3,
     ];
 }
 

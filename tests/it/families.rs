@@ -81,6 +81,7 @@ families! {
     laguna: "laguna",
     cohere2moe: "cohere2moe",
     granitehybrid: "granitehybrid",
+    hy_v3: "hy_v3",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -251,6 +252,23 @@ fn fused_qkv(g: &Gguf) -> Rewrite {
     out
 }
 
+/// Gate and up of every layer's experts in one `ffn_gate_up_exps` twice as wide (as some
+/// converters merge them): a bundle of two roles.
+fn merged_gate_up(g: &Gguf) -> Rewrite {
+    let mut out = Vec::new();
+    for t in &g.tensors {
+        let Some(prefix) = t.name.strip_suffix("ffn_gate_exps.weight") else {
+            if !t.name.ends_with("ffn_up_exps.weight") {
+                out.push((t.name.clone(), t.dims.clone(), vec![t.name.clone()]));
+            }
+            continue;
+        };
+        let parts = vec![t.name.clone(), format!("{prefix}ffn_up_exps.weight")];
+        out.push((format!("{prefix}ffn_gate_up_exps.weight"), vec![t.dims[0], 2 * t.dims[1], t.dims[2]], parts));
+    }
+    out
+}
+
 /// Laguna's attention gate per element (Laguna-M.1's) instead of per head: the per-head gate's
 /// rows repeated a head's width of times, so that it spans the attention's output.
 fn gate_per_element(g: &Gguf) -> Rewrite {
@@ -329,6 +347,9 @@ mod valid_variants_of_every_family_are_accepted {
             ("laguna", "a gate per element", Box::new(gate_per_element)),
             ("cohere2moe", "fused attn_qkv", Box::new(fused_qkv)),
             ("granitehybrid", "fused attn_qkv", Box::new(fused_qkv)),
+            ("hy_v3", "fused attn_qkv", Box::new(fused_qkv)),
+            ("hy_v3", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b")))),
+            ("hy_v3", "merged gate_up experts", Box::new(merged_gate_up)),
             ("granitehybrid", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
             ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
             ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
@@ -415,6 +436,15 @@ mod valid_variants_of_every_family_are_accepted {
         variants_are_accepted(d, vec![("granitehybrid without a shared expert".into(), unshared)]);
         let c = compare_surfaces(&d.join("granitehybrid-as-forged"), &d.join("granitehybrid-unshared-resident"));
         assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{c:?}");
+    }
+
+    /// Hy3 routed by softmax (`expert_gating_func` 1) instead of the family's default sigmoid.
+    #[test]
+    fn hy_v3_routed_by_softmax() {
+        let dir = tempfile::tempdir().unwrap();
+        metadata_variant_runs_otherwise(dir.path(), "hy_v3", "routed by softmax", |m| {
+            m.push(("hy_v3.expert_gating_func".into(), Value::U32(1)))
+        });
     }
 
     /// Mellum with a rotary base of its sliding layers' own (`rope.freq_base_swa`), which the
