@@ -1373,7 +1373,7 @@ fn nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("nextn.hnorm"), &[d.embd]);
 }
 
-/// deepseek2, deepseek32, glm-dsa, glm4moe, bailingmoe2, afmoe, step35, exaone-moe and mimo2:
+/// deepseek2, deepseek32, glm-dsa, glm4moe, bailingmoe2, afmoe, step35, exaone-moe, hy_v3 and mimo2:
 /// layer 0 is a dense MLP; the others a sigmoid-routed MoE with a selection bias, and one shared
 /// expert where the family has it (all but mimo2).
 fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64, shared: bool) {
@@ -1384,7 +1384,7 @@ fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64, shared: bool) {
     }
     b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
     // hy_v3's loader names the selection bias without a suffix.
-    let bias = if b.arch == "hy_v3" { format!("blk.{l}.exp_probs_b") } else { format!("blk.{l}.exp_probs_b.bias") };
+    let bias = if b.arch == Arch::HyV3.name() { format!("blk.{l}.exp_probs_b") } else { format!("blk.{l}.exp_probs_b.bias") };
     b.std(bias, &[d.experts], 0.01);
     b.t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]);
     b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);

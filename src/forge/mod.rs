@@ -266,8 +266,8 @@ pub struct Variant {
 /// The families whose nextn blocks forge writes: qwen35moe's (`load_block_mtp`), glm4moe's,
 /// deepseek32's, glm-dsa's and mimo2's (GLM-4.5's, DeepSeek-V3.2's, GLM-5's and MiMo-V2's
 /// published files carry them), and bailingmoe2's and exaone-moe's (Ling 2.0's and K-EXAONE's;
-/// llama.cpp has no graph for them, so they are never run). The pin's deepseek2, step35 and
-/// dots3note loaders take nextn blocks too; forge leaves them out.
+/// llama.cpp has no graph for them, so they are never run). The pin's deepseek2, step35,
+/// dots3note and hy_v3 loaders take nextn blocks too; forge leaves them out.
 pub const MTP_FAMILIES: [Arch; 7] =
     [Arch::Qwen35moe, Arch::Glm4moe, Arch::Bailingmoe2, Arch::Deepseek32, Arch::GlmDsa, Arch::Mimo2, Arch::ExaoneMoe];
 
