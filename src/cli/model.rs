@@ -67,8 +67,8 @@ pub enum ModelCommand {
         #[arg(long, default_value_t = 0.0)]
         router_skew: f32,
         /// Multi-token-prediction (nextn) blocks after the trunk, as the loaders of qwen35moe,
-        /// glm4moe, deepseek32, glm-dsa, mimo2, bailingmoe2 and exaone-moe take them (`generate
-        /// --draft mtp` drafts with all but bailingmoe2's and exaone-moe's).
+        /// glm4moe, deepseek32, glm-dsa, mimo2, hy_v3, bailingmoe2 and exaone-moe take them
+        /// (`generate --draft mtp` drafts with all but bailingmoe2's and exaone-moe's).
         #[arg(long, default_value_t = 0, value_name = "N")]
         mtp_layers: u64,
         /// Forge straight into a shard set of files of at most this much tensor data each

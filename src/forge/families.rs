@@ -1250,6 +1250,7 @@ fn nextn_blocks(arch: Arch, b: &mut Builder, d: &Dims, q: u64, kv: u64) {
             Arch::Mimo2 => mimo2_nextn_block(b, d, l),
             Arch::Bailingmoe2 => bailing_layer(b, d, l, q, kv),
             Arch::ExaoneMoe => exaone_nextn_block(b, d, l, q, kv),
+            Arch::HyV3 => hy_v3_nextn_block(b, d, l, q, kv),
             _ => nextn_block(b, d, l, q, kv),
         }
     }
@@ -1286,6 +1287,23 @@ fn exaone_nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("nextn.shared_head_norm"), &[d.embd]);
 }
 
+/// A hy_v3 nextn block, as Hy3's files carry it: the trunk's MoE layer (q/k norms per head,
+/// sigmoid routing with a selection bias beside a shared expert), the projection of the normed
+/// token embedding beside the normed hidden state and the head's own norm. Its output
+/// projections are drawn at a fiftieth of their scale.
+fn hy_v3_nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    b.t(n("attn_q"), &[d.embd, q]);
+    b.t(n("attn_k"), &[d.embd, kv]);
+    b.t(n("attn_v"), &[d.embd, kv]);
+    b.std(n("attn_output"), &[q, d.embd], 0.02 / (q as f32).sqrt());
+    b.t(n("attn_q_norm"), &[d.head_dim]);
+    b.t(n("attn_k_norm"), &[d.head_dim]);
+    b.t(n("ffn_norm"), &[d.embd]);
+    nextn_moe(b, d, l);
+}
+
 /// A deepseek32 or glm-dsa nextn block, as DeepSeek-V3.2's and GLM-5's files carry it: the
 /// trunk's MoE layer (its indexer too, which the head's graph never runs), the projection of the
 /// normed token embedding beside the normed hidden state, and the head's own norm. Its output
@@ -1295,14 +1313,14 @@ fn mla_nextn_block(arch: Arch, b: &mut Builder, d: &Dims, l: u64) {
     nextn_moe(b, d, l);
 }
 
-/// The MoE half of glm4moe's, deepseek32's and glm-dsa's nextn blocks (sigmoid routing with a
+/// The MoE half of glm4moe's, deepseek32's, glm-dsa's and hy_v3's nextn blocks (sigmoid routing with a
 /// selection bias, one shared expert, its down projections small), then the projection of the
 /// normed token embedding beside the normed hidden state and the head's own norm.
 fn nextn_moe(b: &mut Builder, d: &Dims, l: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     let small = |fan_in: u64| 0.02 / (fan_in as f32).sqrt();
     b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
-    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    b.std(selection_bias(b, l), &[d.experts], 0.01);
     b.t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]);
     b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);
     b.std(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts], small(d.expert_ff));
@@ -1383,14 +1401,20 @@ fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64, shared: bool) {
         return;
     }
     b.t(n("ffn_gate_inp"), &[d.embd, d.experts]);
-    // hy_v3's loader names the selection bias without a suffix.
-    let bias = if b.arch == Arch::HyV3.name() { format!("blk.{l}.exp_probs_b") } else { format!("blk.{l}.exp_probs_b.bias") };
-    b.std(bias, &[d.experts], 0.01);
+    b.std(selection_bias(b, l), &[d.experts], 0.01);
     b.t(n("ffn_gate_exps"), &[d.embd, d.expert_ff, d.experts]);
     b.t(n("ffn_up_exps"), &[d.embd, d.expert_ff, d.experts]);
     b.t(n("ffn_down_exps"), &[d.expert_ff, d.embd, d.experts]);
     if shared {
         shared_expert(b, d, l, d.expert_ff, false);
+    }
+}
+
+/// Layer `l`'s selection bias: hy_v3's loader names it without a suffix.
+fn selection_bias(b: &Builder, l: u64) -> String {
+    match b.arch == Arch::HyV3.name() {
+        true => format!("blk.{l}.exp_probs_b"),
+        false => format!("blk.{l}.exp_probs_b.bias"),
     }
 }
 

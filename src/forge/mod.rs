@@ -264,12 +264,12 @@ pub struct Variant {
 }
 
 /// The families whose nextn blocks forge writes: qwen35moe's (`load_block_mtp`), glm4moe's,
-/// deepseek32's, glm-dsa's and mimo2's (GLM-4.5's, DeepSeek-V3.2's, GLM-5's and MiMo-V2's
-/// published files carry them), and bailingmoe2's and exaone-moe's (Ling 2.0's and K-EXAONE's;
-/// llama.cpp has no graph for them, so they are never run). The pin's deepseek2, step35,
-/// dots3note and hy_v3 loaders take nextn blocks too; forge leaves them out.
-pub const MTP_FAMILIES: [Arch; 7] =
-    [Arch::Qwen35moe, Arch::Glm4moe, Arch::Bailingmoe2, Arch::Deepseek32, Arch::GlmDsa, Arch::Mimo2, Arch::ExaoneMoe];
+/// deepseek32's, glm-dsa's, mimo2's and hy_v3's (GLM-4.5's, DeepSeek-V3.2's, GLM-5's, MiMo-V2's
+/// and Hy3's published files carry them), and bailingmoe2's and exaone-moe's (Ling 2.0's and
+/// K-EXAONE's; llama.cpp has no graph for them, so they are never run). The pin's deepseek2,
+/// step35 and dots3note loaders take nextn blocks too; forge leaves them out.
+pub const MTP_FAMILIES: [Arch; 8] =
+    [Arch::Qwen35moe, Arch::Glm4moe, Arch::Bailingmoe2, Arch::Deepseek32, Arch::GlmDsa, Arch::Mimo2, Arch::ExaoneMoe, Arch::HyV3];
 
 /// The families whose loaders require `output.weight` (no fallback to `token_embd`), so a tied
 /// head is a file llama.cpp refuses: forge refuses `--tied-output` for them.

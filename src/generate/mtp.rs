@@ -18,7 +18,7 @@ use crate::routes::RouteEvent;
 use anyhow::{bail, Context as _, Result};
 
 /// The architectures whose nextn graph the driver runs: one trained head each.
-const ONE_HEAD: [&str; 5] = ["qwen35moe", "glm4moe", "deepseek32", "glm-dsa", "mimo2"];
+const ONE_HEAD: [&str; 6] = ["qwen35moe", "glm4moe", "deepseek32", "glm-dsa", "mimo2", "hy_v3"];
 
 /// Refuses a model whose MTP head cannot draft here; the head's layer index where it can.
 pub fn check(inv: &Inventory, model: &Model) -> Result<u32> {

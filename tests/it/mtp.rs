@@ -64,6 +64,13 @@ fn a_mimo2_dense_head_drafts_the_targets_greedy_tokens_and_f_with_lru_holds_ever
     head_drafts("mimo2");
 }
 
+/// Hy3's head: its trunk's MoE block (q/k norms, sigmoid routing with a selection bias beside a
+/// shared expert) behind the projections, its own norm before the model's head.
+#[test]
+fn a_hy_v3_head_drafts_the_targets_greedy_tokens_and_f_with_lru_holds_every_surface() {
+    head_drafts("hy_v3");
+}
+
 /// Whether a family's nextn block is dense (no experts, no routes of its own).
 fn dense_head(arch: &str) -> bool {
     arch == "mimo2"
