@@ -1313,9 +1313,9 @@ fn mla_nextn_block(arch: Arch, b: &mut Builder, d: &Dims, l: u64) {
     nextn_moe(b, d, l);
 }
 
-/// The MoE half of glm4moe's, deepseek32's, glm-dsa's and hy_v3's nextn blocks (sigmoid routing with a
-/// selection bias, one shared expert, its down projections small), then the projection of the
-/// normed token embedding beside the normed hidden state and the head's own norm.
+/// The MoE half of glm4moe's, deepseek32's, glm-dsa's and hy_v3's nextn blocks (sigmoid routing
+/// with a selection bias, one shared expert, its down projections small), then the projection
+/// of the normed token embedding beside the normed hidden state and the head's own norm.
 fn nextn_moe(b: &mut Builder, d: &Dims, l: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     let small = |fan_in: u64| 0.02 / (fan_in as f32).sqrt();
@@ -1391,9 +1391,9 @@ fn nextn_block(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(n("nextn.hnorm"), &[d.embd]);
 }
 
-/// deepseek2, deepseek32, glm-dsa, glm4moe, bailingmoe2, afmoe, step35, exaone-moe, hy_v3 and mimo2:
-/// layer 0 is a dense MLP; the others a sigmoid-routed MoE with a selection bias, and one shared
-/// expert where the family has it (all but mimo2).
+/// deepseek2, deepseek32, glm-dsa, glm4moe, bailingmoe2, afmoe, step35, exaone-moe, hy_v3 and
+/// mimo2: layer 0 is a dense MLP; the others a sigmoid-routed MoE with a selection bias, and one
+/// shared expert where the family has it (all but mimo2).
 fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64, shared: bool) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     if l == 0 {
