@@ -307,7 +307,22 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::Cohere2moe => hparams_cohere2moe(d, b),
         Arch::Granitehybrid => hparams_granite_hybrid(d, b),
         Arch::HyV3 => hparams_hy_v3(d, b),
+        Arch::GraniteSwa => hparams_granite_swa(d, b),
     }
+}
+
+/// granite_swa: Granite-MoE's keys, a shared expert as wide as a routed one, and the sliding
+/// layers as gemma4's (every 4th and the last full).
+fn hparams_granite_swa(d: &Dims, b: &mut Builder) {
+    hp_standard(Arch::GraniteSwa, d, b, d.expert_ff, 10_000.0);
+    granite_scales(b, 0.015625);
+    b.u32("expert_shared_feed_forward_length", d.expert_ff).u32("attention.sliding_window", SLIDING_WINDOW);
+    b.hp("attention.sliding_window_pattern", sliding_pattern(d.layers, |l| gemma4_is_swa(d, l)));
+}
+
+/// Granite's multipliers of the embedding, each residual branch, attention and the logits.
+fn granite_scales(b: &mut Builder, attention_scale: f32) {
+    b.f32("embedding_scale", 12.0).f32("residual_scale", 0.22).f32("attention.scale", attention_scale).f32("logit_scale", 6.0);
 }
 
 /// hy_v3: a dense leading layer twice an expert wide; no gating function is written (the
@@ -331,12 +346,9 @@ fn hparams_granite_hybrid(d: &Dims, b: &mut Builder) {
     b.u32("attention.key_length", d.head_dim).u32("attention.value_length", d.head_dim).f32("attention.layer_norm_rms_epsilon", 1e-5);
     m.keys(b);
     hp_experts(d, b);
-    b.u32("expert_shared_feed_forward_length", 2 * d.expert_ff)
-        .f32("embedding_scale", 12.0)
-        .f32("residual_scale", 0.22)
-        .f32("attention.scale", 0.0078125)
-        .f32("logit_scale", 6.0)
-        .hp("rope.scaling.finetuned", Value::Bool(false));
+    b.u32("expert_shared_feed_forward_length", 2 * d.expert_ff);
+    granite_scales(b, 0.0078125);
+    b.hp("rope.scaling.finetuned", Value::Bool(false));
 }
 
 /// granitehybrid: attention at every 4th layer from the second, Mamba-2 elsewhere.
@@ -613,11 +625,8 @@ fn hparams_classic(arch: Arch, d: &Dims, b: &mut Builder) {
             b.u32("expert_feed_forward_length", d.expert_ff).u32("expert_shared_feed_forward_length", d.expert_ff);
         }
         Arch::Granitemoe => {
-            b.f32("embedding_scale", 12.0)
-                .f32("residual_scale", 0.22)
-                .f32("attention.scale", 0.015625)
-                .f32("logit_scale", 6.0)
-                .u32("expert_shared_feed_forward_length", d.expert_ff);
+            granite_scales(b, 0.015625);
+            b.u32("expert_shared_feed_forward_length", d.expert_ff);
         }
         _ => {}
     }
@@ -767,6 +776,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Deepseek | Arch::Bailingmoe => two_shared_layer(arch, b, d, l, q, kv),
             Arch::Cohere2moe => cohere2moe_layer(b, d, l, q, kv),
             Arch::Granitehybrid => granite_hybrid_layer(b, d, l, q, kv),
+            Arch::GraniteSwa => granite_swa_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -1224,6 +1234,19 @@ fn granite_hybrid_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     b.t(format!("blk.{l}.ffn_norm.weight"), &[d.embd]);
     experts(b, d, l, d.expert_ff);
     shared_expert(b, d, l, 2 * d.expert_ff, false);
+}
+
+/// granite_swa: attention with sinks on every layer, sliding or full; the shared expert's gate
+/// and up are one projection, gate first.
+fn granite_swa_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    attention(b, d, l, q, kv);
+    b.std(n("attn_sinks"), &[d.heads], 0.1);
+    b.t(n("ffn_norm"), &[d.embd]);
+    experts(b, d, l, d.expert_ff);
+    b.t(n("ffn_up_shexp"), &[d.embd, 2 * d.expert_ff]);
+    b.t(n("ffn_down_shexp"), &[d.expert_ff, d.embd]);
 }
 
 /// A Mamba-2 mixer (nemotron_h_moe's and granitehybrid's).

@@ -145,6 +145,11 @@ pub enum Arch {
     /// default) with a selection bias and normalized, scaled weights beside a shared expert.
     #[serde(rename = "hy_v3")]
     HyV3,
+    /// Granite with sliding-window attention: Granite-MoE's multipliers, sliding-window layers
+    /// between full ones (each with attention sinks), experts beside a shared expert whose gate
+    /// and up are one projection.
+    #[serde(rename = "granite_swa")]
+    GraniteSwa,
 }
 
 impl Arch {
@@ -193,10 +198,11 @@ impl Arch {
             Arch::Cohere2moe => "cohere2moe",
             Arch::Granitehybrid => "granitehybrid",
             Arch::HyV3 => "hy_v3",
+            Arch::GraniteSwa => "granite_swa",
         }
     }
 
-    pub const ALL: [Arch; 42] = [
+    pub const ALL: [Arch; 43] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -239,6 +245,7 @@ impl Arch {
         Arch::Cohere2moe,
         Arch::Granitehybrid,
         Arch::HyV3,
+        Arch::GraniteSwa,
     ];
 }
 

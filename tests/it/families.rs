@@ -82,6 +82,7 @@ families! {
     cohere2moe: "cohere2moe",
     granitehybrid: "granitehybrid",
     hy_v3: "hy_v3",
+    granite_swa: "granite_swa",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -350,6 +351,8 @@ mod valid_variants_of_every_family_are_accepted {
             ("hy_v3", "fused attn_qkv", Box::new(fused_qkv)),
             ("hy_v3", "no selection bias", Box::new(without(|n: &str| n.ends_with("exp_probs_b")))),
             ("hy_v3", "merged gate_up experts", Box::new(merged_gate_up)),
+            ("granite_swa", "fused attn_qkv", Box::new(fused_qkv)),
+            ("granite_swa", "merged gate_up experts", Box::new(merged_gate_up)),
             ("granitehybrid", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
             ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
             ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
@@ -426,16 +429,22 @@ mod valid_variants_of_every_family_are_accepted {
         metadata_variant_runs_otherwise(d, "granitehybrid", "with rotary positions", |m| {
             m.retain(|(k, _)| k != "granitehybrid.rope.scaling.finetuned")
         });
-        let base = d.join("granitehybrid.gguf");
+        unshared_runs_otherwise(d, "granitehybrid");
+    }
+
+    /// `arch`'s file as forged in `d`, without its shared expert (its width key and tensors):
+    /// accepted, with other logits than the forged file's (run as `{arch}-as-forged`).
+    fn unshared_runs_otherwise(d: &Path, arch: &str) {
+        let key = format!("{arch}.expert_shared_feed_forward_length");
         let unshared = rewrite(
-            &base,
-            &d.join("granitehybrid-unshared.gguf"),
-            |m| m.retain(|(k, _)| k != "granitehybrid.expert_shared_feed_forward_length"),
+            &d.join(format!("{arch}.gguf")),
+            &d.join(format!("{arch}-unshared.gguf")),
+            |m| m.retain(|(k, _)| *k != key),
             without(|n: &str| n.contains("_shexp.")),
         );
-        variants_are_accepted(d, vec![("granitehybrid without a shared expert".into(), unshared)]);
-        let c = compare_surfaces(&d.join("granitehybrid-as-forged"), &d.join("granitehybrid-unshared-resident"));
-        assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{c:?}");
+        variants_are_accepted(d, vec![(format!("{arch} without a shared expert"), unshared)]);
+        let c = compare_surfaces(&d.join(format!("{arch}-as-forged")), &d.join(format!("{arch}-unshared-resident")));
+        assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{arch}: {c:?}");
     }
 
     /// Hy3 routed by softmax (`expert_gating_func` 1) instead of the family's default sigmoid.
@@ -445,6 +454,21 @@ mod valid_variants_of_every_family_are_accepted {
         metadata_variant_runs_otherwise(dir.path(), "hy_v3", "routed by softmax", |m| {
             m.push(("hy_v3.expert_gating_func".into(), Value::U32(1)))
         });
+    }
+
+    /// granite_swa with `attention.rope_pattern` leaving its full layers unrotated (the loader
+    /// rotates every layer without the key), and without its shared expert.
+    #[test]
+    fn granite_swa_with_unrotated_full_layers_and_without_a_shared_expert() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        metadata_variant_runs_otherwise(d, "granite_swa", "with unrotated full layers", |m| {
+            let swa = m.iter().find(|(k, _)| k == "granite_swa.attention.sliding_window_pattern").unwrap().1.clone();
+            let Value::Array(swa) = swa else { panic!("{swa:?}") };
+            let rope = swa.iter().map(|v| Value::U32(u32::from(*v == Value::Bool(true)))).collect();
+            m.push(("granite_swa.attention.rope_pattern".into(), Value::Array(rope)))
+        });
+        unshared_runs_otherwise(d, "granite_swa");
     }
 
     /// Mellum with a rotary base of its sliding layers' own (`rope.freq_base_swa`), which the
