@@ -38,7 +38,9 @@ use crate::campaign::{expand, frozen, journal::Journal, CampaignDir, CellSpec, C
 use crate::campaign::{histories, read_cell, CellDocument, CellState};
 use crate::claims::{Assertion, Check, Claim, Ledger, PairedExpect, Replay, LEDGER_FORMAT};
 use crate::oracle::fault::Verdict;
-use crate::record::{verify_record, EnvelopeRecord, GenerateRecord, ReadReplayRecord, RefineRecord, TypedRecord, RECORD_FILE};
+use crate::record::{
+    verify_record, EnvelopeRecord, GenerateRecord, ReadReplayRecord, RefineRecord, ReplayDecode, TypedRecord, RECORD_FILE,
+};
 use crate::stats::{paired_ratio, PairedRatio};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -142,7 +144,9 @@ fn arm_rows(spec: &Campaign, cells: &[CellSpec], sealed: &BTreeMap<String, Seale
             };
             let tps: Vec<f64> = done
                 .iter()
-                .filter_map(|x| x.decode_s_per_token().or_else(|| x.read_replay().and_then(ReadReplayRecord::decode_s_per_token)))
+                .filter_map(|x| {
+                    x.decode_s_per_token().or_else(|| x.read_replay().and_then(ReadReplayRecord::decode_floor_s_per_token).map(|f| f.0))
+                })
                 .filter(|&t| t > 0.0)
                 .map(|t| 1.0 / t)
                 .collect();
@@ -221,6 +225,8 @@ struct FloorRow<'a> {
     arm: Term<'a>,
     replay: Term<'a>,
     compute: Term<'a>,
+    /// The replay's decode phase that gave the read term (the faster).
+    replay_phase: ReplayDecode,
     /// Decode bytes per token of the arm (its replay's), and the replay's bytes per second.
     bytes_per_token: f64,
     replay_bytes_per_s: f64,
@@ -384,18 +390,21 @@ fn floor_rows<'a>(f: &FloorAnalysis, cells: &'a [CellSpec], sealed: &'a BTreeMap
                 .min_by(|p, q| p.2.total_cmp(&q.2))
         };
         let Some((cc, xc, c)) = least(&|c| c.block == b).or_else(|| least(&|_| true)) else { continue };
-        let (Some(a), Some(r)) = (xa.decode_s_per_token(), xr.read_replay().and_then(ReadReplayRecord::decode_s_per_token)) else {
+        let (Some(a), Some((r, phase))) = (xa.decode_s_per_token(), xr.read_replay().and_then(ReadReplayRecord::decode_floor_s_per_token))
+        else {
             continue;
         };
         let Some(d) = xr.read_replay().and_then(|x| x.decode.as_ref()).filter(|d| d.steps > 0) else { continue };
+        let bytes_per_token = d.physical_bytes as f64 / d.steps as f64;
         rows.push(FloorRow {
             block: b,
             order: ca.order.clone(),
             arm: Term { cell: ca, sealed: xa, s_per_token: a },
             replay: Term { cell: cr, sealed: xr, s_per_token: r },
             compute: Term { cell: cc, sealed: xc, s_per_token: c },
-            bytes_per_token: d.physical_bytes as f64 / d.steps as f64,
-            replay_bytes_per_s: d.physical_bytes as f64 / d.seconds,
+            replay_phase: phase,
+            bytes_per_token,
+            replay_bytes_per_s: bytes_per_token / r,
             envelope,
         });
     }

@@ -417,6 +417,9 @@ pub(super) struct FloorLine {
     /// where the floor is broken or the arm beat it (an instrument fault, not a result).
     #[serde(serialize_with = "shown::opt")]
     layer_bound_s_per_token: Option<f64>,
+    /// The replay's decode phase whose time is `read_s_per_token`: the faster of `ubatch`
+    /// (each token's reads at once) and `by_layer`.
+    replay_phase: crate::record::ReplayDecode,
 }
 
 impl FloorLine {
@@ -462,6 +465,7 @@ impl FloorLine {
             idle_bound_over_floor: bound.filter(|_| broken.is_none()).map(|b| b / r.floor()),
             read_by_layer_s_per_token: r.replay.sealed.read_replay().and_then(|x| x.decode_by_layer_s_per_token()),
             layer_bound_s_per_token: r.layer_bound().filter(|&b| broken.is_none() && r.arm.s_per_token >= b),
+            replay_phase: r.replay_phase,
         }
     }
 }

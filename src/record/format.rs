@@ -647,6 +647,34 @@ impl ReadReplayRecord {
     pub fn decode_by_layer_s_per_token(&self) -> Option<f64> {
         self.decode_by_layer.as_ref().filter(|_| self.outcome == Outcome::Completed).map(|d| d.seconds_per_step)
     }
+
+    /// The least read seconds per decode token any decode phase took, and which phase: each
+    /// reads the same bytes from the same device, and the device's drift only ever adds time,
+    /// so the fastest is the floor's read term (None where the replay did not complete).
+    pub fn decode_floor_s_per_token(&self) -> Option<(f64, ReplayDecode)> {
+        fastest_decode(self.decode_s_per_token(), self.decode_by_layer_s_per_token())
+    }
+}
+
+/// Which decode phase of a read replay gave its floor's read term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayDecode {
+    /// Each decode token's reads at once, at the replay's depth (its fastest round).
+    #[default]
+    Ubatch,
+    /// Each layer event's reads drained before the next layer's go out.
+    ByLayer,
+}
+
+/// The faster of a replay's two decode phases; the ubatch phase where they tie or the layer
+/// phase is missing (records before it).
+fn fastest_decode(ubatch: Option<f64>, by_layer: Option<f64>) -> Option<(f64, ReplayDecode)> {
+    let u = ubatch?;
+    Some(match by_layer {
+        Some(l) if l < u => (l, ReplayDecode::ByLayer),
+        _ => (u, ReplayDecode::Ubatch),
+    })
 }
 
 /// `record.json` of a session: its requests in order (each a generate record of its own under
@@ -1195,5 +1223,19 @@ pub fn load_refine(dir: &Path) -> Result<RefineRecord> {
     match load_typed(dir)? {
         TypedRecord::Refine(r) => Ok(*r),
         other => bail!("{}: not a refine record (format \"{}\")", dir.display(), other.format()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fastest_decode, ReplayDecode};
+
+    #[test]
+    fn the_floors_read_term_is_the_faster_decode_phase() {
+        assert_eq!(fastest_decode(Some(0.164), Some(0.152)), Some((0.152, ReplayDecode::ByLayer)));
+        assert_eq!(fastest_decode(Some(0.146), Some(0.149)), Some((0.146, ReplayDecode::Ubatch)));
+        assert_eq!(fastest_decode(Some(0.15), Some(0.15)), Some((0.15, ReplayDecode::Ubatch)));
+        assert_eq!(fastest_decode(Some(0.15), None), Some((0.15, ReplayDecode::Ubatch)), "a record before the layer phase");
+        assert_eq!(fastest_decode(None, Some(0.1)), None, "no decode phase, no floor");
     }
 }

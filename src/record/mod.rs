@@ -14,7 +14,7 @@ mod seal;
 
 pub use format::{
     load_envelope, load_generate, load_read_replay, load_refine, load_typed, EnvelopeRecord, GenerateRecord, ReadReplayRecord,
-    RefineRecord, TypedRecord, ENVELOPE_FORMAT, GENERATE_FORMAT, READ_REPLAY_FORMAT, REFINE_FORMAT,
+    RefineRecord, ReplayDecode, TypedRecord, ENVELOPE_FORMAT, GENERATE_FORMAT, READ_REPLAY_FORMAT, REFINE_FORMAT,
 };
 pub use seal::{
     finish_modes, prepare_seal, rename_noreplace, seal, verify_record, verify_sealed, FileEntry, Manifest, PreparedSeal, SealedRecord,
