@@ -582,7 +582,8 @@ fn expert_source(
             }
         };
         let o = PlanOptions { fault: fault.unwrap_or(o.fault), ..o.clone() };
-        Ok(Some(Box::new(PlanSource::new(&model, inv, o)?.expecting(n_decode).sized_by(by.clone())) as Box<dyn ExpertSource>))
+        let source = PlanSource::new(&model, inv, o)?.expecting(n_decode).sized_by(by.clone());
+        Ok(Some(Box::new(source.engine_threads(exec.threads.max(1) as usize)) as Box<dyn ExpertSource>))
     }
 }
 

@@ -197,6 +197,13 @@ impl PlanSource {
         self
     }
 
+    /// Tells the Plan how many CPU threads the engine decodes with (see
+    /// [`crate::plan::Plan::engine_threads`]).
+    pub fn engine_threads(mut self, n: usize) -> PlanSource {
+        self.plan.engine_threads(n);
+        self
+    }
+
     /// Notes that its slots and policy were sized from a budget, for the record.
     pub fn sized_by(mut self, budget: Option<crate::plan::budget::BudgetSizing>) -> PlanSource {
         self.sizing.slots_from = budget.is_some().then_some(SizedFrom::Budget);

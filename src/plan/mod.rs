@@ -276,6 +276,8 @@ struct Observers {
     sched: BTreeSet<ObjectId>,
     /// Expected extent digests ([`Plan::expect_digests`]); None verifies nothing.
     digests: Option<verify::Expected>,
+    /// The engine's CPU threads ([`Plan::engine_threads`]); None: not said.
+    engine_threads: Option<usize>,
     /// The source's counters when the current request began ([`Plan::observe_anew`]).
     source_base: crate::source::SourceStats,
 }
@@ -351,6 +353,7 @@ impl Plan {
                 sem: BTreeSet::new(),
                 sched: BTreeSet::new(),
                 digests: None,
+                engine_threads: None,
                 source_base: Default::default(),
             },
             work: work::Work::new(),
