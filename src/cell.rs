@@ -583,7 +583,7 @@ fn expert_source(
         };
         let o = PlanOptions { fault: fault.unwrap_or(o.fault), ..o.clone() };
         let source = PlanSource::new(&model, inv, o)?.expecting(n_decode).sized_by(by.clone());
-        Ok(Some(Box::new(source.engine_threads(exec.threads.max(1) as usize)) as Box<dyn ExpertSource>))
+        Ok(Some(Box::new(source.engine_threads(exec.cpu_threads())) as Box<dyn ExpertSource>))
     }
 }
 

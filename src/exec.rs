@@ -125,9 +125,28 @@ impl<C> ExecParams<C> {
         }
     }
 
+    /// The most CPU threads the engine computes with at once: its decode or its batch threads.
+    pub fn cpu_threads(&self) -> usize {
+        self.threads.max(self.threads_batch.unwrap_or(0)).max(1) as usize
+    }
+
     /// The same parameters with the context `n_ctx`.
     pub fn with_ctx<D>(self, n_ctx: D) -> ExecParams<D> {
         let ExecParams { n_ctx: _, n_batch, n_ubatch, threads, threads_batch, flash_attn } = self;
         ExecParams { n_ctx, n_batch, n_ubatch, threads, threads_batch, flash_attn }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ExecParams;
+
+    #[test]
+    fn the_engines_cpu_threads_are_the_more_of_decode_and_batch() {
+        let threads = |d, b| ExecParams::new(None::<u32>, 512, (d, b), false).cpu_threads();
+        assert_eq!(threads(2, 2), 2);
+        assert_eq!(threads(1, 2), 2, "a prompt on more threads than the decode");
+        assert_eq!(threads(3, 1), 3);
+        assert_eq!(threads(0, 0), 1);
     }
 }

@@ -277,10 +277,10 @@ fn loads(loaded: bool, stream: &Option<PlanOptions>) -> Option<Loads> {
 }
 
 /// Loads `path` resident, or with its experts served through the Plan.
-fn load(path: &Path, inv: &Inventory, stream: &Option<PlanOptions>) -> Result<Model> {
+fn load(path: &Path, inv: &Inventory, stream: &Option<PlanOptions>, threads: usize) -> Result<Model> {
     let source = match stream {
         None => None,
-        Some(o) => Some(Box::new(PlanSource::new(path, inv, o.clone())?) as Box<dyn ExpertSource>),
+        Some(o) => Some(Box::new(PlanSource::new(path, inv, o.clone())?.engine_threads(threads)) as Box<dyn ExpertSource>),
     };
     load_model(path, source)
 }
@@ -508,7 +508,7 @@ fn load_models(spec: &RefineSpec, ver_inv: &Inventory) -> Result<(Option<Model>,
     };
     let ver_model = match spec.mode {
         Mode::Base => None,
-        _ => Some(load(&spec.verifier, ver_inv, &spec.stream)?),
+        _ => Some(load(&spec.verifier, ver_inv, &spec.stream, spec.exec.cpu_threads())?),
     };
     if let (Some(b), Some(v)) = (&base_model, &ver_model) {
         if b.n_vocab() != v.n_vocab() {

@@ -21,7 +21,7 @@ pub fn logprob(row: &[f32], t: usize) -> f64 {
 
 /// Scores each (prompt, output) pair under the model at `path`.
 pub fn score(path: &Path, inv: &Inventory, seqs: &[(&[i32], &[i32])], exec: ExecParams, stream: &Option<PlanOptions>) -> Result<Quality> {
-    let model = super::load(path, inv, stream)?;
+    let model = super::load(path, inv, stream, exec.cpu_threads())?;
     let n_vocab = model.n_vocab();
     let mut ctx = Context::new(&model, exec, false)?;
     let (mut sum, mut tokens, mut agree) = (0.0f64, 0usize, 0usize);
