@@ -1435,9 +1435,10 @@ fn sparse_or_dense(b: &mut Builder, d: &Dims, l: u64, shared: bool) {
 
 /// Layer `l`'s selection bias: hy_v3's loader names it without a suffix.
 fn selection_bias(b: &Builder, l: u64) -> String {
-    match b.arch == Arch::HyV3.name() {
-        true => format!("blk.{l}.exp_probs_b"),
-        false => format!("blk.{l}.exp_probs_b.bias"),
+    if b.arch == Arch::HyV3.name() {
+        format!("blk.{l}.exp_probs_b")
+    } else {
+        format!("blk.{l}.exp_probs_b.bias")
     }
 }
 
