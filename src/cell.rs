@@ -513,7 +513,7 @@ fn run_separate(g: &GenerateCell, requests: &[crate::session::Request]) -> Resul
         let dir = staging.dir().join(&place);
         if !status.success() {
             let said = std::fs::read_to_string(&log).unwrap_or_default();
-            let why = format!("request {:?} failed: {}", r.id, observe::worker_failure(&RunStatus::from_exit(status), None, &said));
+            let why = format!("request {:?} failed: {}", r.id, observe::worker_failure(&RunStatus::from_exit(status), None, Some(&said)));
             failed.get_or_insert(why);
             // Failed closed, its record says so; a worker that died before it wrote one ends the session.
             if !dir.join(crate::record::RECORD_FILE).exists() {
@@ -665,7 +665,7 @@ pub fn run_in_cgroup(cell: &Cell, contain: &ContainSpec, cache_protocol: &str, e
         _ => {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let _ = std::fs::remove_dir_all(&inner);
-            let error = observe::worker_failure(&run.status, Some(&observe::LimitSeen::of(&run.host)), &log);
+            let error = observe::worker_failure(&run.status, Some(&observe::LimitSeen::of(&run.host)), Some(&log));
             TypedRecord::failed(cell.format(), error, build_identity()?)?
         }
     };
@@ -770,9 +770,9 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     let _ = std::fs::remove_dir_all(record.with_file_name(partial));
     let error = match engine_abort(&stderr) {
         Some(quote) => {
-            format!("{}: llama.cpp aborted: {quote} ({})", cell.models()[0].display(), observe::worker_failure(&status, None, ""))
+            format!("{}: llama.cpp aborted: {quote} ({})", cell.models()[0].display(), observe::worker_failure(&status, None, None))
         }
-        None => observe::worker_failure(&status, None, &stderr),
+        None => observe::worker_failure(&status, None, Some(&stderr)),
     };
     let rec = TypedRecord::failed(cell.format(), error.clone(), build_identity()?)?;
     let dir = Staging::new(&record)?.sealing(cell.seals()).commit(&rec)?;

@@ -567,7 +567,7 @@ fn failure_line(cell: &CellSpec, paths: &RunPaths, end: &WorkerExit, complete: b
     };
     let own = || text.lines().map(str::trim).rev().find_map(|l| l.strip_prefix("error:")).map(|l| l.trim().to_string()).unwrap_or_default();
     let line = line.unwrap_or_else(|| match &end.status {
-        Some(status) => crate::observe::worker_failure(status, None, &text),
+        Some(status) => crate::observe::worker_failure(status, None, Some(&text)),
         None => own(),
     });
     let mut line = line.replace(&paths.staging.display().to_string(), "<record>");

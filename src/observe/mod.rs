@@ -140,9 +140,10 @@ impl LimitSeen {
 /// reads (stderr, a record's `error`, the admission predicate's conjunct, a campaign's
 /// `cell.json`). A SIGKILL while the kernel's OOM killer acted in the cgroup is the limit's
 /// kill; any other signal is named as it came. From `log` only the worker's own `error` line is
-/// taken: other output (a debugger's, a library's) is never the error.
-pub fn worker_failure(status: &RunStatus, seen: Option<&LimitSeen>, log: &str) -> String {
-    let own = log.lines().map(str::trim).rev().find(|l| l.starts_with("error")).map(|l| {
+/// taken: other output (a debugger's, a library's) is never the error. `log` is `None` where the
+/// caller has not read it (the admission's conjunct, beside a record that holds the line).
+pub fn worker_failure(status: &RunStatus, seen: Option<&LimitSeen>, log: Option<&str>) -> String {
+    let own = log.unwrap_or_default().lines().map(str::trim).rev().find(|l| l.starts_with("error")).map(|l| {
         let l = l.strip_prefix("error:").map_or(l, str::trim_start);
         l.chars().take(500).collect::<String>()
     });
@@ -159,7 +160,8 @@ pub fn worker_failure(status: &RunStatus, seen: Option<&LimitSeen>, log: &str) -
         (RunStatus::Signaled { .. }, None) => format!("the worker {status}"),
         (RunStatus::Signaled { .. }, Some(e)) => format!("the worker {status} after: {e}"),
         (RunStatus::Exited { .. }, Some(e)) => format!("the worker {status}: {e}"),
-        (RunStatus::Exited { .. }, None) => format!("the worker {status} and no error line"),
+        (RunStatus::Exited { .. }, None) if log.is_some() => format!("the worker {status} and no error line"),
+        (RunStatus::Exited { .. }, None) => format!("the worker {status}"),
     };
     if let Some((l, s)) = limit.filter(|(_, s)| s.limit_events > 0 && !by_limit) {
         line += &format!("; its cgroup's {l} limit was reached {} times", s.limit_events);
@@ -584,7 +586,7 @@ pub fn run_contained(mut cmd: Command, spec: &ContainSpec) -> Result<ContainedRu
     let mut admission = authority::admission_with_budget(&host, &gpu, &authority, spec.gpu_declared, spec.gpu_budget, device.as_ref());
     let exit = match status.success() {
         true => format!("the worker {status}"),
-        false => worker_failure(&status, Some(&LimitSeen::of(&host)), ""),
+        false => worker_failure(&status, Some(&LimitSeen::of(&host)), None),
     };
     admission.require_run("worker exited 0", status.success(), exit);
     Ok(ContainedRun { status, wall_s, host, gpu, procs, authority, admission })
@@ -598,26 +600,30 @@ mod tests {
     fn a_failed_worker_is_said_in_words_and_the_limit_told_from_an_outside_signal() {
         let gdb = "loading\n[Inferior 1 (process 4242) detached]\n";
         let kill = RunStatus::Signaled { signal: 9, name: "SIGKILL".into(), core_dumped: false };
-        assert_eq!(worker_failure(&kill, None, gdb), "the worker was killed by signal 9 (SIGKILL)");
-        assert_eq!(worker_failure(&RunStatus::Exited { code: 3 }, None, gdb), "the worker exited with code 3 and no error line");
+        assert_eq!(worker_failure(&kill, None, Some(gdb)), "the worker was killed by signal 9 (SIGKILL)");
+        assert_eq!(worker_failure(&RunStatus::Exited { code: 3 }, None, Some(gdb)), "the worker exited with code 3 and no error line");
+        assert_eq!(worker_failure(&RunStatus::Exited { code: 3 }, None, None), "the worker exited with code 3");
         let own = "error: --model m: not a GGUF file\n[Inferior 1 detached]";
-        assert_eq!(worker_failure(&RunStatus::Exited { code: 2 }, None, own), "the worker exited with code 2: --model m: not a GGUF file");
+        assert_eq!(
+            worker_failure(&RunStatus::Exited { code: 2 }, None, Some(own)),
+            "the worker exited with code 2: --model m: not a GGUF file"
+        );
         // Under a limit: an OOM kill is the limit's; a SIGKILL without one came from outside.
         let oom = LimitSeen { limit: Some(4 << 20), limit_events: 40, oom_kills: 1, oom: true };
         assert_eq!(
-            worker_failure(&kill, Some(&oom), ""),
+            worker_failure(&kill, Some(&oom), None),
             "the cgroup's 4 MiB limit killed the worker: the kernel's OOM killer sent it signal 9 (SIGKILL)"
         );
         let quiet = LimitSeen { limit: Some(4 << 20), ..LimitSeen::default() };
-        assert_eq!(worker_failure(&kill, Some(&quiet), ""), "the worker was killed by signal 9 (SIGKILL)");
+        assert_eq!(worker_failure(&kill, Some(&quiet), None), "the worker was killed by signal 9 (SIGKILL)");
         let hit = LimitSeen { limit_events: 7, ..quiet };
         assert_eq!(
-            worker_failure(&RunStatus::Exited { code: 1 }, Some(&hit), own),
+            worker_failure(&RunStatus::Exited { code: 1 }, Some(&hit), Some(own)),
             "the worker exited with code 1: --model m: not a GGUF file; its cgroup's 4 MiB limit was reached 7 times"
         );
         let abort = RunStatus::Signaled { signal: 6, name: "SIGABRT".into(), core_dumped: true };
         assert_eq!(abort.to_string(), "was killed by signal 6 (SIGABRT), core dumped");
-        for text in [worker_failure(&kill, Some(&oom), gdb), worker_failure(&abort, None, own)] {
+        for text in [worker_failure(&kill, Some(&oom), Some(gdb)), worker_failure(&abort, None, Some(own))] {
             assert!(!text.contains('{'), "{text}");
         }
     }
