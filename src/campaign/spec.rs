@@ -798,6 +798,16 @@ fn validate_header(c: &Campaign) -> Vec<Diagnostic> {
             if let Err(why) = crate::forge::tied_output_allowed(f.arch, f.tied_output) {
                 out.push(Diagnostic::at(&m.path, format!("{field}.forge.tied_output: {why}")));
             }
+            if crate::forge::STATELESS_FAMILIES.contains(&f.arch) {
+                out.push(Diagnostic::at(
+                    &m.path,
+                    format!(
+                        "{field}.forge.arch {}: llama.cpp keeps no KV cache for it (a diffusion model), so no cell can \
+                         generate one token after another with it",
+                        f.arch.name()
+                    ),
+                ));
+            }
         }
     }
     out

@@ -332,6 +332,36 @@ impl Model {
         unsafe { sys::llama_model_is_recurrent(self.ptr.as_ptr()) || sys::llama_model_is_hybrid(self.ptr.as_ptr()) }
     }
 
+    /// `general.architecture`, as llama.cpp read it.
+    pub fn architecture(&self) -> String {
+        let key = c"general.architecture";
+        let mut buf = [0u8; 128];
+        // SAFETY: the model is alive; llama.cpp writes at most buf.len() bytes, NUL included.
+        let n = unsafe { sys::llama_model_meta_val_str(self.ptr.as_ptr(), key.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        match usize::try_from(n) {
+            Ok(n) => String::from_utf8_lossy(&buf[..n.min(buf.len() - 1)]).into_owned(),
+            Err(_) => "this architecture".into(),
+        }
+    }
+
+    /// Why a model whose context keeps no memory (no KV cache, no recurrent state) cannot be
+    /// generated from: each decode would see only its own tokens.
+    fn stateless_reason(&self) -> String {
+        let arch = self.architecture();
+        // SAFETY: the model is alive.
+        if unsafe { sys::llama_model_is_diffusion(self.ptr.as_ptr()) } {
+            format!(
+                "{arch} is a diffusion model: it denoises a whole sequence at once with no KV cache, \
+                 and sovereign generates one token after another, so it cannot run it"
+            )
+        } else {
+            format!(
+                "llama.cpp keeps no KV cache or recurrent state for {arch} (an encoder or embedding \
+                 model), so it cannot generate one token after another"
+            )
+        }
+    }
+
     pub fn is_eog(&self, token: i32) -> bool {
         // SAFETY: as above.
         unsafe { sys::llama_vocab_is_eog(self.vocab(), token) }
@@ -477,7 +507,12 @@ impl<'m> Context<'m> {
         };
         let ptr =
             NonNull::new(ptr).ok_or_else(|| anyhow!("{}: llama.cpp could not create a context: {}", model.path.display(), last_log()))?;
-        Ok(Context { ptr, model, params, routes, n_past: 0, hidden: None })
+        let ctx = Context { ptr, model, params, routes, n_past: 0, hidden: None };
+        // SAFETY: the context is alive; its memory is owned by it (NULL when it keeps none).
+        if unsafe { sys::llama_get_memory(ctx.ptr.as_ptr()) }.is_null() {
+            bail!("{}: {}", model.path.display(), model.stateless_reason());
+        }
+        Ok(ctx)
     }
 
     pub fn params(&self) -> ExecParams {

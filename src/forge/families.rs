@@ -199,7 +199,7 @@ impl DeltaNet {
 /// Every family's hyperparameter keys, in the order its forged file has always written them.
 pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
     match arch {
-        Arch::Qwen3moe | Arch::Qwen3vlmoe => {
+        Arch::Qwen3moe | Arch::Qwen3vlmoe | Arch::LladaMoe => {
             hp_common(d, b);
             b.u32("feed_forward_length", d.expert_ff).u32("expert_feed_forward_length", d.expert_ff);
             hp_experts(d, b);
@@ -672,7 +672,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
     for l in 0..d.layers {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
         match arch {
-            Arch::Qwen3moe | Arch::Qwen3vlmoe => {
+            Arch::Qwen3moe | Arch::Qwen3vlmoe | Arch::LladaMoe => {
                 qk_normed_attention(b, d, l, q, kv);
                 b.t(n("ffn_norm"), &[d.embd]);
                 experts(b, d, l, d.expert_ff);

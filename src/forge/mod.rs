@@ -150,6 +150,11 @@ pub enum Arch {
     /// and up are one projection.
     #[serde(rename = "granite_swa")]
     GraniteSwa,
+    /// LLaDA-MoE: qwen3moe's layers under a diffusion model's non-causal attention, with no KV
+    /// cache; llama.cpp loads it, and generation refuses it, since it does not decode left to
+    /// right.
+    #[serde(rename = "llada-moe")]
+    LladaMoe,
 }
 
 impl Arch {
@@ -199,10 +204,11 @@ impl Arch {
             Arch::Granitehybrid => "granitehybrid",
             Arch::HyV3 => "hy_v3",
             Arch::GraniteSwa => "granite_swa",
+            Arch::LladaMoe => "llada-moe",
         }
     }
 
-    pub const ALL: [Arch; 43] = [
+    pub const ALL: [Arch; 44] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -246,6 +252,7 @@ impl Arch {
         Arch::Granitehybrid,
         Arch::HyV3,
         Arch::GraniteSwa,
+        Arch::LladaMoe,
     ];
 }
 
@@ -280,7 +287,7 @@ pub const MTP_FAMILIES: [Arch; 8] =
 
 /// The families whose loaders require `output.weight` (no fallback to `token_embd`), so a tied
 /// head is a file llama.cpp refuses: forge refuses `--tied-output` for them.
-pub const UNTIED_FAMILIES: [Arch; 14] = [
+pub const UNTIED_FAMILIES: [Arch; 15] = [
     Arch::GptOss,
     Arch::Olmoe,
     Arch::Qwen2moe,
@@ -295,7 +302,13 @@ pub const UNTIED_FAMILIES: [Arch; 14] = [
     Arch::Maple,
     Arch::Bailingmoe,
     Arch::Mellum,
+    Arch::LladaMoe,
 ];
+
+/// The families forge writes whose contexts llama.cpp gives no memory (no KV cache, no
+/// recurrent state): generation refuses them, and a campaign that forges one is refused at its
+/// check. They are written for `inventory`, the Plan's offline tools and that refusal's tests.
+pub const STATELESS_FAMILIES: [Arch; 1] = [Arch::LladaMoe];
 
 /// Whether `arch` may be forged with a tied head (`tied`); why not where it may not.
 pub fn tied_output_allowed(arch: Arch, tied: bool) -> Result<(), String> {

@@ -258,6 +258,12 @@ fn check_reports_line_and_column_and_shipped_campaigns_pass() {
                 "../models/tiny.gguf",
             ),
             (
+                "a diffusion model's arch llada-moe",
+                "  forge: { preset: tiny, seed: 1 }",
+                "  forge: { preset: tiny, seed: 1, arch: llada-moe }",
+                "../models/tiny.gguf",
+            ),
+            (
                 "seeded_random count 0",
                 "    preordered:\n      - [resident, resident-t1]\n      - [resident-t1, resident]\n      - [resident, resident-t1]\n",
                 "    seeded_random: { seed: 1, arms: [resident, resident-t1],\n      count: 0 }\n",
