@@ -46,6 +46,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::Laguna
             | Arch::Cohere2moe
             | Arch::HyV3
+            | Arch::KimiLinear
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -308,7 +309,80 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::Granitehybrid => hparams_granite_hybrid(d, b),
         Arch::HyV3 => hparams_hy_v3(d, b),
         Arch::GraniteSwa => hparams_granite_swa(d, b),
+        Arch::KimiLinear => hparams_kimi_linear(d, b),
     }
+}
+
+/// kimi-linear: MLA in every 4th layer and the last (Kimi-Linear-48B's 4th, 8th, ..., 24th and
+/// 27th), KDA in the others.
+fn kimi_mla(d: &Dims, l: u64) -> bool {
+    (l + 1).is_multiple_of(4) || l + 1 == d.layers
+}
+
+/// kimi-linear: the loader tells KDA layers by their zero KV heads; MLA layers are absorbed,
+/// one K head (the latent and its rotary part) whose latent is V too, as deepseek2's.
+fn hparams_kimi_linear(d: &Dims, b: &mut Builder) {
+    let m = Mla::of(d);
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+    b.u32("attention.head_count", d.heads)
+        .hp("attention.head_count_kv", per_layer(d.layers, |l| u64::from(kimi_mla(d, l))))
+        .u32("attention.key_length", m.kv_lora + m.rope)
+        .u32("attention.value_length", m.kv_lora)
+        .u32("attention.key_length_mla", m.nope + m.rope)
+        .u32("attention.value_length_mla", d.head_dim)
+        .u32("attention.kv_lora_rank", m.kv_lora)
+        .f32("attention.layer_norm_rms_epsilon", 1e-5);
+    b.u32("rope.dimension_count", m.rope).f32("rope.freq_base", 10_000.0);
+    b.u32("ssm.conv_kernel", 4).u32("kda.head_dim", d.head_dim);
+    hp_experts(d, b);
+    b.u32("expert_shared_count", 1)
+        .u32("expert_feed_forward_length", d.expert_ff)
+        .f32("expert_weights_scale", 2.446)
+        .u32("expert_gating_func", 2);
+}
+
+/// A kimi-linear layer: MLA without query compression, or KDA (Q, K and V each through a
+/// short convolution, a per-channel decay from a low-rank projection, a sigmoid beta, an
+/// output gate from another); then a dense MLP (the first layer) or experts beside a shared
+/// one with a selection bias.
+fn kimi_linear_layer(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    if kimi_mla(d, l) {
+        let m = Mla::of(d);
+        b.t(n("attn_kv_a_norm"), &[m.kv_lora]);
+        b.t(n("attn_q"), &[d.embd, d.heads * (m.nope + m.rope)]);
+        b.t(n("attn_kv_a_mqa"), &[d.embd, m.kv_lora + m.rope]);
+        b.t(n("attn_k_b"), &[m.nope, m.kv_lora, d.heads]);
+        b.t(n("attn_v_b"), &[m.kv_lora, d.head_dim, d.heads]);
+        b.t(n("attn_output"), &[d.heads * d.head_dim, d.embd]);
+    } else {
+        let (head, inner) = (d.head_dim, d.heads * d.head_dim);
+        for x in ["q", "k", "v"] {
+            b.t(n(&format!("ssm_conv1d_{x}")), &[4, 1, inner]);
+            b.t(n(&format!("attn_{x}")), &[d.embd, inner]);
+        }
+        b.t(n("ssm_f_a"), &[d.embd, head]);
+        b.t(n("ssm_f_b"), &[head, inner]);
+        b.t(n("ssm_beta"), &[d.embd, d.heads]);
+        // A = -exp(A_log), as the converter stores it: a decay, negative for the state to
+        // stay bounded.
+        b.between(format!("blk.{l}.ssm_a"), &[1, d.heads], -16.0, -1.0);
+        b.std(format!("blk.{l}.ssm_dt.bias"), &[inner], 0.1);
+        b.t(n("ssm_g_a"), &[d.embd, head]);
+        b.t(n("ssm_g_b"), &[head, inner]);
+        b.t(n("ssm_norm"), &[head]);
+        b.t(n("attn_output"), &[inner, d.embd]);
+    }
+    b.t(n("ffn_norm"), &[d.embd]);
+    if l == 0 {
+        dense_mlp(b, d, l);
+        return;
+    }
+    experts(b, d, l, d.expert_ff);
+    shared_expert(b, d, l, d.expert_ff, false);
+    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
 }
 
 /// granite_swa: Granite-MoE's keys, a shared expert as wide as a routed one, and the sliding
@@ -777,6 +851,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Cohere2moe => cohere2moe_layer(b, d, l, q, kv),
             Arch::Granitehybrid => granite_hybrid_layer(b, d, l, q, kv),
             Arch::GraniteSwa => granite_swa_layer(b, d, l, q, kv),
+            Arch::KimiLinear => kimi_linear_layer(b, d, l),
         }
     }
     nextn_blocks(arch, b, d, q, kv);

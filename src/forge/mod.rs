@@ -155,6 +155,11 @@ pub enum Arch {
     /// right.
     #[serde(rename = "llada-moe")]
     LladaMoe,
+    /// Kimi-Linear: Kimi Delta Attention layers (gated delta rule over short convolutions of Q,
+    /// K and V, a recurrent state) with MLA every 4th layer, a dense leading layer, sigmoid
+    /// routing with a selection bias beside a shared expert.
+    #[serde(rename = "kimi-linear")]
+    KimiLinear,
 }
 
 impl Arch {
@@ -205,10 +210,11 @@ impl Arch {
             Arch::HyV3 => "hy_v3",
             Arch::GraniteSwa => "granite_swa",
             Arch::LladaMoe => "llada-moe",
+            Arch::KimiLinear => "kimi-linear",
         }
     }
 
-    pub const ALL: [Arch; 44] = [
+    pub const ALL: [Arch; 45] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -253,6 +259,7 @@ impl Arch {
         Arch::HyV3,
         Arch::GraniteSwa,
         Arch::LladaMoe,
+        Arch::KimiLinear,
     ];
 }
 
@@ -287,7 +294,7 @@ pub const MTP_FAMILIES: [Arch; 8] =
 
 /// The families whose loaders require `output.weight` (no fallback to `token_embd`), so a tied
 /// head is a file llama.cpp refuses: forge refuses `--tied-output` for them.
-pub const UNTIED_FAMILIES: [Arch; 15] = [
+pub const UNTIED_FAMILIES: [Arch; 16] = [
     Arch::GptOss,
     Arch::Olmoe,
     Arch::Qwen2moe,
@@ -303,6 +310,7 @@ pub const UNTIED_FAMILIES: [Arch; 15] = [
     Arch::Bailingmoe,
     Arch::Mellum,
     Arch::LladaMoe,
+    Arch::KimiLinear,
 ];
 
 /// The families forge writes whose contexts llama.cpp gives no memory (no KV cache, no

@@ -83,6 +83,7 @@ families! {
     granitehybrid: "granitehybrid",
     hy_v3: "hy_v3",
     granite_swa: "granite_swa",
+    kimi_linear: "kimi-linear",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -122,8 +123,9 @@ fn assert_exact(a: &Path, b: &Path) -> Vec<String> {
     v["surfaces"].as_array().unwrap().iter().map(|s| s["surface"].as_str().unwrap().to_string()).collect()
 }
 
-/// The families that keep a recurrent state per sequence (DeltaNet or Mamba-2 layers).
-const HYBRID: [&str; 6] = ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba", "lfm2moe", "granitehybrid"];
+/// The families that keep a recurrent state per sequence (DeltaNet, KDA, Mamba or short
+/// convolution layers).
+const HYBRID: [&str; 7] = ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba", "lfm2moe", "granitehybrid", "kimi-linear"];
 
 fn inventory(model: &Path) -> serde_json::Value {
     serde_json::from_str(&ok(&["inventory", model.to_str().unwrap(), "--json"]).stdout).unwrap()
@@ -240,7 +242,9 @@ fn renamed(from: &'static str, to: &'static str) -> impl Fn(&Gguf) -> Rewrite {
 fn fused_qkv(g: &Gguf) -> Rewrite {
     let mut out = Vec::new();
     for t in &g.tensors {
-        let Some(prefix) = t.name.strip_suffix("attn_q.weight") else {
+        // Only where the layer has K and V (kimi-linear's MLA layers have a query alone).
+        let with_kv = |p: &&str| g.tensor(&format!("{p}attn_k.weight")).is_some();
+        let Some(prefix) = t.name.strip_suffix("attn_q.weight").filter(with_kv) else {
             if !(t.name.ends_with("attn_k.weight") || t.name.ends_with("attn_v.weight")) {
                 out.push((t.name.clone(), t.dims.clone(), vec![t.name.clone()]));
             }
@@ -251,6 +255,22 @@ fn fused_qkv(g: &Gguf) -> Rewrite {
         out.push((format!("{prefix}attn_qkv.weight"), vec![t.dims[0], rows], parts));
     }
     out
+}
+
+/// kimi-linear's KDA convolutions and decays as the converter first writes them, with trailing
+/// unit dimensions ([d_conv, 1, inner, 1] and [1, heads, 1, 1]); quantizing drops them.
+fn kimi_linear_4d(g: &Gguf) -> Rewrite {
+    let four = |n: &str| n.contains(".ssm_conv1d_") || n.ends_with(".ssm_a");
+    g.tensors
+        .iter()
+        .map(|t| {
+            let mut dims = t.dims.clone();
+            if four(&t.name) {
+                dims.resize(4, 1);
+            }
+            (t.name.clone(), dims, vec![t.name.clone()])
+        })
+        .collect()
 }
 
 /// Gate and up of every layer's experts in one `ffn_gate_up_exps` twice as wide (as some
@@ -355,6 +375,8 @@ mod valid_variants_of_every_family_are_accepted {
             ("granite_swa", "fused attn_qkv", Box::new(fused_qkv)),
             ("granite_swa", "merged gate_up experts", Box::new(merged_gate_up)),
             ("granitehybrid", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
+            ("kimi-linear", "fused attn_qkv", Box::new(fused_qkv)),
+            ("kimi-linear", "4D convolutions and decays", Box::new(kimi_linear_4d)),
             ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
             ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
             ("mistral3", "no rotary factors", Box::new(without(|n: &str| n == "rope_freqs.weight"))),
@@ -671,7 +693,9 @@ fn a_tied_head_is_refused_where_the_loader_requires_output_weight() {
     let d = dir.path();
     for arch in sovereign::forge::UNTIED_FAMILIES.map(|a| a.name()) {
         let out = d.join(format!("{arch}-tied.gguf"));
-        let r = run(&["model", "forge", "--arch", arch, "--preset", "tiny", "--tied-output", "--out", out.to_str().unwrap()]);
+        let mut args = vec!["model", "forge", "--arch", arch, "--preset", "tiny", "--tied-output", "--out", out.to_str().unwrap()];
+        args.extend_from_slice(family_layers(arch));
+        let r = run(&args);
         assert_ne!(r.code, 0, "{arch}: {}", r.stdout);
         let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
         assert!(lines.len() == 1 && lines[0].contains("--tied-output") && lines[0].contains("output.weight"), "{arch}: {}", r.stderr);
