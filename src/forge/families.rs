@@ -310,7 +310,38 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::HyV3 => hparams_hy_v3(d, b),
         Arch::GraniteSwa => hparams_granite_swa(d, b),
         Arch::KimiLinear => hparams_kimi_linear(d, b),
+        Arch::Minimax01 => {
+            hp_common(d, b);
+            b.u32("feed_forward_length", d.expert_ff);
+            hp_attention(arch, d, b, d.head_dim / 2);
+            // MiniMax-Text-01's alpha, the scale of the normed input each residual carries.
+            b.f32("rope.freq_base", 10_000_000.0).f32("residual_scale", 3.556_558_8);
+            b.u32("full_attention_interval", minimax01_interval(d));
+            hp_experts(d, b);
+        }
     }
+}
+
+/// minimax-01: softmax attention every 8th layer (MiniMax-Text-01's), and at least the last.
+fn minimax01_interval(d: &Dims) -> u64 {
+    d.layers.min(8)
+}
+
+/// A minimax-01 layer: softmax attention or lightning attention (Q, K and V from one
+/// projection, a norm over its output and a sigmoid gate from the layer's input), then experts.
+fn minimax01_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("attn_norm"), &[d.embd]);
+    if (l + 1).is_multiple_of(minimax01_interval(d)) {
+        attention(b, d, l, q, kv);
+    } else {
+        b.t(n("attn_norm_2"), &[q]);
+        b.t(n("attn_qkv"), &[d.embd, 3 * q]);
+        b.t(n("attn_gate"), &[d.embd, q]);
+        b.t(n("attn_output"), &[q, d.embd]);
+    }
+    b.t(n("ffn_norm"), &[d.embd]);
+    experts(b, d, l, d.expert_ff);
 }
 
 /// kimi-linear: MLA in every 4th layer and the last (Kimi-Linear-48B's 4th, 8th, ..., 24th and
@@ -852,6 +883,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Granitehybrid => granite_hybrid_layer(b, d, l, q, kv),
             Arch::GraniteSwa => granite_swa_layer(b, d, l, q, kv),
             Arch::KimiLinear => kimi_linear_layer(b, d, l),
+            Arch::Minimax01 => minimax01_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);

@@ -160,6 +160,11 @@ pub enum Arch {
     /// routing with a selection bias beside a shared expert.
     #[serde(rename = "kimi-linear")]
     KimiLinear,
+    /// MiniMax-Text-01: lightning (linear) attention layers with a recurrent state and a gated,
+    /// normed output between softmax attention ones (every 8th and the last), each residual
+    /// the normed input scaled; softmax routing, no shared expert.
+    #[serde(rename = "minimax-01")]
+    Minimax01,
 }
 
 impl Arch {
@@ -211,10 +216,11 @@ impl Arch {
             Arch::GraniteSwa => "granite_swa",
             Arch::LladaMoe => "llada-moe",
             Arch::KimiLinear => "kimi-linear",
+            Arch::Minimax01 => "minimax-01",
         }
     }
 
-    pub const ALL: [Arch; 45] = [
+    pub const ALL: [Arch; 46] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -260,6 +266,7 @@ impl Arch {
         Arch::GraniteSwa,
         Arch::LladaMoe,
         Arch::KimiLinear,
+        Arch::Minimax01,
     ];
 }
 

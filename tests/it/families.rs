@@ -84,6 +84,7 @@ families! {
     hy_v3: "hy_v3",
     granite_swa: "granite_swa",
     kimi_linear: "kimi-linear",
+    minimax_01: "minimax-01",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -123,9 +124,9 @@ fn assert_exact(a: &Path, b: &Path) -> Vec<String> {
     v["surfaces"].as_array().unwrap().iter().map(|s| s["surface"].as_str().unwrap().to_string()).collect()
 }
 
-/// The families that keep a recurrent state per sequence (DeltaNet, KDA, Mamba or short
-/// convolution layers).
-const HYBRID: [&str; 7] = ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba", "lfm2moe", "granitehybrid", "kimi-linear"];
+/// The families that keep a recurrent state per sequence (DeltaNet, KDA, lightning attention,
+/// Mamba or short convolution layers).
+const HYBRID: [&str; 8] = ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba", "lfm2moe", "granitehybrid", "kimi-linear", "minimax-01"];
 
 fn inventory(model: &Path) -> serde_json::Value {
     serde_json::from_str(&ok(&["inventory", model.to_str().unwrap(), "--json"]).stdout).unwrap()
@@ -377,6 +378,8 @@ mod valid_variants_of_every_family_are_accepted {
             ("granitehybrid", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
             ("kimi-linear", "fused attn_qkv", Box::new(fused_qkv)),
             ("kimi-linear", "4D convolutions and decays", Box::new(kimi_linear_4d)),
+            ("minimax-01", "fused attn_qkv", Box::new(fused_qkv)),
+            ("minimax-01", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
             ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
             ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
             ("mistral3", "no rotary factors", Box::new(without(|n: &str| n == "rope_freqs.weight"))),
