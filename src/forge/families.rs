@@ -47,6 +47,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::Cohere2moe
             | Arch::HyV3
             | Arch::KimiLinear
+            | Arch::MinimaxM3
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -310,6 +311,26 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::HyV3 => hparams_hy_v3(d, b),
         Arch::GraniteSwa => hparams_granite_swa(d, b),
         Arch::KimiLinear => hparams_kimi_linear(d, b),
+        Arch::MinimaxM3 => {
+            hp_common(d, b);
+            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+            hp_attention(arch, d, b, d.head_dim / 2);
+            b.f32("rope.freq_base", 5_000_000.0);
+            // Blocks of 16 keys, the 2 best and the query's own: a prompt of a few blocks
+            // already attends only some of its keys.
+            // One indexer head per group of query heads (MSA's), as many as the KV heads.
+            b.u32("attention.indexer.head_count", d.kv_heads)
+                .u32("attention.indexer.key_length", d.head_dim)
+                .u32("attention.indexer.top_k", 2)
+                .u32("attention.indexer.block_size", 16)
+                .u32("attention.indexer.local_blocks", 1);
+            hp_experts(d, b);
+            b.u32("expert_feed_forward_length", d.expert_ff)
+                .u32("expert_shared_count", 1)
+                .f32("expert_weights_scale", 2.0)
+                .hp("expert_weights_norm", Value::Bool(true))
+                .u32("expert_gating_func", 2);
+        }
         Arch::Minimax01 => {
             hp_common(d, b);
             b.u32("feed_forward_length", d.expert_ff);
@@ -320,6 +341,25 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
             hp_experts(d, b);
         }
     }
+}
+
+/// A minimax-m3 layer: attention with q/k norms, then a dense MLP (the first layer) or experts
+/// with a selection bias beside a shared one, and the indexer of the layer's sparse attention.
+fn minimax_m3_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    qk_normed_attention(b, d, l, q, kv);
+    b.t(n("ffn_norm"), &[d.embd]);
+    if l == 0 {
+        dense_mlp(b, d, l);
+        return;
+    }
+    experts(b, d, l, d.expert_ff);
+    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    shared_expert(b, d, l, d.expert_ff, false);
+    b.t(n("indexer.q_proj"), &[d.embd, d.kv_heads * d.head_dim]);
+    b.t(n("indexer.k_proj"), &[d.embd, d.head_dim]);
+    b.t(n("indexer.q_norm"), &[d.head_dim]);
+    b.t(n("indexer.k_norm"), &[d.head_dim]);
 }
 
 /// minimax-01: softmax attention every 8th layer (MiniMax-Text-01's), and at least the last.
@@ -884,6 +924,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::GraniteSwa => granite_swa_layer(b, d, l, q, kv),
             Arch::KimiLinear => kimi_linear_layer(b, d, l),
             Arch::Minimax01 => minimax01_layer(b, d, l, q, kv),
+            Arch::MinimaxM3 => minimax_m3_layer(b, d, l, q, kv),
         }
     }
     nextn_blocks(arch, b, d, q, kv);

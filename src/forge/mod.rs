@@ -165,6 +165,12 @@ pub enum Arch {
     /// the normed input scaled; softmax routing, no shared expert.
     #[serde(rename = "minimax-01")]
     Minimax01,
+    /// MiniMax-M3: minimax-m2's attention with q/k norms per head and partial rotary, MiniMax
+    /// Sparse Attention (an indexer choosing blocks of keys) in its MoE layers, a dense leading
+    /// layer, clamped SwiGLU (swiglu-oai) experts, sigmoid routing with a selection bias beside a
+    /// shared expert.
+    #[serde(rename = "minimax-m3")]
+    MinimaxM3,
 }
 
 impl Arch {
@@ -217,10 +223,11 @@ impl Arch {
             Arch::LladaMoe => "llada-moe",
             Arch::KimiLinear => "kimi-linear",
             Arch::Minimax01 => "minimax-01",
+            Arch::MinimaxM3 => "minimax-m3",
         }
     }
 
-    pub const ALL: [Arch; 46] = [
+    pub const ALL: [Arch; 47] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -267,6 +274,7 @@ impl Arch {
         Arch::LladaMoe,
         Arch::KimiLinear,
         Arch::Minimax01,
+        Arch::MinimaxM3,
     ];
 }
 
@@ -301,7 +309,7 @@ pub const MTP_FAMILIES: [Arch; 8] =
 
 /// The families whose loaders require `output.weight` (no fallback to `token_embd`), so a tied
 /// head is a file llama.cpp refuses: forge refuses `--tied-output` for them.
-pub const UNTIED_FAMILIES: [Arch; 16] = [
+pub const UNTIED_FAMILIES: [Arch; 17] = [
     Arch::GptOss,
     Arch::Olmoe,
     Arch::Qwen2moe,
@@ -318,6 +326,7 @@ pub const UNTIED_FAMILIES: [Arch; 16] = [
     Arch::Mellum,
     Arch::LladaMoe,
     Arch::KimiLinear,
+    Arch::MinimaxM3,
 ];
 
 /// The families forge writes whose contexts llama.cpp gives no memory (no KV cache, no

@@ -85,6 +85,7 @@ families! {
     granite_swa: "granite_swa",
     kimi_linear: "kimi-linear",
     minimax_01: "minimax-01",
+    minimax_m3: "minimax-m3",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -379,6 +380,7 @@ mod valid_variants_of_every_family_are_accepted {
             ("kimi-linear", "fused attn_qkv", Box::new(fused_qkv)),
             ("kimi-linear", "4D convolutions and decays", Box::new(kimi_linear_4d)),
             ("minimax-01", "fused attn_qkv", Box::new(fused_qkv)),
+            ("minimax-m3", "fused attn_qkv", Box::new(fused_qkv)),
             ("minimax-01", "ungated experts", Box::new(without(|n: &str| n.ends_with("ffn_gate_exps.weight")))),
             ("deepseek", "fused attn_qkv", Box::new(fused_qkv)),
             ("bailingmoe", "fused attn_qkv", Box::new(fused_qkv)),
@@ -434,6 +436,32 @@ mod valid_variants_of_every_family_are_accepted {
             let key = format!("{arch}.attention.sliding_window");
             metadata_variant_runs_otherwise(dir.path(), arch, "without sliding layers", |m| m.retain(|(k, _)| *k != key));
         }
+    }
+
+    /// MiniMax-M3 under flash attention, where its MoE layers attend through MSA (the keys of
+    /// the blocks its indexer picks; without flash attention llama.cpp attends every key): exact
+    /// streamed, and its indexer's choice is what they attend (every block, other logits).
+    #[test]
+    fn minimax_m3_sparse_attention_under_flash_attention() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let base = forge_arch(d, "minimax-m3", &[]);
+        let (resident, plan) = (d.join("msa-resident"), d.join("msa-plan"));
+        gen(&base, &resident, &["--flash-attn"]);
+        gen(&base, &plan, &["--flash-attn", "--experts", "plan", "--slots", SLOTS, "--policy", "lru:3"]);
+        assert_exact(&resident, &plan);
+        let every_block = |m: &mut Vec<(String, Value)>| {
+            for (k, v) in m.iter_mut() {
+                if k == "minimax-m3.attention.indexer.top_k" {
+                    *v = Value::U32(1024);
+                }
+            }
+        };
+        let dense = rewrite(&base, &d.join("minimax-m3-every-block.gguf"), every_block, without(|_: &str| false));
+        let all = d.join("msa-every-block");
+        gen(&dense, &all, &["--flash-attn"]);
+        let c = compare_surfaces(&resident, &all);
+        assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{c:?}");
     }
 
     /// Cohere2-MoE normed by RMS instead of LayerNorm (the loader's choice where an RMS epsilon
