@@ -48,6 +48,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::HyV3
             | Arch::KimiLinear
             | Arch::MinimaxM3
+            | Arch::Dots3note
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -331,6 +332,7 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .hp("expert_weights_norm", Value::Bool(true))
                 .u32("expert_gating_func", 2);
         }
+        Arch::Dots3note => hparams_dots3note(d, b),
         Arch::Minimax01 => {
             hp_common(d, b);
             b.u32("feed_forward_length", d.expert_ff);
@@ -341,6 +343,73 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
             hp_experts(d, b);
         }
     }
+}
+
+/// dots3note: deepseek2's absorbed MLA keys, the same geometry for the sliding layers (their
+/// own keys, which may differ), and the indexer of the full layers.
+fn hparams_dots3note(d: &Dims, b: &mut Builder) {
+    let m = Mla::of(d);
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+    b.u32("attention.head_count", d.heads)
+        .u32("attention.head_count_kv", 1)
+        .u32("attention.key_length", m.kv_lora + m.rope)
+        .u32("attention.value_length", m.kv_lora)
+        .u32("attention.key_length_mla", m.nope + m.rope)
+        .u32("attention.value_length_mla", d.head_dim)
+        .u32("attention.q_lora_rank", m.q_lora)
+        .u32("attention.kv_lora_rank", m.kv_lora)
+        .u32("attention.kv_lora_rank_swa", m.kv_lora)
+        .u32("attention.key_length_mla_swa", m.nope + m.rope)
+        .u32("attention.value_length_mla_swa", d.head_dim)
+        .f32("attention.layer_norm_rms_epsilon", 1e-6)
+        .u32("attention.sliding_window", SLIDING_WINDOW)
+        .hp("attention.sliding_window_pattern", sliding_pattern(d.layers, |l| !every_4th_and_last(d, l)))
+        .u32("attention.indexer.head_count", d.heads)
+        .u32("attention.indexer.key_length", d.head_dim)
+        .u32("attention.indexer.top_k", INDEXER_TOP_K)
+        .hp("attention.indexer.types", per_layer(d.layers, |l| u64::from(every_4th_and_last(d, l))));
+    b.u32("rope.dimension_count", m.rope).f32("rope.freq_base", 1_000_000.0).f32("rope.freq_base_swa", 10_000.0);
+    hp_experts(d, b);
+    b.u32("expert_shared_count", 1)
+        .u32("expert_feed_forward_length", d.expert_ff)
+        .f32("expert_weights_scale", 2.5)
+        .hp("expert_weights_norm", Value::Bool(true))
+        .u32("expert_gating_func", 2);
+}
+
+/// A dots3note layer: MLA with a normed rotary key and a sigmoid gate per head, the indexer in
+/// full layers; a dense MLP (the first layer) or experts with a selection bias beside a shared
+/// one.
+fn dots3note_layer(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let m = Mla::of(d);
+    b.t(n("attn_norm"), &[d.embd]);
+    b.t(n("attn_q_a_norm"), &[m.q_lora]);
+    b.t(n("attn_kv_a_norm"), &[m.kv_lora]);
+    b.t(n("attn_k_norm"), &[m.rope]);
+    b.t(n("attn_q_a"), &[d.embd, m.q_lora]);
+    b.t(n("attn_q_b"), &[m.q_lora, d.heads * (m.nope + m.rope)]);
+    b.t(n("attn_kv_a_mqa"), &[d.embd, m.kv_lora + m.rope]);
+    b.t(n("attn_k_b"), &[m.nope, m.kv_lora, d.heads]);
+    b.t(n("attn_v_b"), &[m.kv_lora, d.head_dim, d.heads]);
+    b.t(n("attn_output"), &[d.heads * d.head_dim, d.embd]);
+    b.t(n("attn_gate"), &[d.embd, d.heads]);
+    b.t(n("ffn_norm"), &[d.embd]);
+    if every_4th_and_last(d, l) {
+        b.t(n("indexer.k_norm"), &[d.head_dim]);
+        b.std(format!("blk.{l}.indexer.k_norm.bias"), &[d.head_dim], 0.02);
+        b.t(n("indexer.proj"), &[d.embd, d.heads]);
+        b.t(n("indexer.attn_k"), &[d.embd, d.head_dim]);
+        b.t(n("indexer.attn_q_b"), &[m.q_lora, d.heads * d.head_dim]);
+    }
+    if l == 0 {
+        dense_mlp(b, d, l);
+        return;
+    }
+    experts(b, d, l, d.expert_ff);
+    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    shared_expert(b, d, l, d.expert_ff, false);
 }
 
 /// A minimax-m3 layer: attention with q/k norms, then a dense MLP (the first layer) or experts
@@ -384,9 +453,9 @@ fn minimax01_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     experts(b, d, l, d.expert_ff);
 }
 
-/// kimi-linear: MLA in every 4th layer and the last (Kimi-Linear-48B's 4th, 8th, ..., 24th and
-/// 27th), KDA in the others.
-fn kimi_mla(d: &Dims, l: u64) -> bool {
+/// Every 4th layer and the last: kimi-linear's MLA layers (Kimi-Linear-48B's 4th, 8th, ...,
+/// 24th and 27th; KDA in the others) and dots3note's full ones.
+fn every_4th_and_last(d: &Dims, l: u64) -> bool {
     (l + 1).is_multiple_of(4) || l + 1 == d.layers
 }
 
@@ -397,7 +466,7 @@ fn hparams_kimi_linear(d: &Dims, b: &mut Builder) {
     hp_common(d, b);
     b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
     b.u32("attention.head_count", d.heads)
-        .hp("attention.head_count_kv", per_layer(d.layers, |l| u64::from(kimi_mla(d, l))))
+        .hp("attention.head_count_kv", per_layer(d.layers, |l| u64::from(every_4th_and_last(d, l))))
         .u32("attention.key_length", m.kv_lora + m.rope)
         .u32("attention.value_length", m.kv_lora)
         .u32("attention.key_length_mla", m.nope + m.rope)
@@ -420,7 +489,7 @@ fn hparams_kimi_linear(d: &Dims, b: &mut Builder) {
 fn kimi_linear_layer(b: &mut Builder, d: &Dims, l: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     b.t(n("attn_norm"), &[d.embd]);
-    if kimi_mla(d, l) {
+    if every_4th_and_last(d, l) {
         let m = Mla::of(d);
         b.t(n("attn_kv_a_norm"), &[m.kv_lora]);
         b.t(n("attn_q"), &[d.embd, d.heads * (m.nope + m.rope)]);
@@ -925,6 +994,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::KimiLinear => kimi_linear_layer(b, d, l),
             Arch::Minimax01 => minimax01_layer(b, d, l, q, kv),
             Arch::MinimaxM3 => minimax_m3_layer(b, d, l, q, kv),
+            Arch::Dots3note => dots3note_layer(b, d, l),
         }
     }
     nextn_blocks(arch, b, d, q, kv);

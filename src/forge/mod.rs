@@ -171,6 +171,11 @@ pub enum Arch {
     /// shared expert.
     #[serde(rename = "minimax-m3")]
     MinimaxM3,
+    /// dots.llm3: absorbed MLA in every layer with a sigmoid gate per head and a normed rotary
+    /// key, sliding-window layers between full ones (every 4th and the last), each full layer
+    /// with a lightning indexer choosing its keys; a dense leading layer, sigmoid routing with a
+    /// selection bias beside a shared expert.
+    Dots3note,
 }
 
 impl Arch {
@@ -224,10 +229,11 @@ impl Arch {
             Arch::KimiLinear => "kimi-linear",
             Arch::Minimax01 => "minimax-01",
             Arch::MinimaxM3 => "minimax-m3",
+            Arch::Dots3note => "dots3note",
         }
     }
 
-    pub const ALL: [Arch; 47] = [
+    pub const ALL: [Arch; 48] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -275,6 +281,7 @@ impl Arch {
         Arch::KimiLinear,
         Arch::Minimax01,
         Arch::MinimaxM3,
+        Arch::Dots3note,
     ];
 }
 

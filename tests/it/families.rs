@@ -86,6 +86,7 @@ families! {
     kimi_linear: "kimi-linear",
     minimax_01: "minimax-01",
     minimax_m3: "minimax-m3",
+    dots3note: "dots3note",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
