@@ -351,15 +351,8 @@ fn hparams_dots3note(d: &Dims, b: &mut Builder) {
     let m = Mla::of(d);
     hp_common(d, b);
     b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
-    b.u32("attention.head_count", d.heads)
-        .u32("attention.head_count_kv", 1)
-        .u32("attention.key_length", m.kv_lora + m.rope)
-        .u32("attention.value_length", m.kv_lora)
-        .u32("attention.key_length_mla", m.nope + m.rope)
-        .u32("attention.value_length_mla", d.head_dim)
-        .u32("attention.q_lora_rank", m.q_lora)
-        .u32("attention.kv_lora_rank", m.kv_lora)
-        .u32("attention.kv_lora_rank_swa", m.kv_lora)
+    hp_absorbed_mla(d, b);
+    b.u32("attention.kv_lora_rank_swa", m.kv_lora)
         .u32("attention.key_length_mla_swa", m.nope + m.rope)
         .u32("attention.value_length_mla_swa", d.head_dim)
         .f32("attention.layer_norm_rms_epsilon", 1e-6)
@@ -383,25 +376,12 @@ fn hparams_dots3note(d: &Dims, b: &mut Builder) {
 /// one.
 fn dots3note_layer(b: &mut Builder, d: &Dims, l: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
-    let m = Mla::of(d);
-    b.t(n("attn_norm"), &[d.embd]);
-    b.t(n("attn_q_a_norm"), &[m.q_lora]);
-    b.t(n("attn_kv_a_norm"), &[m.kv_lora]);
-    b.t(n("attn_k_norm"), &[m.rope]);
-    b.t(n("attn_q_a"), &[d.embd, m.q_lora]);
-    b.t(n("attn_q_b"), &[m.q_lora, d.heads * (m.nope + m.rope)]);
-    b.t(n("attn_kv_a_mqa"), &[d.embd, m.kv_lora + m.rope]);
-    b.t(n("attn_k_b"), &[m.nope, m.kv_lora, d.heads]);
-    b.t(n("attn_v_b"), &[m.kv_lora, d.head_dim, d.heads]);
-    b.t(n("attn_output"), &[d.heads * d.head_dim, d.embd]);
+    mla_projections(b, d, l, false);
+    b.t(n("attn_k_norm"), &[Mla::of(d).rope]);
     b.t(n("attn_gate"), &[d.embd, d.heads]);
     b.t(n("ffn_norm"), &[d.embd]);
     if every_4th_and_last(d, l) {
-        b.t(n("indexer.k_norm"), &[d.head_dim]);
-        b.std(format!("blk.{l}.indexer.k_norm.bias"), &[d.head_dim], 0.02);
-        b.t(n("indexer.proj"), &[d.embd, d.heads]);
-        b.t(n("indexer.attn_k"), &[d.embd, d.head_dim]);
-        b.t(n("indexer.attn_q_b"), &[m.q_lora, d.heads * d.head_dim]);
+        dsa_indexer(b, d, l);
     }
     if l == 0 {
         dense_mlp(b, d, l);
@@ -846,15 +826,10 @@ fn hparams_classic(arch: Arch, d: &Dims, b: &mut Builder) {
     }
 }
 
-/// DeepSeek-V2: absorbed MLA, a leading dense block, grouped expert selection. DeepSeek-V3.2
-/// adds its lightning indexer (as many heads as attention, each a head wide); GLM-5 too, and
-/// routes without groups.
-fn hparams_deepseek2(arch: Arch, d: &Dims, b: &mut Builder) {
+/// Absorbed MLA is multi-query over the latent: one K/V head, K the latent and its rotary
+/// part, V the latent.
+fn hp_absorbed_mla(d: &Dims, b: &mut Builder) {
     let m = Mla::of(d);
-    hp_common(d, b);
-    b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
-    // Absorbed MLA is multi-query over the latent: one K/V head, K the latent and its
-    // rotary part, V the latent.
     b.u32("attention.head_count", d.heads)
         .u32("attention.head_count_kv", 1)
         .u32("attention.key_length", m.kv_lora + m.rope)
@@ -862,8 +837,18 @@ fn hparams_deepseek2(arch: Arch, d: &Dims, b: &mut Builder) {
         .u32("attention.key_length_mla", m.nope + m.rope)
         .u32("attention.value_length_mla", d.head_dim)
         .u32("attention.q_lora_rank", m.q_lora)
-        .u32("attention.kv_lora_rank", m.kv_lora)
-        .f32("attention.layer_norm_rms_epsilon", 1e-6);
+        .u32("attention.kv_lora_rank", m.kv_lora);
+}
+
+/// DeepSeek-V2: absorbed MLA, a leading dense block, grouped expert selection. DeepSeek-V3.2
+/// adds its lightning indexer (as many heads as attention, each a head wide); GLM-5 too, and
+/// routes without groups.
+fn hparams_deepseek2(arch: Arch, d: &Dims, b: &mut Builder) {
+    let m = Mla::of(d);
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+    hp_absorbed_mla(d, b);
+    b.f32("attention.layer_norm_rms_epsilon", 1e-6);
     if arch != Arch::Deepseek2 {
         b.u32("attention.indexer.head_count", d.heads)
             .u32("attention.indexer.key_length", d.head_dim)
@@ -1579,6 +1564,15 @@ fn nextn_moe(b: &mut Builder, d: &Dims, l: u64) {
 /// a weight per indexer head. A nextn block's output projection is drawn at a fiftieth of its
 /// scale.
 fn mla_attention(arch: Arch, b: &mut Builder, d: &Dims, l: u64, nextn: bool) {
+    mla_projections(b, d, l, nextn);
+    b.t(format!("blk.{l}.ffn_norm.weight"), &[d.embd]);
+    if arch != Arch::Deepseek2 {
+        dsa_indexer(b, d, l);
+    }
+}
+
+/// Absorbed MLA's norms and projections (a nextn block's output drawn small).
+fn mla_projections(b: &mut Builder, d: &Dims, l: u64, nextn: bool) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     let m = Mla::of(d);
     b.t(n("attn_norm"), &[d.embd]);
@@ -1595,14 +1589,16 @@ fn mla_attention(arch: Arch, b: &mut Builder, d: &Dims, l: u64, nextn: bool) {
     } else {
         b.t(n("attn_output"), &[o, d.embd]);
     }
-    b.t(n("ffn_norm"), &[d.embd]);
-    if arch != Arch::Deepseek2 {
-        b.t(n("indexer.k_norm"), &[d.head_dim]);
-        b.std(format!("blk.{l}.indexer.k_norm.bias"), &[d.head_dim], 0.02);
-        b.t(n("indexer.proj"), &[d.embd, d.heads]);
-        b.t(n("indexer.attn_k"), &[d.embd, d.head_dim]);
-        b.t(n("indexer.attn_q_b"), &[m.q_lora, d.heads * d.head_dim]);
-    }
+}
+
+/// The lightning indexer of a DSA layer: as many heads as attention, each a head wide.
+fn dsa_indexer(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    b.t(n("indexer.k_norm"), &[d.head_dim]);
+    b.std(format!("blk.{l}.indexer.k_norm.bias"), &[d.head_dim], 0.02);
+    b.t(n("indexer.proj"), &[d.embd, d.heads]);
+    b.t(n("indexer.attn_k"), &[d.embd, d.head_dim]);
+    b.t(n("indexer.attn_q_b"), &[Mla::of(d).q_lora, d.heads * d.head_dim]);
 }
 
 /// A qwen35moe nextn block (`load_block_mtp`): a gated full-attention MoE decoder block, and the
