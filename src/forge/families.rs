@@ -49,6 +49,7 @@ pub(super) fn check(arch: Arch, d: &Dims) -> Result<()> {
             | Arch::KimiLinear
             | Arch::MinimaxM3
             | Arch::Dots3note
+            | Arch::HyV4
     );
     if dense_lead && d.layers < 2 {
         bail!("--arch {}: a dense leading layer and at least one MoE layer need 2 layers", arch.name());
@@ -333,6 +334,25 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
                 .u32("expert_gating_func", 2);
         }
         Arch::Dots3note => hparams_dots3note(d, b),
+        Arch::HyV4 => {
+            hp_common(d, b);
+            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+            hp_absorbed_mla(d, b);
+            b.f32("attention.layer_norm_rms_epsilon", 1e-6)
+                .u32("attention.indexer.head_count", d.heads)
+                .u32("attention.indexer.key_length", d.head_dim)
+                .u32("attention.indexer.top_k", INDEXER_TOP_K)
+                .hp("attention.indexer.types", per_layer(d.layers, |_| 1));
+            b.u32("rope.dimension_count", Mla::of(d).rope).f32("rope.freq_base", 10_000.0);
+            b.u32("hyper_connection.count", HY_V4_STREAMS).f32("hyper_connection.epsilon", 1e-6).f32("hyper_connection.magnitude", 2.0);
+            hp_experts(d, b);
+            b.u32("expert_shared_count", 1)
+                .u32("expert_feed_forward_length", d.expert_ff)
+                .f32("expert_weights_scale", 2.5)
+                .hp("expert_weights_norm", Value::Bool(true))
+                .u32("expert_gating_func", 2)
+                .f32("swiglu_clamp_exp", 7.0);
+        }
         Arch::Minimax01 => {
             hp_common(d, b);
             b.u32("feed_forward_length", d.expert_ff);
@@ -369,6 +389,38 @@ fn hparams_dots3note(d: &Dims, b: &mut Builder) {
         .f32("expert_weights_scale", 2.5)
         .hp("expert_weights_norm", Value::Bool(true))
         .u32("expert_gating_func", 2);
+}
+
+/// hy_v4's residual streams (its hyper-connections' count).
+const HY_V4_STREAMS: u64 = 4;
+
+/// The mixing of hy_v4's streams around a block (`attn` or `ffn`): a projection of the flat
+/// streams to their pre and post weights, a base and a scale of each.
+fn hyper_connection(b: &mut Builder, d: &Dims, l: u64, block: &str) {
+    let hc = HY_V4_STREAMS;
+    b.t(format!("blk.{l}.hc_{block}_fn.weight"), &[hc * d.embd, 2 * hc]);
+    b.std(format!("blk.{l}.hc_{block}_base.weight"), &[2 * hc], 0.1);
+    b.t(format!("blk.{l}.hc_{block}_scale.weight"), &[2]);
+}
+
+/// A hy_v4 layer: MLA with sinks and a gate, the indexer, the hyper-connections of attention
+/// and MLP; a dense MLP (the first layer) or experts with a selection bias beside a shared one.
+fn hy_v4_layer(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    mla_projections(b, d, l, false);
+    b.std(n("attn_sinks"), &[d.heads], 0.5);
+    b.t(n("attn_gate"), &[d.embd, d.heads * d.head_dim]);
+    dsa_indexer(b, d, l);
+    hyper_connection(b, d, l, "attn");
+    hyper_connection(b, d, l, "ffn");
+    b.t(n("ffn_norm"), &[d.embd]);
+    if l == 0 {
+        dense_mlp(b, d, l);
+        return;
+    }
+    experts(b, d, l, d.expert_ff);
+    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    shared_expert(b, d, l, d.expert_ff, false);
 }
 
 /// A dots3note layer: MLA with a normed rotary key and a sigmoid gate per head, the indexer in
@@ -980,6 +1032,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Minimax01 => minimax01_layer(b, d, l, q, kv),
             Arch::MinimaxM3 => minimax_m3_layer(b, d, l, q, kv),
             Arch::Dots3note => dots3note_layer(b, d, l),
+            Arch::HyV4 => hy_v4_layer(b, d, l),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -1130,6 +1183,13 @@ fn globals(arch: Arch, d: &Dims, b: &mut Builder) {
     if matches!(arch, Arch::Gemma4 | Arch::Step35 | Arch::Mistral3) {
         // One global tensor, read by the full-attention layers (every layer in mistral3).
         b.t("rope_freqs.weight".into(), &[d.head_dim / 2]);
+    }
+    if arch == Arch::HyV4 {
+        // The head's collapse of the residual streams into one.
+        let hc = HY_V4_STREAMS;
+        b.t("output_hc_fn.weight".into(), &[hc * d.embd, hc]);
+        b.std("output_hc_base.weight".into(), &[hc], 0.1);
+        b.t("output_hc_scale.weight".into(), &[1]);
     }
     if arch == Arch::Phimoe {
         // The output's norm and projection have biases; the rotary factors (LongRoPE) are

@@ -176,6 +176,12 @@ pub enum Arch {
     /// with a lightning indexer choosing its keys; a dense leading layer, sigmoid routing with a
     /// selection bias beside a shared expert.
     Dots3note,
+    /// Hy V4: absorbed MLA with attention sinks and a sigmoid gate per element, a lightning
+    /// indexer in every layer, hyper-connections (four residual streams mixed before and after
+    /// each block, collapsed before the head), a dense leading layer, sigmoid routing with a
+    /// selection bias and clamped SwiGLU experts beside a shared expert.
+    #[serde(rename = "hy_v4")]
+    HyV4,
 }
 
 impl Arch {
@@ -230,10 +236,11 @@ impl Arch {
             Arch::Minimax01 => "minimax-01",
             Arch::MinimaxM3 => "minimax-m3",
             Arch::Dots3note => "dots3note",
+            Arch::HyV4 => "hy_v4",
         }
     }
 
-    pub const ALL: [Arch; 48] = [
+    pub const ALL: [Arch; 49] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -282,6 +289,7 @@ impl Arch {
         Arch::Minimax01,
         Arch::MinimaxM3,
         Arch::Dots3note,
+        Arch::HyV4,
     ];
 }
 
@@ -316,7 +324,7 @@ pub const MTP_FAMILIES: [Arch; 8] =
 
 /// The families whose loaders require `output.weight` (no fallback to `token_embd`), so a tied
 /// head is a file llama.cpp refuses: forge refuses `--tied-output` for them.
-pub const UNTIED_FAMILIES: [Arch; 17] = [
+pub const UNTIED_FAMILIES: [Arch; 18] = [
     Arch::GptOss,
     Arch::Olmoe,
     Arch::Qwen2moe,
@@ -334,6 +342,7 @@ pub const UNTIED_FAMILIES: [Arch; 17] = [
     Arch::LladaMoe,
     Arch::KimiLinear,
     Arch::MinimaxM3,
+    Arch::HyV4,
 ];
 
 /// The families forge writes whose contexts llama.cpp gives no memory (no KV cache, no

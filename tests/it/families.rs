@@ -87,6 +87,7 @@ families! {
     minimax_01: "minimax-01",
     minimax_m3: "minimax-m3",
     dots3note: "dots3note",
+    hy_v4: "hy_v4",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -436,6 +437,33 @@ mod valid_variants_of_every_family_are_accepted {
         for arch in ["smallthinker", "mellum", "laguna"] {
             let key = format!("{arch}.attention.sliding_window");
             metadata_variant_runs_otherwise(dir.path(), arch, "without sliding layers", |m| m.retain(|(k, _)| *k != key));
+        }
+    }
+
+    /// Hy V4 as its all-full-attention checkpoints (no indexer keys or tensors: every key
+    /// attended) and with shared indexers (`indexer.types` 0 on layer 1, which attends the keys
+    /// layer 0's indexer chose): both accepted, each with other logits than the forged file's.
+    #[test]
+    fn hy_v4_without_dsa_and_with_shared_indexers() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let base = forge_arch(d, "hy_v4", &[]);
+        let no_keys = |m: &mut Vec<(String, Value)>| m.retain(|(k, _)| !k.starts_with("hy_v4.attention.indexer."));
+        let no_dsa = rewrite(&base, &d.join("hy_v4-without-dsa.gguf"), no_keys, without(|n: &str| n.contains(".indexer.")));
+        let types = |m: &mut Vec<(String, Value)>| {
+            for (k, v) in m.iter_mut() {
+                if k == "hy_v4.attention.indexer.types" {
+                    *v = Value::Array([1, 0, 1].map(Value::U32).to_vec());
+                }
+            }
+        };
+        let shared = rewrite(&base, &d.join("hy_v4-shared-indexers.gguf"), types, without(|n: &str| n.starts_with("blk.1.indexer.")));
+        variants_are_accepted(d, vec![("hy_v4 without DSA".into(), no_dsa), ("hy_v4 shared indexers".into(), shared)]);
+        let forged = d.join("hy_v4-as-forged");
+        gen(&base, &forged, &[]);
+        for stem in ["hy_v4-without-dsa", "hy_v4-shared-indexers"] {
+            let c = compare_surfaces(&forged, &d.join(format!("{stem}-resident")));
+            assert!(c.iter().any(|(s, e)| s == "logits" && !*e), "{stem}: {c:?}");
         }
     }
 
