@@ -391,6 +391,17 @@ fn hparams_dots3note(d: &Dims, b: &mut Builder) {
         .u32("expert_gating_func", 2);
 }
 
+/// The first layer's dense MLP, or the experts with a selection bias beside a shared expert.
+fn dense_lead_or_biased_experts(b: &mut Builder, d: &Dims, l: u64) {
+    if l == 0 {
+        dense_mlp(b, d, l);
+        return;
+    }
+    experts(b, d, l, d.expert_ff);
+    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    shared_expert(b, d, l, d.expert_ff, false);
+}
+
 /// hy_v4's residual streams (its hyper-connections' count).
 const HY_V4_STREAMS: u64 = 4;
 
@@ -414,13 +425,7 @@ fn hy_v4_layer(b: &mut Builder, d: &Dims, l: u64) {
     hyper_connection(b, d, l, "attn");
     hyper_connection(b, d, l, "ffn");
     b.t(n("ffn_norm"), &[d.embd]);
-    if l == 0 {
-        dense_mlp(b, d, l);
-        return;
-    }
-    experts(b, d, l, d.expert_ff);
-    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
-    shared_expert(b, d, l, d.expert_ff, false);
+    dense_lead_or_biased_experts(b, d, l);
 }
 
 /// A dots3note layer: MLA with a normed rotary key and a sigmoid gate per head, the indexer in
@@ -435,13 +440,7 @@ fn dots3note_layer(b: &mut Builder, d: &Dims, l: u64) {
     if every_4th_and_last(d, l) {
         dsa_indexer(b, d, l);
     }
-    if l == 0 {
-        dense_mlp(b, d, l);
-        return;
-    }
-    experts(b, d, l, d.expert_ff);
-    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
-    shared_expert(b, d, l, d.expert_ff, false);
+    dense_lead_or_biased_experts(b, d, l);
 }
 
 /// A minimax-m3 layer: attention with q/k norms, then a dense MLP (the first layer) or experts
@@ -450,13 +449,10 @@ fn minimax_m3_layer(b: &mut Builder, d: &Dims, l: u64, q: u64, kv: u64) {
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     qk_normed_attention(b, d, l, q, kv);
     b.t(n("ffn_norm"), &[d.embd]);
+    dense_lead_or_biased_experts(b, d, l);
     if l == 0 {
-        dense_mlp(b, d, l);
         return;
     }
-    experts(b, d, l, d.expert_ff);
-    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
-    shared_expert(b, d, l, d.expert_ff, false);
     b.t(n("indexer.q_proj"), &[d.embd, d.kv_heads * d.head_dim]);
     b.t(n("indexer.k_proj"), &[d.embd, d.head_dim]);
     b.t(n("indexer.q_norm"), &[d.head_dim]);
@@ -548,13 +544,7 @@ fn kimi_linear_layer(b: &mut Builder, d: &Dims, l: u64) {
         b.t(n("attn_output"), &[inner, d.embd]);
     }
     b.t(n("ffn_norm"), &[d.embd]);
-    if l == 0 {
-        dense_mlp(b, d, l);
-        return;
-    }
-    experts(b, d, l, d.expert_ff);
-    shared_expert(b, d, l, d.expert_ff, false);
-    b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    dense_lead_or_biased_experts(b, d, l);
 }
 
 /// granite_swa: Granite-MoE's keys, a shared expert as wide as a routed one, and the sliding
