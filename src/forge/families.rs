@@ -313,56 +313,66 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::HyV3 => hparams_hy_v3(d, b),
         Arch::GraniteSwa => hparams_granite_swa(d, b),
         Arch::KimiLinear => hparams_kimi_linear(d, b),
-        Arch::MinimaxM3 => {
-            hp_common(d, b);
-            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
-            hp_attention(arch, d, b, d.head_dim / 2);
-            b.f32("rope.freq_base", 5_000_000.0);
-            // Blocks of 16 keys, the 2 best and the query's own: a prompt of a few blocks
-            // already attends only some of its keys.
-            // One indexer head per group of query heads (MSA's), as many as the KV heads.
-            b.u32("attention.indexer.head_count", d.kv_heads)
-                .u32("attention.indexer.key_length", d.head_dim)
-                .u32("attention.indexer.top_k", 2)
-                .u32("attention.indexer.block_size", 16)
-                .u32("attention.indexer.local_blocks", 1);
-            hp_experts(d, b);
-            b.u32("expert_feed_forward_length", d.expert_ff)
-                .u32("expert_shared_count", 1)
-                .f32("expert_weights_scale", 2.0)
-                .hp("expert_weights_norm", Value::Bool(true))
-                .u32("expert_gating_func", 2);
-        }
+        Arch::MinimaxM3 => hparams_minimax_m3(d, b),
         Arch::Dots3note => hparams_dots3note(d, b),
-        Arch::HyV4 => {
-            hp_common(d, b);
-            b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
-            hp_absorbed_mla(d, b);
-            b.f32("attention.layer_norm_rms_epsilon", 1e-6)
-                .u32("attention.indexer.head_count", d.heads)
-                .u32("attention.indexer.key_length", d.head_dim)
-                .u32("attention.indexer.top_k", INDEXER_TOP_K)
-                .hp("attention.indexer.types", per_layer(d.layers, |_| 1));
-            b.u32("rope.dimension_count", Mla::of(d).rope).f32("rope.freq_base", 10_000.0);
-            b.u32("hyper_connection.count", HY_V4_STREAMS).f32("hyper_connection.epsilon", 1e-6).f32("hyper_connection.magnitude", 2.0);
-            hp_experts(d, b);
-            b.u32("expert_shared_count", 1)
-                .u32("expert_feed_forward_length", d.expert_ff)
-                .f32("expert_weights_scale", 2.5)
-                .hp("expert_weights_norm", Value::Bool(true))
-                .u32("expert_gating_func", 2)
-                .f32("swiglu_clamp_exp", 7.0);
-        }
-        Arch::Minimax01 => {
-            hp_common(d, b);
-            b.u32("feed_forward_length", d.expert_ff);
-            hp_attention(arch, d, b, d.head_dim / 2);
-            // MiniMax-Text-01's alpha, the scale of the normed input each residual carries.
-            b.f32("rope.freq_base", 10_000_000.0).f32("residual_scale", 3.556_558_8);
-            b.u32("full_attention_interval", minimax01_interval(d));
-            hp_experts(d, b);
-        }
+        Arch::HyV4 => hparams_hy_v4(d, b),
+        Arch::Minimax01 => hparams_minimax01(d, b),
     }
+}
+
+/// minimax-01: partial rotary, the residuals' scale, the softmax layers' interval.
+fn hparams_minimax01(d: &Dims, b: &mut Builder) {
+    hp_common(d, b);
+    b.u32("feed_forward_length", d.expert_ff);
+    hp_attention(Arch::Minimax01, d, b, d.head_dim / 2);
+    // MiniMax-Text-01's alpha, the scale of the normed input each residual carries.
+    b.f32("rope.freq_base", 10_000_000.0).f32("residual_scale", 3.556_558_8);
+    b.u32("full_attention_interval", minimax01_interval(d));
+    hp_experts(d, b);
+}
+
+/// minimax-m3: minimax-m2's attention keys, the sparse attention's indexer, the experts'.
+fn hparams_minimax_m3(d: &Dims, b: &mut Builder) {
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+    hp_attention(Arch::MinimaxM3, d, b, d.head_dim / 2);
+    b.f32("rope.freq_base", 5_000_000.0);
+    // One indexer head per group of query heads (MSA's), as many as the KV heads. Blocks of
+    // 16 keys, the 2 best and the query's own: a prompt of a few blocks already attends only
+    // some of its keys.
+    b.u32("attention.indexer.head_count", d.kv_heads)
+        .u32("attention.indexer.key_length", d.head_dim)
+        .u32("attention.indexer.top_k", 2)
+        .u32("attention.indexer.block_size", 16)
+        .u32("attention.indexer.local_blocks", 1);
+    hp_experts(d, b);
+    b.u32("expert_feed_forward_length", d.expert_ff)
+        .u32("expert_shared_count", 1)
+        .f32("expert_weights_scale", 2.0)
+        .hp("expert_weights_norm", Value::Bool(true))
+        .u32("expert_gating_func", 2);
+}
+
+/// hy_v4: absorbed MLA, an indexer of its own in every layer, the hyper-connections' keys,
+/// routed experts clamped.
+fn hparams_hy_v4(d: &Dims, b: &mut Builder) {
+    hp_common(d, b);
+    b.u32("feed_forward_length", 2 * d.expert_ff).u32("leading_dense_block_count", 1);
+    hp_absorbed_mla(d, b);
+    b.f32("attention.layer_norm_rms_epsilon", 1e-6)
+        .u32("attention.indexer.head_count", d.heads)
+        .u32("attention.indexer.key_length", d.head_dim)
+        .u32("attention.indexer.top_k", INDEXER_TOP_K)
+        .hp("attention.indexer.types", per_layer(d.layers, |_| 1));
+    b.u32("rope.dimension_count", Mla::of(d).rope).f32("rope.freq_base", 10_000.0);
+    b.u32("hyper_connection.count", HY_V4_STREAMS).f32("hyper_connection.epsilon", 1e-6).f32("hyper_connection.magnitude", 2.0);
+    hp_experts(d, b);
+    b.u32("expert_shared_count", 1)
+        .u32("expert_feed_forward_length", d.expert_ff)
+        .f32("expert_weights_scale", 2.5)
+        .hp("expert_weights_norm", Value::Bool(true))
+        .u32("expert_gating_func", 2)
+        .f32("swiglu_clamp_exp", 7.0);
 }
 
 /// dots3note: deepseek2's absorbed MLA keys, the same geometry for the sliding layers (their
@@ -913,7 +923,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
     for l in 0..d.layers {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
         match arch {
-            Arch::Qwen3moe | Arch::Qwen3vlmoe | Arch::LladaMoe => {
+            Arch::Qwen3moe | Arch::Qwen3vlmoe | Arch::LladaMoe | Arch::Maple | Arch::Mellum => {
                 qk_normed_attention(b, d, l, q, kv);
                 b.t(n("ffn_norm"), &[d.embd]);
                 experts(b, d, l, d.expert_ff);
@@ -996,11 +1006,6 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::Smallthinker => {
                 b.t(n("attn_norm"), &[d.embd]);
                 attention(b, d, l, q, kv);
-                b.t(n("ffn_norm"), &[d.embd]);
-                experts(b, d, l, d.expert_ff);
-            }
-            Arch::Maple | Arch::Mellum => {
-                qk_normed_attention(b, d, l, q, kv);
                 b.t(n("ffn_norm"), &[d.embd]);
                 experts(b, d, l, d.expert_ff);
             }
