@@ -716,7 +716,9 @@ pub fn worker_command(
     cmd.args(args);
     match output {
         WorkerOutput::Log(log) => cmd.stdout(log.try_clone()?).stderr(log),
-        WorkerOutput::Shared => cmd.stdout(Stdio::inherit()).stderr(Stdio::piped()),
+        // ggml prints a backtrace on abort through gdb where one is installed, to stdout: the
+        // shared stdout carries the summary or `--json` alone (the abort's line is on stderr).
+        WorkerOutput::Shared => cmd.stdout(Stdio::inherit()).stderr(Stdio::piped()).env("GGML_NO_BACKTRACE", "1"),
     };
     Ok(cmd)
 }
@@ -768,50 +770,13 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     let mut partial = record.file_name().context("record path has no name")?.to_os_string();
     partial.push(".partial");
     let _ = std::fs::remove_dir_all(record.with_file_name(partial));
-    let error = match engine_abort(&stderr) {
-        Some(quote) => {
-            format!("{}: llama.cpp aborted: {quote} ({})", cell.models()[0].display(), observe::worker_failure(&status, None, None))
-        }
+    let error = match observe::engine_abort(&stderr) {
+        Some(_) => format!("{}: {}", cell.models()[0].display(), observe::worker_failure(&status, None, Some(&stderr))),
         None => observe::worker_failure(&status, None, Some(&stderr)),
     };
     let rec = TypedRecord::failed(cell.format(), error.clone(), build_identity()?)?;
     let dir = Staging::new(&record)?.sealing(cell.seals()).commit(&rec)?;
     Ok(WorkerEnd::Died { error, record: dir })
-}
-
-/// The engine's own words for an abort in a worker's stderr: the first GGML_ASSERT or
-/// GGML_ABORT line (`file.c:line: message`, printed before any backtrace), or an uncaught
-/// exception's `what()`. A backend's error (`CUDA error`) is followed by what the backend said
-/// just before it: the runtime's message and the function whose call failed.
-pub fn engine_abort(stderr: &str) -> Option<String> {
-    // The path of a source file is this machine's; the file name and line are the engine's.
-    let base = |file: &str| file.rsplit('/').next().unwrap_or(file).to_string();
-    let located = |l: &str| -> Option<String> {
-        let (loc, rest) = l.split_once(": ")?;
-        let (file, line) = loc.rsplit_once(':')?;
-        let source = [".c", ".cpp", ".h", ".cu"].iter().any(|x| file.ends_with(x));
-        (source && !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) && !file.contains(char::is_whitespace))
-            .then(|| format!("{}:{line}: {rest}", base(file)))
-    };
-    let lines: Vec<&str> = stderr.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    let Some((at, mut text)) = lines.iter().enumerate().find_map(|(i, l)| located(l).map(|t| (i, t))) else {
-        let what = lines.iter().find(|l| l.contains("what():"))?;
-        return Some(what.chars().take(400).collect());
-    };
-    if let Some(backend) = text.strip_suffix(" error").and_then(|t| t.rsplit(": ").next()).filter(|b| !b.is_empty()) {
-        // ggml_cuda_error: "<B> error: <msg>", "current device: N, in function F at FILE:LINE", stmt
-        let before = &lines[at.saturating_sub(3)..at];
-        let said = before.iter().find_map(|l| l.strip_prefix(&format!("{backend} error: ")));
-        let call = before.iter().find_map(|l| {
-            let f = l.split_once("in function ")?.1;
-            let (func, file) = f.split_once(" at ")?;
-            Some(format!("in {func} at {}", base(file)))
-        });
-        if let Some(said) = said {
-            text = format!("{text}: {said}{}", call.map(|c| format!(" ({c})")).unwrap_or_default());
-        }
-    }
-    Some(text.chars().take(400).collect())
 }
 
 /// `sovereign cell SPEC`: the worker. Reads the spec (`-`: standard input), runs it here, and
@@ -892,33 +857,4 @@ pub fn read_task(spec: &Path) -> Result<Task> {
     bounds::regular_file("task spec", spec)?;
     let text = bounds::read_text("the task spec", spec, bounds::MAX_CELL_SPEC_BYTES)?;
     serde_json::from_str(&text).with_context(|| format!("{}: not a task spec", spec.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::engine_abort;
-
-    #[test]
-    fn an_engine_abort_is_quoted_without_this_machines_paths() {
-        let log = "llama_model_load: loading\n/root/x/src/llama-model.cpp:1368: GGML_ASSERT(n_expert_used_max <= hparams.n_expert) failed\nlibggml-base.so(+0x1234)\n";
-        assert_eq!(engine_abort(log).unwrap(), "llama-model.cpp:1368: GGML_ASSERT(n_expert_used_max <= hparams.n_expert) failed");
-        let log = "terminate called after throwing an instance of 'std::out_of_range'\n  what():  map::at\n";
-        assert_eq!(engine_abort(log).unwrap(), "what():  map::at");
-        assert_eq!(engine_abort("nothing from the engine\n"), None);
-        // A backtrace printed by gdb after the assertion is not the engine's message.
-        let log = "ops.cpp:6355: GGML_ASSERT(n_dims % 2 == 0) failed\n360\t../csu/libc-start.c: No such file or directory.\n";
-        assert_eq!(engine_abort(log).unwrap(), "ops.cpp:6355: GGML_ASSERT(n_dims % 2 == 0) failed");
-        assert_eq!(engine_abort("360\t../csu/libc-start.c: No such file or directory.\n"), None);
-    }
-
-    #[test]
-    fn a_backend_error_keeps_the_runtimes_message_and_the_failing_call() {
-        let log = "llama_context: graph splits = 9\nCUDA error: an illegal memory access was encountered\n  current device: 0, in function ggml_backend_cuda_synchronize at /tmp/w/src/ggml/src/ggml-cuda/ggml-cuda.cu:2901\n  cudaStreamSynchronize(cuda_ctx->stream())\n/tmp/w/src/ggml/src/ggml-cuda/ggml-cuda.cu:109: CUDA error\n";
-        assert_eq!(
-            engine_abort(log).unwrap(),
-            "ggml-cuda.cu:109: CUDA error: an illegal memory access was encountered (in ggml_backend_cuda_synchronize at ggml-cuda.cu:2901)"
-        );
-        // Without the backend's lines the abort is quoted as it stands.
-        assert_eq!(engine_abort("x\n/a/ggml-cuda.cu:109: CUDA error\n").unwrap(), "ggml-cuda.cu:109: CUDA error");
-    }
 }

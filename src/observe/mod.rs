@@ -139,9 +139,10 @@ impl LimitSeen {
 /// Why a worker failed, in words: the one wording of a failed worker for everything a person
 /// reads (stderr, a record's `error`, the admission predicate's conjunct, a campaign's
 /// `cell.json`). A SIGKILL while the kernel's OOM killer acted in the cgroup is the limit's
-/// kill; any other signal is named as it came. From `log` only the worker's own `error` line is
-/// taken: other output (a debugger's, a library's) is never the error. `log` is `None` where the
-/// caller has not read it (the admission's conjunct, beside a record that holds the line).
+/// kill; any other signal is named as it came, after the engine's own words where it aborted.
+/// From `log` only the worker's own `error` line or the engine's abort is taken: other output (a
+/// debugger's, a library's) is never the error. `log` is `None` where the caller has not read it
+/// (the admission's conjunct, beside a record that holds the line).
 pub fn worker_failure(status: &RunStatus, seen: Option<&LimitSeen>, log: Option<&str>) -> String {
     let own = log.unwrap_or_default().lines().map(str::trim).rev().find(|l| l.starts_with("error")).map(|l| {
         let l = l.strip_prefix("error:").map_or(l, str::trim_start);
@@ -150,12 +151,18 @@ pub fn worker_failure(status: &RunStatus, seen: Option<&LimitSeen>, log: Option<
     let limit = seen.and_then(|s| s.limit.map(|l| (crate::bounds::show_bytes(l), s)));
     let by_limit = matches!(status, RunStatus::Signaled { signal: libc::SIGKILL, .. })
         && limit.as_ref().is_some_and(|(_, s)| s.oom_kills > 0 || s.oom);
+    let abort = matches!(status, RunStatus::Signaled { .. }).then(|| log.and_then(engine_abort)).flatten();
     let mut line = match (status, &own) {
         (RunStatus::Signaled { signal, name, .. }, _) if by_limit => {
             format!(
                 "the cgroup's {} limit killed the worker: the kernel's OOM killer sent it signal {signal} ({name})",
                 limit.as_ref().map_or("", |(l, _)| l.as_str())
             )
+        }
+        // The engine's own words where it aborted (an assertion, an exception, a backend's
+        // error): what killed it, whatever it said before.
+        (RunStatus::Signaled { .. }, _) if abort.is_some() => {
+            format!("llama.cpp aborted: {} (the worker {status})", abort.as_deref().unwrap_or_default())
         }
         (RunStatus::Signaled { .. }, None) => format!("the worker {status}"),
         (RunStatus::Signaled { .. }, Some(e)) => format!("the worker {status} after: {e}"),
@@ -167,6 +174,41 @@ pub fn worker_failure(status: &RunStatus, seen: Option<&LimitSeen>, log: Option<
         line += &format!("; its cgroup's {l} limit was reached {} times", s.limit_events);
     }
     line
+}
+
+/// The engine's own words for an abort in a worker's stderr: the first GGML_ASSERT or
+/// GGML_ABORT line (`file.c:line: message`, printed before any backtrace), or an uncaught
+/// exception's `what()`. A backend's error (`CUDA error`) is followed by what the backend said
+/// just before it: the runtime's message and the function whose call failed.
+pub fn engine_abort(stderr: &str) -> Option<String> {
+    // The path of a source file is this machine's; the file name and line are the engine's.
+    let base = |file: &str| file.rsplit('/').next().unwrap_or(file).to_string();
+    let located = |l: &str| -> Option<String> {
+        let (loc, rest) = l.split_once(": ")?;
+        let (file, line) = loc.rsplit_once(':')?;
+        let source = [".c", ".cpp", ".h", ".cu"].iter().any(|x| file.ends_with(x));
+        (source && !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) && !file.contains(char::is_whitespace))
+            .then(|| format!("{}:{line}: {rest}", base(file)))
+    };
+    let lines: Vec<&str> = stderr.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let Some((at, mut text)) = lines.iter().enumerate().find_map(|(i, l)| located(l).map(|t| (i, t))) else {
+        let what = lines.iter().find(|l| l.contains("what():"))?;
+        return Some(what.chars().take(400).collect());
+    };
+    if let Some(backend) = text.strip_suffix(" error").and_then(|t| t.rsplit(": ").next()).filter(|b| !b.is_empty()) {
+        // ggml_cuda_error: "<B> error: <msg>", "current device: N, in function F at FILE:LINE", stmt
+        let before = &lines[at.saturating_sub(3)..at];
+        let said = before.iter().find_map(|l| l.strip_prefix(&format!("{backend} error: ")));
+        let call = before.iter().find_map(|l| {
+            let f = l.split_once("in function ")?.1;
+            let (func, file) = f.split_once(" at ")?;
+            Some(format!("in {func} at {}", base(file)))
+        });
+        if let Some(said) = said {
+            text = format!("{text}: {said}{}", call.map(|c| format!(" ({c})")).unwrap_or_default());
+        }
+    }
+    Some(text.chars().take(400).collect())
 }
 
 /// A signal's name (`SIGKILL`), or `signal N` for one without a common name.
@@ -623,8 +665,39 @@ mod tests {
         );
         let abort = RunStatus::Signaled { signal: 6, name: "SIGABRT".into(), core_dumped: true };
         assert_eq!(abort.to_string(), "was killed by signal 6 (SIGABRT), core dumped");
+        // An engine's abort is quoted in its own words, wherever the worker ran.
+        let log = "/root/w/src/ggml/src/ggml-cpu/ops.cpp:5363: GGML_ASSERT(i01 >= 0 && i01 < ne01) failed\n[New LWP 7]\n#0 wait4\n";
+        assert_eq!(
+            worker_failure(&abort, Some(&quiet), Some(log)),
+            "llama.cpp aborted: ops.cpp:5363: GGML_ASSERT(i01 >= 0 && i01 < ne01) failed (the worker was killed by signal 6 (SIGABRT), core dumped)"
+        );
+        assert_eq!(worker_failure(&abort, None, Some(gdb)), "the worker was killed by signal 6 (SIGABRT), core dumped");
         for text in [worker_failure(&kill, Some(&oom), Some(gdb)), worker_failure(&abort, None, Some(own))] {
             assert!(!text.contains('{'), "{text}");
         }
+    }
+
+    #[test]
+    fn an_engine_abort_is_quoted_without_this_machines_paths() {
+        let log = "llama_model_load: loading\n/root/x/src/llama-model.cpp:1368: GGML_ASSERT(n_expert_used_max <= hparams.n_expert) failed\nlibggml-base.so(+0x1234)\n";
+        assert_eq!(engine_abort(log).unwrap(), "llama-model.cpp:1368: GGML_ASSERT(n_expert_used_max <= hparams.n_expert) failed");
+        let log = "terminate called after throwing an instance of 'std::out_of_range'\n  what():  map::at\n";
+        assert_eq!(engine_abort(log).unwrap(), "what():  map::at");
+        assert_eq!(engine_abort("nothing from the engine\n"), None);
+        // A backtrace printed by gdb after the assertion is not the engine's message.
+        let log = "ops.cpp:6355: GGML_ASSERT(n_dims % 2 == 0) failed\n360\t../csu/libc-start.c: No such file or directory.\n";
+        assert_eq!(engine_abort(log).unwrap(), "ops.cpp:6355: GGML_ASSERT(n_dims % 2 == 0) failed");
+        assert_eq!(engine_abort("360\t../csu/libc-start.c: No such file or directory.\n"), None);
+    }
+
+    #[test]
+    fn a_backend_error_keeps_the_runtimes_message_and_the_failing_call() {
+        let log = "llama_context: graph splits = 9\nCUDA error: an illegal memory access was encountered\n  current device: 0, in function ggml_backend_cuda_synchronize at /tmp/w/src/ggml/src/ggml-cuda/ggml-cuda.cu:2901\n  cudaStreamSynchronize(cuda_ctx->stream())\n/tmp/w/src/ggml/src/ggml-cuda/ggml-cuda.cu:109: CUDA error\n";
+        assert_eq!(
+            engine_abort(log).unwrap(),
+            "ggml-cuda.cu:109: CUDA error: an illegal memory access was encountered (in ggml_backend_cuda_synchronize at ggml-cuda.cu:2901)"
+        );
+        // Without the backend's lines the abort is quoted as it stands.
+        assert_eq!(engine_abort("x\n/a/ggml-cuda.cu:109: CUDA error\n").unwrap(), "ggml-cuda.cu:109: CUDA error");
     }
 }
