@@ -48,7 +48,7 @@ mod tests {
         assert_eq!(names(values::<sovereign::plan::SourceKind>()), ["p", "d", "f"]);
         assert_eq!(names(values::<sovereign::engine::QuantType>()), ["f16", "q8_0", "q4_0", "q4_k_m"]);
         let arch = names(values::<sovereign::forge::Arch>());
-        assert!(arch.len() == 49 && arch[0] == "qwen3moe" && arch.contains(&"gpt-oss".to_string()), "{arch:?}");
+        assert!(arch.len() == 50 && arch[0] == "qwen3moe" && arch.contains(&"gpt-oss".to_string()), "{arch:?}");
         let cells = names(values::<sovereign::source::fault::FaultCell>());
         assert!(cells.len() == 11 && cells.contains(&"corrupt_byte".to_string()), "{cells:?}");
         let help = values::<sovereign::cell::ExpertsMode>();

@@ -316,6 +316,7 @@ pub(super) fn hparams(arch: Arch, d: &Dims, b: &mut Builder) {
         Arch::MinimaxM3 => hparams_minimax_m3(d, b),
         Arch::Dots3note => hparams_dots3note(d, b),
         Arch::HyV4 => hparams_hy_v4(d, b),
+        Arch::Deepseek4 => hparams_deepseek4(d, b),
         Arch::Minimax01 => hparams_minimax01(d, b),
     }
 }
@@ -366,13 +367,8 @@ fn hparams_hy_v4(d: &Dims, b: &mut Builder) {
         .hp("attention.indexer.types", per_layer(d.layers, |_| 1));
     b.u32("rope.dimension_count", Mla::of(d).rope).f32("rope.freq_base", 10_000.0);
     b.u32("hyper_connection.count", HY_V4_STREAMS).f32("hyper_connection.epsilon", 1e-6).f32("hyper_connection.magnitude", 2.0);
-    hp_experts(d, b);
-    b.u32("expert_shared_count", 1)
-        .u32("expert_feed_forward_length", d.expert_ff)
-        .f32("expert_weights_scale", 2.5)
-        .hp("expert_weights_norm", Value::Bool(true))
-        .u32("expert_gating_func", 2)
-        .f32("swiglu_clamp_exp", 7.0);
+    hp_normed_experts(d, b, 2.5, 2);
+    b.f32("swiglu_clamp_exp", 7.0);
 }
 
 /// dots3note: deepseek2's absorbed MLA keys, the same geometry for the sliding layers (their
@@ -393,12 +389,7 @@ fn hparams_dots3note(d: &Dims, b: &mut Builder) {
         .u32("attention.indexer.top_k", INDEXER_TOP_K)
         .hp("attention.indexer.types", per_layer(d.layers, |l| u64::from(every_4th_and_last(d, l))));
     b.u32("rope.dimension_count", m.rope).f32("rope.freq_base", 1_000_000.0).f32("rope.freq_base_swa", 10_000.0);
-    hp_experts(d, b);
-    b.u32("expert_shared_count", 1)
-        .u32("expert_feed_forward_length", d.expert_ff)
-        .f32("expert_weights_scale", 2.5)
-        .hp("expert_weights_norm", Value::Bool(true))
-        .u32("expert_gating_func", 2);
+    hp_normed_experts(d, b, 2.5, 2);
 }
 
 /// The first layer's dense MLP, or the experts with a selection bias beside a shared expert.
@@ -417,11 +408,11 @@ const HY_V4_STREAMS: u64 = 4;
 
 /// The mixing of hy_v4's streams around a block (`attn` or `ffn`): a projection of the flat
 /// streams to their pre and post weights, a base and a scale of each.
-fn hyper_connection(b: &mut Builder, d: &Dims, l: u64, block: &str) {
+fn hyper_connection(b: &mut Builder, d: &Dims, l: u64, block: &str, mix: u64, scales: u64) {
     let hc = HY_V4_STREAMS;
-    b.t(format!("blk.{l}.hc_{block}_fn.weight"), &[hc * d.embd, 2 * hc]);
-    b.std(format!("blk.{l}.hc_{block}_base.weight"), &[2 * hc], 0.1);
-    b.t(format!("blk.{l}.hc_{block}_scale.weight"), &[2]);
+    b.t(format!("blk.{l}.hc_{block}_fn.weight"), &[hc * d.embd, mix]);
+    b.std(format!("blk.{l}.hc_{block}_base.weight"), &[mix], 0.1);
+    b.t(format!("blk.{l}.hc_{block}_scale.weight"), &[scales]);
 }
 
 /// A hy_v4 layer: MLA with sinks and a gate, the indexer, the hyper-connections of attention
@@ -432,10 +423,130 @@ fn hy_v4_layer(b: &mut Builder, d: &Dims, l: u64) {
     b.std(n("attn_sinks"), &[d.heads], 0.5);
     b.t(n("attn_gate"), &[d.embd, d.heads * d.head_dim]);
     dsa_indexer(b, d, l);
-    hyper_connection(b, d, l, "attn");
-    hyper_connection(b, d, l, "ffn");
+    hyper_connection(b, d, l, "attn", 2 * HY_V4_STREAMS, 2);
+    hyper_connection(b, d, l, "ffn", 2 * HY_V4_STREAMS, 2);
     b.t(n("ffn_norm"), &[d.embd]);
     dense_lead_or_biased_experts(b, d, l);
+}
+
+/// deepseek4: the KV head, compression by layer, grouped output projections, hyper-connections
+/// mixed by Sinkhorn iterations, the token-id routing of the first layers, the experts'.
+fn hparams_deepseek4(d: &Dims, b: &mut Builder) {
+    let dk = Deepseek4::of(d);
+    hp_common(d, b);
+    b.u32("attention.head_count", d.heads)
+        .u32("attention.head_count_kv", 1)
+        .u32("attention.key_length", d.head_dim)
+        .u32("attention.value_length", d.head_dim)
+        .u32("attention.q_lora_rank", dk.q_lora)
+        .u32("attention.sliding_window", SLIDING_WINDOW)
+        .f32("attention.layer_norm_rms_epsilon", 1e-6)
+        .u32("attention.indexer.head_count", d.heads)
+        .u32("attention.indexer.key_length", dk.indexer_dim)
+        .u32("attention.indexer.top_k", INDEXER_TOP_K)
+        .u32("attention.output_group_count", dk.out_groups)
+        .u32("attention.output_lora_rank", dk.out_lora)
+        .f32("attention.compress_rope_freq_base", 160_000.0)
+        .hp("attention.compress_ratios", per_layer(d.layers, deepseek4_compression));
+    b.u32("rope.dimension_count", d.head_dim / 2).f32("rope.freq_base", 10_000.0);
+    b.u32("hyper_connection.count", HY_V4_STREAMS)
+        .u32("hyper_connection.sinkhorn_iterations", 20)
+        .f32("hyper_connection.epsilon", 1e-6)
+        .u32("hash_layer_count", dk.hash_layers);
+    hp_normed_experts(d, b, 1.5, 4);
+    b.f32("swiglu_clamp_exp", 10.0);
+}
+
+/// The experts' keys beside one shared expert: their weights normalized and scaled by `scale`,
+/// scored by `gating` (2: sigmoid, 4: sqrt-softplus).
+fn hp_normed_experts(d: &Dims, b: &mut Builder, scale: f32, gating: u64) {
+    hp_experts(d, b);
+    b.u32("expert_shared_count", 1)
+        .u32("expert_feed_forward_length", d.expert_ff)
+        .f32("expert_weights_scale", scale)
+        .hp("expert_weights_norm", Value::Bool(true))
+        .u32("expert_gating_func", gating);
+}
+
+/// DeepSeek-V4's shapes beside the common ones.
+struct Deepseek4 {
+    q_lora: u64,
+    /// The indexer's key width: wider than a head, as V4's (128 against 512) differs from it.
+    /// Equal widths make the pin's KV cache force a rotation on its cache of no layers, whose
+    /// search for a width never ends (a division by zero).
+    indexer_dim: u64,
+    out_groups: u64,
+    out_lora: u64,
+    /// The first layers, whose experts a table of the token's id chooses (V4-Flash's three,
+    /// leaving at least one routed layer).
+    hash_layers: u64,
+}
+
+impl Deepseek4 {
+    fn of(d: &Dims) -> Deepseek4 {
+        Deepseek4 {
+            q_lora: d.embd / 2,
+            indexer_dim: 2 * d.head_dim,
+            out_groups: 2,
+            out_lora: d.embd / 4,
+            hash_layers: d.layers.saturating_sub(1).min(3),
+        }
+    }
+}
+
+/// A deepseek4 layer's key compression: none (the sliding window alone) in the first, then four
+/// to one (with the indexer) and 128 to one in turn.
+fn deepseek4_compression(l: u64) -> u64 {
+    match l {
+        0 => 0,
+        _ if l % 2 == 1 => 4,
+        _ => 128,
+    }
+}
+
+/// A deepseek4 layer: attention with sinks over one KV head, its compressors (and the indexer
+/// at four to one), the hyper-connections; experts chosen by token id or routed with a
+/// selection bias, beside a shared one.
+fn deepseek4_layer(b: &mut Builder, d: &Dims, l: u64) {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let (dk, hd) = (Deepseek4::of(d), d.head_dim);
+    b.t(n("attn_norm"), &[d.embd]);
+    b.std(n("attn_sinks"), &[d.heads], 0.5);
+    b.t(n("attn_q_a"), &[d.embd, dk.q_lora]);
+    b.t(n("attn_q_a_norm"), &[dk.q_lora]);
+    b.t(n("attn_q_b"), &[dk.q_lora, d.heads * hd]);
+    b.t(n("attn_kv"), &[d.embd, hd]);
+    b.t(n("attn_kv_a_norm"), &[hd]);
+    b.t(n("attn_output_a"), &[d.heads * hd / dk.out_groups, dk.out_lora * dk.out_groups]);
+    b.t(n("attn_output_b"), &[dk.out_groups * dk.out_lora, d.embd]);
+    let mix = (2 + HY_V4_STREAMS) * HY_V4_STREAMS;
+    hyper_connection(b, d, l, "attn", mix, 3);
+    hyper_connection(b, d, l, "ffn", mix, 3);
+    let ratio = deepseek4_compression(l);
+    if ratio != 0 {
+        let width = if ratio == 4 { 2 * hd } else { hd };
+        b.t(n("attn_compressor_kv"), &[d.embd, width]);
+        b.t(n("attn_compressor_gate"), &[d.embd, width]);
+        b.t(n("attn_compressor_ape"), &[width, ratio]);
+        b.t(n("attn_compressor_norm"), &[hd]);
+    }
+    if ratio == 4 {
+        b.t(n("indexer.proj"), &[d.embd, d.heads]);
+        let id = dk.indexer_dim;
+        b.t(n("indexer.attn_q_b"), &[dk.q_lora, d.heads * id]);
+        b.t(n("indexer_compressor_kv"), &[d.embd, 2 * id]);
+        b.t(n("indexer_compressor_gate"), &[d.embd, 2 * id]);
+        b.t(n("indexer_compressor_ape"), &[2 * id, ratio]);
+        b.t(n("indexer_compressor_norm"), &[id]);
+    }
+    b.t(n("ffn_norm"), &[d.embd]);
+    experts(b, d, l, d.expert_ff);
+    if l < dk.hash_layers {
+        b.routes(n("ffn_gate_tid2eid"), &[d.top_k, d.vocab], d.experts);
+    } else {
+        b.std(format!("blk.{l}.exp_probs_b.bias"), &[d.experts], 0.01);
+    }
+    shared_expert(b, d, l, d.expert_ff, false);
 }
 
 /// A dots3note layer: MLA with a normed rotary key and a sigmoid gate per head, the indexer in
@@ -1028,6 +1139,7 @@ pub(super) fn tensors(arch: Arch, d: &Dims, b: &mut Builder) {
             Arch::MinimaxM3 => minimax_m3_layer(b, d, l, q, kv),
             Arch::Dots3note => dots3note_layer(b, d, l),
             Arch::HyV4 => hy_v4_layer(b, d, l),
+            Arch::Deepseek4 => deepseek4_layer(b, d, l),
         }
     }
     nextn_blocks(arch, b, d, q, kv);
@@ -1179,7 +1291,7 @@ fn globals(arch: Arch, d: &Dims, b: &mut Builder) {
         // One global tensor, read by the full-attention layers (every layer in mistral3).
         b.t("rope_freqs.weight".into(), &[d.head_dim / 2]);
     }
-    if arch == Arch::HyV4 {
+    if matches!(arch, Arch::HyV4 | Arch::Deepseek4) {
         // The head's collapse of the residual streams into one.
         let hc = HY_V4_STREAMS;
         b.t("output_hc_fn.weight".into(), &[hc * d.embd, hc]);

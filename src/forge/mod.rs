@@ -182,6 +182,13 @@ pub enum Arch {
     /// selection bias and clamped SwiGLU experts beside a shared expert.
     #[serde(rename = "hy_v4")]
     HyV4,
+    /// DeepSeek-V4: one KV head shared by keys and values, with attention sinks, a sliding
+    /// window and, by layer, keys compressed four to one (chosen by a lightning indexer over
+    /// compressed keys of its own) or 128 to one; grouped low-rank output projections,
+    /// hyper-connections (four residual streams mixed by Sinkhorn-normalized weights), experts
+    /// chosen by a table of the token's id in the first layers and by sqrt-softplus scores with
+    /// a selection bias after them, clamped SwiGLU beside a shared expert.
+    Deepseek4,
 }
 
 impl Arch {
@@ -237,10 +244,11 @@ impl Arch {
             Arch::MinimaxM3 => "minimax-m3",
             Arch::Dots3note => "dots3note",
             Arch::HyV4 => "hy_v4",
+            Arch::Deepseek4 => "deepseek4",
         }
     }
 
-    pub const ALL: [Arch; 49] = [
+    pub const ALL: [Arch; 50] = [
         Arch::Qwen3moe,
         Arch::Qwen3next,
         Arch::Qwen35moe,
@@ -290,6 +298,7 @@ impl Arch {
         Arch::MinimaxM3,
         Arch::Dots3note,
         Arch::HyV4,
+        Arch::Deepseek4,
     ];
 }
 
@@ -324,7 +333,7 @@ pub const MTP_FAMILIES: [Arch; 8] =
 
 /// The families whose loaders require `output.weight` (no fallback to `token_embd`), so a tied
 /// head is a file llama.cpp refuses: forge refuses `--tied-output` for them.
-pub const UNTIED_FAMILIES: [Arch; 18] = [
+pub const UNTIED_FAMILIES: [Arch; 19] = [
     Arch::GptOss,
     Arch::Olmoe,
     Arch::Qwen2moe,
@@ -343,6 +352,7 @@ pub const UNTIED_FAMILIES: [Arch; 18] = [
     Arch::KimiLinear,
     Arch::MinimaxM3,
     Arch::HyV4,
+    Arch::Deepseek4,
 ];
 
 /// The families forge writes whose contexts llama.cpp gives no memory (no KV cache, no
@@ -618,6 +628,7 @@ pub fn forge_into(
                 draw(seed, &t.name, &mut vals, (hi - lo) / 12f32.sqrt());
                 vals.iter_mut().for_each(|v| *v += (lo + hi) / 2.0);
             }
+            Init::Routes(experts) => routes(seed, &t.name, t.dims[0] as usize, experts, &mut vals),
             Init::Head(std) => {
                 draw(seed, &t.name, &mut vals, std);
                 // The end token's logit is exactly 0 while 256 others spread around 0 with a
@@ -629,6 +640,11 @@ pub fn forge_into(
             GgmlType::F16 => {
                 for (o, v) in buf.chunks_exact_mut(2).zip(&vals) {
                     o.copy_from_slice(&f16_bits(*v).to_le_bytes());
+                }
+            }
+            GgmlType::I32 => {
+                for (o, v) in buf.chunks_exact_mut(4).zip(&vals) {
+                    o.copy_from_slice(&(*v as i32).to_le_bytes());
                 }
             }
             _ => bytemuck_f32(buf).copy_from_slice(&vals),
@@ -663,6 +679,26 @@ enum Init {
     /// A nextn projection [2 x embd, embd]: the token's normed embedding passed through, the
     /// hidden state's half drawn at this standard deviation.
     PassToken(f32),
+    /// A table of expert ids (I32) by token: each row as many distinct experts, below this
+    /// count, as the row is long.
+    Routes(u64),
+}
+
+/// Fills `vals` with rows of `row` distinct expert ids below `experts`, drawn from the
+/// tensor's own stream (a partial shuffle per row).
+fn routes(seed: u64, name: &str, row: usize, experts: u64, vals: &mut [f32]) {
+    let mut h = Sha256::new();
+    h.update(seed.to_le_bytes());
+    h.update(name.as_bytes());
+    let mut rng = SplitMix64(u64::from_le_bytes(h.finalize()[..8].try_into().unwrap()));
+    let mut ids: Vec<u32> = (0..experts as u32).collect();
+    for out in vals.chunks_exact_mut(row) {
+        for (i, o) in out.iter_mut().enumerate() {
+            let j = i + (rng.next() % (experts - i as u64)) as usize;
+            ids.swap(i, j);
+            *o = ids[i] as f32;
+        }
+    }
 }
 
 /// Router skew: a direction `u` shared by every token embedding (so every hidden state keeps a
@@ -786,6 +822,11 @@ impl Builder {
     /// A tensor drawn at this standard deviation.
     fn std(&mut self, name: String, dims: &[u64], std: f32) {
         self.push(name, GgmlType::F32, dims, Init::Uniform(std));
+    }
+
+    /// A table of expert ids by token ([ids per token, vocab], I32), below `experts`.
+    fn routes(&mut self, name: String, dims: &[u64], experts: u64) {
+        self.push(name, GgmlType::I32, dims, Init::Routes(experts));
     }
 
     /// token_embd, the output norm (`norm` names it) and (unless tied) output.

@@ -50,6 +50,7 @@ impl GgmlType {
     pub const Q4_0: GgmlType = GgmlType(2);
     pub const Q8_0: GgmlType = GgmlType(8);
     pub const Q4_K: GgmlType = GgmlType(12);
+    pub const I32: GgmlType = GgmlType(26);
 
     fn entry(self) -> Option<&'static (u32, &'static str, u64, u64)> {
         TABLE.iter().find(|e| e.0 == self.0)

@@ -88,6 +88,7 @@ families! {
     minimax_m3: "minimax-m3",
     dots3note: "dots3note",
     hy_v4: "hy_v4",
+    deepseek4: "deepseek4",
 }
 
 fn forge_arch(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
@@ -128,8 +129,9 @@ fn assert_exact(a: &Path, b: &Path) -> Vec<String> {
 }
 
 /// The families that keep a recurrent state per sequence (DeltaNet, KDA, lightning attention,
-/// Mamba or short convolution layers).
-const HYBRID: [&str; 8] = ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba", "lfm2moe", "granitehybrid", "kimi-linear", "minimax-01"];
+/// Mamba or short convolution layers, DeepSeek-V4's key compressors).
+const HYBRID: [&str; 9] =
+    ["qwen3next", "qwen35moe", "nemotron_h_moe", "jamba", "lfm2moe", "granitehybrid", "kimi-linear", "minimax-01", "deepseek4"];
 
 fn inventory(model: &Path) -> serde_json::Value {
     serde_json::from_str(&ok(&["inventory", model.to_str().unwrap(), "--json"]).stdout).unwrap()
@@ -813,6 +815,71 @@ fn a_diffusion_model_is_refused_by_generation_in_one_line() {
     assert_eq!((&exited["passed"], &exited["value"]), (&serde_json::json!(false), &serde_json::json!("the worker exited with code 2")));
     let stored: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
     assert_eq!((&stored["outcome"], &stored["error"]), (&v["outcome"], &v["error"]));
+}
+
+/// DeepSeek-V4's first layers take their experts from a table by the token's id
+/// (`ffn_gate_tid2eid`), not from the router: streamed, every route of those layers is its
+/// token's row of the table, in order. A table naming an expert the layer lacks is refused in
+/// one line quoting the engine's assertion, resident, streamed and under a limit, and with
+/// `--json` stdout holds nothing but JSON.
+#[test]
+fn deepseek4_routes_its_first_layers_by_the_token_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = forge_arch(d, "deepseek4", &[]);
+    let g = Gguf::open(&m).unwrap();
+    let key = |k: &str| g.metadata[&format!("deepseek4.{k}")].as_u64().unwrap();
+    let (hash, k, experts) = (key("hash_layer_count"), key("expert_used_count") as usize, key("expert_count"));
+    assert!(hash >= 1 && hash < g.metadata["deepseek4.block_count"].as_u64().unwrap(), "{hash} hash layers");
+    let bytes = std::fs::read(&m).unwrap();
+    let table = |l: u64| -> (u64, Vec<i32>) {
+        let t = g.tensor(&format!("blk.{l}.ffn_gate_tid2eid.weight")).unwrap();
+        let raw = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
+        (t.offset, raw.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect())
+    };
+    let tables: Vec<Vec<i32>> = (0..hash).map(|l| table(l).1).collect();
+    let rec = d.join("streamed");
+    gen(&m, &rec, &["--experts", "plan", "--slots", SLOTS, "--policy", "lru:3"]);
+    let tokens: Vec<usize> = std::fs::read(rec.join("tokens.bin"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as usize)
+        .collect();
+    let events = sovereign::routes::decode(&std::fs::read(rec.join("routes.bin")).unwrap(), k).unwrap();
+    let (mut by_table, mut routed) = (0, 0);
+    for e in &events {
+        let t = tokens[e.pos as usize];
+        match tables.get(e.layer as usize) {
+            Some(ids) => {
+                assert_eq!(e.experts, ids[t * k..(t + 1) * k], "layer {} pos {} token {t}", e.layer, e.pos);
+                by_table += 1;
+            }
+            None => routed += 1,
+        }
+    }
+    assert!(by_table > 0 && routed > 0, "{by_table} routes by the table, {routed} by the router");
+
+    // The prompt's first token names, first in its row of layer 0, an expert past the last.
+    let at = table(0).0 as usize + 4 * tokens[0] * k;
+    let mut bad = bytes.clone();
+    bad[at..at + 4].copy_from_slice(&(experts as i32).to_le_bytes());
+    let bad_path = d.join("deepseek4-bad-table.gguf");
+    std::fs::write(&bad_path, &bad).unwrap();
+    let limited = ["--experts", "plan", "--memory-max", "1G", "--json"];
+    for (tag, extra) in
+        [("resident", &["--json"][..]), ("streamed", &["--experts", "plan", "--slots", SLOTS, "--json"]), ("limited", &limited)]
+    {
+        let r = generate(&bad_path, PROMPT, 2, &d.join(format!("bad-{tag}")), extra);
+        assert_eq!(r.code, 1, "{tag}: {}{}", r.stdout, r.stderr);
+        let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{tag}: {}", r.stderr);
+        assert!(lines[0].contains("llama.cpp aborted:") && lines[0].contains("GGML_ASSERT"), "{tag}: {}", lines[0]);
+        if !r.stdout.trim().is_empty() {
+            let v: serde_json::Value =
+                serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{tag}: stdout is not JSON ({e}): {}", r.stdout));
+            assert!(v["error"].as_str().unwrap().contains("GGML_ASSERT"), "{tag}: {v}");
+        }
+    }
 }
 
 /// Same arguments, same bytes; another seed, other bytes: for every family and its variants.
