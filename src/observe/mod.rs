@@ -151,7 +151,9 @@ pub fn worker_failure(status: &RunStatus, seen: Option<&LimitSeen>, log: Option<
     let limit = seen.and_then(|s| s.limit.map(|l| (crate::bounds::show_bytes(l), s)));
     let by_limit = matches!(status, RunStatus::Signaled { signal: libc::SIGKILL, .. })
         && limit.as_ref().is_some_and(|(_, s)| s.oom_kills > 0 || s.oom);
-    let abort = matches!(status, RunStatus::Signaled { .. }).then(|| log.and_then(engine_abort)).flatten();
+    // A SIGKILL comes from outside (a limit, a timeout, a person), never from an abort.
+    let aborted = matches!(status, RunStatus::Signaled { signal, .. } if *signal != libc::SIGKILL);
+    let abort = aborted.then(|| log.and_then(engine_abort)).flatten();
     let mut line = match (status, &own) {
         (RunStatus::Signaled { signal, name, .. }, _) if by_limit => {
             format!(
@@ -672,6 +674,7 @@ mod tests {
             "llama.cpp aborted: ops.cpp:5363: GGML_ASSERT(i01 >= 0 && i01 < ne01) failed (the worker was killed by signal 6 (SIGABRT), core dumped)"
         );
         assert_eq!(worker_failure(&abort, None, Some(gdb)), "the worker was killed by signal 6 (SIGABRT), core dumped");
+        assert_eq!(worker_failure(&kill, None, Some(log)), "the worker was killed by signal 9 (SIGKILL)");
         for text in [worker_failure(&kill, Some(&oom), Some(gdb)), worker_failure(&abort, None, Some(own))] {
             assert!(!text.contains('{'), "{text}");
         }
