@@ -770,10 +770,10 @@ pub fn run_isolated(cell: &Cell, args: &[&str]) -> Result<WorkerEnd> {
     let mut partial = record.file_name().context("record path has no name")?.to_os_string();
     partial.push(".partial");
     let _ = std::fs::remove_dir_all(record.with_file_name(partial));
-    let error = match observe::engine_abort(&stderr) {
-        Some(_) => format!("{}: {}", cell.models()[0].display(), observe::worker_failure(&status, None, Some(&stderr))),
-        None => observe::worker_failure(&status, None, Some(&stderr)),
-    };
+    let mut error = observe::worker_failure(&status, None, Some(&stderr));
+    if observe::engine_abort(&stderr).is_some() {
+        error = format!("{}: {error}", cell.models()[0].display());
+    }
     let rec = TypedRecord::failed(cell.format(), error.clone(), build_identity()?)?;
     let dir = Staging::new(&record)?.sealing(cell.seals()).commit(&rec)?;
     Ok(WorkerEnd::Died { error, record: dir })
