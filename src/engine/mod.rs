@@ -8,6 +8,8 @@ mod experts;
 mod nextn;
 pub mod pin;
 mod routes;
+#[cfg(test)]
+mod skip_rows;
 
 use experts::Bridge;
 pub use experts::{ExpertSource, SlotPool, SourceSurface};
