@@ -138,6 +138,19 @@ pub fn canonical_json_of<T: serde::Serialize>(v: &T) -> Result<String> {
     Ok(canonical_json(&serde_json::to_value(v)?))
 }
 
+/// Claims `path` as a run's partial output: created new, so that a file another run is writing
+/// (or one an interrupted run left) is refused rather than reused or removed.
+pub fn claim_partial(path: &Path) -> Result<File> {
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(f) => Ok(f),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => anyhow::bail!(
+            "{}: already exists (another run is writing it, or one was interrupted: remove it to start again)",
+            path.display()
+        ),
+        Err(e) => Err(e).with_context(|| format!("{}: cannot create", path.display())),
+    }
+}
+
 /// Writes `bytes` to `path` (created new, never replacing a file) and makes them durable.
 pub fn write_new_durable(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
@@ -184,4 +197,22 @@ pub fn is_zero_f64(x: &f64) -> bool {
 
 pub fn is_zero_f32(x: &f32) -> bool {
     *x == 0.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partial_output_is_claimed_once_and_a_missing_directory_is_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.partial");
+        claim_partial(&p).unwrap();
+        let again = claim_partial(&p).unwrap_err();
+        assert!(again.downcast_ref::<std::io::Error>().is_none(), "a claimed file is refused as such: {again:#}");
+        assert!(p.exists(), "the other run's file stays");
+        let missing = claim_partial(&dir.path().join("absent").join("m.partial")).unwrap_err();
+        let io = missing.root_cause().downcast_ref::<std::io::Error>().expect("the OS error is kept");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
 }

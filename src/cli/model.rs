@@ -245,11 +245,7 @@ pub fn model(c: ModelCommand) -> Result<ExitCode> {
             let input = sovereign::gguf::set::first_shard(&input)?;
             let tmp = output.with_extension("partial");
             // Claimed exclusively: a concurrent or interrupted run's file is refused, not reused.
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&tmp)
-                .with_context(|| format!("{}: cannot claim (another run is writing it, or one was interrupted)", tmp.display()))?;
+            sovereign::util::claim_partial(&tmp)?;
             // What llama_model_quantize wrote is read back before it gets the final name: with a
             // source whose general.alignment is not GGUF's default it keeps the key but pads
             // tensors to 32 bytes, a file no reader (llama.cpp's included) can open.

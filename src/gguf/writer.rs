@@ -99,11 +99,7 @@ impl GgufWriter {
         let tmp = path.with_extension("partial");
         let mut hash = Sha256::new();
         // Claimed exclusively (outside the clean-up below: a file that is not ours is never removed).
-        let f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .with_context(|| format!("{}: cannot claim (another run is writing it, or one was interrupted)", tmp.display()))?;
+        let f = crate::util::claim_partial(&tmp)?;
         let res = (|| -> Result<()> {
             let mut out = BufWriter::with_capacity(1 << 22, f);
             let mut put = |out: &mut BufWriter<File>, bytes: &[u8]| -> Result<()> {
