@@ -317,7 +317,7 @@ pub fn generate(a: GenerateArgs) -> Result<ExitCode> {
 }
 
 /// Runs `cell` in a worker of its own, which prints its summary (JSON with `json`); an engine
-/// abort there becomes one line and a failed record here.
+/// abort there becomes one line, a failed record here and, with `json`, its document.
 pub fn isolated(cell: &Cell, json: bool) -> Result<ExitCode> {
     match cell::run_isolated(cell, if json { &[] } else { &["--human"] })? {
         WorkerEnd::Completed { stderr } => {
@@ -330,6 +330,16 @@ pub fn isolated(cell: &Cell, json: bool) -> Result<ExitCode> {
         }
         WorkerEnd::Died { error, record } => {
             eprintln!("error: {error}; record {} (failed)", record.display());
+            if json {
+                // The document a contained failure prints; nothing was admitted or observed.
+                print_json(&serde_json::json!({
+                    "record": record,
+                    "outcome": Outcome::Failed,
+                    "error": error,
+                    "admission": null,
+                    "authority": null,
+                }))?;
+            }
             Ok(ExitCode::from(1))
         }
     }

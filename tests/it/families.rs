@@ -745,6 +745,13 @@ fn an_engine_abort_is_one_line_and_a_failed_record() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec.join("record.json")).unwrap()).unwrap();
     assert_eq!(v["outcome"], "failed");
     assert!(v["error"].as_str().unwrap().contains("GGML_ASSERT(n_embd_head_qk_nope >= 1)"), "{}", v["error"]);
+    // Under --json, stdout is the failed record's document.
+    let rec = dir.path().join("rec-json");
+    let r = generate(&bad, PROMPT, 4, &rec, &["--json"]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {:?}", r.stdout));
+    assert_eq!((doc["outcome"].as_str(), doc["record"].as_str()), (Some("failed"), rec.to_str()));
+    assert!(doc["error"].as_str().unwrap().contains("GGML_ASSERT(n_embd_head_qk_nope >= 1)"), "{doc}");
 }
 
 /// The families whose loaders require output.weight: llama.cpp refuses their files without it
