@@ -9,7 +9,7 @@
 use crate::engine::{Context, ExpertSource, SlotPool};
 use crate::exec::ExecRequest;
 use crate::inventory::Inventory;
-use crate::plan::budget::{settle, BudgetSizing, PlanBudget, Tier};
+use crate::plan::budget::{refuse_below_floor, settle, BudgetSizing, PlanBudget, Tier};
 use crate::plan::report::{OtherSource, SourceDescription, SourceReport};
 use crate::plan::{Manifest, PlanOptions, SourceKind};
 use anyhow::{anyhow, bail, Result};
@@ -63,6 +63,12 @@ pub fn size(
     n_predict: u32,
 ) -> Result<(PlanOptions, BudgetSizing)> {
     let n_experts = inv.moe_layers.iter().map(|l| l.experts).max().ok_or_else(|| anyhow!("{}: no MoE layer to size", model.display()))?;
+    let mut largest = std::collections::BTreeMap::<u32, u64>::new();
+    for o in &inv.objects {
+        let e = largest.entry(o.layer).or_default();
+        *e = (*e).max(o.bytes());
+    }
+    refuse_below_floor(budget, largest.values().sum())?;
     let pools = Arc::new(Mutex::new(Vec::new()));
     let (buffers, rows, n_vocab) = {
         let m = crate::generate::load_model(model, Some(Box::new(Probe { pools: pools.clone() })))?;

@@ -36,6 +36,21 @@ pub struct PlanBudget {
 const HOST_MARGIN: u64 = 256 << 20;
 const DEVICE_MARGIN: u64 = 768 << 20;
 
+/// Refuses a host budget below the least margin and one expert per layer (the raw bytes of each
+/// MoE layer's largest expert), from the file alone: [`settle`] would refuse it after the probe
+/// load, which such a limit cannot hold (the worker would be killed instead of saying why).
+pub fn refuse_below_floor(budget: PlanBudget, one_expert_per_layer: u64) -> Result<()> {
+    let floor = HOST_MARGIN + one_expert_per_layer;
+    if budget.tier == Tier::Host && budget.bytes < floor {
+        bail!(
+            "{} {}: too small to hold one expert per layer beside the run's own memory (margin {HOST_MARGIN}, one expert per layer {one_expert_per_layer} bytes, before the weights, KV/state and compute buffers a probe load measures); the least budget that would is above {floor} bytes",
+            budget.tier.flag(),
+            budget.bytes
+        );
+    }
+    Ok(())
+}
+
 /// Every term of a budget-sized Plan, as the record states it (bytes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BudgetSizing {
@@ -120,6 +135,20 @@ mod tests {
             policy: String::new(),
             least_budget: 0,
         }
+    }
+
+    #[test]
+    fn a_host_budget_below_the_margin_and_one_expert_per_layer_is_refused_before_the_probe() {
+        let host = |bytes| PlanBudget { bytes, tier: Tier::Host };
+        let floor = HOST_MARGIN + (36 << 20);
+        let e = refuse_below_floor(host(floor - 1), 36 << 20).unwrap_err().to_string();
+        assert!(e.contains(&format!("--memory-max {}: too small", floor - 1)) && e.contains(&format!("is above {floor} bytes")), "{e}");
+        refuse_below_floor(host(floor), 36 << 20).unwrap();
+        // The floor is below what settle asks for the same slot: whatever passes here is the probe's to size.
+        let least = settle(terms(Tier::Host, 1 << 30)).unwrap().least_budget;
+        assert!(floor < least);
+        // A device budget is the probe's alone: it does not bound the host process.
+        refuse_below_floor(PlanBudget { bytes: 1, tier: Tier::Device }, 36 << 20).unwrap();
     }
 
     #[test]

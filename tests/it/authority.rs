@@ -152,6 +152,20 @@ fn the_budget_sizes_the_plan_and_the_run_stays_under_it() {
     let lines: Vec<&str> = run.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "{}", run.stderr);
     assert!(lines[0].contains("--memory-max 272629760: too small") && lines[0].contains("the least budget that would is"), "{}", lines[0]);
+    // Far below that, a limit the probe load could not live under: refused from the file alone,
+    // in one line, rather than the worker killed under its own limit.
+    for cap in ["24M", "120M"] {
+        let (run, r) = contained_run(&m, &dir.path().join(format!("tiny-{cap}")), cap, &["--experts", "plan"]);
+        assert_eq!((run.code, &r["outcome"]), (1, &serde_json::json!("failed")), "{cap}: {}", run.stderr);
+        let lines: Vec<&str> = run.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{cap}: {}", run.stderr);
+        assert!(
+            lines[0].contains("too small to hold one expert per layer") && lines[0].contains("the least budget that would is above"),
+            "{}",
+            lines[0]
+        );
+        assert_eq!(n(&r["resources"]["host"]["oom_kills"]), 0, "{cap}: {}", r["resources"]["host"]);
+    }
     no_run_cgroups_left();
 }
 
