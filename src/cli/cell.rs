@@ -37,11 +37,7 @@ fn print_done(done: &Done, json: bool) -> Result<()> {
         })),
         Done::Generate(s) => {
             println!("record    {}", s.record.display());
-            println!("tokens    {} prompt + {} generated", s.prompt_tokens, s.generated_tokens);
-            println!(
-                "speed     prefill {:.1} tok/s, decode {:.1} tok/s (load {:.2} s)",
-                s.timing.prefill_tokens_per_s, s.timing.decode_tokens_per_s, s.timing.load_s
-            );
+            super::print_tokens_and_speed(s.prompt_tokens, s.generated_tokens, &s.timing);
             println!("response  {:?}", s.response);
             for (name, d) in &s.digests {
                 println!("sha256    {name:<9} {d}");

@@ -376,6 +376,11 @@ pub fn print_contained(rec: &TypedRecord, dir: &std::path::Path, json: bool) -> 
     }
     println!("record    {}", dir.display());
     println!("outcome   {}", rec.outcome().name());
+    if let TypedRecord::Generate(g) = rec {
+        if let (Some(c), Some(t)) = (&g.counts, &g.timing) {
+            super::print_tokens_and_speed(c.prompt_tokens, c.generated_tokens, t);
+        }
+    }
     let host = &res.host;
     let or_dash = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     println!(

@@ -172,6 +172,12 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     Ok(())
 }
 
+/// A generate run's token counts and speeds, as its summary and a contained run's print them.
+fn print_tokens_and_speed(prompt: usize, generated: usize, t: &sovereign::record::format::Timing) {
+    println!("tokens    {prompt} prompt + {generated} generated");
+    println!("speed     prefill {:.1} tok/s, decode {:.1} tok/s (load {:.2} s)", t.prefill_tokens_per_s, t.decode_tokens_per_s, t.load_s);
+}
+
 /// Exit status of a command that ran: 0 when `ok`, 1 otherwise (2 is for errors).
 fn status(ok: bool) -> ExitCode {
     if ok {

@@ -120,8 +120,13 @@ fn the_budget_sizes_the_plan_and_the_run_stays_under_it() {
     let n = |v: &serde_json::Value| v.as_u64().unwrap();
     for (cap, name) in [(300u64 << 20, "300M"), (448 << 20, "448M")] {
         let rec = dir.path().join(name);
-        let (code, r) = contained(&m, &rec, name, &["--experts", "plan"]);
-        assert_eq!((code, &r["outcome"]), (0, &serde_json::json!("completed")), "{name}: {}", r["error"]);
+        let (out, r) = contained_run(&m, &rec, name, &["--experts", "plan"]);
+        assert_eq!((out.code, &r["outcome"]), (0, &serde_json::json!("completed")), "{name}: {}", r["error"]);
+        // The summary gives the run's tokens and speeds, as an uncontained run's does.
+        let line = |key: &str| out.stdout.lines().find(|l| l.split_whitespace().next() == Some(key)).map(str::to_string);
+        let prompt = r["counts"]["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(line("tokens"), Some(format!("tokens    {prompt} prompt + 12 generated")), "{}", out.stdout);
+        assert!(line("speed").is_some_and(|l| l.contains("decode") && l.contains("tok/s")), "{}", out.stdout);
         assert_eq!(r["resources"]["admission"]["admitted"], true, "{name}: {}", r["resources"]["admission"]);
         let b = &r["params"]["experts"]["budget"];
         assert_eq!((&b["tier"], n(&b["budget"])), (&serde_json::json!("host"), cap), "{b}");
