@@ -273,6 +273,9 @@ pub const MAX_RECORD_JSON_BYTES: u64 = 1 << 30;
 pub const MAX_JOURNAL_BYTES: u64 = 1 << 30;
 /// A campaign id names directories: at most this many bytes of `[A-Za-z0-9._-]`.
 pub const MAX_CAMPAIGN_ID_BYTES: usize = 128;
+/// Digest manifests a lookup by SHA-256 reads from the cache at most (one per model file hashed
+/// on this machine).
+pub const MAX_CACHED_MANIFESTS: usize = 4096;
 
 /// Reads the regular file `path` whole, refusing anything else (a device, a FIFO) and anything
 /// over `cap` bytes, with one line that names the file and `what` it is.

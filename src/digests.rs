@@ -299,6 +299,33 @@ fn cache_file_of(canonical: &Path) -> Result<PathBuf> {
     Ok(cache_dir()?.join("digests").join(format!("{}.json", &name[..32])))
 }
 
+/// The file this machine's digest cache holds a manifest of, whose whole-file SHA-256 is
+/// `sha256` and which is still what was hashed (the same device, inode, size and times), if
+/// any: where a record's model is, when the record names it by its file name only.
+pub fn cached_file_with(sha256: &str) -> Option<PathBuf> {
+    /// What a lookup reads of a cache file; the rest of it is skipped.
+    #[derive(Deserialize)]
+    struct Head {
+        path: PathBuf,
+        key: FileKey,
+        body: HeadBody,
+    }
+    #[derive(Deserialize)]
+    struct HeadBody {
+        sha256: String,
+    }
+    let dir = cache_dir().ok()?.join("digests");
+    let entries = std::fs::read_dir(dir).ok()?;
+    entries.flatten().take(crate::bounds::MAX_CACHED_MANIFESTS).find_map(|e| {
+        let meta = e.metadata().ok().filter(|m| m.is_file())?;
+        // A manifest is some hundreds of bytes per range; none is read past the bound.
+        let f = std::fs::File::open(e.path()).ok()?;
+        let reader = std::io::BufReader::new(std::io::Read::take(f, meta.len().min(crate::bounds::MAX_RECORD_JSON_BYTES)));
+        let h: Head = serde_json::from_reader(reader).ok()?;
+        (h.body.sha256 == sha256 && FileKey::of(&h.path).ok()? == h.key).then_some(h.path)
+    })
+}
+
 /// Manifests this process already holds, by canonical path, with how it first came by them.
 type Held = (PathBuf, FileKey, Arc<FileDigests>, Provenance);
 static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());

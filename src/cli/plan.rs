@@ -31,7 +31,8 @@ pub struct SimulateArgs {
     /// objects as the slot count; repeat for several.
     #[arg(long = "policy", required = true)]
     policies: Vec<String>,
-    /// The model file, when not at the path the record names.
+    /// The model file. Default: the file the record names, here, else the unchanged file of its
+    /// SHA-256 that this machine hashed for its digest manifest.
     #[arg(long)]
     model: Option<PathBuf>,
     #[arg(long)]

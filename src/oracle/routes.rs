@@ -27,9 +27,10 @@ pub struct Recorded {
 }
 
 /// Reads the routes of the completed generate record `dir` (digest checked) and inventories
-/// its model: `model`, else the file the record names. Object sizes need only the model's
-/// layout, so the file must agree with the record's size, architecture, T_repr and expert
-/// bytes (and with the Plan manifest the record states, if any); its digest is not needed.
+/// its model: `model`, else the file the record names (here, or where this machine hashed it,
+/// unchanged). Object sizes need only the model's layout, so the file must agree with the
+/// record's size, architecture, T_repr and expert bytes (and with the Plan manifest the record
+/// states, if any); its digest is not needed.
 pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
     let rec = crate::record::load_generate(dir)?;
     let name = dir.display();
@@ -45,7 +46,20 @@ pub fn load(dir: &Path, model: Option<&Path>) -> Result<Recorded> {
     let events = crate::routes::decode(&bytes, k).map_err(|e| anyhow!("{name}/{}: {e}", surface.file))?;
     let decode_from = events.iter().filter(|e| e.pos as usize >= counts.prompt_tokens).map(|e| e.ubatch).min();
     let events = layer_events(events);
-    let model = model.map_or_else(|| PathBuf::from(&m.file), Path::to_path_buf);
+    let model = match model {
+        Some(p) => p.to_path_buf(),
+        // The record names its model by file name: here, else the unchanged file of the same
+        // SHA-256 (a set's first shard's) this machine hashed for its digest manifest.
+        None => {
+            let named = PathBuf::from(&m.file);
+            let first = m.shards.as_ref().and_then(|s| s.first()).map_or(&m.sha256, |s| &s.sha256);
+            if named.exists() {
+                named
+            } else {
+                crate::digests::cached_file_with(first).unwrap_or(named)
+            }
+        }
+    };
     let inventory = Inventory::of(&model).map_err(|e| anyhow!("{e:#} (the model of record {name}; name another with --model)"))?;
     let agree = [
         ("bytes", m.bytes, inventory.file_bytes),

@@ -87,8 +87,19 @@ fn simulate_writes_csv_and_figure_and_refuses_bad_input() {
     bad(&["--routes", rec_s, "--policy", "mru:2"], &["--policy", "mru:2"]);
     bad(&["--routes", rec_s, "--policy", "zero", "--figure", "x.pdf"], &["--figure", ".svg"]);
     bad(&["--routes", dir.path().to_str().unwrap(), "--policy", "zero"], &["not a record"]);
-    // The record names its model by file name only: without --model it is looked for here.
-    let r = run(&["plan", "simulate", "--slots", "4", "--routes", rec_s, "--policy", "zero"]);
+    // The record names its model by file name only: without --model it is looked for here, then
+    // where this machine hashed the file of its SHA-256, while that file is unchanged.
+    let named = |what: &str| {
+        let r = run(&["plan", "simulate", "--slots", "4", "--routes", rec_s, "--policy", "zero", "--json"]);
+        (r.code == 0).then(|| serde_json::from_str::<serde_json::Value>(&r.stdout).unwrap_or_else(|e| panic!("{what}: {e}"))).ok_or(r)
+    };
+    assert!(!Path::new("tiny.gguf").exists());
+    let found = named("found").unwrap_or_else(|r| panic!("{}", r.stderr));
+    assert_eq!(found["model"].as_str(), m.to_str(), "{found}");
+    let f = std::fs::File::options().append(true).open(&m).unwrap();
+    f.set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30)).unwrap();
+    drop(f);
+    let r = named("changed").expect_err("a file changed since it was hashed is not taken for the record's");
     assert_one_line_error(&r, &["tiny.gguf", "--model"]);
     // A model of another layout is refused.
     let other = dir.path().join("small.gguf");
